@@ -1,0 +1,57 @@
+"""The ``dprobe`` console script: one subcommand per module, each with ``--help``.
+
+A subcommand lives next to the code it drives and exposes
+``register(subparsers)``, which adds its parser and sets ``func`` (called with
+the parsed arguments, returns an exit code). Add new ones to ``SUBCOMMANDS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from dprobe import __version__
+
+# module paths, each with register(subparsers); imported lazily so `dprobe --help` stays fast
+SUBCOMMANDS: list[str] = [
+    "dprobe.sidecar.cli",
+    "dprobe.evaluation.cli",
+    "dprobe.graph.cli",
+    "dprobe.coldstart.cli",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dprobe",
+        description="Forecast GPU memory and utilisation of deep-learning workloads, "
+        "and turn forecasts into GPU scaling recommendations.",
+    )
+    parser.add_argument("--version", action="version", version=f"dprobe {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for path in SUBCOMMANDS:
+        importlib.import_module(path).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    from dprobe.data import DatasetError
+
+    try:
+        return int(args.func(args) or 0)
+    except (DatasetError, FileNotFoundError, ValueError) as exc:
+        print(f"dprobe {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

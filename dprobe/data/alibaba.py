@@ -1,0 +1,71 @@
+"""Alibaba GenAI serving trace (cluster-trace-v2026-GenAI): per-pod GPU duty cycle, memory and request rate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from dprobe.data.common import DatasetError, SeriesDataset, find_file, read_csv, snap_to_grid, to_regular_grid
+
+NAME = "alibaba-genai-2026"
+DUTY_FILE = "pod_gpu_duty_cycle_anon"
+MEMORY_FILE = "pod_gpu_memory_used_bytes_anon"
+QPS_FILE = "qps"
+FREQ = pd.Timedelta(seconds=57)  # the trace's native sampling step
+LEAD_STEPS = (5, 15, 30)
+SEASON_LENGTH = 63  # about one hour of 57-second steps (the trace spans < 1 day)
+
+
+def _read_metric(path: Path, column: str) -> pd.DataFrame:
+    df = read_csv(path, ["value", "timestamp_anon", "container_ip"], numeric=["value", "timestamp_anon"])
+    df = df.dropna(subset=["container_ip", "timestamp_anon"])
+    return pd.DataFrame(
+        {
+            "unique_id": df["container_ip"].astype(str),
+            "ds": pd.to_datetime(df["timestamp_anon"], unit="s"),
+            column: df["value"].astype("float64"),
+        }
+    )
+
+
+def load_alibaba(directory: str | Path) -> SeriesDataset:
+    """Load a directory laid out like ``datasets/alibaba-genai-2026``.
+
+    Targets: ``gpu_duty_cycle_pct`` (GPU duty cycle, percent 0-100) and
+    ``gpu_memory_bytes``. Covariates: ``qps`` (the pod's generative request
+    rate; no row in ``qps`` means no request, i.e. 0) and ``qps_api`` (the
+    cluster-wide API request rate, same for every pod).
+    """
+    directory = Path(directory)
+    duty = _read_metric(find_file(directory, DUTY_FILE), "gpu_duty_cycle_pct")
+    mem = _read_metric(find_file(directory, MEMORY_FILE), "gpu_memory_bytes")
+    metrics = pd.concat([duty, mem], ignore_index=True)
+    if metrics.empty:
+        raise DatasetError(f"{directory}: no pod rows in {DUTY_FILE} or {MEMORY_FILE}")
+    origin = metrics["ds"].min()
+    frame = to_regular_grid(metrics, FREQ, ["gpu_duty_cycle_pct", "gpu_memory_bytes"], origin=origin)
+
+    qps_path = find_file(directory, QPS_FILE)
+    qps = read_csv(qps_path, ["timestamp_anon", "value", "container_ip", "request_type"],
+                   numeric=["value", "timestamp_anon"])
+    qps["ds"] = snap_to_grid(pd.to_datetime(qps["timestamp_anon"], unit="s"), origin, FREQ)
+    pod_qps = (
+        qps.dropna(subset=["container_ip"])
+        .groupby(["container_ip", "ds"])["value"].sum()
+        .rename("qps").rename_axis(["unique_id", "ds"]).reset_index()
+    )
+    api_qps = qps[qps["container_ip"].isna()].groupby("ds")["value"].sum().rename("qps_api").reset_index()
+    frame = frame.merge(pod_qps, on=["unique_id", "ds"], how="left").merge(api_qps, on="ds", how="left")
+    frame[["qps", "qps_api"]] = frame[["qps", "qps_api"]].fillna(0.0)
+    frame = frame.sort_values(["unique_id", "ds"], ignore_index=True)
+    return SeriesDataset(
+        name=NAME,
+        frame=frame[["unique_id", "ds", "gpu_duty_cycle_pct", "gpu_memory_bytes", "qps", "qps_api", "gap"]],
+        targets=["gpu_duty_cycle_pct", "gpu_memory_bytes"],
+        covariates=["qps", "qps_api"],
+        freq=FREQ,
+        lead_steps=LEAD_STEPS,
+        season_length=SEASON_LENGTH,
+        units={"gpu_duty_cycle_pct": "percent", "gpu_memory_bytes": "bytes", "qps": "requests/s"},
+    )

@@ -1,0 +1,138 @@
+"""Shared pieces of the loaders: the dataset container, CSV reading with clear errors, regular grids."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+
+class DatasetError(ValueError):
+    """A data directory or file is missing, malformed or not understood."""
+
+
+@dataclass
+class SeriesDataset:
+    """Many regular time series, one per target (pod, GPU, virtual cluster).
+
+    ``frame`` is tidy: one row per ``unique_id`` and ``ds`` (a regular grid per
+    series), one column per metric in ``targets`` and per covariate in
+    ``covariates``. Grid points without a measurement are kept with NaN in the
+    metric columns and ``True`` in the ``gap`` column; nothing is interpolated.
+    """
+
+    name: str
+    frame: pd.DataFrame
+    targets: list[str]
+    covariates: list[str]
+    freq: pd.Timedelta
+    lead_steps: tuple[int, ...]
+    season_length: int
+    units: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def series_ids(self) -> list[str]:
+        return sorted(self.frame["unique_id"].unique())
+
+    def to_long(self, target: str) -> pd.DataFrame:
+        """The ``unique_id`` / ``ds`` / ``y`` frame of one metric (plus covariates)."""
+        if target not in self.targets:
+            raise KeyError(f"{target!r} is not a target of {self.name}; targets: {self.targets}")
+        cols = ["unique_id", "ds", target, *self.covariates]
+        return self.frame[cols].rename(columns={target: "y"})
+
+    def arrays(self, target: str) -> dict[str, np.ndarray]:
+        """Each series' values of one metric as a float array (NaN at gaps), keyed by ``unique_id``."""
+        return {
+            uid: g[target].to_numpy(dtype=np.float64)
+            for uid, g in self.frame.groupby("unique_id", sort=True)
+        }
+
+    def covariate_arrays(self) -> dict[str, np.ndarray]:
+        """Each series' covariates as a ``(time, n_covariates)`` float array."""
+        if not self.covariates:
+            return {}
+        return {
+            uid: g[self.covariates].to_numpy(dtype=np.float64)
+            for uid, g in self.frame.groupby("unique_id", sort=True)
+        }
+
+
+def find_file(directory: Path, stem: str) -> Path:
+    """``stem`` with ``.csv.gz`` or ``.csv``; a clear error naming both when neither exists."""
+    for suffix in (".csv.gz", ".csv"):
+        path = directory / f"{stem}{suffix}"
+        if path.is_file():
+            return path
+    raise DatasetError(f"{directory}: missing file {stem}.csv.gz (or {stem}.csv)")
+
+
+def read_csv(path: Path, required: Sequence[str], numeric: Iterable[str] = ()) -> pd.DataFrame:
+    """Read a CSV and check that ``required`` columns exist and ``numeric`` ones parse as numbers."""
+    try:
+        df = pd.read_csv(path, low_memory=False)
+    except FileNotFoundError as exc:
+        raise DatasetError(f"{path}: file not found") from exc
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError, EOFError,
+            zlib.error) as exc:
+        raise DatasetError(f"{path}: cannot be read as CSV ({exc})") from exc
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise DatasetError(
+            f"{path}: missing column(s) {', '.join(missing)} (found: {', '.join(map(str, df.columns))})"
+        )
+    for col in numeric:
+        values = pd.to_numeric(df[col], errors="coerce")
+        bad = values.isna() & df[col].notna()
+        if bad.any():
+            row = int(np.flatnonzero(bad.to_numpy())[0])
+            raise DatasetError(
+                f"{path}: column {col!r} must be numeric; row {row + 2} has {df[col].iloc[row]!r}"
+            )
+        df[col] = values
+    if df.empty:
+        raise DatasetError(f"{path}: no rows")
+    return df
+
+
+def snap_to_grid(ds: pd.Series, origin: pd.Timestamp, freq: pd.Timedelta) -> pd.Series:
+    """Floor timestamps onto the grid ``origin + k * freq`` (tolerant of float rounding)."""
+    steps = np.floor((ds - origin) / freq + 1e-6).astype("int64")
+    return origin + steps * freq
+
+
+def to_regular_grid(
+    df: pd.DataFrame,
+    freq: pd.Timedelta,
+    value_cols: Sequence[str],
+    origin: pd.Timestamp | None = None,
+    how: str = "mean",
+) -> pd.DataFrame:
+    """Put each series (``unique_id``) on a regular grid of step ``freq``.
+
+    Samples are binned (floored) onto grid points anchored at ``origin`` (default: the
+    earliest timestamp in ``df``) and aggregated with ``how``. Each series spans
+    its own first to last bin; empty bins inside that span become explicit gaps
+    (NaN values, ``gap=True``).
+    """
+    if origin is None:
+        origin = df["ds"].min()
+    df = df.copy()
+    df["ds"] = snap_to_grid(df["ds"], origin, freq)
+    grouped = df.groupby(["unique_id", "ds"], sort=True)[list(value_cols)].agg(how)
+    parts = []
+    for uid, g in grouped.groupby(level=0, sort=True):
+        g = g.droplevel(0)
+        grid = pd.date_range(g.index.min(), g.index.max(), freq=freq)
+        g = g.reindex(grid)
+        g.index.name = "ds"
+        g = g.reset_index()
+        g.insert(0, "unique_id", uid)
+        parts.append(g)
+    out = pd.concat(parts, ignore_index=True)
+    out["gap"] = out[list(value_cols)].isna().all(axis=1)
+    return out

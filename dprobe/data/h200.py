@@ -1,0 +1,101 @@
+"""h200-profiles: training / serving runs on an H200 with 10 Hz NVML samples and per-step allocator figures."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dprobe.data.common import DatasetError, read_csv
+
+NAME = "h200-profiles"
+RUN_COLUMNS = [
+    "collection", "run_id", "kind", "status", "lib", "model", "config", "arch", "config_kwargs", "task",
+    "image", "seq", "vocab", "batch", "precision", "optimizer", "params", "param_bytes",
+    "peak_alloc_bytes", "peak_reserved_bytes", "nvml_peak_used_bytes", "step_time_median_s",
+    "nvml_gpu_util_pct_mean_2nd_half", "t_begin", "t_end",
+]
+RUN_NUMERIC = [
+    "collection", "image", "seq", "vocab", "batch", "params", "param_bytes", "peak_alloc_bytes",
+    "peak_reserved_bytes", "nvml_peak_used_bytes", "step_time_median_s", "nvml_gpu_util_pct_mean_2nd_half",
+    "t_begin", "t_end",
+]
+SAMPLE_COLUMNS = ["collection", "t", "label", "gpu_util_pct", "mem_util_pct", "mem_used_bytes",
+                  "mem_total_bytes", "power_w", "sm_clock_mhz"]
+STEP_COLUMNS = ["collection", "run_id", "step", "phase", "t_start", "t_end", "batch", "alloc_bytes",
+                "reserved_bytes", "peak_alloc_bytes"]
+SAMPLE_PERIOD_S = 0.1
+
+
+def _parse_kwargs(path: Path, value: object, run_id: str) -> dict:
+    if value is None or (isinstance(value, float) and np.isnan(value)) or value == "":
+        return {}
+    try:
+        parsed = json.loads(str(value))
+    except json.JSONDecodeError as exc:
+        raise DatasetError(f"{path}: column 'config_kwargs' of run {run_id} is not JSON ({exc})") from exc
+    if not isinstance(parsed, dict):
+        raise DatasetError(f"{path}: column 'config_kwargs' of run {run_id} must be a JSON object")
+    return parsed
+
+
+@dataclass
+class H200Profiles:
+    """The three tables of h200-profiles, checked and typed.
+
+    ``runs``: one row per run (spec, measured peaks; ``config_kwargs`` parsed to
+    dicts, ``image`` defaulting to 224 for image models). ``samples``: NVML
+    samples (``label`` names the run on the GPU). ``steps``: per-step allocator
+    figures.
+    """
+
+    runs: pd.DataFrame
+    samples: pd.DataFrame
+    steps: pd.DataFrame
+
+    def train_runs(self, ok_only: bool = True) -> pd.DataFrame:
+        runs = self.runs[self.runs["kind"] == "train"]
+        if ok_only:
+            runs = runs[runs["status"] == "ok"]
+        return runs.reset_index(drop=True)
+
+    def run_samples(self, run_id: str) -> pd.DataFrame:
+        """NVML samples of one run, with ``t_rel`` = seconds since the run's first sample."""
+        run = self.runs.loc[self.runs["run_id"] == run_id]
+        if run.empty:
+            raise KeyError(f"no run {run_id!r}")
+        collection = run["collection"].iloc[0]
+        s = self.samples[(self.samples["collection"] == collection) & (self.samples["label"] == run_id)]
+        s = s.sort_values("t").copy()
+        s["t_rel"] = s["t"] - (s["t"].iloc[0] if len(s) else 0.0)
+        return s.reset_index(drop=True)
+
+    def run_steps(self, run_id: str) -> pd.DataFrame:
+        return self.steps[self.steps["run_id"] == run_id].sort_values("step").reset_index(drop=True)
+
+
+def load_h200_profiles(directory: str | Path) -> H200Profiles:
+    """Load a directory laid out like ``datasets/h200-profiles`` (runs.csv, samples.csv, steps.csv)."""
+    directory = Path(directory)
+    paths = {name: directory / f"{name}.csv" for name in ("runs", "samples", "steps")}
+    for name, path in paths.items():
+        if not path.is_file():
+            raise DatasetError(f"{directory}: missing file {name}.csv")
+    runs = read_csv(paths["runs"], RUN_COLUMNS, numeric=RUN_NUMERIC)
+    runs["run_id"] = runs["run_id"].astype(str)
+    runs["config_kwargs"] = [
+        _parse_kwargs(paths["runs"], v, rid) for v, rid in zip(runs["config_kwargs"], runs["run_id"], strict=True)
+    ]
+    is_vision = runs["lib"].isin(["torchvision", "timm"])
+    runs.loc[is_vision & runs["image"].isna(), "image"] = 224
+    for col in ("precision", "optimizer", "kind", "status", "lib", "model"):
+        runs[col] = runs[col].astype("string")
+    samples = read_csv(paths["samples"], SAMPLE_COLUMNS, numeric=[c for c in SAMPLE_COLUMNS if c != "label"])
+    samples["label"] = samples["label"].astype(str)
+    steps = read_csv(paths["steps"], STEP_COLUMNS,
+                     numeric=[c for c in STEP_COLUMNS if c not in ("run_id", "phase")])
+    steps["run_id"] = steps["run_id"].astype(str)
+    return H200Profiles(runs=runs, samples=samples, steps=steps)

@@ -1,0 +1,44 @@
+"""Recognise which bundled data set a directory is laid out like, and load it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from dprobe.data.alibaba import DUTY_FILE, load_alibaba
+from dprobe.data.alibaba import NAME as ALIBABA
+from dprobe.data.common import DatasetError, SeriesDataset
+from dprobe.data.helios import NAME as HELIOS
+from dprobe.data.helios import load_helios, vc_files
+
+SERIES_LOADERS: dict[str, Callable[[Path], SeriesDataset]] = {ALIBABA: load_alibaba, HELIOS: load_helios}
+
+
+def detect_dataset(directory: str | Path) -> str:
+    """The name of the bundled data set whose layout ``directory`` follows."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise DatasetError(f"{directory}: not a directory")
+    if any((directory / f"{DUTY_FILE}{s}").is_file() for s in (".csv.gz", ".csv")):
+        return ALIBABA
+    if vc_files(directory):
+        return HELIOS
+    if (directory / "runs.csv").is_file() and (directory / "samples.csv").is_file():
+        return "h200-profiles"
+    if any((directory / f"philly{s}").is_file() for s in (".csv.gz", ".csv")):
+        return "philly-jobs"
+    if any(directory.glob("cluster*.csv.gz")) or any(directory.glob("cluster*.csv")):
+        return "itp-elasticflow"
+    raise DatasetError(
+        f"{directory}: not laid out like a known data set: expected {DUTY_FILE}.csv.gz "
+        f"({ALIBABA}), vc*.csv.gz ({HELIOS}), runs.csv + samples.csv (h200-profiles), "
+        "philly.csv.gz (philly-jobs) or cluster*.csv.gz (itp-elasticflow)"
+    )
+
+
+def load_series_dataset(directory: str | Path) -> SeriesDataset:
+    """Load a directory of series (alibaba-genai-2026 or helios-earth-vc layout)."""
+    name = detect_dataset(directory)
+    if name not in SERIES_LOADERS:
+        raise DatasetError(f"{directory}: {name} holds runs or jobs, not series; evaluate it with its own experiment")
+    return SERIES_LOADERS[name](Path(directory))

@@ -1,0 +1,179 @@
+"""Training windows for the forecaster: a LightningDataModule over the bundled series.
+
+Each (data set, metric) pair is a *task* with its own lead times. Series are
+split in time: origins whose forecasts end before ``val_start`` of a series
+train, origins in ``[val_start, test_start)`` validate, and the last
+``1 - test_start`` of every series is left for ``dprobe evaluate``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
+
+from dprobe.data.registry import load_series_dataset
+from dprobe.models.features import make_features, normalise_targets, window_scale
+
+
+@dataclass
+class TaskSpec:
+    """What a checkpoint must know about a task to forecast it."""
+
+    name: str  # the metric, e.g. gpu_memory_bytes
+    dataset: str
+    leads: tuple[int, ...]
+    step_seconds: float
+    covariates: tuple[str, ...]
+    scale_floor: float
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "dataset": self.dataset, "leads": list(self.leads),
+                "step_seconds": self.step_seconds, "covariates": list(self.covariates),
+                "scale_floor": self.scale_floor}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TaskSpec:
+        return cls(name=d["name"], dataset=d["dataset"], leads=tuple(d["leads"]),
+                   step_seconds=float(d["step_seconds"]), covariates=tuple(d["covariates"]),
+                   scale_floor=float(d["scale_floor"]))
+
+
+@dataclass
+class TaskSeries:
+    spec: TaskSpec
+    values: np.ndarray  # (S, T_max) NaN-padded on the right
+    covariates: np.ndarray | None  # (S, T_max, C)
+    lengths: np.ndarray  # (S,)
+
+
+class _Origins(Dataset):
+    """Rows (task, series, origin); windows are gathered in ``WindowCollate``."""
+
+    def __init__(self, rows: np.ndarray) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.rows[i]
+
+
+class WindowCollate:
+    """Gather the windows and future targets of a batch of (task, series, origin) rows."""
+
+    def __init__(self, tasks: list[TaskSeries], context_length: int) -> None:
+        self.tasks, self.context = tasks, context_length
+
+    def __call__(self, rows: list[np.ndarray]) -> dict[str, torch.Tensor]:
+        rows_arr = np.stack(rows)
+        feats, targets, task_ids = [], [], []
+        order = []
+        for k, ts in enumerate(self.tasks):
+            sel = np.flatnonzero(rows_arr[:, 0] == k)
+            if not len(sel):
+                continue
+            s, t = rows_arr[sel, 1], rows_arr[sel, 2]
+            offs = np.arange(-self.context + 1, 1)
+            idx = t[:, None] + offs[None, :]
+            valid = idx >= 0
+            vals = np.where(valid, ts.values[s[:, None], np.clip(idx, 0, None)], np.nan)
+            cov = None
+            if ts.covariates is not None:
+                cov = np.where(valid[..., None], ts.covariates[s[:, None], np.clip(idx, 0, None)], np.nan)
+            x, last, scale = make_features(vals, cov, ts.spec.scale_floor)
+            fut = ts.values[s[:, None], t[:, None] + np.asarray(ts.spec.leads)[None, :]]
+            feats.append(x)
+            targets.append(normalise_targets(fut, last, scale))
+            task_ids.append(np.full(len(sel), k))
+            order.append(sel)
+        return {
+            "x": torch.from_numpy(np.concatenate(feats)).float(),
+            "y": torch.from_numpy(np.concatenate(targets)).float(),
+            "task": torch.from_numpy(np.concatenate(task_ids)).long(),
+        }
+
+
+class SeriesDataModule(pl.LightningDataModule):
+    """Windows of every metric of the given series data sets (alibaba-genai-2026, helios-earth-vc layouts)."""
+
+    def __init__(self, datasets: list[str], context_length: int = 128, batch_size: int = 256,
+                 samples_per_epoch: int = 20000, val_samples: int = 4000, val_start: float = 0.6,
+                 test_start: float = 0.7, min_history: int = 16, num_workers: int = 0, seed: int = 0) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.tasks: list[TaskSeries] = []
+        self._train_rows = self._val_rows = None
+
+    @property
+    def task_specs(self) -> list[TaskSpec]:
+        return [t.spec for t in self.tasks]
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.tasks:
+            return
+        hp = self.hparams
+        train_rows, val_rows = [], []
+        for directory in hp.datasets:
+            ds = load_series_dataset(Path(directory))
+            covs = ds.covariate_arrays()
+            for target in ds.targets:
+                arrays = ds.arrays(target)
+                ids = sorted(arrays)
+                t_max = max(len(a) for a in arrays.values())
+                values = np.full((len(ids), t_max), np.nan)
+                cov = np.full((len(ids), t_max, len(ds.covariates)), np.nan) if ds.covariates else None
+                lengths = np.array([len(arrays[u]) for u in ids])
+                for i, u in enumerate(ids):
+                    values[i, : lengths[i]] = arrays[u]
+                    if cov is not None:
+                        cov[i, : lengths[i]] = covs[u]
+                train_part = [arrays[u][: int(len(arrays[u]) * hp.val_start)] for u in ids]
+                levels = window_scale(np.array([[np.nanmean(np.abs(a)) if np.isfinite(a).any() else np.nan]
+                                                for a in train_part]), 0.0)
+                floor = float(0.5 * np.median(levels[levels > 0])) if (levels > 0).any() else 1.0
+                spec = TaskSpec(name=target, dataset=ds.name, leads=ds.lead_steps,
+                                step_seconds=ds.freq.total_seconds(), covariates=tuple(ds.covariates),
+                                scale_floor=floor)
+                k = len(self.tasks)
+                self.tasks.append(TaskSeries(spec=spec, values=values, covariates=cov, lengths=lengths))
+                h = max(ds.lead_steps)
+                for i, n in enumerate(lengths):
+                    v0, t0 = int(n * hp.val_start), int(n * hp.test_start)
+                    observed = np.cumsum(~np.isnan(values[i, :n]))
+                    ok = np.flatnonzero(observed >= hp.min_history)
+                    tr = ok[ok + h < v0]
+                    va = ok[(ok >= v0) & (ok + h < t0)]
+                    train_rows.append(np.stack([np.full(len(tr), k), np.full(len(tr), i), tr], axis=1))
+                    val_rows.append(np.stack([np.full(len(va), k), np.full(len(va), i), va], axis=1))
+        self._train_rows = np.concatenate(train_rows).astype(np.int64)
+        val = np.concatenate(val_rows).astype(np.int64)
+        rng = np.random.default_rng(hp.seed)
+        if len(val) > hp.val_samples:
+            val = val[rng.choice(len(val), hp.val_samples, replace=False)]
+        self._val_rows = val
+        if not len(self._train_rows):
+            raise ValueError(f"no training windows in {hp.datasets}: series too short for the lead times")
+
+    def _loader(self, rows: np.ndarray, sampler=None, shuffle: bool = False) -> DataLoader:
+        return DataLoader(_Origins(rows), batch_size=self.hparams.batch_size, sampler=sampler, shuffle=shuffle,
+                          collate_fn=WindowCollate(self.tasks, self.hparams.context_length),
+                          num_workers=self.hparams.num_workers,
+                          persistent_workers=self.hparams.num_workers > 0)
+
+    def train_dataloader(self) -> DataLoader:
+        rows = self._train_rows
+        counts = np.bincount(rows[:, 0], minlength=len(self.tasks)).astype(float)
+        weights = 1.0 / counts[rows[:, 0]]  # every task drawn equally often
+        n = min(self.hparams.samples_per_epoch, len(rows) * 4)
+        gen = torch.Generator().manual_seed(self.hparams.seed)
+        sampler = WeightedRandomSampler(torch.as_tensor(weights), num_samples=n, replacement=True, generator=gen)
+        return self._loader(rows, sampler=sampler)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self._val_rows)

@@ -1,0 +1,184 @@
+"""Rolling-origin evaluation over the last part of each series, at fixed lead times.
+
+For each series and each lead h, every position t of the test span (the last
+``test_fraction`` of the series, origins where ``t + h`` is still inside the
+series and observed) is a forecast origin: the method sees ``y[..t]`` and
+forecasts ``y[t + h]``. Baselines are computed as forecast paths over the
+whole series (see :mod:`dprobe.forecasting.baselines`), with quantiles from
+their own errors already realised at t. Forecasters such as the trained model
+are called on windows ending at each origin, in batches.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+from tqdm.auto import tqdm
+
+from dprobe.data import SeriesDataset
+from dprobe.evaluation import metrics
+from dprobe.forecasting.base import QUANTILES, ForecastInput, Forecaster
+from dprobe.forecasting.baselines import PathBaseline, conformal_quantiles, make_baseline
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EvalConfig:
+    test_fraction: float = 0.3
+    baselines: Sequence[str] = ("last_value", "seasonal_naive", "moving_average", "moving_median", "ewma", "ets")
+    window: int = 30  # moving average / median window (steps)
+    alpha: float = 0.3  # EWMA smoothing
+    min_length: int = 100  # shorter series are skipped
+    batch_size: int = 4096  # windows per forecaster call
+    progress: bool = True
+
+
+@dataclass
+class SeriesForecasts:
+    """What one method forecast for one series and metric at every test origin."""
+
+    origins: np.ndarray  # (N,) positions t
+    point: np.ndarray  # (N, H)
+    quantiles: np.ndarray | None  # (N, H, Q)
+
+
+@dataclass
+class EvalResult:
+    dataset: str
+    rows: list[dict]
+    seconds: dict[str, float] = field(default_factory=dict)
+    # kept for plotting: method -> metric -> series id -> forecasts
+    forecasts: dict[str, dict[str, dict[str, SeriesForecasts]]] = field(default_factory=dict)
+    actuals: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    test_start: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"dataset": self.dataset, "rows": self.rows, "seconds": self.seconds}
+
+
+def _baseline_for(name: str, ds: SeriesDataset, cfg: EvalConfig, test_start: int) -> PathBaseline:
+    return make_baseline(name, season_length=ds.season_length, window=cfg.window, alpha=cfg.alpha,
+                         fit_length=test_start)
+
+
+def _baseline_forecasts(b: PathBaseline, y: np.ndarray, leads: tuple[int, ...],
+                        origins: np.ndarray) -> SeriesForecasts:
+    path = b.path(y[None], leads)
+    q = conformal_quantiles(y[None], path, leads, positions=origins)[0]
+    return SeriesForecasts(origins=origins, point=path[0, origins], quantiles=q)
+
+
+def _model_forecasts(model: Forecaster, ds: SeriesDataset, target: str, series: dict[str, np.ndarray],
+                     covs: dict[str, np.ndarray], origins: dict[str, np.ndarray],
+                     batch_size: int) -> dict[str, SeriesForecasts]:
+    """Call ``model`` on the windows ending at each origin, batched across series."""
+    context = int(getattr(model, "context_length", 256))
+    windows, cov_windows, owners = [], [], []
+    for uid, y in series.items():
+        o = origins[uid]
+        padded = np.concatenate([np.full(context - 1, np.nan), y])
+        windows.append(sliding_window_view(padded, context)[o])
+        if covs:
+            c = covs[uid]
+            cp = np.concatenate([np.full((context - 1, c.shape[1]), np.nan), c])
+            cov_windows.append(sliding_window_view(cp, context, axis=0)[o].transpose(0, 2, 1))
+        owners.append((uid, len(o)))
+    values = np.concatenate(windows)
+    cov_all = np.concatenate(cov_windows) if cov_windows else None
+    points, quants = [], []
+    for s in range(0, len(values), batch_size):
+        batch = ForecastInput(values=values[s : s + batch_size], metric=target, leads=ds.lead_steps,
+                              step_seconds=ds.freq.total_seconds(),
+                              covariates=None if cov_all is None else cov_all[s : s + batch_size])
+        f = model.predict(batch)
+        points.append(f.point)
+        quants.append(f.quantiles)
+    point, quant = np.concatenate(points), np.concatenate(quants)
+    out, pos = {}, 0
+    for uid, n in owners:
+        out[uid] = SeriesForecasts(origins=origins[uid], point=point[pos : pos + n], quantiles=quant[pos : pos + n])
+        pos += n
+    return out
+
+
+def _score(method: str, target: str, ds: SeriesDataset, per_series: dict[str, SeriesForecasts],
+           series: dict[str, np.ndarray], test_start: dict[str, int]) -> list[dict]:
+    rows = []
+    for j, h in enumerate(ds.lead_steps):
+        act, pt, qs, mases = [], [], [], []
+        for uid, f in per_series.items():
+            y = series[uid]
+            t = f.origins
+            keep = t + h < len(y)
+            t = t[keep]
+            a = y[t + h]
+            ok = ~np.isnan(a) & ~np.isnan(f.point[keep, j])
+            if not ok.any():
+                continue
+            act.append(a[ok])
+            pt.append(f.point[keep, j][ok])
+            if f.quantiles is not None:
+                qs.append(f.quantiles[keep, j][ok])
+            scale = metrics.mase_scale(y[: test_start[uid]])
+            if not np.isnan(scale):
+                mases.append(metrics.mae(a[ok], f.point[keep, j][ok]) / scale)
+        if not act:
+            continue
+        a, p = np.concatenate(act), np.concatenate(pt)
+        row = {"method": method, "target": target, "lead_steps": h,
+               "lead_seconds": h * ds.freq.total_seconds(),
+               "mae": metrics.mae(a, p), "mase": float(np.mean(mases)) if mases else None,
+               "pinball": None, "coverage_p90": None, "coverage_p99": None, "n_forecasts": len(a),
+               "n_series": len(act)}
+        if qs:
+            q = np.concatenate(qs)
+            row["pinball"] = metrics.pinball(a, q, QUANTILES)
+            row["coverage_p90"] = metrics.coverage(a, q[:, QUANTILES.index(0.9)])
+            row["coverage_p99"] = metrics.coverage(a, q[:, QUANTILES.index(0.99)])
+        rows.append(row)
+    return rows
+
+
+def evaluate_dataset(ds: SeriesDataset, models: dict[str, Forecaster] | None = None,
+                     cfg: EvalConfig | None = None,
+                     on_method: Callable[[str, float], None] | None = None) -> EvalResult:
+    """Score every baseline in ``cfg.baselines`` and every forecaster in ``models`` on ``ds``."""
+    cfg = cfg or EvalConfig()
+    models = models or {}
+    result = EvalResult(dataset=ds.name, rows=[])
+    covs_all = ds.covariate_arrays()
+    methods = [*cfg.baselines, *models]
+    for target in ds.targets:
+        series = {u: y for u, y in ds.arrays(target).items()
+                  if np.sum(~np.isnan(y)) >= cfg.min_length and len(y) > cfg.min_length}
+        if not series:
+            log.warning("%s/%s: no series with at least %d points", ds.name, target, cfg.min_length)
+            continue
+        starts = {u: int(np.floor(len(y) * (1 - cfg.test_fraction))) for u, y in series.items()}
+        origins = {u: np.arange(starts[u], len(y) - min(ds.lead_steps)) for u, y in series.items()}
+        result.actuals[target] = series
+        result.test_start.update({f"{target}/{u}": s for u, s in starts.items()})
+        bar = tqdm(methods, desc=f"{ds.name}/{target}", disable=not cfg.progress, leave=False)
+        for method in bar:
+            bar.set_postfix_str(method)
+            t0 = time.perf_counter()
+            if method in models:
+                per = _model_forecasts(models[method], ds, target, series,
+                                       {u: covs_all[u] for u in series} if covs_all else {}, origins,
+                                       cfg.batch_size)
+            else:
+                per = {u: _baseline_forecasts(_baseline_for(method, ds, cfg, starts[u]), y, ds.lead_steps,
+                                              origins[u]) for u, y in series.items()}
+            elapsed = time.perf_counter() - t0
+            result.seconds[method] = result.seconds.get(method, 0.0) + elapsed
+            result.forecasts.setdefault(method, {})[target] = per
+            result.rows.extend(_score(method, target, ds, per, series, starts))
+            if on_method:
+                on_method(method, elapsed)
+    return result

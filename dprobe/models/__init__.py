@@ -1,0 +1,1 @@
+"""Neural models: the DProbe forecaster (metric window + workload conditioning -> quantiles)."""

@@ -1,0 +1,86 @@
+"""What ``python train.py`` does: fit the forecaster, export its checkpoint, evaluate it, train the profiler."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytorch_lightning as pl
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+
+def _instantiate_dict(section: DictConfig | None) -> list:
+    return [instantiate(c) for c in (section or {}).values() if c is not None and "_target_" in c]
+
+
+def train_forecaster(cfg: DictConfig, out_dir: Path) -> Path:
+    """Fit the forecaster on ``cfg.data`` and write the inference checkpoint ``dprobe.pt``."""
+    from dprobe.forecasting.model import export_checkpoint
+    from dprobe.models.lightning_module import ForecasterModule
+
+    datamodule = instantiate(cfg.data, _convert_="all")
+    datamodule.setup("fit")
+    model = instantiate(cfg.model, n_tasks=len(datamodule.tasks), _convert_="all")
+    trainer: pl.Trainer = instantiate(cfg.trainer, callbacks=_instantiate_dict(cfg.get("callbacks")),
+                                      logger=_instantiate_dict(cfg.get("logger")) or False)
+    trainer.fit(model, datamodule=datamodule)
+    best = getattr(trainer.checkpoint_callback, "best_model_path", "") if trainer.checkpoint_callback else ""
+    if best and Path(best).is_file():
+        model = ForecasterModule.load_from_checkpoint(best, weights_only=True)
+        log.info("best epoch checkpoint: %s", best)
+    return export_checkpoint(model, datamodule.task_specs, out_dir / "dprobe.pt")
+
+
+def evaluate_checkpoint(cfg: DictConfig, checkpoint: Path, out_dir: Path) -> dict:
+    """Score the checkpoint beside every baseline on each evaluation directory; write report.md/json."""
+    from dprobe.data import load_series_dataset
+    from dprobe.evaluation import EvalConfig, evaluate_dataset
+    from dprobe.evaluation.report import markdown_table, plot_forecasts
+    from dprobe.forecasting.loading import load_forecaster
+
+    forecaster = load_forecaster(str(checkpoint))
+    reports, tables = [], []
+    for directory in cfg.evaluate.datasets:
+        ds = load_series_dataset(directory)
+        result = evaluate_dataset(ds, models={"dprobe": forecaster},
+                                  cfg=EvalConfig(test_fraction=cfg.evaluate.test_fraction))
+        reports.append(result.to_json())
+        tables.append(markdown_table(result))
+        plot_forecasts(result, out_dir / f"forecasts-{ds.name}.png", methods=["last_value", "dprobe"])
+    (out_dir / "report.json").write_text(json.dumps(reports, indent=1))
+    (out_dir / "report.md").write_text("\n".join(tables))
+    print("\n".join(tables))
+    return {"report": str(out_dir / "report.md"), "rows": reports}
+
+
+def run(cfg: DictConfig) -> dict:
+    """Train what the config enables; returns where the checkpoints and reports went."""
+    pl.seed_everything(cfg.seed, workers=True)
+    out_dir = Path(cfg.paths.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    summary: dict = {"output_dir": str(out_dir)}
+    if cfg.get("forecaster_enabled", True):
+        checkpoint = train_forecaster(cfg, out_dir)
+        summary["checkpoint"] = str(checkpoint)
+        if cfg.evaluate.enabled:
+            summary["evaluation"] = evaluate_checkpoint(cfg, checkpoint, out_dir)["report"]
+    if cfg.coldstart.enabled:
+        from dprobe.coldstart import train_coldstart
+
+        cs = train_coldstart(str(cfg.coldstart.data_dir), str(out_dir / "coldstart"),
+                             max_epochs=cfg.coldstart.max_epochs, seed=cfg.seed)
+        summary["coldstart_checkpoint"] = str(cs["checkpoint"])
+        summary["coldstart_metrics"] = cs.get("metrics", {})
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    print(f"\nForecaster checkpoint: {summary.get('checkpoint', '(not trained)')}")
+    if "evaluation" in summary:
+        print(f"Evaluation report:     {summary['evaluation']}")
+    if "coldstart_checkpoint" in summary:
+        print(f"Cold-start checkpoint: {summary['coldstart_checkpoint']}")
+    print(f"Everything else:       {out_dir}")
+    return summary
