@@ -16,10 +16,10 @@ from dprobe import __version__
 
 # module paths, each with register(subparsers); imported lazily so `dprobe --help` stays fast
 SUBCOMMANDS: list[str] = [
-    "dprobe.sidecar.cli",
-    "dprobe.evaluation.cli",
     "dprobe.graph.cli",
     "dprobe.coldstart.cli",
+    "dprobe.evaluation.cli",
+    "dprobe.sidecar.cli",
 ]
 
 

@@ -67,12 +67,12 @@ class _Origins(Dataset):
 class WindowCollate:
     """Gather the windows and future targets of a batch of (task, series, origin) rows."""
 
-    def __init__(self, tasks: list[TaskSeries], context_length: int) -> None:
-        self.tasks, self.context = tasks, context_length
+    def __init__(self, tasks: list[TaskSeries], context_length: int, task_weights: list[float]) -> None:
+        self.tasks, self.context, self.task_weights = tasks, context_length, task_weights
 
     def __call__(self, rows: list[np.ndarray]) -> dict[str, torch.Tensor]:
         rows_arr = np.stack(rows)
-        feats, targets, task_ids = [], [], []
+        feats, stats, targets, task_ids, weights = [], [], [], [], []
         order = []
         for k, ts in enumerate(self.tasks):
             sel = np.flatnonzero(rows_arr[:, 0] == k)
@@ -86,14 +86,18 @@ class WindowCollate:
             cov = None
             if ts.covariates is not None:
                 cov = np.where(valid[..., None], ts.covariates[s[:, None], np.clip(idx, 0, None)], np.nan)
-            x, last, scale = make_features(vals, cov, ts.spec.scale_floor)
+            x, st, last, scale = make_features(vals, cov, ts.spec.scale_floor)
             fut = ts.values[s[:, None], t[:, None] + np.asarray(ts.spec.leads)[None, :]]
             feats.append(x)
+            stats.append(st)
+            weights.append(np.full(len(sel), self.task_weights[k], dtype=np.float32))
             targets.append(normalise_targets(fut, last, scale))
             task_ids.append(np.full(len(sel), k))
             order.append(sel)
         return {
             "x": torch.from_numpy(np.concatenate(feats)).float(),
+            "s": torch.from_numpy(np.concatenate(stats)).float(),
+            "w": torch.from_numpy(np.concatenate(weights)).float(),
             "y": torch.from_numpy(np.concatenate(targets)).float(),
             "task": torch.from_numpy(np.concatenate(task_ids)).long(),
         }
@@ -109,6 +113,7 @@ class SeriesDataModule(pl.LightningDataModule):
         self.save_hyperparameters()
         self.tasks: list[TaskSeries] = []
         self._train_rows = self._val_rows = None
+        self.task_weights: list[float] = []
 
     @property
     def task_specs(self) -> list[TaskSpec]:
@@ -157,12 +162,31 @@ class SeriesDataModule(pl.LightningDataModule):
         if len(val) > hp.val_samples:
             val = val[rng.choice(len(val), hp.val_samples, replace=False)]
         self._val_rows = val
+        self.task_weights = self._balance_tasks(rng)
         if not len(self._train_rows):
             raise ValueError(f"no training windows in {hp.datasets}: series too short for the lead times")
 
+    def _balance_tasks(self, rng: np.random.Generator, n: int = 2000) -> list[float]:
+        """Per-task loss weights: 1 / the last-value forecast's mean error in window units.
+
+        Without it the task with the noisiest windows (duty cycle spikes) would
+        dominate the loss and the smooth ones (memory) would be ignored.
+        """
+        rows = self._train_rows
+        collate = WindowCollate(self.tasks, self.hparams.context_length, [1.0] * len(self.tasks))
+        weights = []
+        for k in range(len(self.tasks)):
+            sel = rows[rows[:, 0] == k]
+            sel = sel[rng.choice(len(sel), min(n, len(sel)), replace=False)]
+            y = collate(list(sel))["y"].numpy()
+            err = float(np.nanmean(np.abs(y))) if np.isfinite(y).any() else 1.0
+            weights.append(1.0 / max(err, 1e-3))
+        mean = float(np.mean(weights))
+        return [w / mean for w in weights]
+
     def _loader(self, rows: np.ndarray, sampler=None, shuffle: bool = False) -> DataLoader:
         return DataLoader(_Origins(rows), batch_size=self.hparams.batch_size, sampler=sampler, shuffle=shuffle,
-                          collate_fn=WindowCollate(self.tasks, self.hparams.context_length),
+                          collate_fn=WindowCollate(self.tasks, self.hparams.context_length, self.task_weights),
                           num_workers=self.hparams.num_workers,
                           persistent_workers=self.hparams.num_workers > 0)
 

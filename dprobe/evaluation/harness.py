@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from dprobe.data import SeriesDataset
 from dprobe.evaluation import metrics
-from dprobe.forecasting.base import QUANTILES, ForecastInput, Forecaster
+from dprobe.forecasting.base import QUANTILES, Forecaster, ForecastInput
 from dprobe.forecasting.baselines import PathBaseline, conformal_quantiles, make_baseline
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def _baseline_for(name: str, ds: SeriesDataset, cfg: EvalConfig, test_start: int
 def _baseline_forecasts(b: PathBaseline, y: np.ndarray, leads: tuple[int, ...],
                         origins: np.ndarray) -> SeriesForecasts:
     path = b.path(y[None], leads)
-    q = conformal_quantiles(y[None], path, leads, positions=origins)[0]
+    q = conformal_quantiles(y[None], path, leads, window=b.residual_window, positions=origins)[0]
     return SeriesForecasts(origins=origins, point=path[0, origins], quantiles=q)
 
 

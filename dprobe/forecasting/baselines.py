@@ -9,6 +9,7 @@ terms. ``predict`` returns the path's last position.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -86,8 +87,6 @@ def ets_path(y: np.ndarray, leads: Sequence[int], fit_length: int | None = None)
 
     y = ffill(y)
     out = np.full((*y.shape, len(leads)), np.nan)
-    h_max = max(leads)
-    lead_idx = np.asarray(leads) - 1
     for b in range(y.shape[0]):
         series = y[b]
         start = int(np.argmax(~np.isnan(series))) if np.isnan(series).any() else 0
@@ -147,17 +146,32 @@ def conformal_quantiles(
     positions = np.arange(t_len) if positions is None else np.asarray(positions)
     out = np.empty((b, len(positions), n_h, len(levels)))
     for j, h in enumerate(leads):
-        err = np.full((b, t_len), np.nan)
-        err[:, : t_len - h] = y[:, h:] - path[:, : t_len - h, j]
-        # errors known at t are those made at s <= t - h: shift by h
-        known = np.full_like(err, np.nan)
-        known[:, h:] = err[:, : t_len - h]
+        known = np.full((b, t_len), np.nan)  # known[t]: the error of the forecast made at t - h
+        if h < t_len:
+            known[:, h:] = y[:, h:] - path[:, : t_len - h, j]
         frame = pd.DataFrame(known.T)
         roll = frame.rolling(window, min_periods=MIN_RESIDUALS)
         for k, q in enumerate(levels):
             off = roll.quantile(q).to_numpy().T[:, positions]
             off = np.where(np.isnan(off), 0.0, off)
             out[:, :, j, k] = path[:, positions, j] + off
+    return np.sort(out, axis=-1)
+
+
+def last_position_quantiles(y: np.ndarray, path: np.ndarray, leads: Sequence[int],
+                            levels: Sequence[float] = QUANTILES, window: int = RESIDUAL_WINDOW) -> np.ndarray:
+    """:func:`conformal_quantiles` at the last position only (what an online forecaster needs): ``(B, H, Q)``."""
+    b, t_len, n_h = path.shape
+    out = np.empty((b, n_h, len(levels)))
+    for j, h in enumerate(leads):
+        lo = max(0, t_len - h - window)
+        err = y[:, lo + h :] - path[:, lo : t_len - h, j]  # errors of forecasts already verified
+        n = (~np.isnan(err)).sum(axis=1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # rows without errors: NaN, zeroed below
+            off = np.nanquantile(err, levels, axis=1).T if err.shape[1] else np.full((b, len(levels)), np.nan)
+        off[n < MIN_RESIDUALS] = 0.0
+        out[:, j] = path[:, -1, j][:, None] + np.nan_to_num(off, nan=0.0)
     return np.sort(out, axis=-1)
 
 
@@ -177,8 +191,7 @@ class PathBaseline:
     def predict(self, batch: ForecastInput) -> Forecast:
         y = batch.values
         path = self.path(y, batch.leads)
-        last = np.array([y.shape[1] - 1])
-        q = conformal_quantiles(y, path, batch.leads, window=self.residual_window, positions=last)[:, 0]
+        q = last_position_quantiles(y, path, batch.leads, window=self.residual_window)
         return Forecast(point=path[:, -1], quantiles=q, leads=batch.leads)
 
 

@@ -9,9 +9,12 @@ the last-value forecast.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 N_COVARIATES = 4  # covariates are zero-padded (or cut) to this many channels
+N_STATS = 12  # summary statistics of the window, see window_stats
 
 
 def last_observed(values: np.ndarray) -> np.ndarray:
@@ -24,15 +27,55 @@ def last_observed(values: np.ndarray) -> np.ndarray:
 
 def window_scale(values: np.ndarray, floor: float) -> np.ndarray:
     """Mean absolute value of each row, at least ``floor``."""
-    with np.errstate(invalid="ignore"), np.testing.suppress_warnings() as sup:
-        sup.filter(RuntimeWarning)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-gap rows: NaN, floored below
         level = np.nanmean(np.abs(values), axis=1)
     return np.maximum(np.nan_to_num(level, nan=0.0), floor)
 
 
+def nanmedian_rows(a: np.ndarray) -> np.ndarray:
+    """Median of each row ignoring NaN (NaN for an all-NaN row); faster than ``np.nanmedian`` on small rows."""
+    srt = np.sort(a, axis=1)  # NaN sort last
+    n = (~np.isnan(a)).sum(axis=1)
+    lo = np.take_along_axis(srt, np.maximum((n - 1) // 2, 0)[:, None], axis=1)[:, 0]
+    hi = np.take_along_axis(srt, np.maximum(n // 2, 0)[:, None], axis=1)[:, 0]
+    return np.where(n > 0, 0.5 * (lo + hi), np.nan)
+
+
+def window_stats(x: np.ndarray, last: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Summary statistics of a normalised window ``(B, L)`` (NaN at gaps) -> ``(B, N_STATS)``.
+
+    The simple forecasts a user would try (medians and means of the recent
+    past, an exponentially weighted mean, extremes) in window units, so the
+    network's heads can start from the best of them and learn the rest.
+    """
+    recent = x[:, -30:]
+    observed = ~np.isnan(x)
+    decay = 0.8 ** np.arange(x.shape[1])[::-1]  # EWMA(0.2) weights, newest = 1
+    w = observed * decay
+    ewma = np.nansum(np.nan_to_num(x) * w, axis=1) / np.maximum(w.sum(axis=1), 1e-12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-gap windows give NaN, set to 0 below
+        stats = np.stack([
+            nanmedian_rows(x[:, -5:]),
+            nanmedian_rows(recent),
+            np.nanmean(recent, axis=1),
+            ewma,
+            np.nanmean(x, axis=1),
+            np.nanmin(recent, axis=1),
+            np.nanmax(recent, axis=1),
+            np.nanstd(recent, axis=1),
+            np.mean(~np.isnan(recent), axis=1),
+            np.log10(np.maximum(scale, 1e-12)) / 10.0,
+            last / scale,
+            nanmedian_rows(x),
+        ], axis=1)
+    return np.clip(np.nan_to_num(stats, nan=0.0), -50, 50).astype(np.float32)
+
+
 def make_features(values: np.ndarray, covariates: np.ndarray | None, floor: float
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(B, L)`` values (+ ``(B, L, C)`` covariates) -> features ``(B, L, 2 + N_COVARIATES)``, last, scale.
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(B, L)`` values (+ ``(B, L, C)`` covariates) -> features ``(B, L, 2 + N_COVARIATES)``, stats, last, scale.
 
     Channels: normalised value (0 at gaps), observed mask, then
     ``sign(c) * log1p(|c|)`` of each covariate (0 where missing).
@@ -49,7 +92,7 @@ def make_features(values: np.ndarray, covariates: np.ndarray | None, floor: floa
     if covariates is not None and covariates.size:
         c = np.asarray(covariates, dtype=np.float64)[..., :N_COVARIATES]
         feats[..., 2 : 2 + c.shape[-1]] = np.nan_to_num(np.sign(c) * np.log1p(np.abs(c)), nan=0.0)
-    return feats, last, scale
+    return feats, window_stats(x, last, scale), last, scale
 
 
 def normalise_targets(targets: np.ndarray, last: np.ndarray, scale: np.ndarray) -> np.ndarray:

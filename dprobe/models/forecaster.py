@@ -17,24 +17,26 @@ from torch import Tensor, nn
 class QuantileHead(nn.Module):
     """Linear head giving ordered quantiles: q0, then q0 + cumulative softplus increments."""
 
-    def __init__(self, d_in: int, n_leads: int, n_quantiles: int) -> None:
+    def __init__(self, d_in: int, n_stats: int, n_leads: int, n_quantiles: int) -> None:
         super().__init__()
         self.n_leads, self.n_quantiles = n_leads, n_quantiles
         self.proj = nn.Linear(d_in, n_leads * n_quantiles)
-        nn.init.zeros_(self.proj.weight)
-        nn.init.zeros_(self.proj.bias)
+        self.skip = nn.Linear(n_stats, n_leads * n_quantiles)  # linear path from the window's statistics
+        for layer in (self.proj, self.skip):
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
 
-    def forward(self, h: Tensor) -> Tensor:  # h: [B, d_in] -> [B, H, Q]
-        raw = self.proj(h).view(-1, self.n_leads, self.n_quantiles)
+    def forward(self, h: Tensor, stats: Tensor) -> Tensor:  # h: [B, d_in], stats: [B, S] -> [B, H, Q]
+        raw = (self.proj(h) + self.skip(stats)).view(-1, self.n_leads, self.n_quantiles)
         base = raw[..., :1]
         steps = F.softplus(raw[..., 1:])
         return torch.cat([base, base + torch.cumsum(steps, dim=-1)], dim=-1)
 
 
 class PatchForecaster(nn.Module):
-    """Window ``[B, L, F]`` + task id ``[B]`` + condition ``[B, d_cond]`` -> quantiles per task head."""
+    """Window ``[B, L, F]`` + stats ``[B, S]`` + task id ``[B]`` + condition ``[B, d_cond]`` -> quantiles."""
 
-    def __init__(self, n_features: int, context_length: int, n_tasks: int, n_leads: int, n_quantiles: int = 3,
+    def __init__(self, n_features: int, n_stats: int, context_length: int, n_tasks: int, n_leads: int, n_quantiles: int = 3,
                  patch_len: int = 16, stride: int = 8, d_model: int = 64, n_heads: int = 4,
                  n_layers: int = 2, dropout: float = 0.1, d_cond: int = 0) -> None:
         super().__init__()
@@ -43,23 +45,24 @@ class PatchForecaster(nn.Module):
         self.patch_embed = nn.Linear(patch_len * n_features, d_model)
         self.pos = nn.Parameter(torch.zeros(1, n_patches + 1, d_model))
         self.task_embed = nn.Embedding(n_tasks, d_model)
+        self.stats_proj = nn.Linear(n_stats, d_model)
         self.cond_proj = nn.Linear(d_cond, d_model) if d_cond else None
         layer = nn.TransformerEncoderLayer(d_model, n_heads, dim_feedforward=2 * d_model, dropout=dropout,
                                            batch_first=True, norm_first=True)
         self.encoder = nn.TransformerEncoder(layer, n_layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(d_model)
-        self.heads = nn.ModuleList([QuantileHead(2 * d_model, n_leads, n_quantiles) for _ in range(n_tasks)])
+        self.heads = nn.ModuleList([QuantileHead(2 * d_model, n_stats, n_leads, n_quantiles) for _ in range(n_tasks)])
 
-    def forward(self, x: Tensor, task: Tensor, cond: Tensor | None = None) -> Tensor:
-        """x: [B, L, F], task: [B] (long), cond: [B, d_cond] -> quantiles of each row's task [B, H, Q]."""
+    def forward(self, x: Tensor, stats: Tensor, task: Tensor, cond: Tensor | None = None) -> Tensor:
+        """x: [B, L, F], stats: [B, S], task: [B] (long), cond: [B, d_cond] -> each row's quantiles [B, H, Q]."""
         b = x.shape[0]
         patches = x.unfold(1, self.patch_len, self.stride)  # [B, P, F, patch_len]
         tokens = self.patch_embed(patches.flatten(2))  # [B, P, d]
-        first = self.task_embed(task)  # [B, d]: the conditioning token
+        first = self.task_embed(task) + self.stats_proj(stats)  # [B, d]: the conditioning token
         if self.cond_proj is not None and cond is not None:
             first = first + self.cond_proj(cond)
         h = torch.cat([first.unsqueeze(1), tokens], dim=1) + self.pos
         h = self.norm(self.encoder(h))  # [B, 1 + P, d]
         pooled = torch.cat([h[:, 0], h[:, 1:].mean(dim=1)], dim=-1)  # [B, 2d]
-        every = torch.stack([head(pooled) for head in self.heads])  # [T, B, H, Q]
+        every = torch.stack([head(pooled, stats) for head in self.heads])  # [T, B, H, Q]
         return every[task, torch.arange(b, device=x.device)]

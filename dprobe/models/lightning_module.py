@@ -8,13 +8,18 @@ import torchmetrics
 from torch import Tensor
 
 from dprobe.forecasting.base import QUANTILES
-from dprobe.models.features import N_COVARIATES
+from dprobe.models.features import N_COVARIATES, N_STATS
 from dprobe.models.forecaster import PatchForecaster
 
 
-def pinball_loss(pred: Tensor, target: Tensor, levels: Tensor) -> Tensor:
-    """Mean pinball loss; pred ``[B, H, Q]``, target ``[B, H]`` with NaN where unknown (ignored)."""
+def pinball_loss(pred: Tensor, target: Tensor, levels: Tensor, weight: Tensor | None = None) -> Tensor:
+    """Mean pinball loss; pred ``[B, H, Q]``, target ``[B, H]`` with NaN where unknown (ignored).
+
+    ``weight`` ``[B]`` rescales rows (tasks whose errors are larger in window units count less).
+    """
     mask = ~torch.isnan(target)
+    if weight is not None:
+        mask = mask * weight.unsqueeze(-1)
     diff = torch.nan_to_num(target).unsqueeze(-1) - pred  # [B, H, Q]
     loss = torch.maximum(levels * diff, (levels - 1) * diff)
     loss = loss * mask.unsqueeze(-1)
@@ -30,24 +35,24 @@ class ForecasterModule(pl.LightningModule):
                  use_graph: bool = False, d_graph: int = 0) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.net = PatchForecaster(n_features=2 + N_COVARIATES, context_length=context_length, n_tasks=n_tasks,
+        self.net = PatchForecaster(n_features=2 + N_COVARIATES, n_stats=N_STATS, context_length=context_length, n_tasks=n_tasks,
                                    n_leads=n_leads, n_quantiles=len(quantiles), patch_len=patch_len,
                                    stride=stride, d_model=d_model, n_heads=n_heads, n_layers=n_layers,
                                    dropout=dropout, d_cond=d_graph if use_graph else 0)
         self.register_buffer("levels", torch.tensor(quantiles, dtype=torch.float32), persistent=False)
         self.val_mae = torchmetrics.MeanMetric()
 
-    def forward(self, x: Tensor, task: Tensor, cond: Tensor | None = None) -> Tensor:
-        return self.net(x, task, cond)
+    def forward(self, x: Tensor, stats: Tensor, task: Tensor, cond: Tensor | None = None) -> Tensor:
+        return self.net(x, stats, task, cond)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        pred = self(batch["x"], batch["task"])
-        loss = pinball_loss(pred, batch["y"], self.levels)
+        pred = self(batch["x"], batch["s"], batch["task"])
+        loss = pinball_loss(pred, batch["y"], self.levels, batch.get("w"))
         self.log("train/pinball", loss, prog_bar=True, batch_size=len(batch["x"]))
         return loss
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        pred = self(batch["x"], batch["task"])
+        pred = self(batch["x"], batch["s"], batch["task"])
         loss = pinball_loss(pred, batch["y"], self.levels)
         mask = ~torch.isnan(batch["y"])
         err = (pred[..., 0] - torch.nan_to_num(batch["y"])).abs()[mask]

@@ -1,0 +1,46 @@
+"""Leave-model-family-out benchmark of the cold-start predictor on h200-profiles.
+
+    .venv/bin/python benchmarks/coldstart.py [--data datasets/h200-profiles] [--epochs 400] [--cache DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from dprobe.coldstart.train import cross_validate
+
+ROWS = [("peak_mape", "allocator peak MAPE %"), ("peak_worst_ape", "allocator peak worst APE %"),
+        ("nvml_mape", "NVML device memory MAPE %"), ("util_mae_points", "GPU util MAE (points)"),
+        ("step_mape", "step time MAPE %"), ("step_spearman", "step time Spearman"),
+        ("p90_coverage_peak_memory_bytes", "p90 coverage: peak"),
+        ("p90_coverage_device_memory_bytes", "p90 coverage: NVML"),
+        ("p90_coverage_gpu_utilization", "p90 coverage: util"),
+        ("p90_coverage_step_time_seconds", "p90 coverage: step time")]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--data", default="datasets/h200-profiles")
+    ap.add_argument("--epochs", type=int, default=400)
+    ap.add_argument("--cache", default=".cache/coldstart")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    t0 = time.time()
+    cv = cross_validate(args.data, args.cache, max_epochs=args.epochs, seed=args.seed)
+    print(f"leave-model-family-out on {args.data}: {cv['runs']} runs, {cv['families']} families "
+          f"({time.time() - t0:.0f} s)")
+    print(f"{'metric':34s} {'learned':>10s} {'analytical':>11s}")
+    for key, label in ROWS:
+        a = cv["analytical"].get(key)
+        print(f"{label:34s} {cv['learned'][key]:10.3f} {a if a is not None else float('nan'):11.3f}")
+    ds = cv["dataset"]
+    print("\nper run (family, run, measured peak GB, learned APE %, analytical APE %):")
+    for i, rid in enumerate(ds["run_ids"]):
+        y = ds["y"][i, 0]
+        print(f"  {ds['families'][i]:12s} {rid} {ds['models'][i]:20s} b={int(ds['batch'][i]):4d} {y / 1e9:7.2f} "
+              f"{100 * abs(cv['p50'][i, 0] - y) / y:6.2f} {100 * abs(ds['base'][i, 0] - y) / y:6.2f}")
+
+
+if __name__ == "__main__":
+    main()

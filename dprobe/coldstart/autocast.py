@@ -1,0 +1,115 @@
+"""CUDA autocast rules, emulated above autograd so they apply to meta tensors, and a fused-attention stand-in."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_map
+
+# torch's CUDA autocast op lists (autocast_mode.cpp), by function / method name
+LOWER = {"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "linear",
+         "matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "addmm", "baddbmm", "addbmm", "einsum", "prelu",
+         "addmv", "addr", "mv", "chain_matmul", "_convolution", "convolution",
+         "multi_head_attention_forward"}
+FP32 = {"layer_norm", "group_norm", "nll_loss", "cross_entropy_loss", "exp", "log", "log10", "log2", "log1p",
+        "expm1", "pow", "__pow__", "rsqrt", "reciprocal", "acos", "asin", "cosh", "sinh", "tan", "erfinv",
+        "softplus", "norm", "cosine_similarity", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div",
+        "binary_cross_entropy_with_logits", "logsumexp", "cdist", "dist", "renorm", "poisson_nll_loss"}
+FP32_SET_DTYPE = {"softmax", "log_softmax", "sum", "cumsum", "prod", "cumprod"}
+
+
+class FusedAttention(torch.autograd.Function):
+    """Memory profile of flash / memory-efficient attention: saves q, k, v, out and fp32 logsumexp."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+        lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        q, k, v, _, _ = ctx.saved_tensors
+        delta = q.new_empty(q.shape[:-1], dtype=torch.float32)
+        dq_acc = q.new_empty(q.shape, dtype=torch.float32) if q.dtype != torch.float32 else None
+        out = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        del delta, dq_acc
+        return out
+
+
+class AutocastEmulation(TorchFunctionMode):
+    """Apply CUDA autocast casting rules (``dtype`` None: fp32, only the attention stand-in applies).
+
+    Casts of weights (leaf tensors that require grad) are cached for the forward, as autocast does.
+    ``attention_flops`` accumulates the forward FLOPs of fused attention calls.
+    """
+
+    def __init__(self, dtype: torch.dtype | None) -> None:
+        super().__init__()
+        self.dtype = dtype
+        self.cache: dict[int, torch.Tensor] = {}
+        self.attention_flops = 0.0
+
+    def __enter__(self) -> AutocastEmulation:
+        import torch.nn.functional as F
+
+        self._saved_sdpa = F.scaled_dot_product_attention
+        # functions that call attention internally (e.g. multi-head attention) look it up as a module global
+        F.scaled_dot_product_attention = lambda *a, **k: self._attention(a, k)  # type: ignore[assignment]
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        import torch.nn.functional as F
+
+        F.scaled_dot_product_attention = self._saved_sdpa  # type: ignore[assignment]
+        super().__exit__(*exc)
+
+    def _cast(self, value: Any, dtype: torch.dtype) -> Any:
+        def cast(t: Any) -> Any:
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dtype == dtype:
+                return t
+            if t.is_leaf and t.requires_grad and dtype == self.dtype:
+                key = id(t)
+                if key not in self.cache:
+                    self.cache[key] = t.to(dtype)
+                return self.cache[key]
+            return t.to(dtype)
+
+        return tree_map(cast, value)
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name == "scaled_dot_product_attention":
+            return self._attention(args, kwargs)
+        if name == "dropout" and args and isinstance(args[0], torch.Tensor):
+            return self._dropout(*args, **kwargs)
+        if self.dtype is not None:
+            if name in LOWER:
+                args, kwargs = self._cast((args, kwargs), self.dtype)
+            elif name in FP32:
+                args, kwargs = self._cast((args, kwargs), torch.float32)
+            elif name in FP32_SET_DTYPE and "dtype" not in kwargs and args and isinstance(args[0], torch.Tensor) \
+                    and args[0].dtype in (torch.bfloat16, torch.float16):
+                kwargs = {**kwargs, "dtype": torch.float32}
+        return func(*args, **kwargs)
+
+    @staticmethod
+    def _dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
+        """CUDA's fused dropout keeps a 1-byte mask (the generic path keeps a full-width noise tensor)."""
+        if not training or p <= 0.0 or x.numel() == 0:
+            return x
+        if p >= 1.0:
+            return x * 0.0
+        return torch.native_dropout(x, p, True)[0]
+
+    def _attention(self, args: tuple, kwargs: dict) -> torch.Tensor:
+        q, k, v = (list(args) + [kwargs.get(n) for n in ("query", "key", "value")][len(args):])[:3]
+        if self.dtype is not None:
+            q, k, v = self._cast((q, k, v), self.dtype)
+        b = q.numel() // (q.shape[-1] * q.shape[-2])
+        self.attention_flops += 4.0 * b * q.shape[-2] * k.shape[-2] * q.shape[-1]
+        return FusedAttention.apply(q, k, v)

@@ -1,0 +1,49 @@
+"""``dprobe predict MODEL``: cold-start prediction of a training job's memory, utilisation and step time."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from dprobe.graph.cli import add_model_args
+
+    p = subparsers.add_parser("predict", help="cold-start prediction of a training job from its model",
+                              description="Predict the training peak of the PyTorch allocator, device memory "
+                              "(NVML), GPU utilisation and step time, each p50 and p90, from MODEL alone.")
+    add_model_args(p)
+    p.add_argument("--batch", type=int, required=True, help="training batch size")
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
+                   help="fp32, or bf16/fp16 autocast (weights stay fp32)")
+    p.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
+    p.add_argument("--checkpoint", default=None, metavar="CKPT",
+                   help="cold-start checkpoint (default: the one shipped with dprobe)")
+    p.add_argument("--gpu", choices=["h200", "h100", "a100"], default="h200")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dprobe.coldstart.predict import predict_job
+
+    result = predict_job(args.model, args.batch, precision=args.precision, optimizer=args.optimizer,
+                         image=args.image, seq=args.seq, config_kwargs=args.config_kwargs,
+                         checkpoint=args.checkpoint, gpu=args.gpu)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    gib = 1 << 30
+    print(f"{args.model} batch {args.batch} {args.precision} {args.optimizer} on {args.gpu} ({result['method']})")
+    print(f"  allocator peak  {result['peak_memory_bytes']['p50'] / gib:8.2f} GiB (p90 "
+          f"{result['peak_memory_bytes']['p90'] / gib:.2f})")
+    print(f"  device memory   {result['device_memory_bytes']['p50'] / gib:8.2f} GiB (p90 "
+          f"{result['device_memory_bytes']['p90'] / gib:.2f})")
+    print(f"  GPU utilisation {100 * result['gpu_utilization']['p50']:8.1f} %   (p90 "
+          f"{100 * result['gpu_utilization']['p90']:.1f})")
+    print(f"  step time       {1000 * result['step_time_seconds']['p50']:8.1f} ms  (p90 "
+          f"{1000 * result['step_time_seconds']['p90']:.1f})")
+    if result["unknown_nodes"]:
+        print(f"  note: {result['unknown_nodes']} graph node(s) had unknown ops", file=sys.stderr)
+    return 0

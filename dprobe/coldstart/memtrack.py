@@ -1,0 +1,87 @@
+"""Live-byte tracking of tensor storages under a dispatch mode, with per-op counts for a roofline."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+from dprobe.graph.ops import normalise_op
+from dprobe.graph.recorder import op_flops, tensors_of
+
+ALIGN = 512
+_META_KINDS = {"reshape", "constant"}
+
+
+def round_alloc(nbytes: int) -> int:
+    """CUDA caching allocator request rounding (multiples of 512 bytes)."""
+    return max(ALIGN, (int(nbytes) + ALIGN - 1) // ALIGN * ALIGN) if nbytes > 0 else 0
+
+
+def conv_backward_flops(args: tuple) -> float:
+    """Grouped-conv-correct FLOPs of ``convolution_backward``: input and weight gradients each cost a forward."""
+    grad_out, _, weight = args[:3]
+    mask = args[-1] if isinstance(args[-1], (list, tuple)) else [True, True, True]
+    fwd = 2.0 * grad_out.numel() * weight[0].numel() if weight.dim() > 1 else 0.0
+    return fwd * (int(bool(mask[0])) + int(bool(mask[1])))
+
+
+class MemoryTracker(TorchDispatchMode):
+    """Tracks live (rounded) bytes of storages created by ops; frees when a storage dies."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.current = 0
+        self.peak = 0
+        self.kernels = 0
+        self.flops = 0.0
+        self.matmul_flops = 0.0
+        self.bytes_moved = 0.0
+        self.sizes: list[int] = []
+
+    def track(self, t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        if storage in self.live:
+            return
+        size = round_alloc(storage.nbytes())
+        self.live[storage] = size
+        self.current += size
+        self.peak = max(self.peak, self.current)
+        self.sizes.append(size)
+        weakref.finalize(storage, self._free, size)
+
+    def _free(self, size: int) -> None:
+        self.current -= size
+
+    def reset_peak(self) -> None:
+        self.peak = self.current
+        self.kernels = 0
+        self.flops = self.matmul_flops = self.bytes_moved = 0.0
+        self.sizes = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        outs = tensors_of(out)
+        for t in outs:
+            self.track(t)
+        if getattr(func, "is_view", False):
+            return out
+        kind = normalise_op(str(func.name()))
+        if kind in _META_KINDS and func._overloadpacket not in (torch.ops.aten.clone, torch.ops.aten.copy_):
+            return out
+        self.kernels += 1
+        if func._overloadpacket is torch.ops.aten.convolution_backward:
+            f = conv_backward_flops(args)
+        else:
+            f = op_flops(func, kind, args, kwargs, out)
+        self.flops += f
+        if kind in ("conv", "linear", "matmul", "attention") or func._overloadpacket is torch.ops.aten.convolution_backward:
+            self.matmul_flops += f
+        moved = sum(t.numel() * t.element_size() for t in tensors_of((args, kwargs)))
+        self.bytes_moved += moved + sum(t.numel() * t.element_size() for t in outs)
+        return out

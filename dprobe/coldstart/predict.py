@@ -1,0 +1,64 @@
+"""Cold-start prediction of one training job from its model alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dprobe.coldstart.features import GPUS, analytical_for, job_features
+from dprobe.coldstart.model import TARGETS
+
+DEFAULT_CHECKPOINT = Path(__file__).with_name("default_coldstart.pt")
+
+
+def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str = "adamw",
+                image: int | None = None, seq: int | None = None, config_kwargs: dict | str | None = None,
+                checkpoint: str | Path | None = None, gpu: str = "h200") -> dict[str, Any]:
+    """Predict peak allocator bytes, NVML bytes, GPU utilisation and step time (p50 and p90 each)."""
+    from torch_geometric.data import Batch  # noqa: F401 - fail early if PyG is missing
+
+    from dprobe.coldstart.train import baseline, from_residual, load_checkpoint, predict_residuals
+    from dprobe.graph.build import build_model_graph
+    from dprobe.graph.encoder import graph_to_data
+
+    if batch < 1:
+        raise ValueError("--batch must be >= 1")
+    if gpu not in GPUS:
+        raise ValueError(f"unknown GPU {gpu!r} ({', '.join(GPUS)})")
+    spec = GPUS[gpu]
+    est = analytical_for(model, batch, precision, optimizer, image=image, seq=seq, config_kwargs=config_kwargs)
+    graph = build_model_graph(model, batch=batch, image=image, seq=seq, config_kwargs=config_kwargs)
+    feats = job_features(est, batch, precision, optimizer, spec)
+    base = baseline(est, feats)
+    result: dict[str, Any] = {"model": model, "batch": batch, "precision": precision, "optimizer": optimizer,
+                              "gpu": gpu, "unknown_nodes": graph.unknown_nodes, "graph_nodes": len(graph.nodes)}
+    ckpt_path = Path(checkpoint) if checkpoint else (DEFAULT_CHECKPOINT if DEFAULT_CHECKPOINT.is_file() else None)
+    if ckpt_path is not None:
+        net, _ = load_checkpoint(ckpt_path)
+        res = predict_residuals(net, [graph_to_data(graph)], np.array([feats]))[0]
+        p50, p90 = from_residual(res[:, 0], base), from_residual(res[:, 1], base)
+        result["method"] = "learned"
+        result["checkpoint"] = str(ckpt_path)
+    else:
+        p50, p90 = base, base * np.array([1.05, 1.07, 1.0, 1.3])
+        p90[2] = min(base[2] + 0.2, 1.0)
+        result["method"] = "analytical"
+        result["note"] = "no checkpoint: analytical estimate only"
+    if gpu != "h200":
+        result["note"] = (result.get("note", "") + "; trained on h200 measurements only").lstrip("; ")
+    for i, t in enumerate(TARGETS):
+        hi = max(float(p90[i]), float(p50[i]))
+        if t == "gpu_utilization":
+            result[t] = {"p50": round(float(np.clip(p50[i], 0, 1)), 4), "p90": round(float(np.clip(hi, 0, 1)), 4)}
+        elif t == "step_time_seconds":
+            result[t] = {"p50": float(p50[i]), "p90": hi}
+        else:
+            result[t] = {"p50": int(p50[i]), "p90": int(hi)}
+    result["analytical"] = {"peak_memory_bytes": int(base[0]), "device_memory_bytes": int(base[1]),
+                            "gpu_utilization": round(float(base[2]), 4), "step_time_seconds": float(base[3]),
+                            "param_bytes": int(est.param_bytes), "optimizer_state_bytes": int(est.state_bytes),
+                            "activation_bytes": int(est.activation_bytes), "flops_per_step": est.flops,
+                            "kernels_per_step": int(est.kernels)}
+    return result

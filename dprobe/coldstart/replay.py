@@ -1,0 +1,113 @@
+"""Analytical estimate: replay forward + loss + backward + optimizer step on meta tensors, tracking live bytes."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dprobe.coldstart.autocast import AutocastEmulation
+from dprobe.coldstart.memtrack import MemoryTracker, round_alloc
+from dprobe.graph.zoo import ExampleInputs, ModelSpec, build_module, example_inputs
+
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+LARGE_BLOCK = 2 << 20  # allocations above 1 MiB are served from 2 MiB-granular segments
+SMALL_SEGMENT = 2 << 20
+SMALL_LIMIT = 1 << 20
+CUDA_CONTEXT_BYTES = int(1.37 * (1 << 30))  # NVML used - allocator reserved, h200-profiles collection 2
+
+
+@dataclass
+class ReplayEstimate:
+    """What one steady-state training step allocates and computes (from the meta replay)."""
+
+    peak_bytes: float
+    reserved_bytes: float
+    device_bytes: float
+    param_bytes: float
+    state_bytes: float
+    steady_bytes: float
+    activation_bytes: float
+    flops: float
+    matmul_flops: float
+    bytes_moved: float
+    kernels: float
+    large_allocs: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: float(v) for k, v in asdict(self).items()}
+
+
+def _loss(model_out: Any, ex: ExampleInputs) -> torch.Tensor:
+    if ex.loss == "output":
+        return model_out.loss
+    logits = model_out if isinstance(model_out, torch.Tensor) else model_out[0]
+    if ex.loss == "ce" and logits.dim() == 2:
+        target = torch.randint(0, logits.shape[1], (logits.shape[0],), device=logits.device)
+        return F.cross_entropy(logits, target)
+    return logits.float().mean()
+
+
+def _optimizer(model: nn.Module, name: str) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.01, momentum=0.9, foreach=True)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-4, foreach=True)
+    raise ValueError(f"unknown optimizer {name!r} (adamw, sgd)")
+
+
+def reserved_estimate(peak: float, sizes: list[int]) -> float:
+    """Reserved bytes: the peak, rounded up to 2 MiB blocks, plus small-pool segments and one large slack."""
+    large = [s for s in sizes if s > SMALL_LIMIT]
+    small_peak = min(sum(s for s in sizes if s <= SMALL_LIMIT), 64 * SMALL_SEGMENT)
+    slack = max(large) if large else 0
+    return float(-(-peak // LARGE_BLOCK) * LARGE_BLOCK + -(-small_peak // SMALL_SEGMENT) * SMALL_SEGMENT * 0.25
+                 + 0.5 * slack)
+
+
+def replay_training_step(spec: ModelSpec, batch: int, precision: str = "fp32", optimizer: str = "adamw",
+                         image: int | None = None, seq: int | None = None) -> ReplayEstimate:
+    """Run two training steps on meta tensors and measure the second (optimizer states exist by then)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r} (fp32, bf16, fp16)")
+    model = build_module(spec)
+    ex = example_inputs(spec, model, batch, image=image, seq=seq, labels=True)
+    opt = _optimizer(model, optimizer)
+    tracker = MemoryTracker()
+    for t in [*model.parameters(), *model.buffers(), *ex.args, *ex.kwargs.values()]:
+        if isinstance(t, torch.Tensor):
+            tracker.track(t)
+    param_bytes = float(tracker.current)
+    activation = state = steady = 0.0
+    with tracker:
+        for step in range(2):
+            opt.zero_grad(set_to_none=True)
+            if step == 1:
+                steady = float(tracker.current)
+                state = steady - param_bytes
+                tracker.reset_peak()
+            emul = AutocastEmulation(PRECISIONS[precision])
+            with emul:
+                loss = _loss(model(*ex.args, **ex.kwargs), ex)
+            emul.cache.clear()
+            activation = float(tracker.current) - steady
+            loss.backward()
+            opt.step()
+            del loss
+    peak = float(tracker.peak)
+    flops = tracker.flops + 3.0 * emul.attention_flops
+    reserved = reserved_estimate(peak, tracker.sizes)
+    return ReplayEstimate(
+        peak_bytes=peak, reserved_bytes=reserved, device_bytes=reserved + CUDA_CONTEXT_BYTES,
+        param_bytes=param_bytes, state_bytes=state, steady_bytes=steady, activation_bytes=activation,
+        flops=flops, matmul_flops=tracker.matmul_flops + 3.0 * emul.attention_flops,
+        bytes_moved=tracker.bytes_moved, kernels=float(tracker.kernels),
+        large_allocs=float(sum(1 for s in tracker.sizes if s > SMALL_LIMIT)),
+    )
+
+
+__all__ = ["CUDA_CONTEXT_BYTES", "ReplayEstimate", "replay_training_step", "round_alloc"]

@@ -1,0 +1,164 @@
+"""Training the cold-start model on h200-profiles, and leave-model-family-out cross-validation."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch_geometric.data import Batch
+
+from dprobe.coldstart.features import FEATURES, GPUS, analytical_for, family_of, job_features
+from dprobe.coldstart.model import TARGETS, ColdStartModel, pinball
+from dprobe.coldstart.replay import ReplayEstimate
+from dprobe.graph.encoder import graph_for_run, graph_to_data, run_spec
+
+log = logging.getLogger(__name__)
+VERSION = 1
+DEFAULTS: dict[str, Any] = {"hidden": 32, "graph_dim": 0, "layers": 2, "dropout": 0.1, "lr": 3e-3,
+                            "weight_decay": 1e-3, "target_weights": [1.0, 1.0, 1.0, 1.0]}
+
+
+def baseline(est: ReplayEstimate, feats: list[float]) -> np.ndarray:
+    """Analytical predictions: peak, NVML, utilisation (roofline busy share), step time (roofline)."""
+    t_roof = math.exp(feats[FEATURES.index("log_t_roof")])
+    t_busy = math.exp(feats[FEATURES.index("log_t_compute")]) + math.exp(feats[FEATURES.index("log_t_memory")])
+    return np.array([est.peak_bytes, est.device_bytes, min(max(t_busy / t_roof, 0.05), 0.95), t_roof])
+
+
+def to_residual(y: np.ndarray, base: np.ndarray) -> np.ndarray:
+    r = np.log(y / base)
+    u = np.clip(y[..., 2], 0.01, 0.99)
+    r[..., 2] = np.log(u / (1 - u))
+    return r
+
+
+def from_residual(r: np.ndarray, base: np.ndarray) -> np.ndarray:
+    y = base * np.exp(r)
+    y[..., 2] = 1 / (1 + np.exp(-r[..., 2]))
+    return y
+
+
+def load_dataset(data_dir: str, cache_dir: str | Path) -> dict[str, Any]:
+    """Graphs, features, analytical baselines and measured targets of every ok training run."""
+    from dprobe.data import load_h200_profiles
+
+    runs = load_h200_profiles(data_dir).train_runs()
+    gpu = GPUS["h200"]
+    graphs, feats, bases, ys, fams, ids = [], [], [], [], [], []
+    t0 = time.time()
+    for _, row in runs.iterrows():
+        spec = run_spec(row)
+        est = analytical_for(spec["model"], spec["batch"], str(row["precision"]), str(row["optimizer"]),
+                             image=spec["image"], seq=spec["seq"], config_kwargs=spec["config_kwargs"],
+                             cache_dir=cache_dir)
+        graphs.append(graph_to_data(graph_for_run(row, cache_dir)))
+        f = job_features(est, spec["batch"], str(row["precision"]), str(row["optimizer"]), gpu,
+                         cudnn_benchmark=bool(row.get("cudnn_benchmark", False) in (True, "True", "true", 1)))
+        feats.append(f)
+        bases.append(baseline(est, f))
+        ys.append([row["peak_alloc_bytes"], row["nvml_peak_used_bytes"],
+                   row["nvml_gpu_util_pct_mean_2nd_half"] / 100.0, row["step_time_median_s"]])
+        fams.append(family_of(str(row["model"])))
+        ids.append(str(row["run_id"]))
+    log.info("features of %d runs in %.1f s", len(ids), time.time() - t0)
+    return {"graphs": graphs, "feats": np.array(feats, dtype=np.float64), "base": np.array(bases),
+            "y": np.array(ys, dtype=np.float64), "families": fams, "run_ids": ids,
+            "models": [str(m) for m in runs["model"]], "batch": runs["batch"].to_numpy()}
+
+
+def fit(ds: dict[str, Any], idx: np.ndarray, max_epochs: int, seed: int, hp: dict[str, Any]) -> ColdStartModel:
+    torch.manual_seed(seed)
+    x = torch.tensor(ds["feats"][idx], dtype=torch.float32)
+    r = torch.tensor(to_residual(ds["y"][idx], ds["base"][idx]), dtype=torch.float32)
+    batch = Batch.from_data_list([ds["graphs"][i] for i in idx]) if hp["graph_dim"] > 0 else None
+    model = ColdStartModel(x.shape[1], hidden=hp["hidden"], graph_dim=hp["graph_dim"], layers=hp["layers"],
+                           dropout=hp["dropout"])
+    model.mu.copy_(x.mean(0))
+    model.sd.copy_(x.std(0).clamp_min(1e-3))
+    w = torch.tensor(hp["target_weights"], dtype=torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
+    model.train()
+    for _ in range(max_epochs):
+        opt.zero_grad()
+        loss = pinball(model(batch, x), r, w)
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+@torch.no_grad()
+def predict_residuals(model: ColdStartModel, graphs: list, feats: np.ndarray) -> np.ndarray:
+    graph_batch = Batch.from_data_list(graphs) if model.encoder is not None else None
+    out = model(graph_batch, torch.tensor(feats, dtype=torch.float32))
+    return out.numpy().astype(np.float64)
+
+
+def metrics(y: np.ndarray, p50: np.ndarray, p90: np.ndarray | None = None) -> dict[str, float]:
+    from scipy.stats import spearmanr
+
+    ape = np.abs(p50 - y) / y
+    m = {"peak_mape": 100 * ape[:, 0].mean(), "peak_worst_ape": 100 * ape[:, 0].max(),
+         "nvml_mape": 100 * ape[:, 1].mean(), "util_mae_points": 100 * np.abs(p50[:, 2] - y[:, 2]).mean(),
+         "step_mape": 100 * ape[:, 3].mean(), "step_spearman": float(spearmanr(p50[:, 3], y[:, 3])[0])}
+    if p90 is not None:
+        cov = (y <= p90).mean(0)
+        m.update({f"p90_coverage_{t}": float(c) for t, c in zip(TARGETS, cov, strict=True)})
+    return {k: float(v) for k, v in m.items()}
+
+
+def cross_validate(data_dir: str, cache_dir: str | Path, max_epochs: int = 400, seed: int = 0,
+                   ds: dict[str, Any] | None = None, **hparams: Any) -> dict[str, Any]:
+    """Leave-model-family-out: each family is scored by a model trained on the other families only."""
+    hp = {**DEFAULTS, **hparams}
+    ds = ds or load_dataset(data_dir, cache_dir)
+    fams = np.array(ds["families"])
+    n = len(fams)
+    p50, p90 = np.zeros((n, 4)), np.zeros((n, 4))
+    for fam in sorted(set(fams)):
+        test = np.where(fams == fam)[0]
+        train = np.where(fams != fam)[0]
+        model = fit(ds, train, max_epochs, seed, hp)
+        res = predict_residuals(model, [ds["graphs"][i] for i in test], ds["feats"][test])
+        p50[test] = from_residual(res[..., 0], ds["base"][test])
+        p90[test] = from_residual(res[..., 1], ds["base"][test])
+    return {"learned": metrics(ds["y"], p50, p90), "analytical": metrics(ds["y"], ds["base"]),
+            "families": len(set(fams)), "runs": n, "p50": p50, "p90": p90, "dataset": ds}
+
+
+def train_coldstart(data_dir: str, out_dir: str, max_epochs: int = 400, seed: int = 0, **hparams: Any) -> dict:
+    """Fit on every run of ``data_dir`` and save ``out_dir/coldstart.pt`` (loadable with weights_only=True).
+
+    Returns ``{"checkpoint": path, "metrics": {...}}`` with leave-family-out metrics (learned and analytical).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cache = Path(hparams.pop("cache_dir", out / "cache"))
+    hp = {**DEFAULTS, **hparams}
+    ds = load_dataset(data_dir, cache)
+    cv = cross_validate(data_dir, cache, max_epochs=max_epochs, seed=seed, ds=ds, **hp)
+    model = fit(ds, np.arange(len(ds["run_ids"])), max_epochs, seed, hp)
+    ckpt = {"version": VERSION, "kind": "dprobe-coldstart", "features": FEATURES, "targets": TARGETS,
+            "hparams": {k: v for k, v in hp.items()}, "n_features": len(FEATURES),
+            "state_dict": {k: v.detach().clone() for k, v in model.state_dict().items()},
+            "metrics": {"learned": cv["learned"], "analytical": cv["analytical"]}}
+    path = out / "coldstart.pt"
+    torch.save(ckpt, path)
+    return {"checkpoint": str(path), "metrics": ckpt["metrics"]}
+
+
+def load_checkpoint(path: str | Path) -> tuple[ColdStartModel, dict[str, Any]]:
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(ckpt, dict) or ckpt.get("kind") != "dprobe-coldstart":
+        raise ValueError(f"{path}: not a dprobe cold-start checkpoint")
+    if ckpt.get("version", 0) > VERSION or ckpt.get("features") != FEATURES:
+        raise ValueError(f"{path}: checkpoint version/features do not match this dprobe")
+    hp = ckpt["hparams"]
+    model = ColdStartModel(ckpt["n_features"], hidden=hp["hidden"], graph_dim=hp["graph_dim"], layers=hp["layers"],
+                           dropout=hp["dropout"])
+    model.load_state_dict(ckpt["state_dict"])
+    return model.eval(), ckpt

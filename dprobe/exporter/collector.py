@@ -1,0 +1,186 @@
+"""A client_python custom collector rendering the sidecar's latest forecasts at scrape time."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from dprobe.exporter.state import ExporterState, ForecastSnapshot, Latest
+
+PREDICTED = {
+    "gpu_memory_bytes": ("dprobe_predicted_gpu_memory_bytes",
+                         "Forecast GPU memory used by the target, by horizon and quantile (bytes)."),
+    "gpu_utilization_ratio": ("dprobe_predicted_gpu_utilization_ratio",
+                              "Forecast GPU utilisation of the target, by horizon and quantile (0-1)."),
+}
+
+
+OBSERVED = {
+    "gpu_memory_bytes": ("dprobe_observed_gpu_memory_bytes", "Latest GPU memory used by the target (bytes)."),
+    "gpu_utilization_ratio": ("dprobe_observed_gpu_utilization_ratio", "Latest GPU utilisation of the target (0-1)."),
+}
+AGE = ("dprobe_last_sample_age_seconds", "Seconds since the target's last sample.")
+
+
+def _fmt_q(q: float) -> str:
+    return f"{q:g}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+
+
+def _header(name: str, doc: str, kind: str = "gauge") -> str:
+    return f"# HELP {name} {doc}\n# TYPE {name} {kind}\n"
+
+
+class _Families:
+    """Adapter so ``generate_latest`` can render a list of families and other collectors."""
+
+    def __init__(self, families: list[Metric], others: Iterable[Collector]):
+        self.families, self.others = families, others
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.families
+        for c in self.others:
+            yield from c.collect()
+
+
+class SidecarCollector(Collector):
+    """Renders observed values, forecasts, staleness, source errors and model info at scrape time.
+
+    A target whose last sample is older than ``stale_after`` shows only its
+    ``dprobe_last_sample_age_seconds``; a forecast older than
+    ``forecast_max_age`` is not shown at all (never a stale forecast as fresh).
+    ``collect()`` serves any client_python exposition; ``render_text()`` is the
+    fast path of /metrics (text format 0.0.4), rendering each forecast
+    snapshot's lines once and only filtering them per scrape.
+    """
+
+    def __init__(self, state: ExporterState, clock: Callable[[], float] = time.time):
+        self.state, self.clock = state, clock
+        self._prepared: tuple[ForecastSnapshot | None, dict[str, dict[str, str]]] = (None, {})
+        self._lock = threading.Lock()
+
+    def describe(self) -> list[Metric]:
+        return []  # families depend on the state; nothing to check at registration
+
+    def _fresh(self, now: float) -> tuple[dict[str, Latest], set[str]]:
+        latest = self.state.latest_samples()
+        return latest, {t for t, s in latest.items() if now - s.ts <= self.state.stale_after}
+
+    def _live_snapshot(self, now: float) -> ForecastSnapshot | None:
+        snap = self.state.forecast_snapshot()
+        if snap is None or now - snap.made_at > self.state.forecast_max_age:
+            return None
+        return snap
+
+    def collect(self) -> Iterator[Metric]:
+        now = self.clock()
+        latest, fresh = self._fresh(now)
+        yield from self._observed(now, latest, fresh)
+        snap = self._live_snapshot(now)
+        for metric, (name, doc) in PREDICTED.items():
+            fam = GaugeMetricFamily(name, doc, labels=["target", "horizon_seconds", "quantile"])
+            if snap is not None and metric in snap.quantiles:
+                q = snap.quantiles[metric]
+                hs = [str(h) for h in snap.horizons]
+                qs = [_fmt_q(x) for x in snap.levels]
+                for i, target in enumerate(snap.targets):
+                    if target not in fresh:
+                        continue
+                    for j, h in enumerate(hs):
+                        for k, ql in enumerate(qs):
+                            v = q[i, j, k]
+                            if v == v:  # skip NaN
+                                fam.add_metric([target, h, ql], float(v))
+            yield fam
+        yield from self._light(latest, fresh)
+
+    def _observed(self, now: float, latest: dict[str, Latest], fresh: set[str]) -> Iterator[Metric]:
+        age = GaugeMetricFamily(*AGE, labels=["target"])
+        obs_mem = GaugeMetricFamily(*OBSERVED["gpu_memory_bytes"], labels=["target"])
+        obs_util = GaugeMetricFamily(*OBSERVED["gpu_utilization_ratio"], labels=["target"])
+        for target, s in latest.items():
+            age.add_metric([target], max(0.0, now - s.ts))
+            if target in fresh:
+                if s.memory_bytes is not None:
+                    obs_mem.add_metric([target], s.memory_bytes)
+                if s.utilization_ratio is not None:
+                    obs_util.add_metric([target], s.utilization_ratio)
+        yield from (age, obs_mem, obs_util)
+
+    def _light(self, latest: dict[str, Latest], fresh: set[str]) -> Iterator[Metric]:
+        st = self.state
+        errors = CounterMetricFamily("dprobe_source_errors", "Failed polls of a metric source.", labels=["source"])
+        up = GaugeMetricFamily("dprobe_source_up", "1 when the source's last poll succeeded.", labels=["source"])
+        for s in st.source_status():
+            errors.add_metric([s.name], s.errors_total)
+            up.add_metric([s.name], 1.0 if s.up else 0.0)
+        yield errors
+        yield up
+        yield CounterMetricFamily("dprobe_forecast_errors", "Forecast cycles that failed.",
+                                  value=st.forecast_errors())
+        yield InfoMetricFamily("dprobe_model", "The forecasting model in use.", value=st.model_labels())
+        tracked = GaugeMetricFamily("dprobe_targets", "Targets tracked by the sidecar, by state.", labels=["state"])
+        tracked.add_metric(["fresh"], len(fresh))
+        tracked.add_metric(["stale"], len(latest) - len(fresh))
+        yield tracked
+
+    # fast path ------------------------------------------------------------------------------------
+    def prepare(self, snap: ForecastSnapshot | None) -> dict[str, dict[str, str]]:
+        """Render a snapshot's predicted lines once (called by the forecast loop after publishing)."""
+        with self._lock:
+            if self._prepared[0] is snap:
+                return self._prepared[1]
+        blocks: dict[str, dict[str, str]] = {}
+        if snap is not None:
+            hs = [str(h) for h in snap.horizons]
+            qs = [_fmt_q(x) for x in snap.levels]
+            for metric, (name, _) in PREDICTED.items():
+                q = snap.quantiles.get(metric)
+                per: dict[str, str] = {}
+                if q is not None:
+                    for i, target in enumerate(snap.targets):
+                        t = _escape(target)
+                        lines = [f'{name}{{target="{t}",horizon_seconds="{h}",quantile="{ql}"}} {floatToGoString(q[i, j, k])}\n'
+                                 for j, h in enumerate(hs) for k, ql in enumerate(qs) if q[i, j, k] == q[i, j, k]]
+                        per[target] = "".join(lines)
+                blocks[metric] = per
+        with self._lock:
+            self._prepared = (snap, blocks)
+        return blocks
+
+    def render_text(self, others: Iterable[Collector] = ()) -> bytes:
+        """/metrics in text format 0.0.4; ``others`` (e.g. the latency histogram) are appended."""
+        now = self.clock()
+        latest, fresh = self._fresh(now)
+        out: list[str] = []
+        out.append(_header(*AGE))
+        obs = {m: [_header(*OBSERVED[m])] for m in OBSERVED}
+        for target, s in latest.items():
+            t = _escape(target)
+            out.append(f'{AGE[0]}{{target="{t}"}} {floatToGoString(max(0.0, now - s.ts))}\n')
+            if target in fresh:
+                if s.memory_bytes is not None:
+                    obs["gpu_memory_bytes"].append(
+                        f'{OBSERVED["gpu_memory_bytes"][0]}{{target="{t}"}} {floatToGoString(s.memory_bytes)}\n')
+                if s.utilization_ratio is not None:
+                    obs["gpu_utilization_ratio"].append(
+                        f'{OBSERVED["gpu_utilization_ratio"][0]}{{target="{t}"}} {floatToGoString(s.utilization_ratio)}\n')
+        for lines in obs.values():
+            out.extend(lines)
+        snap = self._live_snapshot(now)
+        blocks = self.prepare(snap) if snap is not None else {}
+        for metric, (name, doc) in PREDICTED.items():
+            out.append(_header(name, doc))
+            per = blocks.get(metric, {})
+            out.extend(block for target, block in per.items() if target in fresh)
+        text = "".join(out).encode()
+        return text + generate_latest(_Families(list(self._light(latest, fresh)), others))  # type: ignore[arg-type]

@@ -1,0 +1,102 @@
+"""The sidecar's HTTP server: /metrics (Prometheus), /healthz (alive), /readyz (model loaded, data seen)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import CollectorRegistry
+
+from dprobe.exporter.state import ExporterState
+
+log = logging.getLogger(__name__)
+TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    registry: CollectorRegistry
+    state: ExporterState
+    fast: Callable[[CollectorRegistry], bytes] | None
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+
+    def _send(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server API)
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            accept = self.headers.get("Accept", "")
+            fast = self.server.fast
+            if fast is not None and ("text/plain" in accept or "openmetrics" not in accept):
+                encoder, content_type = fast, TEXT_CONTENT_TYPE
+            else:
+                encoder, content_type = choose_encoder(accept)
+            try:
+                body = encoder(self.server.registry)
+            except Exception as exc:  # never take the server down on a rendering bug
+                log.exception("rendering /metrics failed")
+                self._send(500, f"error: {exc}\n".encode())
+                return
+            self._send(200, body, content_type)
+        elif path == "/healthz":
+            self._send(200, b"ok\n")
+        elif path == "/readyz":
+            ok, why = self.server.state.ready()
+            self._send(200 if ok else 503, f"{'ready' if ok else 'not ready'}: {why}\n".encode())
+        elif path == "/":
+            self._send(200, b"dprobe sidecar: /metrics /healthz /readyz\n")
+        else:
+            self._send(404, b"not found\n")
+
+    do_HEAD = do_GET
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (http.server API)
+        log.debug("%s %s", self.address_string(), format % args)
+
+
+class ExporterServer:
+    """Serves the registry and the state's probes on ``address:port`` from a background thread.
+
+    ``fast``, when given, renders text format 0.0.4 for every scraper that accepts it
+    (Prometheus does); other Accept headers get client_python's encoders.
+    """
+
+    def __init__(self, registry: CollectorRegistry, state: ExporterState, address: str = "0.0.0.0",
+                 port: int = 9477, fast: Callable[[CollectorRegistry], bytes] | None = None):
+        self.httpd = _Server((address, port), _Handler)
+        self.httpd.registry, self.httpd.state, self.httpd.fast = registry, state, fast
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self.httpd.server_address[1])
+
+    @property
+    def url(self) -> str:
+        host = self.httpd.server_address[0]
+        return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{self.port}"
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name="exporter-http", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout)

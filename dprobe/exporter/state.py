@@ -1,0 +1,60 @@
+"""What the exporter reads at scrape time: the latest samples, the latest forecasts, source health."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class Latest:
+    """The latest sample of a target."""
+
+    ts: float
+    memory_bytes: float | None
+    utilization_ratio: float | None
+    source: str
+
+
+@dataclass(frozen=True)
+class ForecastSnapshot:
+    """One forecast cycle's output for all targets, published by reference swap.
+
+    ``quantiles[metric]`` is ``(len(targets), len(horizons), len(levels))``;
+    ``input_ts[i]`` is the time of the last sample the forecast of ``targets[i]`` used.
+    """
+
+    made_at: float
+    targets: tuple[str, ...]
+    input_ts: np.ndarray
+    horizons: tuple[int, ...]
+    levels: tuple[float, ...]
+    quantiles: dict[str, np.ndarray]
+
+
+@dataclass(frozen=True, slots=True)
+class SourceStatus:
+    name: str
+    up: bool
+    errors_total: int
+
+
+class ExporterState(Protocol):
+    """Implemented by the sidecar; everything is read without blocking the sampling."""
+
+    stale_after: float
+    forecast_max_age: float
+
+    def forecast_snapshot(self) -> ForecastSnapshot | None: ...
+
+    def latest_samples(self) -> dict[str, Latest]: ...
+
+    def source_status(self) -> list[SourceStatus]: ...
+
+    def forecast_errors(self) -> int: ...
+
+    def model_labels(self) -> dict[str, str]: ...
+
+    def ready(self) -> tuple[bool, str]: ...

@@ -1,0 +1,134 @@
+"""Load the forecaster the services run: a trained checkpoint, or a baseline until one exists.
+
+A checkpoint is a ``torch.save``-d dict with at least ``"kind"`` (which loader
+in :data:`FORECASTER_LOADERS` rebuilds it) and ``"dprobe_version"``; it is
+read with ``weights_only=True`` (no code runs from the file).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from dprobe.forecasting.base import Forecaster
+
+log = logging.getLogger(__name__)
+
+# kind -> function(checkpoint dict) -> Forecaster; trained models register here
+FORECASTER_LOADERS: dict[str, Callable[[dict], Forecaster]] = {}
+REQUIRED_KEYS = ("kind", "dprobe_version")
+# modules whose import registers the trained models' loaders (imported on first use)
+BUILTIN_LOADER_MODULES = ("dprobe.forecasting.model",)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file cannot be used: missing, corrupt, truncated or incompatible."""
+
+
+def register_forecaster_loader(kind: str) -> Callable[[Callable[[dict], Forecaster]], Callable[[dict], Forecaster]]:
+    """Decorator: ``@register_forecaster_loader("dprobe-gnn")`` on ``def load(ckpt: dict) -> Forecaster``."""
+
+    def deco(fn: Callable[[dict], Forecaster]) -> Callable[[dict], Forecaster]:
+        FORECASTER_LOADERS[kind] = fn
+        return fn
+
+    return deco
+
+
+@dataclass
+class LoadedModel:
+    """The forecaster and what ``dprobe_model_info`` reports about it."""
+
+    forecaster: Forecaster
+    kind: str
+    version: str
+    checkpoint: str  # "" for a baseline
+    fallback_reason: str = ""
+
+
+def _import_loader_modules() -> None:
+    for name in BUILTIN_LOADER_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            log.warning("forecaster loaders of %s unavailable: %s", name, exc)
+
+
+def _major(version: str) -> str:
+    return str(version).split(".")[0]
+
+
+def read_checkpoint(path: str | Path) -> dict:
+    """The checkpoint dict at ``path``, checked for the keys every checkpoint carries."""
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path}: no such file")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for a damaged file (RuntimeError, EOFError, pickle errors)
+        raise CheckpointError(
+            f"checkpoint {path}: cannot be read (corrupt, truncated or not a torch file): "
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
+        ) from exc
+    if not isinstance(ckpt, dict):
+        raise CheckpointError(f"checkpoint {path}: holds a {type(ckpt).__name__}, not a dprobe checkpoint dict")
+    missing = [k for k in REQUIRED_KEYS if k not in ckpt]
+    if missing:
+        raise CheckpointError(f"checkpoint {path}: not a dprobe checkpoint (missing key(s) {', '.join(missing)})")
+    return ckpt
+
+
+def _load_checked(path: str | Path) -> LoadedModel:
+    from dprobe import __version__
+
+    ckpt = read_checkpoint(path)
+    kind, version = str(ckpt["kind"]), str(ckpt["dprobe_version"])
+    if _major(version) != _major(__version__):
+        raise CheckpointError(f"checkpoint {path}: written by dprobe {version}, incompatible with {__version__}")
+    if kind not in FORECASTER_LOADERS:
+        _import_loader_modules()
+    loader = FORECASTER_LOADERS.get(kind)
+    if loader is None:
+        known = ", ".join(sorted(FORECASTER_LOADERS)) or "none registered"
+        raise CheckpointError(f"checkpoint {path}: unknown model kind {kind!r} (known: {known})")
+    try:
+        forecaster = loader(ckpt)
+    except CheckpointError:
+        raise
+    except Exception as exc:  # shape mismatch, missing tensors: the file does not fit this code
+        raise CheckpointError(f"checkpoint {path}: incompatible with this dprobe ({type(exc).__name__}: {exc})") from exc
+    return LoadedModel(forecaster, kind=kind, version=version, checkpoint=str(path))
+
+
+def open_forecaster(checkpoint: str | Path | None, fallback: str = "ewma",
+                    fallback_on_error: bool = False) -> LoadedModel:
+    """A checkpoint's forecaster, or the ``fallback`` baseline when there is none.
+
+    A bad checkpoint raises :class:`CheckpointError` naming the file and the
+    reason, unless ``fallback_on_error``: then the baseline is used and the
+    reason is logged and kept in ``fallback_reason``.
+    """
+    from dprobe import __version__
+    from dprobe.forecasting.baselines import make_baseline
+
+    if checkpoint:
+        try:
+            return _load_checked(checkpoint)
+        except CheckpointError as exc:
+            if not fallback_on_error:
+                raise
+            log.warning("%s; using the %s baseline instead", exc, fallback)
+            return LoadedModel(make_baseline(fallback), kind=f"baseline:{fallback}", version=__version__,
+                               checkpoint="", fallback_reason=str(exc))
+    return LoadedModel(make_baseline(fallback), kind=f"baseline:{fallback}", version=__version__, checkpoint="")
+
+
+def load_forecaster(checkpoint: str | Path | None, fallback: str = "ewma",
+                    fallback_on_error: bool = False) -> Forecaster:
+    """``None`` -> the ``fallback`` baseline; a path -> the checkpoint's forecaster (see :func:`open_forecaster`)."""
+    return open_forecaster(checkpoint, fallback, fallback_on_error).forecaster

@@ -1,0 +1,113 @@
+"""ModelGraph -> PyG Data, a GNN graph encoder, and cached graphs of h200-profiles runs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch_geometric.data import Batch, Data
+from torch_geometric.nn import GINEConv, global_add_pool, global_max_pool, global_mean_pool
+
+from dprobe.graph.ops import KIND_INDEX, KINDS
+from dprobe.graph.schema import GraphError, ModelGraph, load_model_graph
+
+NODE_FEATURES = 6
+EDGE_FEATURES = 2
+
+
+def _log(x: float) -> float:
+    return math.log1p(max(float(x), 0.0))
+
+
+def graph_to_data(graph: ModelGraph) -> Data:
+    """Node kind index (``kind``), log-scaled numeric features (``x``), edge features (log bytes, same dtype)."""
+    kinds = torch.tensor([KIND_INDEX.get(n.kind, 0) for n in graph.nodes] or [0], dtype=torch.long)
+    rows = [[_log(n.output_bytes) / 20, _log(n.params) / 20, _log(n.param_bytes) / 20, _log(n.flops) / 25,
+             _log(n.saved_bytes) / 20, len(n.shapes[0]) / 4 if n.shapes else 0.0] for n in graph.nodes]
+    x = torch.tensor(rows or [[0.0] * NODE_FEATURES], dtype=torch.float32)
+    if graph.edges:
+        ei = torch.tensor(graph.edges, dtype=torch.long).t().contiguous()
+        ea = torch.tensor([[_log(graph.nodes[a].output_bytes) / 20,
+                            float(graph.nodes[a].dtypes[:1] == graph.nodes[b].dtypes[:1])] for a, b in graph.edges],
+                          dtype=torch.float32)
+    else:
+        ei = torch.zeros((2, 0), dtype=torch.long)
+        ea = torch.zeros((0, EDGE_FEATURES), dtype=torch.float32)
+    return Data(x=x, kind=kinds, edge_index=ei, edge_attr=ea, num_nodes=x.shape[0])
+
+
+class GraphEncoder(nn.Module):
+    """GINE message passing over op nodes, then mean + max + log-sum pooling to a graph embedding."""
+
+    def __init__(self, hidden: int = 64, out_dim: int = 64, layers: int = 3) -> None:
+        super().__init__()
+        self.kind_emb = nn.Embedding(len(KINDS), hidden)
+        self.inp = nn.Linear(NODE_FEATURES, hidden)
+        self.convs = nn.ModuleList(
+            GINEConv(nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, hidden)),
+                     edge_dim=EDGE_FEATURES) for _ in range(layers))
+        self.norms = nn.ModuleList(nn.LayerNorm(hidden) for _ in range(layers))
+        self.out = nn.Linear(3 * hidden, out_dim)
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        h = self.kind_emb(batch.kind) + self.inp(batch.x)
+        for conv, norm in zip(self.convs, self.norms, strict=True):
+            h = h + torch.relu(norm(conv(h, batch.edge_index, batch.edge_attr)))
+        idx = batch.batch if batch.batch is not None else torch.zeros(h.shape[0], dtype=torch.long)
+        size = int(idx.max()) + 1 if idx.numel() else 1
+        pooled = torch.cat([global_mean_pool(h, idx, size), global_max_pool(h, idx, size),
+                            torch.log1p(global_add_pool(h.abs(), idx, size))], dim=1)
+        return self.out(pooled)
+
+
+def run_spec(run_row: Any) -> dict[str, Any]:
+    """Model spec of an h200-profiles runs.csv row (see the data card's "How a model is rebuilt")."""
+    get = run_row.get if hasattr(run_row, "get") else lambda k, d=None: getattr(run_row, k, d)
+    lib = str(get("lib"))
+    kwargs = get("config_kwargs") or {}
+    if isinstance(kwargs, str):
+        kwargs = json.loads(kwargs) if kwargs.strip() else {}
+    if isinstance(kwargs, float):
+        kwargs = {}
+    if lib == "transformers":
+        model = f"transformers:{get('config')}/{get('arch')}"
+    elif lib in ("torchvision", "timm"):
+        model = f"{lib}:{get('model')}"
+    else:
+        raise GraphError(f"run {get('run_id')}: cannot rebuild a model of lib {lib!r}")
+
+    def num(key: str) -> int | None:
+        v = get(key)
+        return None if v is None or (isinstance(v, float) and math.isnan(v)) else int(v)
+
+    return {"model": model, "config_kwargs": dict(kwargs), "batch": int(get("batch")),
+            "image": num("image") if lib != "transformers" else None,
+            "seq": num("seq") if lib == "transformers" else None}
+
+
+def spec_key(spec: dict[str, Any], extra: str = "") -> str:
+    text = json.dumps(spec, sort_keys=True) + extra
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def graph_for_run(run_row: Any, cache_dir: str | Path | None = None) -> ModelGraph:
+    """Graph of a run (at the run's batch size), cached as JSON under ``cache_dir`` keyed by spec hash."""
+    from dprobe.graph.build import build_model_graph
+
+    spec = run_spec(run_row)
+    path = Path(cache_dir) / f"graph-{spec_key(spec)}.json" if cache_dir else None
+    if path is not None and path.is_file():
+        try:
+            return load_model_graph(path)
+        except GraphError:
+            path.unlink(missing_ok=True)
+    graph = build_model_graph(spec["model"], batch=spec["batch"], image=spec["image"], seq=spec["seq"],
+                              config_kwargs=spec["config_kwargs"])
+    if path is not None:
+        graph.save(path)
+    return graph

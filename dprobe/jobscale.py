@@ -1,0 +1,219 @@
+"""Job scale: from a run's model graph and its first second of NVML samples, where its memory and
+utilisation are heading over the next ten seconds (the allocator's ramp to its plateau).
+
+Targets per run of h200-profiles: the memory plateau (90th percentile of NVML used memory over
+the horizon) and the mean GPU utilisation over the horizon. Predictions are p50 / p90 / p99 of
+residuals to what the first second shows (log-ratio for memory, logit difference for
+utilisation). Three ways to predict are compared, leave-model-family-out:
+
+- ``persist``: the plateau is the largest memory seen so far, utilisation stays at its mean;
+- ``no_graph``: a learned model of the first second and the job's static features
+  (batch, precision, optimizer);
+- ``graph``: the same plus the graph-derived features of the cold-start profiler (replayed
+  allocator peak, FLOPs, roofline times; :mod:`dprobe.coldstart`) and a GNN embedding of the
+  model graph.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch_geometric.data import Batch
+
+from dprobe.graph.encoder import GraphEncoder
+
+log = logging.getLogger(__name__)
+
+FIRST_SECONDS = 1.0
+HORIZON_SECONDS = 10.0
+LEVELS = (0.5, 0.9, 0.99)
+OBS_FEATURES = ["log_mem_last", "log_mem_max", "util_mean", "util_last", "util_busy_share", "log_mem_total",
+                "log_batch", "bf16", "fp16", "adamw"]
+VARIANTS = ("persist", "no_graph", "graph")
+KIND = "dprobe-jobscale"
+
+
+def _logit(u: np.ndarray) -> np.ndarray:
+    u = np.clip(u, 0.01, 0.99)
+    return np.log(u / (1 - u))
+
+
+def observe_run(samples: Any, batch: int, precision: str, optimizer: str) -> tuple[list[float], list[float]] | None:
+    """First-second features and horizon targets of one run's NVML samples (None if too short)."""
+    t = samples["t_rel"].to_numpy()
+    first = samples[t <= FIRST_SECONDS]
+    later = samples[(t > FIRST_SECONDS) & (t <= FIRST_SECONDS + HORIZON_SECONDS)]
+    if len(first) < 3 or len(later) < 3:
+        return None
+    mem = first["mem_used_bytes"].to_numpy(dtype=float)
+    util = first["gpu_util_pct"].to_numpy(dtype=float) / 100
+    obs = [np.log(mem[-1]), np.log(mem.max()), util.mean(), util[-1], float((util > 0).mean()),
+           np.log(float(first["mem_total_bytes"].iloc[0])), np.log(batch), float(precision == "bf16"),
+           float(precision == "fp16"), float(optimizer == "adamw")]
+    target = [float(np.quantile(later["mem_used_bytes"], 0.9)), float(later["gpu_util_pct"].mean() / 100)]
+    return obs, target
+
+
+def load_job_dataset(data_dir: str, cache_dir: str | Path) -> dict[str, Any]:
+    """The cold-start profiler's per-run graphs and features, plus first-second observations and targets."""
+    from dprobe.coldstart.train import load_dataset
+    from dprobe.data import load_h200_profiles
+
+    ds = load_dataset(data_dir, cache_dir)
+    profiles = load_h200_profiles(data_dir)
+    runs = profiles.train_runs().set_index("run_id")
+    keep, obs, ys = [], [], []
+    for i, rid in enumerate(ds["run_ids"]):
+        row = runs.loc[rid]
+        got = observe_run(profiles.run_samples(rid), int(row["batch"]), str(row["precision"]),
+                          str(row["optimizer"]))
+        if got is not None:
+            keep.append(i)
+            obs.append(got[0])
+            ys.append(got[1])
+    if not keep:
+        raise ValueError(f"{data_dir}: no run has {FIRST_SECONDS:g} s of samples and more after it")
+    return {"graphs": [ds["graphs"][i] for i in keep], "graph_feats": ds["feats"][keep],
+            "obs": np.array(obs), "y": np.array(ys), "families": [ds["families"][i] for i in keep],
+            "run_ids": [ds["run_ids"][i] for i in keep]}
+
+
+def persist(obs: np.ndarray) -> np.ndarray:
+    """The plateau is the largest memory seen so far; utilisation stays at its first-second mean."""
+    return np.stack([np.exp(obs[:, OBS_FEATURES.index("log_mem_max")]), obs[:, OBS_FEATURES.index("util_mean")]],
+                    axis=1)
+
+
+def to_residual(y: np.ndarray, obs: np.ndarray) -> np.ndarray:
+    anchor = persist(obs)
+    return np.stack([np.log(y[:, 0] / anchor[:, 0]), _logit(y[:, 1]) - _logit(anchor[:, 1])], axis=1)
+
+
+def from_residual(r: np.ndarray, obs: np.ndarray) -> np.ndarray:
+    """``r`` ``(N, 2, Q)`` -> bytes and utilisation ratio ``(N, 2, Q)``."""
+    anchor = persist(obs)
+    mem = anchor[:, 0, None] * np.exp(r[:, 0])
+    util = 1 / (1 + np.exp(-(_logit(anchor[:, 1])[:, None] + r[:, 1])))
+    return np.stack([mem, util], axis=1)
+
+
+class JobScaleNet(nn.Module):
+    """Features ``[N, F]`` (+ graphs) -> ordered residual quantiles ``[N, 2, Q]``."""
+
+    def __init__(self, n_features: int, hidden: int = 32, graph_dim: int = 0) -> None:
+        super().__init__()
+        self.encoder = GraphEncoder(hidden=hidden, out_dim=graph_dim, layers=2) if graph_dim else None
+        self.register_buffer("mu", torch.zeros(n_features))
+        self.register_buffer("sd", torch.ones(n_features))
+        self.mlp = nn.Sequential(nn.Linear(n_features + graph_dim, hidden), nn.ReLU(), nn.Dropout(0.1),
+                                 nn.Linear(hidden, 2 * len(LEVELS)))
+        self.linear = nn.Linear(n_features, 2)  # a linear path keeps extrapolation tame
+
+    def forward(self, feats: torch.Tensor, graphs: Batch | None = None) -> torch.Tensor:
+        f = (feats - self.mu) / self.sd
+        z = self.encoder(graphs) if self.encoder is not None and graphs is not None else f[:, :0]
+        out = self.mlp(torch.cat([f, z], dim=1)).view(-1, 2, len(LEVELS))
+        p50 = out[..., :1] + self.linear(f).unsqueeze(-1)
+        return torch.cat([p50, p50 + torch.cumsum(nn.functional.softplus(out[..., 1:]), dim=-1)], dim=-1)
+
+
+def _inputs(ds: dict[str, Any], idx: np.ndarray, variant: str) -> np.ndarray:
+    parts = [ds["obs"][idx]]
+    if variant == "graph":
+        parts.append(ds["graph_feats"][idx])
+    return np.concatenate(parts, axis=1)
+
+
+def fit(ds: dict[str, Any], idx: np.ndarray, variant: str, epochs: int = 300, seed: int = 0,
+        graph_dim: int = 8) -> JobScaleNet:
+    torch.manual_seed(seed)
+    x = torch.tensor(_inputs(ds, idx, variant), dtype=torch.float32)
+    r = torch.tensor(to_residual(ds["y"][idx], ds["obs"][idx]), dtype=torch.float32)
+    use_gnn = variant == "graph" and graph_dim > 0
+    graphs = Batch.from_data_list([ds["graphs"][i] for i in idx]) if use_gnn else None
+    net = JobScaleNet(x.shape[1], graph_dim=graph_dim if use_gnn else 0)
+    net.mu.copy_(x.mean(0))
+    net.sd.copy_(x.std(0).clamp_min(1e-3))
+    levels = torch.tensor(LEVELS)
+    opt = torch.optim.AdamW(net.parameters(), lr=3e-3, weight_decay=1e-3)
+    net.train()
+    for _ in range(epochs):
+        opt.zero_grad()
+        diff = r.unsqueeze(-1) - net(x, graphs)
+        loss = torch.maximum(levels * diff, (levels - 1) * diff).mean()
+        loss.backward()
+        opt.step()
+    return net.eval()
+
+
+@torch.no_grad()
+def predict(net: JobScaleNet, ds: dict[str, Any], idx: np.ndarray, variant: str) -> np.ndarray:
+    """Quantiles ``(N, 2, Q)``: memory plateau (bytes), mean utilisation (0-1)."""
+    x = torch.tensor(_inputs(ds, idx, variant), dtype=torch.float32)
+    graphs = Batch.from_data_list([ds["graphs"][i] for i in idx]) if net.encoder is not None else None
+    r = net(x, graphs).numpy().astype(np.float64)
+    return from_residual(r, ds["obs"][idx])
+
+
+def scores(y: np.ndarray, q: np.ndarray) -> dict[str, float]:
+    """Plateau MAPE (%), worst APE, utilisation MAE (points), p90 / p99 coverage of both targets."""
+    ape = np.abs(q[:, 0, 0] - y[:, 0]) / y[:, 0] * 100
+    out = {"plateau_mape": float(ape.mean()), "plateau_worst_ape": float(ape.max()),
+           "util_mae_points": float(np.abs(q[:, 1, 0] - y[:, 1]).mean() * 100)}
+    if q.shape[2] == len(LEVELS):
+        out["p90_coverage"] = float((y <= q[:, :, 1]).mean())
+        out["p99_coverage"] = float((y <= q[:, :, 2]).mean())
+    return out
+
+
+def cross_validate(ds: dict[str, Any], epochs: int = 300, seed: int = 0) -> dict[str, dict[str, float]]:
+    """Leave-model-family-out scores of every variant: a family is never in its own training set."""
+    fams = np.array(ds["families"])
+    n = len(fams)
+    preds = {v: np.zeros((n, 2, len(LEVELS))) for v in VARIANTS}
+    preds["persist"] = np.repeat(persist(ds["obs"])[:, :, None], len(LEVELS), axis=2)
+    for fam in sorted(set(fams)):
+        test, train = np.flatnonzero(fams == fam), np.flatnonzero(fams != fam)
+        for variant in ("no_graph", "graph"):
+            preds[variant][test] = predict(fit(ds, train, variant, epochs, seed), ds, test, variant)
+    result = {v: scores(ds["y"], preds[v]) for v in VARIANTS}
+    result["persist"].pop("p90_coverage", None)
+    result["persist"].pop("p99_coverage", None)
+    return result
+
+
+def format_table(result: dict[str, dict[str, float]], n_runs: int, n_families: int) -> str:
+    lines = [f"### job scale: h200-profiles, {n_runs} runs, {n_families} families, leave-family-out",
+             "", "| method | plateau MAPE | worst APE | util MAE (points) | p90 cover | p99 cover |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for v, m in result.items():
+        cov90 = f"{m['p90_coverage']:.0%}" if "p90_coverage" in m else "–"
+        cov99 = f"{m['p99_coverage']:.0%}" if "p99_coverage" in m else "–"
+        lines.append(f"| {v} | {m['plateau_mape']:.1f}% | {m['plateau_worst_ape']:.1f}% | "
+                     f"{m['util_mae_points']:.1f} | {cov90} | {cov99} |")
+    return "\n".join(lines) + "\n"
+
+
+def train_jobscale(data_dir: str, out_dir: str, use_graph: bool = True, epochs: int = 300, seed: int = 0,
+                   cache_dir: str | Path | None = None) -> dict[str, Any]:
+    """Cross-validate every variant, fit the chosen one on all runs, save ``jobscale.pt`` and a report."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ds = load_job_dataset(data_dir, cache_dir or out / "cache")
+    result = cross_validate(ds, epochs, seed)
+    table = format_table(result, len(ds["run_ids"]), len(set(ds["families"])))
+    (out / "report.md").write_text(table)
+    variant = "graph" if use_graph else "no_graph"
+    net = fit(ds, np.arange(len(ds["run_ids"])), variant, epochs, seed)
+    ckpt = {"kind": KIND, "format": 1, "variant": variant, "obs_features": OBS_FEATURES,
+            "n_features": int(_inputs(ds, np.arange(1), variant).shape[1]),
+            "graph_dim": int(net.encoder.out.out_features) if net.encoder is not None else 0,
+            "state_dict": {k: v.detach().clone() for k, v in net.state_dict().items()}, "cv": result}
+    torch.save(ckpt, out / "jobscale.pt")
+    return {"checkpoint": str(out / "jobscale.pt"), "report": str(out / "report.md"), "table": table,
+            "metrics": result}

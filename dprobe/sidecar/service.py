@@ -1,0 +1,182 @@
+"""The sidecar process: sources -> windows -> forecasts -> /metrics, with clean shutdown on SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+from prometheus_client import Histogram
+from prometheus_client.registry import CollectorRegistry
+
+from dprobe.exporter import ExporterServer, SidecarCollector
+from dprobe.exporter.state import ForecastSnapshot, Latest, SourceStatus
+from dprobe.forecasting.loading import LoadedModel, open_forecaster
+from dprobe.sidecar.config import SidecarConfig
+from dprobe.sidecar.engine import ForecastEngine
+from dprobe.sidecar.graphs import GraphResolver
+from dprobe.sidecar.poller import SourcePoller
+from dprobe.sidecar.window import WindowStore
+from dprobe.sources.base import Sample, Source
+
+log = logging.getLogger(__name__)
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def build_sources(config: SidecarConfig) -> list[Source]:
+    """The configured source; ``auto`` is NVML when it sees a GPU, else replay of a bundled trace."""
+    kind = config.source
+    if kind == "auto":
+        from dprobe.sources.nvml import nvml_available
+
+        kind = "nvml" if nvml_available() else "replay"
+        log.warning("source auto: %s", "GPU found, reading NVML" if kind == "nvml"
+                    else f"no GPU found, replaying the bundled {config.replay_dataset} trace")
+    if kind == "nvml":
+        from dprobe.sources.nvml import NvmlSource, pod_of_cgroup, pod_of_pid
+
+        names = {}
+        if config.pod_name:  # processes in this sidecar's own pod get its name
+            try:
+                own = pod_of_cgroup(Path("/proc/self/cgroup").read_text())
+            except OSError:
+                own = None
+            if own:
+                names[own[0]] = config.pod_name
+        return [NvmlSource(per_process=config.nvml_per_process, pod_names=names, pod_resolver=pod_of_pid)]
+    if kind == "dcgm":
+        from dprobe.sources.dcgm import DcgmSource
+
+        return [DcgmSource(config.dcgm_url, config.http_timeout, config.dcgm_targets, config.dcgm_utilization)]
+    if kind == "prometheus":
+        from dprobe.sources.prometheus import (
+            DEFAULT_MEMORY_QUERY,
+            DEFAULT_UTILIZATION_QUERY,
+            PrometheusSource,
+        )
+
+        return [PrometheusSource(
+            config.prometheus_url, config.prometheus_memory_query or DEFAULT_MEMORY_QUERY,
+            config.prometheus_utilization_query or DEFAULT_UTILIZATION_QUERY, step=config.step_seconds,
+            lookback=config.window_seconds, timeout=config.http_timeout,
+            target_label=config.prometheus_target_label or None)]
+    if kind == "replay":
+        from dprobe.sources.replay import ReplaySource
+
+        return [ReplaySource(config.replay_dataset, config.replay_path or None, config.replay_speed or None,
+                             loop=config.replay_loop, max_targets=config.replay_max_targets or None)]
+    if kind == "synthetic":
+        from dprobe.sources.synthetic import SyntheticSource
+
+        return [SyntheticSource(config.synthetic_targets)]
+    raise ValueError(f"unknown source {kind!r}")
+
+
+class Sidecar:
+    """Wires sources, windows, the forecast engine and the exporter; implements the exporter's state."""
+
+    def __init__(self, config: SidecarConfig, sources: list[Source] | None = None,
+                 model: LoadedModel | None = None):
+        self.config = config.validate()
+        self.model = model or open_forecaster(config.checkpoint, config.model, config.fallback_on_bad_checkpoint)
+        self.sources = build_sources(config) if sources is None else sources
+        self.store = WindowStore(config.step_seconds, config.window_length, config.max_targets)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.forecast_seconds = Histogram("dprobe_forecast_seconds", "Duration of a forecast cycle (all targets).",
+                                          buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.graphs = GraphResolver(config.graphs, config.graph_file, config.annotations_file)
+        self.engine = ForecastEngine(self.store, self.model.forecaster, config.horizons, config.stale_after,
+                                     config.drop_after, config.min_points, self.graphs,
+                                     observe_seconds=self.forecast_seconds.observe)
+        self.stop_event = threading.Event()
+        self.pollers = [SourcePoller(s, self._sink, config.sample_interval, config.max_backoff, self.stop_event)
+                        for s in self.sources]
+        self.collector = SidecarCollector(self)
+        self.registry.register(self.collector)
+        self.engine.on_publish = self.collector.prepare
+        self.stale_after = config.stale_after
+        self.forecast_max_age = max(config.stale_after, 3 * config.forecast_interval)
+        self.first_sample_at: float | None = None
+        self.server: ExporterServer | None = None
+        self._threads: list[threading.Thread] = []
+
+    # exporter state -------------------------------------------------------------------------------
+    def forecast_snapshot(self) -> ForecastSnapshot | None:
+        return self.engine.snapshot
+
+    def latest_samples(self) -> dict[str, Latest]:
+        return self.store.snapshot_latest()
+
+    def source_status(self) -> list[SourceStatus]:
+        return [SourceStatus(p.source.name, p.up, p.errors_total) for p in self.pollers]
+
+    def forecast_errors(self) -> int:
+        return self.engine.errors_total
+
+    def model_labels(self) -> dict[str, str]:
+        return {"version": self.model.version, "checkpoint": self.model.checkpoint, "kind": self.model.kind}
+
+    def ready(self) -> tuple[bool, str]:
+        if self.first_sample_at is None:
+            return False, "no sample yet"
+        return True, f"model {self.model.kind} loaded, {len(self.store.latest)} targets"
+
+    # lifecycle ------------------------------------------------------------------------------------
+    def _sink(self, samples: list[Sample], source: str) -> None:
+        if samples and self.first_sample_at is None:
+            self.first_sample_at = time.time()
+            log.info("first sample from %s", source)
+        self.store.add(samples, source)
+
+    def _forecast_loop(self) -> None:
+        interval = self.config.forecast_interval
+        next_at = time.monotonic() + min(interval, 2 * self.config.sample_interval)
+        while not self.stop_event.wait(max(0.0, next_at - time.monotonic())):
+            self.engine.cycle()
+            next_at = max(next_at + interval, time.monotonic() + 0.05 * interval)
+
+    def start(self, serve: bool = True) -> None:
+        if serve:
+            self.server = ExporterServer(self.registry, self, self.config.listen_address, self.config.port,
+                                         fast=lambda _reg: self.collector.render_text([self.forecast_seconds]))
+            self.server.start()
+            log.warning("serving http://%s:%d/metrics (model %s, source %s)", self.config.listen_address,
+                        self.server.port, self.model.kind, ",".join(s.name for s in self.sources))
+        for p in self.pollers:
+            self._threads.append(p.start())
+        t = threading.Thread(target=self._forecast_loop, name="forecast", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def stop(self, timeout: float = 3.0) -> None:
+        """Stop sampling and forecasting, then the server; bounded by ``timeout`` seconds in all."""
+        self.stop_event.set()
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        if self.server is not None:
+            self.server.stop(max(0.1, deadline - time.monotonic()))
+        for s in self.sources:
+            try:
+                s.close()
+            except Exception:  # closing is best effort at shutdown
+                log.debug("closing %s failed", s.name, exc_info=True)
+
+    def run(self) -> int:
+        """Run until SIGTERM / SIGINT; returns the exit code."""
+
+        def _stop(signum: int, _frame: FrameType | None) -> None:
+            log.warning("received %s, shutting down", signal.Signals(signum).name)
+            self.stop_event.set()
+
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+        self.start()
+        while not self.stop_event.wait(1.0):
+            pass
+        self.stop()
+        log.warning("stopped")
+        return 0

@@ -1,0 +1,107 @@
+"""dcgm-exporter as a source: fetch its /metrics and parse the Prometheus text format."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from dprobe.sources.base import IDENTITY_LABELS, Sample, SourceError, target_name
+from dprobe.sources.http import http_get
+
+MIB = 1024 * 1024
+FIELDS = {
+    "DCGM_FI_DEV_GPU_UTIL": ("utilization", 0.01),  # percent -> ratio
+    "DCGM_FI_DEV_FB_USED": ("memory", float(MIB)),  # MiB -> bytes
+    "DCGM_FI_DEV_FB_FREE": ("free", float(MIB)),
+    "DCGM_FI_DEV_POWER_USAGE": ("power", 1.0),  # W
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("gr_active", 1.0),  # ratio
+}
+TARGET_MODES = ("pod", "gpu", "both")
+UTILIZATION_FIELDS = ("gpu_util", "gr_engine_active")
+
+
+def parse_dcgm_text(text: str, ts: float, targets: str = "pod", utilization: str = "gpu_util") -> list[Sample]:
+    """Samples from dcgm-exporter text: one per GPU, or per pod (summed memory, mean utilisation).
+
+    ``targets``: ``pod`` (pods where the GPU is assigned to one, the GPU otherwise),
+    ``gpu`` (GPUs only) or ``both``. Raises SourceError when the text does not
+    parse or holds none of the DCGM fields.
+    """
+    per_gpu: dict[tuple, dict[str, float]] = defaultdict(dict)
+    ident: dict[tuple, dict[str, str]] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name not in FIELDS:
+                    continue
+                key_name, scale = FIELDS[s.name]
+                labels = {k: s.labels.get(k, "") for k in IDENTITY_LABELS}
+                key = tuple(labels[k] for k in IDENTITY_LABELS)
+                ident[key] = labels
+                per_gpu[key][key_name] = float(s.value) * scale
+    except (ValueError, TypeError, IndexError, KeyError) as exc:
+        raise SourceError(f"not Prometheus text format: {exc}") from exc
+    if not per_gpu:
+        raise SourceError("no DCGM_FI_DEV_* metrics in the response")
+    groups: dict[str, list[tuple]] = defaultdict(list)
+    for key, labels in ident.items():
+        pod_target = target_name(labels) if labels["pod"] else None
+        gpu_target = target_name({**labels, "pod": ""})
+        if targets in ("pod", "both") and pod_target:
+            groups[pod_target].append(key)
+        if (targets in ("gpu", "both") or (targets == "pod" and not pod_target)) and gpu_target:
+            groups[gpu_target].append(key)
+    out = []
+    for target, keys in groups.items():
+        vals = [per_gpu[k] for k in keys]
+        mems = [v["memory"] for v in vals if "memory" in v]
+        util_key = "gr_active" if utilization == "gr_engine_active" else "utilization"
+        utils = [v[util_key] for v in vals if util_key in v]
+        if util_key == "gr_active" and not utils:  # field not exported: fall back to GPU_UTIL
+            utils = [v["utilization"] for v in vals if "utilization" in v]
+        extra: dict[str, float] = {"gpus": float(len(keys))}
+        totals = [v["memory"] + v["free"] for v in vals if "memory" in v and "free" in v]
+        if totals:
+            extra["memory_total_bytes"] = sum(totals)
+        powers = [v["power"] for v in vals if "power" in v]
+        if powers:
+            extra["power_watts"] = sum(powers)
+        gr = [v["gr_active"] for v in vals if "gr_active" in v]
+        if gr:
+            extra["gr_engine_active_ratio"] = sum(gr) / len(gr)
+        labels = dict(ident[keys[0]])
+        if len(keys) > 1:
+            labels["gpu"] = ",".join(sorted({ident[k]["gpu"] for k in keys}))
+            labels["UUID"] = ",".join(sorted({ident[k]["UUID"] for k in keys}))
+        out.append(Sample(
+            target=target, ts=ts,
+            memory_bytes=sum(mems) if mems else None,
+            utilization_ratio=min(1.0, max(0.0, sum(utils) / len(utils))) if utils else None,
+            labels=labels, extra=extra,
+        ))
+    return out
+
+
+class DcgmSource:
+    """Polls a dcgm-exporter endpoint (``http://HOST:9400/metrics``)."""
+
+    name = "dcgm"
+
+    def __init__(self, url: str, timeout: float = 3.0, targets: str = "pod", utilization: str = "gpu_util"):
+        if targets not in TARGET_MODES:
+            raise ValueError(f"dcgm targets must be one of {TARGET_MODES}, got {targets!r}")
+        if utilization not in UTILIZATION_FIELDS:
+            raise ValueError(f"dcgm utilization must be one of {UTILIZATION_FIELDS}, got {utilization!r}")
+        self.url, self.timeout, self.targets, self.utilization = url, timeout, targets, utilization
+
+    def poll(self) -> list[Sample]:
+        text = http_get(self.url, self.timeout)
+        try:
+            return parse_dcgm_text(text, time.time(), self.targets, self.utilization)
+        except SourceError as exc:
+            raise SourceError(f"{self.url}: {exc}") from exc
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,99 @@
+"""A Prometheus server as a source: ``query_range`` over the HTTP API."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import urllib.parse
+from collections import defaultdict
+
+from dprobe.sources.base import Sample, SourceError, target_name
+from dprobe.sources.http import http_get
+
+DEFAULT_MEMORY_QUERY = "sum by (namespace, pod) (DCGM_FI_DEV_FB_USED{pod!=\"\"}) * 1048576"
+DEFAULT_UTILIZATION_QUERY = "avg by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL{pod!=\"\"}) / 100"
+
+
+def parse_matrix(body: str) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
+    """The series of a ``query_range`` answer: (labels, [(ts, value), ...]); SourceError if malformed."""
+    try:
+        doc = json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise SourceError(f"answer is not JSON ({exc})") from exc
+    if not isinstance(doc, dict) or doc.get("status") != "success":
+        err = doc.get("error") if isinstance(doc, dict) else None
+        raise SourceError(f"query failed: {err or 'unexpected answer'}")
+    data = doc.get("data") or {}
+    if data.get("resultType") != "matrix":
+        raise SourceError(f"expected a matrix, got {data.get('resultType')!r}")
+    out = []
+    try:
+        for series in data.get("result", []):
+            points = [(float(t), float(v)) for t, v in series.get("values", [])]
+            out.append((dict(series.get("metric", {})), points))
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise SourceError(f"malformed matrix ({exc})") from exc
+    return out
+
+
+class PrometheusSource:
+    """Reads memory (bytes) and utilisation (0-1) series from a Prometheus server.
+
+    Each poll asks for the points since the previous poll (the first one
+    backfills ``lookback`` seconds), so a restarted sidecar starts with history.
+    Targets are named from the series' labels (``namespace/pod``, else ``UUID``,
+    or the label given as ``target_label``).
+    """
+
+    name = "prometheus"
+
+    def __init__(self, url: str, memory_query: str = DEFAULT_MEMORY_QUERY,
+                 utilization_query: str = DEFAULT_UTILIZATION_QUERY, step: float = 10.0,
+                 lookback: float = 3600.0, timeout: float = 3.0, target_label: str | None = None):
+        self.url = url.rstrip("/")
+        self.queries = {"memory": memory_query, "utilization": utilization_query}
+        self.step, self.lookback, self.timeout, self.target_label = step, lookback, timeout, target_label
+        self._since: float | None = None
+
+    def _range(self, query: str, start: float, end: float) -> list:
+        params = urllib.parse.urlencode({"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}",
+                                         "step": f"{self.step:g}"})
+        body = http_get(f"{self.url}/api/v1/query_range?{params}", self.timeout, accept="application/json")
+        try:
+            return parse_matrix(body)
+        except SourceError as exc:
+            raise SourceError(f"{self.url}: {query!r}: {exc}") from exc
+
+    def _target(self, labels: dict[str, str]) -> str | None:
+        if self.target_label:
+            return labels.get(self.target_label) or None
+        return target_name(labels)
+
+    def poll(self) -> list[Sample]:
+        end = time.time()
+        start = end - self.lookback if self._since is None else self._since + 1e-3
+        start = max(start, end - self.lookback)
+        points: dict[tuple[str, float], dict[str, float]] = defaultdict(dict)
+        labels_of: dict[str, dict[str, str]] = {}
+        for kind, query in self.queries.items():
+            if not query:
+                continue
+            for labels, values in self._range(query, start, end):
+                target = self._target(labels)
+                if target is None:
+                    continue
+                labels_of.setdefault(target, labels)
+                for ts, v in values:
+                    if math.isfinite(v):
+                        points[(target, ts)][kind] = v
+        if points:
+            self._since = max(ts for _, ts in points)
+        return [
+            Sample(target=t, ts=ts, memory_bytes=v.get("memory"), utilization_ratio=v.get("utilization"),
+                   labels={k: labels_of[t][k] for k in ("pod", "namespace", "UUID", "gpu") if k in labels_of[t]})
+            for (t, ts), v in sorted(points.items(), key=lambda kv: kv[0][1])
+        ]
+
+    def close(self) -> None:
+        pass

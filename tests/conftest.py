@@ -1,0 +1,40 @@
+"""Shared fixtures: small copies of the bundled data sets, laid out exactly like the originals."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DATASETS = ROOT / "datasets"
+
+
+@pytest.fixture(scope="session")
+def small_alibaba_dir(tmp_path_factory) -> Path:
+    """Four long-lived pods of alibaba-genai-2026 (all three files, same names and columns)."""
+    src = DATASETS / "alibaba-genai-2026"
+    out = tmp_path_factory.mktemp("alibaba-small")
+    duty = pd.read_csv(src / "pod_gpu_duty_cycle_anon.csv.gz")
+    counts = duty["container_ip"].value_counts()
+    pods = sorted(counts[counts >= 1400].index)[:4]
+    for name in ("pod_gpu_duty_cycle_anon", "pod_gpu_memory_used_bytes_anon", "qps"):
+        df = pd.read_csv(src / f"{name}.csv.gz")
+        keep = df["container_ip"].isin(pods) | (df["container_ip"].isna() if name == "qps" else False)
+        df[keep].to_csv(out / f"{name}.csv.gz", index=False)
+    shutil.copy(src / "LICENSE", out / "LICENSE")
+    return out
+
+
+@pytest.fixture(scope="session")
+def small_helios_dir(tmp_path_factory) -> Path:
+    """Two VCs of helios-earth-vc, their first four days, plus the quota file."""
+    src = DATASETS / "helios-earth-vc"
+    out = tmp_path_factory.mktemp("helios-small")
+    for vc in sorted(p.name for p in src.glob("vc*.csv.gz"))[:2]:
+        df = pd.read_csv(src / vc)
+        df.head(4 * 24 * 60).to_csv(out / vc, index=False)
+    shutil.copy(src / "Earth_gpu_number.csv", out / "Earth_gpu_number.csv")
+    return out

@@ -1,0 +1,107 @@
+"""A real Prometheus for integration tests: ``prometheus_server(scrape_targets)`` starts one on loopback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import yaml
+
+PROMETHEUS_CANDIDATES = ("prometheus", "/usr/bin/prometheus")
+
+
+def find_prometheus() -> str | None:
+    for name in PROMETHEUS_CANDIDATES:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def prom_query(base_url: str, query: str) -> list[dict]:
+    """``/api/v1/query`` result (a vector) of ``query``."""
+    url = f"{base_url}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        doc = json.load(r)
+    assert doc["status"] == "success", doc
+    return doc["data"]["result"]
+
+
+class PrometheusHandle(str):
+    """The server's base URL (a str) with ``query(promql)`` for instant queries."""
+
+    def query(self, promql: str) -> list[dict]:
+        return prom_query(str(self), promql)
+
+
+@contextmanager
+def run_prometheus(binary: str, workdir: Path, scrape_targets: list[str], scrape_interval: str = "1s",
+                   timeout: float = 30.0) -> Iterator[PrometheusHandle]:
+    """Start Prometheus scraping ``scrape_targets`` (host:port) and yield its base URL; stop it after."""
+    port = free_port()
+    workdir.mkdir(parents=True, exist_ok=True)
+    config = {
+        "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+        "scrape_configs": [{"job_name": "dprobe", "scrape_interval": scrape_interval,
+                            "scrape_timeout": scrape_interval, "static_configs": [{"targets": scrape_targets}]}],
+    }
+    cfg = workdir / "prometheus.yml"
+    cfg.write_text(yaml.safe_dump(config))
+    log = (workdir / "prometheus.log").open("w")
+    proc = subprocess.Popen([binary, f"--config.file={cfg}", f"--storage.tsdb.path={workdir / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"prometheus exited with {proc.returncode}: "
+                                   f"{(workdir / 'prometheus.log').read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(base + "/-/ready", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError("prometheus did not become ready in time")
+            time.sleep(0.1)
+        yield PrometheusHandle(base)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture
+def prometheus_server(tmp_path: Path) -> Callable:
+    """Factory: ``with prometheus_server(["127.0.0.1:9477"]) as base_url: ...`` (skips without the binary)."""
+    binary = find_prometheus()
+    if binary is None:
+        pytest.skip("no prometheus binary on PATH (apt-get install prometheus)")
+    counter = iter(range(1000))
+
+    def start(scrape_targets: list[str], scrape_interval: str = "1s"):
+        return run_prometheus(binary, tmp_path / f"prometheus-{next(counter)}", scrape_targets, scrape_interval)
+
+    return start

@@ -1,0 +1,92 @@
+"""Tests of dprobe.coldstart: meta replay, features, training, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from dprobe.coldstart.features import family_of
+from dprobe.coldstart.memtrack import round_alloc
+from dprobe.coldstart.replay import replay_training_step
+from dprobe.graph.zoo import parse_spec
+
+TINY_GPT2 = '{"n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 100, "n_positions": 64}'
+
+
+def test_round_alloc() -> None:
+    assert round_alloc(1) == 512 and round_alloc(512) == 512 and round_alloc(513) == 1024 and round_alloc(0) == 0
+
+
+def test_family_rule() -> None:
+    assert family_of("resnet50") == family_of("resnet18") == "resnet"
+    assert family_of("bert-large") == family_of("bert-base") == "bert"
+    assert family_of("gpt2-medium") == family_of("gpt2")
+    assert family_of("vit_b_16") == "vit"
+
+
+def test_replay_resnet18_memory_accounting() -> None:
+    spec = parse_spec("torchvision:resnet18")
+    sgd = replay_training_step(spec, batch=4, precision="fp32", optimizer="sgd", image=64)
+    adam = replay_training_step(spec, batch=4, precision="fp32", optimizer="adamw", image=64)
+    pbytes = 11_689_512 * 4
+    assert abs(sgd.param_bytes - pbytes) / pbytes < 0.01
+    assert abs(sgd.state_bytes - pbytes) / pbytes < 0.02  # momentum buffers
+    assert abs(adam.state_bytes - 2 * pbytes) / pbytes < 0.05  # exp_avg, exp_avg_sq (+ step counters)
+    assert adam.peak_bytes > adam.steady_bytes + pbytes  # gradients and activations on top
+    assert sgd.flops > 0 and sgd.kernels > 50
+
+
+def test_replay_bf16_autocast_saves_memory() -> None:
+    spec = parse_spec("transformers:GPT2Config/GPT2LMHeadModel", TINY_GPT2)
+    fp32 = replay_training_step(spec, batch=8, precision="fp32", seq=64)
+    bf16 = replay_training_step(spec, batch=8, precision="bf16", seq=64)
+    assert bf16.activation_bytes < fp32.activation_bytes
+    with pytest.raises(ValueError, match="precision"):
+        replay_training_step(spec, batch=8, precision="int3", seq=64)
+
+
+def test_train_and_checkpoint(tmp_path, monkeypatch) -> None:
+    from dprobe.coldstart import train as tr
+
+    rng = np.random.default_rng(0)
+    n = 12
+    feats = rng.normal(size=(n, len(tr.FEATURES)))
+    base = np.abs(rng.normal(size=(n, 4))) + 1.0
+    base[:, 2] = 0.5
+    y = base * np.exp(rng.normal(scale=0.05, size=(n, 4)))
+    y[:, 2] = 0.6
+    from dprobe.graph import build_model_graph
+    from dprobe.graph.encoder import graph_to_data
+
+    g = graph_to_data(build_model_graph("torchvision:resnet18", batch=2, image=64))
+    ds = {"graphs": [g] * n, "feats": feats, "base": base, "y": y, "families": [f"f{i % 3}" for i in range(n)],
+          "run_ids": [str(i) for i in range(n)], "models": ["m"] * n, "batch": np.ones(n)}
+    monkeypatch.setattr(tr, "load_dataset", lambda *a, **k: ds)
+    for graph_dim in (0, 4):
+        result = tr.train_coldstart("unused", str(tmp_path / f"g{graph_dim}"), max_epochs=5, graph_dim=graph_dim,
+                                    hidden=8)
+        model, ckpt = tr.load_checkpoint(result["checkpoint"])
+        assert ckpt["version"] == tr.VERSION and "learned" in result["metrics"]
+        res = tr.predict_residuals(model, [g], feats[:1])
+        assert res.shape == (1, 4, 2) and (res[..., 1] >= res[..., 0]).all()
+    torch.save({"kind": "other"}, tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match="not a dprobe cold-start checkpoint"):
+        tr.load_checkpoint(tmp_path / "bad.pt")
+
+
+def test_cli_predict(capsys) -> None:
+    from dprobe.cli import main
+
+    args = ["predict", "transformers:GPT2Config/GPT2LMHeadModel", "--config-kwargs", TINY_GPT2, "--seq", "32",
+            "--batch", "4", "--precision", "bf16", "--json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("peak_memory_bytes", "device_memory_bytes", "gpu_utilization", "step_time_seconds"):
+        assert out[key]["p90"] >= out[key]["p50"] > 0
+    assert 0 <= out["gpu_utilization"]["p50"] <= 1
+    assert out["unknown_nodes"] == 0 and out["analytical"]["peak_memory_bytes"] > 0
+    assert main(["predict", "torchvision:nope", "--batch", "2", "--json"]) == 2
+    assert "unknown torchvision model" in capsys.readouterr().err

@@ -1,0 +1,156 @@
+"""The exporter: what /metrics shows (fresh vs stale), probes, and scrape speed."""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
+
+from dprobe.exporter import ExporterServer, ForecastSnapshot, Latest, SidecarCollector, SourceStatus
+
+NOW = 10_000.0
+
+
+class FakeState:
+    stale_after = 30.0
+    forecast_max_age = 60.0
+
+    def __init__(self, n: int = 3, snapshot_age: float = 5.0) -> None:
+        self.targets = [f"ns/pod-{i}" for i in range(n)]
+        self.latest = {t: Latest(NOW - 1.0, 1e9 * (i + 1), 0.25, "fake") for i, t in enumerate(self.targets)}
+        q = np.arange(n * 3 * 3, dtype=float).reshape(n, 3, 3)
+        self.snap = ForecastSnapshot(made_at=NOW - snapshot_age, targets=tuple(self.targets),
+                                     input_ts=np.full(n, NOW - 1.0), horizons=(60, 300, 900),
+                                     levels=(0.5, 0.9, 0.99),
+                                     quantiles={"gpu_memory_bytes": q * 1e9, "gpu_utilization_ratio": q / 100})
+        self.is_ready = (False, "no sample yet")
+
+    def forecast_snapshot(self):
+        return self.snap
+
+    def latest_samples(self):
+        return dict(self.latest)
+
+    def source_status(self):
+        return [SourceStatus("dcgm", False, 7)]
+
+    def forecast_errors(self) -> int:
+        return 2
+
+    def model_labels(self):
+        return {"version": "0.1.0", "checkpoint": "/ckpt/model.pt", "kind": "dprobe-gnn"}
+
+    def ready(self):
+        return self.is_ready
+
+
+def scrape(state: FakeState) -> dict[str, list]:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(SidecarCollector(state, clock=lambda: NOW))
+    out: dict[str, list] = {}
+    for fam in text_string_to_metric_families(generate_latest(reg).decode()):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append(s)
+    return out
+
+
+def test_metric_names_labels_and_values() -> None:
+    m = scrape(FakeState())
+    mem = m["dprobe_predicted_gpu_memory_bytes"]
+    assert len(mem) == 3 * 3 * 3
+    assert {tuple(sorted(s.labels)) for s in mem} == {("horizon_seconds", "quantile", "target")}
+    assert {s.labels["horizon_seconds"] for s in mem} == {"60", "300", "900"}
+    assert {s.labels["quantile"] for s in mem} == {"0.5", "0.9", "0.99"}
+    one = {(s.labels["horizon_seconds"], s.labels["quantile"]): s.value for s in mem if s.labels["target"] == "ns/pod-1"}
+    assert one[("300", "0.9")] == (9 + 3 + 1) * 1e9
+    util = {s.labels["quantile"]: s.value for s in m["dprobe_predicted_gpu_utilization_ratio"]
+            if s.labels["target"] == "ns/pod-0" and s.labels["horizon_seconds"] == "60"}
+    assert util == {"0.5": 0.0, "0.9": 0.01, "0.99": 0.02}
+    assert [s.value for s in m["dprobe_observed_gpu_memory_bytes"]] == [1e9, 2e9, 3e9]
+    assert all(s.value == 0.25 for s in m["dprobe_observed_gpu_utilization_ratio"])
+    assert all(s.value == pytest.approx(1.0) for s in m["dprobe_last_sample_age_seconds"])
+    assert m["dprobe_source_errors_total"][0].labels == {"source": "dcgm"}
+    assert m["dprobe_source_errors_total"][0].value == 7 and m["dprobe_source_up"][0].value == 0
+    assert m["dprobe_forecast_errors_total"][0].value == 2
+    assert m["dprobe_model_info"][0].labels == {"version": "0.1.0", "checkpoint": "/ckpt/model.pt",
+                                                "kind": "dprobe-gnn"}
+
+
+def test_stale_targets_and_old_forecasts_are_not_shown() -> None:
+    state = FakeState()
+    state.latest["ns/pod-1"] = Latest(NOW - 31.0, 5e9, 0.5, "fake")  # input stale
+    state.snap.quantiles["gpu_memory_bytes"][2, 0, 0] = np.nan  # a NaN forecast is skipped
+    m = scrape(state)
+    assert {s.labels["target"] for s in m["dprobe_predicted_gpu_memory_bytes"]} == {"ns/pod-0", "ns/pod-2"}
+    assert len(m["dprobe_predicted_gpu_memory_bytes"]) == 9 + 8
+    assert "ns/pod-1" not in {s.labels["target"] for s in m["dprobe_observed_gpu_memory_bytes"]}
+    age = {s.labels["target"]: s.value for s in m["dprobe_last_sample_age_seconds"]}
+    assert age["ns/pod-1"] == pytest.approx(31.0)  # staleness is still reported
+    m = scrape(FakeState(snapshot_age=61.0))  # the forecast loop stalled: nothing predicted shown
+    assert "dprobe_predicted_gpu_memory_bytes" not in m and len(m["dprobe_observed_gpu_memory_bytes"]) == 3
+
+
+def _get(url: str) -> tuple[int, str, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status, r.headers.get("Content-Type", ""), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, "", e.read().decode()
+
+
+def test_http_endpoints() -> None:
+    state = FakeState()
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(SidecarCollector(state, clock=lambda: NOW))
+    srv = ExporterServer(reg, state, "127.0.0.1", 0)
+    srv.start()
+    try:
+        assert _get(srv.url + "/healthz")[0] == 200
+        code, _, body = _get(srv.url + "/readyz")
+        assert code == 503 and "no sample" in body
+        state.is_ready = (True, "ok")
+        assert _get(srv.url + "/readyz")[0] == 200
+        code, ctype, body = _get(srv.url + "/metrics")
+        assert code == 200 and ctype.startswith("text/plain") and "dprobe_predicted_gpu_memory_bytes{" in body
+        req = urllib.request.Request(srv.url + "/metrics", headers={"Accept": "application/openmetrics-text"})
+        with urllib.request.urlopen(req, timeout=2) as r:
+            assert r.headers["Content-Type"].startswith("application/openmetrics-text")
+            assert r.read().decode().rstrip().endswith("# EOF")
+        assert _get(srv.url + "/nope")[0] == 404
+    finally:
+        srv.stop()
+
+
+def _samples(text: str) -> list:
+    return sorted((s.name, tuple(sorted(s.labels.items())), s.value)
+                  for fam in text_string_to_metric_families(text) for s in fam.samples)
+
+
+def test_fast_text_equals_client_python_rendering() -> None:
+    state = FakeState(n=20)
+    state.latest["ns/pod-3"] = Latest(NOW - 99.0, 1.0, 0.5, "fake")
+    state.latest['we"ird\\pod'] = Latest(NOW - 2.0, 7.0, None, "fake")
+    collector = SidecarCollector(state, clock=lambda: NOW)
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(collector)
+    assert _samples(collector.render_text().decode()) == _samples(generate_latest(reg).decode())
+
+
+def test_scrape_of_1000_targets_is_fast() -> None:
+    state = FakeState(n=1000)
+    collector = SidecarCollector(state, clock=lambda: NOW)
+    collector.prepare(state.snap)  # done by the forecast loop when it publishes
+    best = min(_timed(collector.render_text) for _ in range(3))
+    assert best < 0.05
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t

@@ -1,0 +1,156 @@
+"""The forecaster's pieces: window features, quantile heads, loss, the time split, inference."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from dprobe.data.windows import SeriesDataModule, TaskSpec
+from dprobe.forecasting.base import ForecastInput
+from dprobe.forecasting.model import ModelForecaster, export_checkpoint
+from dprobe.models.features import N_STATS, make_features, nanmedian_rows, window_stats
+from dprobe.models.forecaster import PatchForecaster, QuantileHead
+from dprobe.models.lightning_module import ForecasterModule, pinball_loss
+
+
+def test_features_are_relative_to_last_observation_and_mask_gaps():
+    values = np.array([[np.nan, 10.0, 12.0, np.nan, 14.0, np.nan]])
+    feats, stats, last, scale = make_features(values, None, floor=1.0)
+    assert last[0] == 14.0
+    assert scale[0] == pytest.approx(12.0)  # mean |value| of the observed points
+    np.testing.assert_allclose(feats[0, :, 0], [0, -4 / 12, -2 / 12, 0, 0, 0], atol=1e-6)
+    np.testing.assert_array_equal(feats[0, :, 1], [0, 1, 1, 0, 1, 0])
+    assert stats.shape == (1, N_STATS) and np.isfinite(stats).all()
+
+
+def test_scale_floor_keeps_idle_windows_from_exploding():
+    values = np.zeros((1, 20))
+    _, _, last, scale = make_features(values, None, floor=5.0)
+    assert last[0] == 0.0 and scale[0] == 5.0
+
+
+def test_all_gap_window_gives_finite_features():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no RuntimeWarning leaks out
+        feats, stats, last, scale = make_features(np.full((2, 16), np.nan), np.full((2, 16, 2), np.nan), 1.0)
+    assert np.isfinite(feats).all() and np.isfinite(stats).all() and (last == 0).all()
+
+
+def test_nanmedian_rows_matches_numpy():
+    rng = np.random.default_rng(0)
+    a = rng.random((40, 9))
+    a[a < 0.3] = np.nan
+    a[0] = np.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        np.testing.assert_allclose(nanmedian_rows(a), np.nanmedian(a, axis=1), equal_nan=True)
+
+
+def test_window_stats_medians():
+    x = np.array([[5.0, 1.0, 2.0, np.nan, 3.0, 100.0]])
+    s = window_stats(x, last=np.array([100.0]), scale=np.array([1.0]))
+    assert s[0, 0] == pytest.approx(np.median([1, 2, 3, 100]))  # median of the last 5 observed
+    assert s[0, 5] == 1.0 and s[0, 6] == 50.0  # min, max (clipped to +-50)
+
+
+def test_quantile_head_never_crosses():
+    head = QuantileHead(8, 4, n_leads=3, n_quantiles=3)
+    torch.nn.init.normal_(head.proj.weight, std=3.0)
+    q = head(torch.randn(64, 8), torch.randn(64, 4))
+    assert q.shape == (64, 3, 3)
+    assert (q.diff(dim=-1) >= 0).all()
+
+
+def test_pinball_loss_by_hand_with_gaps_and_weights():
+    levels = torch.tensor([0.5, 0.9])
+    pred = torch.tensor([[[1.0, 2.0]], [[0.0, 0.0]]])  # [B=2, H=1, Q=2]
+    target = torch.tensor([[3.0], [float("nan")]])
+    # row 0: diff 2 and 1 -> 0.5*2=1.0, 0.9*1=0.9; mean over one observed target and 2 levels
+    assert pinball_loss(pred, target, levels).item() == pytest.approx((1.0 + 0.9) / 2)
+    w = torch.tensor([0.5, 1.0])
+    assert pinball_loss(pred, target, levels, w).item() == pytest.approx(0.5 * 1.9 / (2 * 0.5))
+
+
+def test_network_shapes_and_task_routing():
+    net = PatchForecaster(n_features=6, n_stats=N_STATS, context_length=64, n_tasks=3, n_leads=3, d_model=16,
+                          n_heads=2, n_layers=1)
+    for head in net.heads:
+        torch.nn.init.normal_(head.proj.bias)
+    x, s = torch.randn(5, 64, 6), torch.randn(5, N_STATS)
+    task = torch.tensor([0, 1, 2, 1, 0])
+    out = net(x, s, task)
+    assert out.shape == (5, 3, 3)
+    alone = net(x[1:2], s[1:2], task[1:2])  # a row's result does not depend on the batch
+    net.eval()
+    torch.testing.assert_close(net(x, s, task)[1], net(x[1:2], s[1:2], task[1:2])[0])
+    assert alone.shape == (1, 3, 3)
+
+
+def _forecaster(tmp_path, context=32) -> ModelForecaster:
+    module = ForecasterModule(n_tasks=1, context_length=context, d_model=16, n_heads=2, n_layers=1)
+    spec = TaskSpec("gpu_demand", "helios-earth-vc", (6, 12, 24), 300.0, (), 10.0)
+    obj = torch.load(export_checkpoint(module, [spec], tmp_path / "m.pt"), weights_only=True)
+    return ModelForecaster(obj)
+
+
+def test_untrained_model_forecasts_the_last_value(tmp_path):
+    """Heads start at zero in window units: an untrained model is exactly the last-value forecast."""
+    model = _forecaster(tmp_path)
+    values = np.array([[3.0, 4.0, np.nan, 7.0, np.nan], [1.0] * 5])  # shorter than the context: padded
+    f = model.predict(ForecastInput(values=values, metric="gpu_demand", leads=(24, 6), step_seconds=300))
+    np.testing.assert_allclose(f.point, [[7.0, 7.0], [1.0, 1.0]])
+    assert f.quantiles.shape == (2, 2, 3)
+
+
+def test_time_split_never_leaks_the_test_span(small_helios_dir):
+    dm = SeriesDataModule([str(small_helios_dir)], context_length=32, val_start=0.6, test_start=0.7)
+    dm.setup()
+    lengths = dm.tasks[0].lengths
+    h = max(dm.tasks[0].spec.leads)
+    tr, va = dm._train_rows, dm._val_rows
+    assert (tr[:, 2] + h < (lengths[tr[:, 1]] * 0.6).astype(int)).all()
+    assert (va[:, 2] >= (lengths[va[:, 1]] * 0.6).astype(int)).all()
+    assert (va[:, 2] + h < (lengths[va[:, 1]] * 0.7).astype(int)).all()
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["x"].shape[1:] == (32, 6) and batch["y"].shape[1] == 3
+    assert len(dm.task_weights) == 1 and dm.task_weights[0] == pytest.approx(1.0)
+
+
+def _trained_like(tmp_path) -> ModelForecaster:
+    """A model whose heads give a fixed, non-trivial answer (bias only), to check the plumbing."""
+    module = ForecasterModule(n_tasks=2, context_length=32, d_model=16, n_heads=2, n_layers=1)
+    for head in module.net.heads:
+        head.proj.bias.data = torch.tensor([1.0, 0.0, 0.0] * 3)  # p50 = last + 1 * scale at every lead
+    specs = [TaskSpec("gpu_demand", "helios-earth-vc", (6, 12, 24), 300.0, (), 1.0),
+             TaskSpec("gpu_duty_cycle_pct", "alibaba-genai-2026", (5, 15, 30), 60.0, (), 1.0)]
+    return ModelForecaster(torch.load(export_checkpoint(module, specs, tmp_path / "m.pt"), weights_only=True))
+
+
+def test_leads_between_trained_ones_are_interpolated(tmp_path):
+    model = _trained_like(tmp_path)
+    values = np.full((1, 40), 10.0)  # scale 10, last 10: trained leads forecast 20
+    f = model.predict(ForecastInput(values=values, metric="gpu_demand", leads=(3, 6, 18), step_seconds=300))
+    np.testing.assert_allclose(f.point, [[15.0, 20.0, 20.0]])
+    with pytest.raises(ValueError, match="up to 24 steps"):
+        model.predict(ForecastInput(values=values, metric="gpu_demand", leads=(25,), step_seconds=300))
+
+
+def test_finer_windows_are_averaged_to_the_trained_step(tmp_path):
+    model = _trained_like(tmp_path)
+    # sampled every 60 s; the model's step is 300 s: blocks of 5 are averaged, lead 30 steps = 6 model steps
+    values = np.tile([8.0, 12.0, 10.0, 10.0, 10.0], 40)[None, :]
+    f = model.predict(ForecastInput(values=values, metric="gpu_demand", leads=(30,), step_seconds=60))
+    np.testing.assert_allclose(f.point, [[20.0]])
+    with pytest.raises(ValueError, match="coarser"):
+        model.predict(ForecastInput(values=values, metric="gpu_demand", leads=(1,), step_seconds=3600))
+
+
+def test_utilization_ratio_is_served_by_the_duty_cycle_task(tmp_path):
+    model = _trained_like(tmp_path)
+    ratio = np.full((1, 40), 0.2)  # 20 %
+    f = model.predict(ForecastInput(values=ratio, metric="gpu_utilization_ratio", leads=(5,), step_seconds=60))
+    np.testing.assert_allclose(f.point, [[0.4]])  # 20 % + one scale (20 %) = 40 % = 0.4
+    assert model.max_horizon_seconds("gpu_utilization_ratio") == 30 * 60

@@ -1,0 +1,161 @@
+"""Tests of dprobe.graph: tracing, ONNX reading, JSON schema, encoder, CLI."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from dprobe.graph import GraphError, ModelGraph, build_model_graph, load_model_graph, trace_module
+from dprobe.graph.encoder import GraphEncoder, graph_for_run, graph_to_data
+
+TINY_GPT2 = '{"n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 100, "n_positions": 64}'
+
+
+class Branchy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:  # data-dependent control flow: untraceable on meta tensors
+            return self.a(x)
+        return x
+
+
+class Odd(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(8, 8, 3, groups=8, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.special.i0(self.conv(x))  # an op outside the vocabulary
+
+
+@pytest.fixture(scope="module")
+def resnet18() -> ModelGraph:
+    return build_model_graph("torchvision:resnet18", batch=2)
+
+
+def test_resnet18_fx(resnet18: ModelGraph) -> None:
+    assert resnet18.source == "fx"
+    assert resnet18.num_params == 11_689_512
+    assert 7.0e9 < resnet18.flops < 7.6e9  # ~1.8 GMAC = 3.6 GFLOP per image, batch 2
+    assert resnet18.saved_bytes > 0 and resnet18.unknown_nodes == 0
+    assert {"conv", "batchnorm", "relu", "linear"} <= set(resnet18.kind_counts())
+    assert resnet18.nodes[-1].shapes == [[2, 1000]]
+
+
+def test_json_round_trip(resnet18: ModelGraph, tmp_path) -> None:
+    path = resnet18.save(tmp_path / "g.json")
+    back = load_model_graph(path)
+    assert back.to_dict() == resnet18.to_dict()
+    data = json.loads(path.read_text())
+    data["version"] = 99
+    path.write_text(json.dumps(data))
+    with pytest.raises(GraphError, match="version"):
+        load_model_graph(path)
+
+
+def test_grouped_conv_flops() -> None:
+    g = trace_module(Odd().to("meta"), (torch.randn(1, 8, 4, 4, device="meta"),))
+    conv = next(n for n in g.nodes if n.kind == "conv")
+    assert conv.flops == 2 * 8 * 16 * 9  # one input channel per group
+    assert g.unknown_nodes == 1 and any(n.kind == "other" for n in g.nodes)
+
+
+def test_transformers_dispatch_fallback() -> None:
+    g = build_model_graph("transformers:GPT2Config/GPT2LMHeadModel", batch=2, seq=16, config_kwargs=TINY_GPT2)
+    assert g.source == "dispatch"
+    assert g.num_params == g.meta["params_total"]
+    assert g.inputs["seq"] == 16 and g.flops > 0 and len(g.edges) > len(g.nodes) / 2
+
+
+def test_untraceable_module() -> None:
+    with pytest.raises(GraphError, match="cannot trace model 'Branchy'.*torch.fx"):
+        trace_module(Branchy().to("meta"), (torch.randn(2, 8, device="meta"),))
+
+
+@pytest.mark.parametrize(("spec", "kwargs", "pattern"), [
+    ("torchvision:not_a_net", None, "unknown torchvision model 'not_a_net'"),
+    ("timm:not_a_net", None, "unknown timm model"),
+    ("transformers:NopeConfig/GPT2LMHeadModel", None, "no config class 'NopeConfig'"),
+    ("transformers:GPT2Config/GPT2LMHeadModel", '{"n_layer": ', "not valid JSON"),
+    ("transformers:GPT2Config/GPT2LMHeadModel", '{"n_layerz": 2}', "n_layerz"),
+    ("transformers:GPT2Config/GPT2LMHeadModel", "[1]", "JSON object"),
+    ("foo:bar", None, "unknown source 'foo'"),
+    ("module:os:getcwd", None, "not an nn.Module"),
+])
+def test_bad_specs(spec: str, kwargs: str | None, pattern: str) -> None:
+    with pytest.raises(GraphError, match=pattern):
+        build_model_graph(spec, config_kwargs=kwargs)
+
+
+def _export_onnx(model: nn.Module, path, x: torch.Tensor) -> None:
+    torch.onnx.export(model, (x,), str(path), dynamo=False, input_names=["x"], output_names=["y"])
+
+
+def test_onnx_reader(tmp_path) -> None:
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, groups=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 10))
+    path = tmp_path / "m.onnx"
+    try:
+        _export_onnx(model, path, torch.randn(1, 3, 8, 8))
+    except Exception as exc:  # noqa: BLE001 - exporter availability varies
+        pytest.skip(f"ONNX export unavailable: {exc}")
+    g = build_model_graph(str(path))
+    assert g.source == "onnx"
+    assert g.num_params == sum(p.numel() for p in model.parameters())
+    conv = next(n for n in g.nodes if n.kind == "conv")
+    assert conv.flops == 2 * 8 * 36 * 27 and conv.shapes == [[1, 8, 6, 6]]
+
+
+def test_onnx_unknown_op_and_corrupt(tmp_path, caplog) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    nodes = [helper.make_node("Relu", ["x"], ["h"], name="relu0"),
+             helper.make_node("Frobnicate", ["h"], ["y"], name="mystery", domain="custom.ops")]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom.ops", 1)])
+    path = tmp_path / "u.onnx"
+    onnx.save(model, str(path))
+    with caplog.at_level(logging.WARNING):
+        g = build_model_graph(str(path))
+    assert g.unknown_nodes == 1 and "mystery" in caplog.text
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x00\xffnot a protobuf at all" * 10)
+    with pytest.raises(GraphError, match="corrupt ONNX"):
+        build_model_graph(str(bad))
+
+
+def test_encoder(resnet18: ModelGraph) -> None:
+    from torch_geometric.data import Batch
+
+    small = build_model_graph("transformers:GPT2Config/GPT2LMHeadModel", seq=8, config_kwargs=TINY_GPT2)
+    batch = Batch.from_data_list([graph_to_data(resnet18), graph_to_data(small)])
+    z = GraphEncoder(hidden=16, out_dim=8, layers=2)(batch)
+    assert z.shape == (2, 8) and torch.isfinite(z).all()
+
+
+def test_graph_for_run_cache(tmp_path) -> None:
+    row = {"run_id": "x", "lib": "torchvision", "model": "resnet18", "config": None, "arch": None,
+           "config_kwargs": {}, "image": 64.0, "seq": float("nan"), "batch": 4}
+    g1 = graph_for_run(row, tmp_path)
+    assert len(list(tmp_path.glob("graph-*.json"))) == 1
+    assert graph_for_run(row, tmp_path).to_dict() == g1.to_dict()
+
+
+def test_cli_graph(tmp_path, capsys) -> None:
+    from dprobe.cli import main
+
+    out = tmp_path / "g.json"
+    assert main(["graph", "torchvision:resnet18", "--batch", "2", "--image", "64", "--out", str(out)]) == 0
+    assert load_model_graph(out).inputs["image"] == 64
+    assert "resnet18" in capsys.readouterr().err
+    assert main(["graph", "torchvision:nope"]) == 2
+    assert "unknown torchvision model" in capsys.readouterr().err

@@ -1,0 +1,383 @@
+"""The sidecar: configuration, windows, the forecast cycle, fault handling, checkpoints, shutdown."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dprobe.forecasting.base import QUANTILES, Forecast, ForecastInput
+from dprobe.forecasting.baselines import make_baseline
+from dprobe.forecasting.loading import (
+    FORECASTER_LOADERS,
+    CheckpointError,
+    load_forecaster,
+    open_forecaster,
+)
+from dprobe.sidecar.config import SidecarConfig, add_arguments, load_config
+from dprobe.sidecar.engine import ForecastEngine
+from dprobe.sidecar.graphs import GraphResolver, read_annotations
+from dprobe.sidecar.poller import SourcePoller
+from dprobe.sidecar.service import Sidecar
+from dprobe.sidecar.window import WindowStore
+from dprobe.sources import Sample, SourceError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# configuration ---------------------------------------------------------------------------------
+def _flags(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_config_precedence_file_env_flags(tmp_path: Path) -> None:
+    cfg = tmp_path / "sidecar.yaml"
+    cfg.write_text("port: 9000\nsource: dcgm\ndcgm:\n  url: http://dcgm:9400/metrics\nhorizons: [60, 600]\n"
+                   "graphs:\n  'team-a/*': /graphs/resnet50.json\n")
+    env = {"DPROBE_SIDECAR_PORT": "9100", "DPROBE_SIDECAR_STALE_AFTER": "45", "DPROBE_SIDECAR_CONFIG": str(cfg)}
+    c = load_config(_flags("--port", "9200", "--no-nvml-per-process"), env=env)
+    assert c.port == 9200 and c.stale_after == 45.0 and c.source == "dcgm"
+    assert c.dcgm_url == "http://dcgm:9400/metrics" and c.horizons == [60, 600] and not c.nvml_per_process
+    assert c.graphs == {"team-a/*": "/graphs/resnet50.json"}
+    assert load_config({}, env={}).horizons == [60, 300, 900]
+    assert load_config({}, env={"DPROBE_SIDECAR_HORIZONS": "300,60"}).horizons == [60, 300]
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"DPROBE_SIDECAR_PORT": "http"}, "DPROBE_SIDECAR_PORT"),
+    ({"DPROBE_SIDECAR_SOURCE": "gpu"}, "must be one of"),
+    ({"DPROBE_SIDECAR_REPLAY_LOOP": "maybe"}, "true/false"),
+    ({"DPROBE_SIDECAR_HORIZONS": "0"}, "horizons"),
+])
+def test_config_errors_name_the_option(env: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        load_config({}, env=env)
+
+
+def test_example_config_loads() -> None:
+    c = load_config({"config": str(REPO / "conf" / "sidecar.example.yaml")}, env={})
+    assert c.source == "dcgm" and c.horizons == [60, 300, 900] and "team-b/bert-*" in c.graphs
+
+
+def test_config_file_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("prot: 1\n")
+    with pytest.raises(ValueError, match="unknown option.*prot"):
+        load_config({"config": str(bad)}, env={})
+    bad.write_text("port: [\n")
+    with pytest.raises(ValueError, match="not valid YAML"):
+        load_config({"config": str(bad)}, env={})
+
+
+def test_help_documents_every_option() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    text = parser.format_help()
+    for name in SidecarConfig.__dataclass_fields__:
+        assert "--" + name.replace("_", "-") in text and "DPROBE_SIDECAR_" + name.upper() in text
+
+
+# windows ---------------------------------------------------------------------------------------
+def test_window_bins_gaps_and_wrap() -> None:
+    store = WindowStore(step=10.0, length=4)
+    store.add([Sample("a", 100.0, 1.0, 0.1), Sample("a", 105.0, 3.0, 0.3), Sample("a", 125.0, 5.0, None)])
+    w = store.windows(["a"])
+    np.testing.assert_array_equal(w["gpu_memory_bytes"][0], [np.nan, 2.0, np.nan, 5.0])
+    np.testing.assert_allclose(w["gpu_utilization_ratio"][0], [np.nan, 0.2, np.nan, np.nan])
+    store.add([Sample("a", t, t, None) for t in (130.0, 140.0, 150.0, 160.0)])  # ring wraps
+    np.testing.assert_array_equal(store.windows(["a"])["gpu_memory_bytes"][0], [130, 140, 150, 160])
+    store.add([Sample("a", 50.0, 99.0, None)])  # older than the window: ignored
+    np.testing.assert_array_equal(store.windows(["a"])["gpu_memory_bytes"][0], [130, 140, 150, 160])
+
+
+def test_window_memory_is_bounded_and_rows_reused() -> None:
+    store = WindowStore(step=1.0, length=8, max_targets=100, initial_capacity=4)
+    for round_ in range(20):  # 20 generations of 50 short-lived targets
+        t0 = round_ * 100.0
+        store.add([Sample(f"gen{round_}/pod{i}", t0, 1.0, 0.5) for i in range(50)])
+        store.drop_older_than(t0 - 1)
+    assert len(store.targets()) == 50 and store._bins.shape[0] <= 100
+    store.add([Sample(f"extra{i}", 2000.0, 1.0, 0.5) for i in range(80)])
+    assert len(store.targets()) == 100 and store.rejected_targets == 30
+
+
+# forecast engine -------------------------------------------------------------------------------
+class Echo:
+    """A forecaster whose quantiles are the last finite value times (1, 1.1, 1.2)."""
+
+    name = "echo"
+
+    def __init__(self) -> None:
+        self.batches: list[ForecastInput] = []
+
+    def predict(self, batch: ForecastInput) -> Forecast:
+        self.batches.append(batch)
+        last = np.array([row[~np.isnan(row)][-1] for row in batch.values])
+        q = last[:, None, None] * np.array([1.0, 1.1, 1.2])[None, None, :] * np.ones((1, len(batch.leads), 1))
+        return Forecast(point=q[..., 0], quantiles=q, leads=batch.leads)
+
+
+def test_engine_batches_fresh_targets_and_skips_stale() -> None:
+    now = [1000.0]
+    store = WindowStore(step=1.0, length=30)
+    for k in range(10):
+        store.add([Sample("fresh", 990.0 + k, 100.0 + k, 0.5), Sample("stale", 900.0 + k, 5.0, 0.5)])
+    store.add([Sample("short", 999.0, 1.0, 0.2)])
+    model = Echo()
+    engine = ForecastEngine(store, model, horizons=[5, 30], stale_after=30, drop_after=60, min_points=3,
+                            clock=lambda: now[0])
+    snap = engine.cycle()
+    assert snap is not None and snap.targets == ("fresh",)  # stale: too old; short: too little history
+    assert [b.metric for b in model.batches] == ["gpu_memory_bytes", "gpu_utilization_ratio"]
+    assert model.batches[0].leads == (5, 30) and model.batches[0].step_seconds == 1.0
+    np.testing.assert_allclose(snap.quantiles["gpu_memory_bytes"][0, 1], [109.0, 119.9, 130.8])
+    np.testing.assert_allclose(snap.quantiles["gpu_utilization_ratio"][0, 0], [0.5, 0.55, 0.6])
+    now[0] = 1000.0 + 61
+    engine.cycle()
+    assert store.targets() == []  # every target vanished for longer than drop_after
+
+
+def test_engine_clips_and_counts_model_failures(caplog: pytest.LogCaptureFixture) -> None:
+    store = WindowStore(step=1.0, length=10)
+    for k in range(5):
+        store.add([Sample("a", 100.0 + k, 1e9, 0.9)])
+    engine = ForecastEngine(store, Echo(), horizons=[3], stale_after=30, drop_after=60, clock=lambda: 105.0)
+    snap = engine.cycle()
+    assert snap.quantiles["gpu_utilization_ratio"].max() == 1.0  # 0.9 * 1.2 clipped to a ratio
+
+    class Broken:
+        name = "broken"
+
+        def predict(self, batch):
+            raise RuntimeError("bad weights")
+
+    engine.forecaster = Broken()
+    with caplog.at_level(logging.INFO, logger="dprobe"):
+        for _ in range(3):
+            assert engine.cycle() is None
+    assert engine.errors_total == 3 and engine.snapshot is snap
+    assert len([r for r in caplog.records if "forecasting failed" in r.getMessage()]) == 1
+
+
+def test_graph_resolution_without_graph_module(tmp_path: Path) -> None:
+    ann = tmp_path / "annotations"
+    ann.write_text('dprobe.io/model-graph="/graphs/bert.json"\nother="x"\n')
+    assert read_annotations(ann)["dprobe.io/model-graph"] == "/graphs/bert.json"
+    r = GraphResolver({"team-a/*": "torchvision:resnet50"}, graph_file="", annotations_file=str(ann))
+    assert r.reference("team-a/x") == "torchvision:resnet50" and r.reference("b/y") == "/graphs/bert.json"
+    assert r.graph("b/y") is None  # file missing: forecast from metrics alone, no exception
+    assert not GraphResolver().active
+
+
+# source faults ---------------------------------------------------------------------------------
+class Flaky:
+    name = "flaky"
+
+    def __init__(self) -> None:
+        self.fail = False
+        self.calls = 0
+
+    def poll(self):
+        self.calls += 1
+        if self.fail:
+            raise SourceError("connection refused")
+        return [Sample("ns/p", time.time(), 1e9, 0.5)]
+
+    def close(self) -> None:
+        pass
+
+
+def test_poller_backoff_and_one_log_line_per_state_change(caplog: pytest.LogCaptureFixture) -> None:
+    src = Flaky()
+    got: list = []
+    poller = SourcePoller(src, lambda s, n: got.extend(s), interval=1.0, max_backoff=8.0)
+    with caplog.at_level(logging.INFO, logger="dprobe"):
+        assert poller.poll_once()
+        src.fail = True
+        delays = []
+        for _ in range(6):
+            assert not poller.poll_once()
+            delays.append(poller.next_delay())
+        src.fail = False
+        assert poller.poll_once() and poller.next_delay() == 1.0
+    assert poller.errors_total == 6 and poller.up
+    assert 1.6 <= delays[0] <= 2.0 and all(6.4 <= d <= 8.0 for d in delays[3:])
+    msgs = [r.getMessage() for r in caplog.records]
+    assert sum("failing" in m for m in msgs) == 1 and sum("recovered after 6" in m for m in msgs) == 1
+
+
+def _fast_config(**kw) -> SidecarConfig:
+    base = dict(listen_address="127.0.0.1", port=0, sample_interval=0.05, forecast_interval=0.1, step_seconds=0.1,
+                window_seconds=5.0, horizons=[1, 2], min_points=3, stale_after=0.6, drop_after=30.0,
+                max_backoff=0.2)
+    base.update(kw)
+    return SidecarConfig(**base)
+
+
+def _metrics(url: str) -> str:
+    with urllib.request.urlopen(url + "/metrics", timeout=2) as r:
+        return r.read().decode()
+
+
+def test_sidecar_keeps_serving_when_its_source_fails() -> None:
+    src = Flaky()
+    sc = Sidecar(_fast_config(), sources=[src], model=open_forecaster(None, "last_value"))
+    sc.start()
+    try:
+        deadline = time.time() + 5
+        while 'dprobe_predicted_gpu_memory_bytes{target="ns/p"' not in _metrics(sc.server.url):
+            assert time.time() < deadline
+            time.sleep(0.05)
+        assert sc.ready()[0]
+        src.fail = True
+        time.sleep(1.2)  # past stale_after: forecasts withdrawn, staleness reported
+        text = _metrics(sc.server.url)
+        assert 'dprobe_predicted_gpu_memory_bytes{target="ns/p"' not in text
+        assert 'dprobe_observed_gpu_memory_bytes{target="ns/p"' not in text
+        age = float(text.split('dprobe_last_sample_age_seconds{target="ns/p"} ')[1].split()[0])
+        assert age > 0.6
+        assert 'dprobe_source_up{source="flaky"} 0.0' in text
+        errors = float(text.split('dprobe_source_errors_total{source="flaky"} ')[1].split()[0])
+        assert 1 <= errors < 20  # backed off, not hammering
+        src.fail = False
+        time.sleep(0.6)
+        assert 'dprobe_predicted_gpu_memory_bytes{target="ns/p"' in _metrics(sc.server.url)
+    finally:
+        t = time.monotonic()
+        sc.stop()
+        assert time.monotonic() - t < 3
+
+
+# checkpoints -----------------------------------------------------------------------------------
+def _save(path: Path, obj) -> Path:
+    torch.save(obj, path)
+    return path
+
+
+def test_load_forecaster_baseline_and_registry(tmp_path: Path) -> None:
+    assert load_forecaster(None, "ewma").name == "ewma"
+
+    def build(ckpt: dict):
+        model = make_baseline("last_value")
+        model.scale = float(ckpt["scale"].item())
+        return model
+
+    FORECASTER_LOADERS["test-kind"] = build
+    try:
+        loaded = open_forecaster(_save(tmp_path / "ok.pt", {"kind": "test-kind", "dprobe_version": "0.1.0",
+                                                             "scale": torch.tensor(2.0)}))
+        assert loaded.kind == "test-kind" and loaded.forecaster.scale == 2.0 and loaded.checkpoint.endswith("ok.pt")
+        fc = loaded.forecaster.predict(ForecastInput(np.ones((2, 20)), "gpu_memory_bytes", (1, 5), 10.0))
+        assert fc.quantiles.shape == (2, 2, len(QUANTILES))
+    finally:
+        del FORECASTER_LOADERS["test-kind"]
+
+
+def test_bad_checkpoints_name_the_file_and_why(tmp_path: Path) -> None:
+    good = _save(tmp_path / "good.pt", {"kind": "nope", "dprobe_version": "0.1.0", "w": torch.zeros(1000)})
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(os.urandom(256))
+    cases = {
+        tmp_path / "missing.pt": "no such file",
+        truncated: "cannot be read",
+        garbage: "cannot be read",
+        _save(tmp_path / "list.pt", [1, 2]): "holds a list",
+        _save(tmp_path / "nokind.pt", {"state_dict": {}}): "missing key",
+        good: "unknown model kind 'nope'",
+        _save(tmp_path / "future.pt", {"kind": "nope", "dprobe_version": "7.0.0"}): "incompatible",
+    }
+    for path, why in cases.items():
+        with pytest.raises(CheckpointError, match=why) as err:
+            load_forecaster(path, "ewma")
+        assert str(path) in str(err.value)
+    fallback = open_forecaster(truncated, "moving_median", fallback_on_error=True)
+    assert fallback.forecaster.name == "moving_median" and "truncated.pt" in fallback.fallback_reason
+
+
+@pytest.mark.parametrize("name", ["last_value", "ewma", "moving_median", "seasonal_naive"])
+def test_online_baseline_matches_the_baseline(name: str) -> None:
+    rng = np.random.default_rng(3)
+    y = rng.random((8, 120)).cumsum(axis=1)
+    y[rng.random(y.shape) < 0.1] = np.nan
+    y[2, :100] = np.nan
+    y[3] = np.nan
+    batch = ForecastInput(y, "gpu_memory_bytes", (1, 6, 30), 10.0)
+    want = make_baseline(name).predict(batch)
+    got = load_forecaster(None, name).predict(batch)
+    np.testing.assert_allclose(got.point, want.point, rtol=1e-9)
+    np.testing.assert_allclose(got.quantiles, want.quantiles, rtol=1e-9)
+
+
+# the process ---------------------------------------------------------------------------------
+def _sidecar_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "dprobe.sidecar", "--listen-address", "127.0.0.1", *args]
+
+
+def test_refuses_to_start_on_bad_checkpoint(tmp_path: Path) -> None:
+    bad = tmp_path / "model.ckpt"
+    bad.write_bytes(b"PK\x03\x04 truncated")
+    r = subprocess.run(_sidecar_cmd("--checkpoint", str(bad), "--source", "synthetic"), cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and str(bad) in r.stderr and "cannot be read" in r.stderr
+
+
+def test_sigterm_stops_within_5_seconds(tmp_path: Path) -> None:
+    sock_port = _free_port()
+    proc = subprocess.Popen(_sidecar_cmd("--port", str(sock_port), "--source", "synthetic", "--synthetic-targets",
+                                         "8", "--sample-interval", "0.2", "--step-seconds", "1",
+                                         "--forecast-interval", "1"),
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 45
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{sock_port}/readyz", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert proc.poll() is None and time.time() < deadline, "sidecar did not become ready"
+            time.sleep(0.2)
+        t = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=10)
+        assert rc == 0 and time.monotonic() - t < 5
+        out = proc.stdout.read()
+        assert "SIGTERM" in out and "stopped" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_threads_do_not_leak() -> None:
+    before = threading.active_count()
+    sc = Sidecar(_fast_config(), sources=[Flaky()], model=open_forecaster(None, "last_value"))
+    sc.start()
+    time.sleep(0.2)
+    sc.stop()
+    time.sleep(0.1)
+    assert threading.active_count() <= before + 1

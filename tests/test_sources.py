@@ -1,0 +1,302 @@
+"""Metric sources: dcgm-exporter text, Prometheus query_range, NVML (faults injected), trace replay."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import SimpleNamespace
+
+import pynvml
+import pytest
+
+from dprobe.sources import Sample, SourceError, target_name
+from dprobe.sources.dcgm import DcgmSource, parse_dcgm_text
+from dprobe.sources.nvml import NvmlSource, pod_of_cgroup
+from dprobe.sources.prometheus import PrometheusSource
+from dprobe.sources.replay import ReplaySource
+from dprobe.sources.synthetic import SyntheticSource
+
+MIB = 1024 * 1024
+DCGM_TEXT = """\
+# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).
+# TYPE DCGM_FI_DEV_GPU_UTIL gauge
+DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-aaa",device="nvidia0",modelName="NVIDIA H200",Hostname="n1",container="trainer",namespace="team-a",pod="train-0"} 80
+DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-bbb",device="nvidia1",modelName="NVIDIA H200",Hostname="n1",container="trainer",namespace="team-a",pod="train-0"} 40
+DCGM_FI_DEV_GPU_UTIL{gpu="2",UUID="GPU-ccc",device="nvidia2",modelName="NVIDIA H200",Hostname="n1",container="",namespace="",pod=""} 0
+# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in MiB).
+# TYPE DCGM_FI_DEV_FB_USED gauge
+DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-aaa",device="nvidia0",modelName="NVIDIA H200",Hostname="n1",container="trainer",namespace="team-a",pod="train-0"} 1000
+DCGM_FI_DEV_FB_USED{gpu="1",UUID="GPU-bbb",device="nvidia1",modelName="NVIDIA H200",Hostname="n1",container="trainer",namespace="team-a",pod="train-0"} 3000
+DCGM_FI_DEV_FB_USED{gpu="2",UUID="GPU-ccc",device="nvidia2",modelName="NVIDIA H200",Hostname="n1",container="",namespace="",pod=""} 0
+# HELP DCGM_FI_DEV_FB_FREE Framebuffer memory free (in MiB).
+# TYPE DCGM_FI_DEV_FB_FREE gauge
+DCGM_FI_DEV_FB_FREE{gpu="0",UUID="GPU-aaa",container="trainer",namespace="team-a",pod="train-0"} 142771
+DCGM_FI_DEV_FB_FREE{gpu="1",UUID="GPU-bbb",container="trainer",namespace="team-a",pod="train-0"} 140771
+DCGM_FI_DEV_FB_FREE{gpu="2",UUID="GPU-ccc",container="",namespace="",pod=""} 143771
+# HELP DCGM_FI_DEV_POWER_USAGE Power draw (in W).
+# TYPE DCGM_FI_DEV_POWER_USAGE gauge
+DCGM_FI_DEV_POWER_USAGE{gpu="0",UUID="GPU-aaa",container="trainer",namespace="team-a",pod="train-0"} 400.5
+DCGM_FI_DEV_POWER_USAGE{gpu="1",UUID="GPU-bbb",container="trainer",namespace="team-a",pod="train-0"} 300
+# HELP DCGM_FI_PROF_GR_ENGINE_ACTIVE Ratio of time the graphics engine is active.
+# TYPE DCGM_FI_PROF_GR_ENGINE_ACTIVE gauge
+DCGM_FI_PROF_GR_ENGINE_ACTIVE{gpu="0",UUID="GPU-aaa",container="trainer",namespace="team-a",pod="train-0"} 0.75
+DCGM_FI_PROF_GR_ENGINE_ACTIVE{gpu="1",UUID="GPU-bbb",container="trainer",namespace="team-a",pod="train-0"} 0.25
+"""
+
+
+class _Peer(BaseHTTPRequestHandler):
+    """A test peer on 127.0.0.1 answering with whatever ``server.reply`` says."""
+
+    def do_GET(self) -> None:  # noqa: N802
+        code, body, delay = self.server.reply(self.path)  # type: ignore[attr-defined]
+        if delay:
+            time.sleep(delay)
+        data = body.encode() if isinstance(body, str) else body
+        try:
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout test)
+            pass
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def peer(reply) -> Iterator[str]:
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Peer)
+    srv.daemon_threads = True
+    srv.reply = reply  # type: ignore[attr-defined]
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def closed_port_url() -> str:
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Peer)
+    port = srv.server_address[1]
+    srv.server_close()
+    return f"http://127.0.0.1:{port}/metrics"
+
+
+# dcgm -------------------------------------------------------------------------------------------
+def test_dcgm_text_pods_and_base_units() -> None:
+    samples = {s.target: s for s in parse_dcgm_text(DCGM_TEXT, ts=100.0)}
+    assert set(samples) == {"team-a/train-0", "GPU-ccc"}
+    pod = samples["team-a/train-0"]
+    assert pod.memory_bytes == 4000 * MIB  # MiB summed over the pod's two GPUs, in bytes
+    assert pod.utilization_ratio == pytest.approx(0.6)
+    assert pod.extra["memory_total_bytes"] == (1000 + 142771 + 3000 + 140771) * MIB
+    assert pod.extra["power_watts"] == pytest.approx(700.5)
+    assert pod.extra["gr_engine_active_ratio"] == pytest.approx(0.5)
+    assert pod.labels["namespace"] == "team-a" and pod.labels["container"] == "trainer"
+    assert pod.labels["UUID"] == "GPU-aaa,GPU-bbb"
+    free_gpu = samples["GPU-ccc"]
+    assert free_gpu.memory_bytes == 0 and free_gpu.labels["gpu"] == "2" and pod.ts == 100.0
+
+
+def test_dcgm_gpu_targets_and_engine_active() -> None:
+    gpus = {s.target: s for s in parse_dcgm_text(DCGM_TEXT, 1.0, targets="gpu", utilization="gr_engine_active")}
+    assert set(gpus) == {"GPU-aaa", "GPU-bbb", "GPU-ccc"}
+    assert gpus["GPU-aaa"].utilization_ratio == 0.75 and gpus["GPU-bbb"].memory_bytes == 3000 * MIB
+    assert gpus["GPU-ccc"].utilization_ratio == 0.0  # no GR_ENGINE_ACTIVE there: GPU_UTIL instead
+    both = {s.target for s in parse_dcgm_text(DCGM_TEXT, 1.0, targets="both")}
+    assert both == {"team-a/train-0", "GPU-aaa", "GPU-bbb", "GPU-ccc"}
+
+
+@pytest.mark.parametrize("text", ["<html>502 Bad Gateway</html>", "DCGM_FI_DEV_GPU_UTIL{gpu=0 80\n",
+                                  "# only comments\nother_metric 1\n", ""])
+def test_dcgm_garbage_is_a_source_error(text: str) -> None:
+    with pytest.raises(SourceError):
+        parse_dcgm_text(text, 0.0)
+
+
+def test_dcgm_source_over_http_and_faults() -> None:
+    state = {"reply": (200, DCGM_TEXT, 0.0)}
+    with peer(lambda path: state["reply"]) as url:
+        src = DcgmSource(url + "/metrics", timeout=0.5)
+        assert {s.target for s in src.poll()} == {"team-a/train-0", "GPU-ccc"}
+        state["reply"] = (500, "boom", 0.0)
+        with pytest.raises(SourceError, match="HTTP 500"):
+            src.poll()
+        state["reply"] = (200, "\x00\x01garbage", 0.0)
+        with pytest.raises(SourceError):
+            src.poll()
+        state["reply"] = (200, DCGM_TEXT, 1.0)  # slower than the timeout
+        with pytest.raises(SourceError, match="timed out"):
+            src.poll()
+    with pytest.raises(SourceError):
+        DcgmSource(closed_port_url(), timeout=0.5).poll()
+
+
+# prometheus -------------------------------------------------------------------------------------
+def _matrix(series: list[tuple[dict, list]]) -> str:
+    return json.dumps({"status": "success", "data": {"resultType": "matrix", "result": [
+        {"metric": m, "values": [[t, str(v)] for t, v in vals]} for m, vals in series]}})
+
+
+def test_prometheus_source_query_range() -> None:
+    now = time.time()
+    seen = []
+
+    def reply(path: str):
+        seen.append(path)
+        if "FB_USED" in path:
+            return 200, _matrix([({"namespace": "ns", "pod": "p1"}, [(now - 20, 1e9), (now - 10, 2e9)])]), 0.0
+        return 200, _matrix([({"namespace": "ns", "pod": "p1"}, [(now - 10, 0.5)]),
+                             ({"UUID": "GPU-x"}, [(now - 10, "NaN")])]), 0.0
+
+    with peer(reply) as url:
+        src = PrometheusSource(url, step=10, lookback=600)
+        samples = src.poll()
+    assert all("/api/v1/query_range?" in p for p in seen) and len(seen) == 2
+    assert [(s.target, s.memory_bytes, s.utilization_ratio) for s in samples] == [
+        ("ns/p1", 1e9, None), ("ns/p1", 2e9, 0.5)]
+    assert src._since == pytest.approx(now - 10)
+
+
+@pytest.mark.parametrize("reply", [(200, "not json", 0.0), (400, '{"status":"error","error":"bad"}', 0.0),
+                                   (200, '{"status":"success","data":{"resultType":"vector","result":[]}}', 0.0),
+                                   (200, "{}", 1.0)])
+def test_prometheus_source_faults(reply) -> None:
+    with peer(lambda path: reply) as url, pytest.raises(SourceError):
+        PrometheusSource(url, timeout=0.5).poll()
+
+
+def test_prometheus_unreachable() -> None:
+    with pytest.raises(SourceError):
+        PrometheusSource(closed_port_url().rsplit("/", 1)[0], timeout=0.5).poll()
+
+
+# nvml -------------------------------------------------------------------------------------------
+class FakeNvml:
+    """Stand-ins for the pynvml calls NvmlSource makes (two GPUs, one process each)."""
+
+    def __init__(self) -> None:
+        self.inits = 0
+
+    def install(self, mp: pytest.MonkeyPatch) -> None:
+        mp.setattr(pynvml, "nvmlInit", self.init)
+        mp.setattr(pynvml, "nvmlShutdown", lambda: None)
+        mp.setattr(pynvml, "nvmlDeviceGetCount", lambda: 2)
+        mp.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda i: i)
+        mp.setattr(pynvml, "nvmlDeviceGetUUID", lambda h: f"GPU-{h}")
+        mp.setattr(pynvml, "nvmlDeviceGetMemoryInfo", lambda h: SimpleNamespace(used=(h + 1) * 1e9, total=80e9))
+        mp.setattr(pynvml, "nvmlDeviceGetUtilizationRates", lambda h: SimpleNamespace(gpu=50 + h, memory=0))
+        mp.setattr(pynvml, "nvmlDeviceGetPowerUsage", lambda h: 250_000)
+        mp.setattr(pynvml, "nvmlDeviceGetClockInfo", lambda h, c: 1980)
+        mp.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses",
+                   lambda h: [SimpleNamespace(pid=100 + h, usedGpuMemory=int(5e8))])
+
+    def init(self) -> None:
+        self.inits += 1
+
+
+def test_nvml_gpus_and_pods(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNvml()
+    fake.install(monkeypatch)
+    uid = "1234abcd-0000-1111-2222-333344445555"
+    src = NvmlSource(pod_names={uid: "team-b/serve-0"},
+                     pod_resolver=lambda pid: (uid, "c" * 64) if pid == 100 else None)
+    by = {s.target: s for s in src.poll()}
+    assert set(by) == {"GPU-0", "GPU-1", "team-b/serve-0"}
+    assert by["GPU-1"].memory_bytes == 2e9 and by["GPU-1"].utilization_ratio == pytest.approx(0.51)
+    assert by["GPU-0"].extra == {"memory_total_bytes": 80e9, "power_watts": 250.0, "sm_clock_hertz": 1.98e9}
+    assert by["team-b/serve-0"].memory_bytes == 5e8 and by["team-b/serve-0"].labels["UUID"] == "GPU-0"
+
+
+def test_nvml_absent_or_failing(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken() -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", broken)
+    src = NvmlSource()  # construction never fails: the first poll reports it
+    with pytest.raises(SourceError, match="NVML init failed"):
+        src.poll()
+    fake = FakeNvml()
+    fake.install(monkeypatch)
+    assert len(src.poll()) == 2  # recovered: re-initialised on the next poll
+
+    def gpu_lost(h):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", gpu_lost)
+    with pytest.raises(SourceError, match="NVML"):
+        src.poll()
+    assert not src._initialised and fake.inits == 1
+
+
+def test_pod_of_cgroup() -> None:
+    v1 = "12:memory:/kubepods/burstable/pod0f6b2c1e-1111-2222-3333-444455556666/" + "a" * 64
+    v2 = ("0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0f6b2c1e_1111_2222_3333_"
+          "444455556666.slice/cri-containerd-" + "b" * 64 + ".scope")
+    assert pod_of_cgroup(v1) == ("0f6b2c1e-1111-2222-3333-444455556666", "a" * 64)
+    assert pod_of_cgroup(v2) == ("0f6b2c1e-1111-2222-3333-444455556666", "b" * 64)
+    assert pod_of_cgroup("0::/user.slice/session-1.scope") is None
+
+
+# replay -----------------------------------------------------------------------------------------
+def write_alibaba_fixture(directory: Path, pods: dict[str, list[tuple[float, float, float]]]) -> Path:
+    """An alibaba-genai-2026 layout: pod -> [(t seconds, duty %, memory bytes)] on the 57 s grid."""
+    directory.mkdir(parents=True, exist_ok=True)
+    duty = ["value,timestamp_anon,container_ip"]
+    mem = ["value,timestamp_anon,container_ip"]
+    for pod, rows in pods.items():
+        for t, d, m in rows:
+            duty.append(f"{d},{1_000_000 + t},{pod}")
+            mem.append(f"{m},{1_000_000 + t},{pod}")
+    for name, lines in (("pod_gpu_duty_cycle_anon", duty), ("pod_gpu_memory_used_bytes_anon", mem),
+                        ("qps", ["timestamp_anon,value,container_ip,request_type", "1000000,1,,api"])):
+        with gzip.open(directory / f"{name}.csv.gz", "wt") as f:
+            f.write("\n".join(lines) + "\n")
+    return directory
+
+
+def test_replay_alibaba_layout(tmp_path: Path) -> None:
+    path = write_alibaba_fixture(tmp_path / "trace", {
+        "podA": [(i * 57.0, 10.0 * i, 1e9 * (i + 1)) for i in range(10)],
+        "podB": [(i * 57.0, 50.0, 2e9) for i in range(5, 10)],
+    })
+    clock = [1000.0]
+    src = ReplaySource("alibaba", path, speed=57.0, loop=False, clock=lambda: clock[0])
+    first = src.poll()
+    assert [(s.target, s.memory_bytes, s.utilization_ratio, s.ts) for s in first] == [("podA", 1e9, 0.0, 1000.0)]
+    clock[0] += 5.0  # trace time 285 s: step 5
+    by = {s.target: s for s in src.poll()}
+    assert by["podA"].memory_bytes == 6e9 and by["podA"].utilization_ratio == pytest.approx(0.5)
+    assert by["podB"].memory_bytes == 2e9
+    clock[0] += 100.0  # past the end, no loop: every pod is gone
+    assert src.poll() == []
+
+
+def test_replay_loops_and_h200() -> None:
+    clock = [0.0]
+    src = ReplaySource("h200", speed=1.0, clock=lambda: clock[0])
+    seen = set()
+    for step in range(0, 700, 7):
+        clock[0] = float(step)
+        seen |= {s.target for s in src.poll()}
+    assert len(seen) >= 10 and all(t.startswith("h200/") for t in seen)
+    assert src.trace_time(src.trace.span + 3.0) == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="replay dataset"):
+        ReplaySource("nope")
+
+
+def test_synthetic_and_target_names() -> None:
+    samples = SyntheticSource(n_targets=5, clock=lambda: 10.0).poll()
+    assert len(samples) == 5 and all(isinstance(s, Sample) and 0 <= s.utilization_ratio <= 1 for s in samples)
+    assert target_name({"pod": "p", "namespace": "n"}) == "n/p"
+    assert target_name({"pod": "", "UUID": "GPU-1"}) == "GPU-1"
+    assert target_name({"gpu": "3"}) == "gpu3" and target_name({}) is None
