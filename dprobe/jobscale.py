@@ -34,6 +34,9 @@ HORIZON_SECONDS = 10.0
 LEVELS = (0.5, 0.9, 0.99)
 OBS_FEATURES = ["log_mem_last", "log_mem_max", "util_mean", "util_last", "util_busy_share", "log_mem_total",
                 "log_batch", "bf16", "fp16", "adamw"]
+# the cold-start profiler's graph-derived features used here: replayed allocator peak and reserved
+# memory, parameters, FLOPs and roofline step time (more overfit on the few runs there are)
+GRAPH_FEATURES = ["log_peak", "log_reserved", "log_params", "log_flops", "log_t_roof"]
 VARIANTS = ("persist", "no_graph", "graph")
 KIND = "dprobe-jobscale"
 
@@ -59,28 +62,44 @@ def observe_run(samples: Any, batch: int, precision: str, optimizer: str) -> tup
     return obs, target
 
 
-def load_job_dataset(data_dir: str, cache_dir: str | Path) -> dict[str, Any]:
-    """The cold-start profiler's per-run graphs and features, plus first-second observations and targets."""
-    from dprobe.coldstart.train import load_dataset
+def load_job_dataset(data_dir: str, cache_dir: str | Path, with_graphs: bool = True) -> dict[str, Any]:
+    """First-second observations and horizon targets of every run; with ``with_graphs`` also each run's
+    model graph and the cold-start profiler's graph-derived features."""
+    from dprobe.coldstart.features import family_of
     from dprobe.data import load_h200_profiles
 
-    ds = load_dataset(data_dir, cache_dir)
     profiles = load_h200_profiles(data_dir)
-    runs = profiles.train_runs().set_index("run_id")
-    keep, obs, ys = [], [], []
-    for i, rid in enumerate(ds["run_ids"]):
-        row = runs.loc[rid]
+    runs = profiles.train_runs()
+    graph_ds = None
+    if with_graphs:
+        from dprobe.coldstart.train import load_dataset
+
+        graph_ds = load_dataset(data_dir, cache_dir)
+        index = {rid: i for i, rid in enumerate(graph_ds["run_ids"])}
+    keep, obs, ys, fams, ids = [], [], [], [], []
+    for _, row in runs.iterrows():
+        rid = str(row["run_id"])
         got = observe_run(profiles.run_samples(rid), int(row["batch"]), str(row["precision"]),
                           str(row["optimizer"]))
-        if got is not None:
-            keep.append(i)
-            obs.append(got[0])
-            ys.append(got[1])
-    if not keep:
+        if got is None or (graph_ds is not None and rid not in index):
+            continue
+        obs.append(got[0])
+        ys.append(got[1])
+        fams.append(family_of(str(row["model"])))
+        ids.append(rid)
+        if graph_ds is not None:
+            keep.append(index[rid])
+    if not ids:
         raise ValueError(f"{data_dir}: no run has {FIRST_SECONDS:g} s of samples and more after it")
-    return {"graphs": [ds["graphs"][i] for i in keep], "graph_feats": ds["feats"][keep],
-            "obs": np.array(obs), "y": np.array(ys), "families": [ds["families"][i] for i in keep],
-            "run_ids": [ds["run_ids"][i] for i in keep]}
+    out = {"obs": np.array(obs), "y": np.array(ys), "families": fams, "run_ids": ids,
+           "graphs": None, "graph_feats": None}
+    if graph_ds is not None:
+        from dprobe.coldstart.features import FEATURES
+
+        cols = [FEATURES.index(f) for f in GRAPH_FEATURES]
+        out["graphs"] = [graph_ds["graphs"][i] for i in keep]
+        out["graph_feats"] = graph_ds["feats"][keep][:, cols]
+    return out
 
 
 def persist(obs: np.ndarray) -> np.ndarray:
@@ -130,7 +149,7 @@ def _inputs(ds: dict[str, Any], idx: np.ndarray, variant: str) -> np.ndarray:
 
 
 def fit(ds: dict[str, Any], idx: np.ndarray, variant: str, epochs: int = 300, seed: int = 0,
-        graph_dim: int = 8) -> JobScaleNet:
+        graph_dim: int = 0) -> JobScaleNet:
     torch.manual_seed(seed)
     x = torch.tensor(_inputs(ds, idx, variant), dtype=torch.float32)
     r = torch.tensor(to_residual(ds["y"][idx], ds["obs"][idx]), dtype=torch.float32)
@@ -171,17 +190,20 @@ def scores(y: np.ndarray, q: np.ndarray) -> dict[str, float]:
     return out
 
 
-def cross_validate(ds: dict[str, Any], epochs: int = 300, seed: int = 0) -> dict[str, dict[str, float]]:
+def cross_validate(ds: dict[str, Any], epochs: int = 300, seed: int = 0,
+                   graph_dim: int = 0) -> dict[str, dict[str, float]]:
     """Leave-model-family-out scores of every variant: a family is never in its own training set."""
     fams = np.array(ds["families"])
     n = len(fams)
-    preds = {v: np.zeros((n, 2, len(LEVELS))) for v in VARIANTS}
+    variants = [v for v in VARIANTS if v != "graph" or ds["graph_feats"] is not None]
+    preds = {v: np.zeros((n, 2, len(LEVELS))) for v in variants}
     preds["persist"] = np.repeat(persist(ds["obs"])[:, :, None], len(LEVELS), axis=2)
     for fam in sorted(set(fams)):
         test, train = np.flatnonzero(fams == fam), np.flatnonzero(fams != fam)
-        for variant in ("no_graph", "graph"):
-            preds[variant][test] = predict(fit(ds, train, variant, epochs, seed), ds, test, variant)
-    result = {v: scores(ds["y"], preds[v]) for v in VARIANTS}
+        for variant in variants[1:]:
+            net = fit(ds, train, variant, epochs, seed, graph_dim=graph_dim)
+            preds[variant][test] = predict(net, ds, test, variant)
+    result = {v: scores(ds["y"], preds[v]) for v in variants}
     result["persist"].pop("p90_coverage", None)
     result["persist"].pop("p99_coverage", None)
     return result
@@ -200,16 +222,20 @@ def format_table(result: dict[str, dict[str, float]], n_runs: int, n_families: i
 
 
 def train_jobscale(data_dir: str, out_dir: str, use_graph: bool = True, epochs: int = 300, seed: int = 0,
-                   cache_dir: str | Path | None = None) -> dict[str, Any]:
-    """Cross-validate every variant, fit the chosen one on all runs, save ``jobscale.pt`` and a report."""
+                   graph_dim: int = 0, cache_dir: str | Path | None = None) -> dict[str, Any]:
+    """Cross-validate every variant, fit the chosen one on all runs, save ``jobscale.pt`` and a report.
+
+    ``graph_dim > 0`` adds a GNN embedding of the model graph to the graph-derived features
+    (slow on a CPU: about a second an epoch over all graphs).
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    ds = load_job_dataset(data_dir, cache_dir or out / "cache")
-    result = cross_validate(ds, epochs, seed)
+    ds = load_job_dataset(data_dir, cache_dir or out / "cache", with_graphs=use_graph)
+    result = cross_validate(ds, epochs, seed, graph_dim=graph_dim)
     table = format_table(result, len(ds["run_ids"]), len(set(ds["families"])))
     (out / "report.md").write_text(table)
     variant = "graph" if use_graph else "no_graph"
-    net = fit(ds, np.arange(len(ds["run_ids"])), variant, epochs, seed)
+    net = fit(ds, np.arange(len(ds["run_ids"])), variant, epochs, seed, graph_dim=graph_dim)
     ckpt = {"kind": KIND, "format": 1, "variant": variant, "obs_features": OBS_FEATURES,
             "n_features": int(_inputs(ds, np.arange(1), variant).shape[1]),
             "graph_dim": int(net.encoder.out.out_features) if net.encoder is not None else 0,

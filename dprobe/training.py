@@ -69,18 +69,30 @@ def run(cfg: DictConfig) -> dict:
         summary["checkpoint"] = str(checkpoint)
         if cfg.evaluate.enabled:
             summary["evaluation"] = evaluate_checkpoint(cfg, checkpoint, out_dir)["report"]
+    cache = out_dir / "cache"  # model graphs and replays, shared by the two h200-profiles models
     if cfg.coldstart.enabled:
         from dprobe.coldstart import train_coldstart
 
         cs = train_coldstart(str(cfg.coldstart.data_dir), str(out_dir / "coldstart"),
-                             max_epochs=cfg.coldstart.max_epochs, seed=cfg.seed)
+                             max_epochs=cfg.coldstart.max_epochs, seed=cfg.seed, cache_dir=cache)
         summary["coldstart_checkpoint"] = str(cs["checkpoint"])
         summary["coldstart_metrics"] = cs.get("metrics", {})
+    if cfg.jobscale.enabled:
+        from dprobe.jobscale import train_jobscale
+
+        js = train_jobscale(str(cfg.jobscale.data_dir), str(out_dir / "jobscale"),
+                            use_graph=cfg.jobscale.use_graph, epochs=cfg.jobscale.epochs, seed=cfg.seed,
+                            graph_dim=cfg.jobscale.graph_dim, cache_dir=cache)
+        print(js["table"])
+        summary["jobscale_checkpoint"] = js["checkpoint"]
+        summary["jobscale_report"] = js["report"]
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     print(f"\nForecaster checkpoint: {summary.get('checkpoint', '(not trained)')}")
     if "evaluation" in summary:
         print(f"Evaluation report:     {summary['evaluation']}")
     if "coldstart_checkpoint" in summary:
         print(f"Cold-start checkpoint: {summary['coldstart_checkpoint']}")
+    if "jobscale_checkpoint" in summary:
+        print(f"Job-scale checkpoint:  {summary['jobscale_checkpoint']} (report: {summary['jobscale_report']})")
     print(f"Everything else:       {out_dir}")
     return summary

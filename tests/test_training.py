@@ -29,6 +29,7 @@ def tiny(tmp_path: Path, data_dirs: list[Path], *extra: str) -> list[str]:
         "trainer.accelerator=cpu",
         "trainer.enable_progress_bar=false",
         "logger=csv",
+        "jobscale.epochs=5",
         *extra,
     ]
 
@@ -40,8 +41,8 @@ def test_every_experiment_composes_and_runs_fast_dev_run(exp, tmp_path, small_al
     cfg = compose([f"+exp={exp}", *tiny(tmp_path, [small_alibaba_dir, small_helios_dir]),
                    "+trainer.fast_dev_run=true", "evaluate.enabled=false"])
     assert cfg.data.datasets and "_target_" in cfg.model
+    calls = []
     if cfg.coldstart.enabled:  # the profiler's own tests cover its training; here only the wiring
-        calls = []
         import dprobe.coldstart as coldstart
 
         def fake_train(data_dir, out_dir, **kw):
@@ -49,6 +50,20 @@ def test_every_experiment_composes_and_runs_fast_dev_run(exp, tmp_path, small_al
             return {"checkpoint": str(Path(out_dir) / "coldstart.pt"), "metrics": {}}
 
         monkeypatch.setattr(coldstart, "train_coldstart", fake_train)
+    if cfg.jobscale.enabled and cfg.jobscale.use_graph:  # graphs and replays of every run: stand-ins here
+        import dprobe.coldstart.train as cs_train
+        from dprobe.coldstart.features import FEATURES
+        from dprobe.data import load_h200_profiles
+        from dprobe.graph import build_model_graph
+        from dprobe.graph.encoder import graph_to_data
+
+        def fake_dataset(data_dir, cache_dir):
+            ids = list(load_h200_profiles(data_dir).train_runs()["run_id"])
+            g = graph_to_data(build_model_graph("torchvision:resnet18", batch=2, image=32))
+            feats = np.random.default_rng(0).normal(size=(len(ids), len(FEATURES)))
+            return {"graphs": [g] * len(ids), "feats": feats, "run_ids": ids}
+
+        monkeypatch.setattr(cs_train, "load_dataset", fake_dataset)
     summary = run(cfg)
     assert Path(summary["output_dir"], "config.yaml").is_file()
     if cfg.forecaster_enabled:
@@ -56,6 +71,11 @@ def test_every_experiment_composes_and_runs_fast_dev_run(exp, tmp_path, small_al
         assert ckpt["kind"] == "dprobe-forecaster"
     if cfg.coldstart.enabled:
         assert calls and calls[0][0].endswith("h200-profiles")
+    if cfg.jobscale.enabled:
+        report = Path(summary["jobscale_report"]).read_text()
+        assert "| persist |" in report and "| no_graph |" in report
+        assert ("| graph |" in report) == bool(cfg.jobscale.use_graph)
+        assert torch.load(summary["jobscale_checkpoint"], weights_only=True)["kind"] == "dprobe-jobscale"
 
 
 def test_training_writes_checkpoint_that_evaluates(tmp_path, small_alibaba_dir, small_helios_dir, capsys):

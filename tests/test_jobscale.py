@@ -1,0 +1,85 @@
+"""Job scale: first-second observations, targets, residuals, and the leave-family-out report."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from dprobe import jobscale as js
+
+GIB = 2**30
+
+
+def _samples(mem_gib: list[float], util: list[float], dt: float = 0.1) -> pd.DataFrame:
+    n = len(mem_gib)
+    return pd.DataFrame({"t_rel": np.arange(n) * dt, "mem_used_bytes": np.array(mem_gib) * GIB,
+                         "gpu_util_pct": util, "mem_total_bytes": [140 * GIB] * n})
+
+
+def test_observe_run_by_hand():
+    # 11 samples in the first second (t = 0.0 .. 1.0), then 10 more up to 2.0 s
+    mem = [1.0] * 5 + [2.0] * 6 + [4.0] * 10
+    util = [0] * 5 + [50] * 6 + [100] * 10
+    obs, target = js.observe_run(_samples(mem, util), batch=32, precision="bf16", optimizer="adamw")
+    o = dict(zip(js.OBS_FEATURES, obs, strict=True))
+    assert np.exp(o["log_mem_last"]) == pytest.approx(2 * GIB)
+    assert np.exp(o["log_mem_max"]) == pytest.approx(2 * GIB)
+    assert o["util_mean"] == pytest.approx(300 / 11 / 100)
+    assert o["util_busy_share"] == pytest.approx(6 / 11)
+    assert (o["bf16"], o["fp16"], o["adamw"]) == (1.0, 0.0, 1.0)
+    assert target == [pytest.approx(4 * GIB), pytest.approx(1.0)]
+
+
+def test_too_short_runs_are_skipped():
+    assert js.observe_run(_samples([1.0] * 12, [0] * 12), 8, "fp32", "sgd") is None
+
+
+def test_residuals_round_trip_and_persist_is_zero():
+    rng = np.random.default_rng(0)
+    obs = np.zeros((5, len(js.OBS_FEATURES)))
+    obs[:, 1] = np.log(rng.uniform(1, 10, 5) * GIB)
+    obs[:, 2] = rng.uniform(0.05, 0.9, 5)
+    y = np.stack([rng.uniform(1, 20, 5) * GIB, rng.uniform(0.05, 0.95, 5)], axis=1)
+    r = js.to_residual(y, obs)
+    back = js.from_residual(r[:, :, None], obs)[:, :, 0]
+    np.testing.assert_allclose(back, y, rtol=1e-9)
+    np.testing.assert_allclose(js.from_residual(np.zeros((5, 2, 1)), obs)[:, :, 0], js.persist(obs), rtol=1e-9)
+
+
+def test_cross_validation_without_graphs_on_the_bundled_runs():
+    ds = js.load_job_dataset("datasets/h200-profiles", cache_dir="unused", with_graphs=False)
+    assert ds["graph_feats"] is None and len(ds["run_ids"]) >= 20
+    result = js.cross_validate(ds, epochs=20)
+    assert set(result) == {"persist", "no_graph"}
+    anchor = js.persist(ds["obs"])
+    by_hand = np.mean(np.abs(anchor[:, 0] - ds["y"][:, 0]) / ds["y"][:, 0]) * 100
+    assert result["persist"]["plateau_mape"] == pytest.approx(by_hand)
+    assert 0 <= result["no_graph"]["p90_coverage"] <= 1
+    table = js.format_table(result, len(ds["run_ids"]), len(set(ds["families"])))
+    assert "| persist |" in table and "| no_graph |" in table
+
+
+def test_graph_variant_with_gnn_trains_and_saves(tmp_path, monkeypatch):
+    from dprobe.graph import build_model_graph
+    from dprobe.graph.encoder import graph_to_data
+
+    g = graph_to_data(build_model_graph("torchvision:resnet18", batch=2, image=64))
+    rng = np.random.default_rng(1)
+    n = 8
+    obs = np.zeros((n, len(js.OBS_FEATURES)))
+    obs[:, 1] = np.log(rng.uniform(2, 8, n) * GIB)
+    obs[:, 2] = rng.uniform(0.1, 0.9, n)
+    ds = {"obs": obs, "y": np.stack([np.exp(obs[:, 1]) * 1.2, obs[:, 2]], axis=1),
+          "families": [f"f{i % 3}" for i in range(n)], "run_ids": [str(i) for i in range(n)],
+          "graphs": [g] * n, "graph_feats": rng.normal(size=(n, 5))}
+    monkeypatch.setattr(js, "load_job_dataset", lambda *a, **k: ds)
+    out = js.train_jobscale("unused", str(tmp_path), use_graph=True, epochs=5, graph_dim=4)
+    assert set(out["metrics"]) == {"persist", "no_graph", "graph"}
+    ckpt = torch.load(out["checkpoint"], weights_only=True)
+    assert ckpt["kind"] == js.KIND and ckpt["variant"] == "graph" and ckpt["graph_dim"] == 4
+    net = js.JobScaleNet(ckpt["n_features"], graph_dim=ckpt["graph_dim"])
+    net.load_state_dict(ckpt["state_dict"])
+    q = js.predict(net.eval(), ds, np.arange(2), "graph")
+    assert q.shape == (2, 2, 3) and (np.diff(q, axis=-1) >= 0).all()
