@@ -22,6 +22,8 @@ SUBCOMMANDS: list[str] = [
     "dprobe.sidecar.cli",
 ]
 
+LONG_RUNNING = {"sidecar"}
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -40,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    level = logging.WARNING - 10 * min(args.verbose, 2)
+    base = logging.INFO if args.command in LONG_RUNNING else logging.WARNING  # services log state changes
+    level = max(logging.DEBUG, base - 10 * args.verbose)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     from dprobe.data import DatasetError
 

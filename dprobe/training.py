@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -59,6 +60,7 @@ def evaluate_checkpoint(cfg: DictConfig, checkpoint: Path, out_dir: Path) -> dic
 
 def run(cfg: DictConfig) -> dict:
     """Train what the config enables; returns where the checkpoints and reports went."""
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # a library-internal deprecation, once a step
     pl.seed_everything(cfg.seed, workers=True)
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

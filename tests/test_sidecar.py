@@ -381,3 +381,33 @@ def test_threads_do_not_leak() -> None:
     sc.stop()
     time.sleep(0.1)
     assert threading.active_count() <= before + 1
+
+
+def test_engine_runs_a_trained_model_checkpoint(tmp_path: Path) -> None:
+    """A dprobe.pt checkpoint (trained on 57 s steps) serves a sidecar sampling every 10 s."""
+    from dprobe.data.windows import TaskSpec
+    from dprobe.forecasting.model import export_checkpoint
+    from dprobe.models.lightning_module import ForecasterModule
+
+    module = ForecasterModule(n_tasks=2, context_length=32, d_model=16, n_heads=2, n_layers=1)
+    specs = [TaskSpec("gpu_duty_cycle_pct", "alibaba-genai-2026", (5, 15, 30), 57.0, (), 4.0),
+             TaskSpec("gpu_memory_bytes", "alibaba-genai-2026", (5, 15, 30), 57.0, (), 1e9)]
+    path = export_checkpoint(module, specs, tmp_path / "dprobe.pt")
+    loaded = open_forecaster(str(path))
+    assert loaded.kind == "dprobe-forecaster" and loaded.checkpoint == str(path)
+    store = WindowStore(step=10.0, length=400)
+    for k in range(400):
+        store.add([Sample("pod-a", 10.0 * k, 20e9, 0.25), Sample("pod-b", 10.0 * k, 5e9 + 1e6 * k, 0.5)])
+    engine = ForecastEngine(store, loaded.forecaster, horizons=[60, 300, 900], stale_after=30, drop_after=60,
+                            clock=lambda: 3995.0)
+    snap = engine.cycle()
+    assert snap is not None and snap.targets == ("pod-a", "pod-b") and engine.errors_total == 0
+    mem, util = snap.quantiles["gpu_memory_bytes"], snap.quantiles["gpu_utilization_ratio"]
+    assert mem.shape == util.shape == (2, 3, len(QUANTILES))
+    # an untrained model forecasts the last value: the memory of pod-a, the utilisation of both
+    np.testing.assert_allclose(mem[0, :, 0], 20e9, rtol=1e-6)
+    assert (np.diff(mem, axis=-1) >= 0).all()
+    np.testing.assert_allclose(util[:, :, 0], [[0.25] * 3, [0.5] * 3], rtol=1e-6)
+    too_far = ForecastEngine(store, loaded.forecaster, horizons=[7200], stale_after=30, drop_after=60,
+                             clock=lambda: 3995.0)
+    assert too_far.cycle() is None and too_far.errors_total == 1  # beyond the trained leads: refused, counted
