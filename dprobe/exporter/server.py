@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,6 +19,14 @@ TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A scraper that hangs up mid-request is routine: log it at debug level, not as a traceback."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionResetError, BrokenPipeError, TimeoutError)):
+            log.debug("client %s went away: %s", client_address, exc)
+            return
+        super().handle_error(request, client_address)
     allow_reuse_address = True
     registry: CollectorRegistry
     state: ExporterState

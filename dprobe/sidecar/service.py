@@ -33,7 +33,7 @@ def build_sources(config: SidecarConfig) -> list[Source]:
         from dprobe.sources.nvml import nvml_available
 
         kind = "nvml" if nvml_available() else "replay"
-        log.warning("source auto: %s", "GPU found, reading NVML" if kind == "nvml"
+        log.info("source auto: %s", "GPU found, reading NVML" if kind == "nvml"
                     else f"no GPU found, replaying the bundled {config.replay_dataset} trace")
     if kind == "nvml":
         from dprobe.sources.nvml import NvmlSource, pod_of_cgroup, pod_of_pid
@@ -143,7 +143,7 @@ class Sidecar:
             self.server = ExporterServer(self.registry, self, self.config.listen_address, self.config.port,
                                          fast=lambda _reg: self.collector.render_text([self.forecast_seconds]))
             self.server.start()
-            log.warning("serving http://%s:%d/metrics (model %s, source %s)", self.config.listen_address,
+            log.info("serving http://%s:%d/metrics (model %s, source %s)", self.config.listen_address,
                         self.server.port, self.model.kind, ",".join(s.name for s in self.sources))
         for p in self.pollers:
             self._threads.append(p.start())
@@ -169,7 +169,7 @@ class Sidecar:
         """Run until SIGTERM / SIGINT; returns the exit code."""
 
         def _stop(signum: int, _frame: FrameType | None) -> None:
-            log.warning("received %s, shutting down", signal.Signals(signum).name)
+            log.info("received %s, shutting down", signal.Signals(signum).name)
             self.stop_event.set()
 
         signal.signal(signal.SIGTERM, _stop)
@@ -178,5 +178,5 @@ class Sidecar:
         while not self.stop_event.wait(1.0):
             pass
         self.stop()
-        log.warning("stopped")
+        log.info("stopped")
         return 0
