@@ -20,7 +20,7 @@ def _instantiate_dict(section: DictConfig | None) -> list:
 
 def train_forecaster(cfg: DictConfig, out_dir: Path) -> Path:
     """Fit the forecaster on ``cfg.data`` and write the inference checkpoint ``dprobe.pt``."""
-    from dprobe.forecasting.model import export_checkpoint
+    from dprobe.forecasting.model import export_checkpoint, select_point_sources
     from dprobe.models.lightning_module import ForecasterModule
 
     datamodule = instantiate(cfg.data, _convert_="all")
@@ -33,7 +33,11 @@ def train_forecaster(cfg: DictConfig, out_dir: Path) -> Path:
     if best and Path(best).is_file():
         model = ForecasterModule.load_from_checkpoint(best, weights_only=True)
         log.info("best epoch checkpoint: %s", best)
-    return export_checkpoint(model, datamodule.task_specs, out_dir / "dprobe.pt")
+    sources = select_point_sources(model, datamodule) if cfg.get("select_point", True) else None
+    if sources:
+        log.info("point forecast per task and lead (chosen on validation): %s",
+                 {t.name: s for t, s in zip(datamodule.task_specs, sources, strict=True)})
+    return export_checkpoint(model, datamodule.task_specs, out_dir / "dprobe.pt", point_sources=sources)
 
 
 def evaluate_checkpoint(cfg: DictConfig, checkpoint: Path, out_dir: Path) -> dict:

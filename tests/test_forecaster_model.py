@@ -154,3 +154,23 @@ def test_utilization_ratio_is_served_by_the_duty_cycle_task(tmp_path):
     f = model.predict(ForecastInput(values=ratio, metric="gpu_utilization_ratio", leads=(5,), step_seconds=60))
     np.testing.assert_allclose(f.point, [[0.4]])  # 20 % + one scale (20 %) = 40 % = 0.4
     assert model.max_horizon_seconds("gpu_utilization_ratio") == 30 * 60
+
+
+def test_point_source_is_chosen_on_validation_and_applied(tmp_path, small_helios_dir):
+    """An untrained model's p50 is the last value; where the window median does better on the
+    validation windows it is chosen instead, and the checkpoint's forecasts follow the choice."""
+    from dprobe.forecasting.model import select_point_sources
+    from dprobe.models.features import POINT_CANDIDATES
+
+    dm = SeriesDataModule([str(small_helios_dir)], context_length=32, val_samples=500)
+    dm.setup()
+    module = ForecasterModule(n_tasks=1, context_length=32, d_model=16, n_heads=2, n_layers=1)
+    sources = select_point_sources(module, dm)
+    assert len(sources) == 1 and len(sources[0]) == 3
+    assert set(sources[0]) <= set(POINT_CANDIDATES)
+    obj = torch.load(export_checkpoint(module, dm.task_specs, tmp_path / "m.pt",
+                                       point_sources=[["median_5", "model", "last_value"]]), weights_only=True)
+    model = ModelForecaster(obj)
+    values = np.array([[10.0] * 28 + [30.0, 12.0, 14.0, 11.0]])
+    f = model.predict(ForecastInput(values=values, metric="gpu_demand", leads=(6, 12, 24), step_seconds=300))
+    np.testing.assert_allclose(f.point, [[12.0, 11.0, 11.0]])  # median of the last 5; last value twice

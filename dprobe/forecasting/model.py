@@ -19,7 +19,7 @@ from dprobe import __version__
 from dprobe.data.windows import TaskSpec
 from dprobe.forecasting.base import Forecast, ForecastInput
 from dprobe.forecasting.loading import register_forecaster_loader
-from dprobe.models.features import make_features
+from dprobe.models.features import POINT_CANDIDATES, candidate_points, make_features
 
 KIND = "dprobe-forecaster"
 # metric asked for -> (task it can be served by, factor from the metric's units to the task's)
@@ -29,7 +29,39 @@ METRIC_ALIASES: dict[str, tuple[tuple[str, float], ...]] = {
 FORMAT = 1
 
 
-def export_checkpoint(module, tasks: list[TaskSpec], path: str | Path) -> Path:
+@torch.no_grad()
+def select_point_sources(module, datamodule) -> list[list[str]]:
+    """For each task and lead, the point forecast with the lowest MAE on the validation windows.
+
+    Candidates: the model's p50 and the simple forecasts of the window statistics (last value,
+    recent medians and means, EWMA; :data:`~dprobe.models.features.POINT_CANDIDATES`). The
+    choice is made on validation data only and stored in the checkpoint; the quantiles stay
+    the model's (re-sorted around the chosen point).
+    """
+    from dprobe.models.features import POINT_CANDIDATES, candidate_points
+
+    names = list(POINT_CANDIDATES)
+    module.eval()
+    errs: dict[int, list[np.ndarray]] = {}
+    for batch in datamodule.val_dataloader():
+        p50 = module(batch["x"], batch["s"], batch["task"])[..., 0].numpy()  # (B, H)
+        cands = candidate_points(batch["s"].numpy())  # (B, C)
+        points = np.concatenate([p50[:, None, :], np.repeat(cands[:, :, None], p50.shape[1], axis=2)], 1)
+        err = np.abs(points - batch["y"].numpy()[:, None, :])  # (B, 1 + C, H)
+        for k in np.unique(batch["task"].numpy()):
+            errs.setdefault(int(k), []).append(err[batch["task"].numpy() == k])
+    choice = []
+    for k in range(len(datamodule.tasks)):
+        if k not in errs:
+            choice.append(["model"] * module.hparams.n_leads)
+            continue
+        mae = np.nanmean(np.concatenate(errs[k]), axis=0)  # (1 + C, H)
+        choice.append([names[int(i)] for i in np.nanargmin(mae, axis=0)])
+    return choice
+
+
+def export_checkpoint(module, tasks: list[TaskSpec], path: str | Path,
+                      point_sources: list[list[str]] | None = None) -> Path:
     """Write what inference needs (no optimizer state, no pickled classes)."""
     hparams = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dict(module.hparams).items()}
     obj = {
@@ -38,6 +70,7 @@ def export_checkpoint(module, tasks: list[TaskSpec], path: str | Path) -> Path:
         "dprobe_version": __version__,
         "hparams": hparams,
         "tasks": [t.to_dict() for t in tasks],
+        "point_sources": point_sources or [["model"] * len(t.leads) for t in tasks],
         "state_dict": {k: v.detach().cpu() for k, v in module.state_dict().items()},
     }
     path = Path(path)
@@ -63,6 +96,7 @@ class ModelForecaster:
         self.module.eval().to(device)
         self.device = device
         self.tasks = [TaskSpec.from_dict(t) for t in obj["tasks"]]
+        self.point_sources = obj.get("point_sources") or [["model"] * len(t.leads) for t in self.tasks]
         self.context_length = int(hp["context_length"])
         self.quantile_levels = hp["quantiles"]
         self.version = obj.get("dprobe_version", "?")
@@ -103,6 +137,12 @@ class ModelForecaster:
         task = torch.full((len(x),), k, dtype=torch.long, device=self.device)
         q = self.module(torch.from_numpy(x).to(self.device), torch.from_numpy(stats).to(self.device), task)
         q = q.cpu().numpy().astype(np.float64)
+        names = list(POINT_CANDIDATES)
+        cands = candidate_points(stats)
+        for j, source in enumerate(self.point_sources[k]):
+            if source != "model":  # the validation-selected point forecast replaces the p50
+                q[:, j, 0] = cands[:, names.index(source) - 1]
+        q = np.sort(q, axis=-1)
         return last[:, None, None] + scale[:, None, None] * q
 
     def predict(self, batch: ForecastInput) -> Forecast:

@@ -15,6 +15,9 @@ import numpy as np
 
 N_COVARIATES = 4  # covariates are zero-padded (or cut) to this many channels
 N_STATS = 12  # summary statistics of the window, see window_stats
+# simple point forecasts among the statistics (column in window_stats; None: the last value, i.e. 0)
+POINT_CANDIDATES: dict[str, int | None] = {"model": -1, "last_value": None, "median_5": 0, "median_30": 1,
+                                           "mean_30": 2, "ewma": 3}
 
 
 def last_observed(values: np.ndarray) -> np.ndarray:
@@ -71,6 +74,13 @@ def window_stats(x: np.ndarray, last: np.ndarray, scale: np.ndarray) -> np.ndarr
             nanmedian_rows(x),
         ], axis=1)
     return np.clip(np.nan_to_num(stats, nan=0.0), -50, 50).astype(np.float32)
+
+
+def candidate_points(stats: np.ndarray) -> np.ndarray:
+    """``(B, N_STATS)`` -> ``(B, C)``: the simple point forecasts of :data:`POINT_CANDIDATES` but the model."""
+    cols = [np.zeros(len(stats)) if c is None else stats[:, c]
+            for name, c in POINT_CANDIDATES.items() if name != "model"]
+    return np.stack(cols, axis=1)
 
 
 def make_features(values: np.ndarray, covariates: np.ndarray | None, floor: float
