@@ -22,8 +22,8 @@ import torch
 
 def default_checkpoint(path: Path) -> Path:
     from dprobe.config import compose
-    from dprobe.data.windows import TaskSpec
     from dprobe.forecasting.model import export_checkpoint
+    from dprobe.forecasting.tasks import TaskSpec
     from dprobe.models.lightning_module import ForecasterModule
 
     cfg = compose()
@@ -52,18 +52,20 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     from dprobe.forecasting import ForecastInput, make_baseline
-    from dprobe.forecasting.loading import load_forecaster
+    from dprobe.forecasting.loading import load_forecaster, read_checkpoint
+    from dprobe.forecasting.model import export_onnx
 
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = args.checkpoint or default_checkpoint(Path(tmp) / "dprobe.pt")
         model = load_forecaster(str(ckpt))
+        onnx_model = load_forecaster(str(export_onnx(read_checkpoint(ckpt), Path(tmp) / "dprobe.onnx")))
     rng = np.random.default_rng(0)
     length = model.context_length
     one = ForecastInput(values=rng.random((1, length)) * 1e10, metric="gpu_memory_bytes", leads=(5, 15, 30),
                         step_seconds=57.0)
     many = ForecastInput(values=rng.random((1000, length)) * 1e10, metric="gpu_memory_bytes",
                          leads=(5, 15, 30), step_seconds=57.0)
-    rows = [("dprobe", model)] + [(n, make_baseline(n)) for n in ("last_value", "ewma")]
+    rows = [("dprobe", model), ("dprobe-onnx", onnx_model)] + [(n, make_baseline(n)) for n in ("last_value", "ewma")]
     print(f"context {length} steps, 3 leads, 3 quantiles, torch threads = {torch.get_num_threads()}")
     print(f"{'method':<12} {'1 target p50':>14} {'1 target p99':>14} {'1000 targets p50':>18}")
     results = {}
@@ -74,6 +76,7 @@ def main() -> None:
         print(f"{name:<12} {results[name][0] * 1e3:>11.2f} ms {results[name][1] * 1e3:>11.2f} ms "
               f"{results[name][2] * 1e3:>15.1f} ms")
     one_ms, _, many_s = results["dprobe"][0] * 1e3, None, results["dprobe"][2]
+    print("(dprobe: torch; dprobe-onnx: the same network exported to ONNX, as the sidecar runs it)")
     print(f"\ntarget: one target <= 5 ms: {one_ms:.2f} ms -> {'PASS' if one_ms <= 5 else 'over'}")
     print(f"target: 1,000 targets <= 0.5 s: {many_s:.3f} s -> {'PASS' if many_s <= 0.5 else 'over'}")
     print(f"ratio to the EWMA baseline (1000 targets): {many_s / results['ewma'][2]:.1f}x")

@@ -65,9 +65,9 @@ def config(**kw) -> SidecarConfig:
     return SidecarConfig(listen_address="127.0.0.1", port=0, **kw)
 
 
-def bench_cycle(n_targets: int, cycles: int) -> dict:
+def bench_cycle(n_targets: int, cycles: int, checkpoint: str | None = None) -> dict:
     src = SyntheticSource(n_targets)
-    sc = Sidecar(config(), sources=[src], model=open_forecaster(None, "ewma"))
+    sc = Sidecar(config(), sources=[src], model=open_forecaster(checkpoint, "ewma"))
     prefill(sc, src, sc.config.window_seconds, sc.config.sample_interval)
     times = []
     for _ in range(cycles):
@@ -80,10 +80,10 @@ def bench_cycle(n_targets: int, cycles: int) -> dict:
             "p99_ms": float(np.percentile(ms, 99)), "max_ms": float(ms.max())}
 
 
-def bench_live(n_targets: int, seconds: float, soak: float, churn: float) -> dict:
+def bench_live(n_targets: int, seconds: float, soak: float, churn: float, checkpoint: str | None = None) -> dict:
     src = ChurningSource(n_targets, churn) if soak else SyntheticSource(n_targets)
     cfg = config(drop_after=max(30.0, churn)) if soak else config()
-    sc = Sidecar(cfg, sources=[src], model=open_forecaster(None, "ewma"))
+    sc = Sidecar(cfg, sources=[src], model=open_forecaster(checkpoint, "ewma"))
     prefill(sc, SyntheticSource(n_targets), sc.config.window_seconds, sc.config.sample_interval)
     sc.start()
     try:
@@ -104,9 +104,9 @@ def bench_live(n_targets: int, seconds: float, soak: float, churn: float) -> dic
             "forecast_seconds_total": count}
 
 
-def bench_scrape(n_targets: int, scrapes: int) -> dict:
+def bench_scrape(n_targets: int, scrapes: int, checkpoint: str | None = None) -> dict:
     src = SyntheticSource(n_targets)
-    sc = Sidecar(config(), sources=[src], model=open_forecaster(None, "ewma"))
+    sc = Sidecar(config(), sources=[src], model=open_forecaster(checkpoint, "ewma"))
     prefill(sc, src, 600, 10.0)
     sc.store.add(src.poll(), src.name)
     sc.engine.cycle()
@@ -138,10 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scrape-targets", type=int, default=1000)
     p.add_argument("--scrapes", type=int, default=30)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--checkpoint", help="a trained dprobe.pt to forecast with (default: the EWMA baseline)")
     a = p.parse_args(argv)
-    cycle = bench_cycle(a.targets, a.cycles)
-    live = bench_live(a.targets, a.seconds, a.soak_seconds, a.churn_seconds)
-    scrape = bench_scrape(a.scrape_targets, a.scrapes)
+    cycle = bench_cycle(a.targets, a.cycles, a.checkpoint)
+    live = bench_live(a.targets, a.seconds, a.soak_seconds, a.churn_seconds, a.checkpoint)
+    scrape = bench_scrape(a.scrape_targets, a.scrapes, a.checkpoint)
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     checks = [
         ("forecast cycle p99 (ms)", cycle["p99_ms"], 100.0),

@@ -20,7 +20,8 @@ def _instantiate_dict(section: DictConfig | None) -> list:
 
 def train_forecaster(cfg: DictConfig, out_dir: Path) -> Path:
     """Fit the forecaster on ``cfg.data`` and write the inference checkpoint ``dprobe.pt``."""
-    from dprobe.forecasting.model import export_checkpoint, select_point_sources
+    from dprobe.forecasting.loading import read_checkpoint
+    from dprobe.forecasting.model import export_checkpoint, export_onnx, select_point_sources
     from dprobe.models.lightning_module import ForecasterModule
 
     datamodule = instantiate(cfg.data, _convert_="all")
@@ -37,7 +38,9 @@ def train_forecaster(cfg: DictConfig, out_dir: Path) -> Path:
     if sources:
         log.info("point forecast per task and lead (chosen on validation): %s",
                  {t.name: s for t, s in zip(datamodule.task_specs, sources, strict=True)})
-    return export_checkpoint(model, datamodule.task_specs, out_dir / "dprobe.pt", point_sources=sources)
+    path = export_checkpoint(model, datamodule.task_specs, out_dir / "dprobe.pt", point_sources=sources)
+    export_onnx(read_checkpoint(path), out_dir / "dprobe.onnx")  # for the sidecar: no torch needed
+    return path
 
 
 def evaluate_checkpoint(cfg: DictConfig, checkpoint: Path, out_dir: Path) -> dict:
@@ -94,6 +97,8 @@ def run(cfg: DictConfig) -> dict:
         summary["jobscale_report"] = js["report"]
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     print(f"\nForecaster checkpoint: {summary.get('checkpoint', '(not trained)')}")
+    if "checkpoint" in summary:
+        print(f"  for the sidecar:     {Path(summary['checkpoint']).with_suffix('.onnx')} (ONNX, no torch)")
     if "evaluation" in summary:
         print(f"Evaluation report:     {summary['evaluation']}")
     if "coldstart_checkpoint" in summary:

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from dprobe.data.windows import SeriesDataModule, TaskSpec
+from dprobe.data.windows import SeriesDataModule
 from dprobe.forecasting.base import ForecastInput
 from dprobe.forecasting.model import ModelForecaster, export_checkpoint
+from dprobe.forecasting.tasks import TaskSpec
 from dprobe.models.features import N_STATS, make_features, nanmedian_rows, window_stats
 from dprobe.models.forecaster import PatchForecaster, QuantileHead
 from dprobe.models.lightning_module import ForecasterModule, pinball_loss
@@ -174,3 +175,51 @@ def test_point_source_is_chosen_on_validation_and_applied(tmp_path, small_helios
     values = np.array([[10.0] * 28 + [30.0, 12.0, 14.0, 11.0]])
     f = model.predict(ForecastInput(values=values, metric="gpu_demand", leads=(6, 12, 24), step_seconds=300))
     np.testing.assert_allclose(f.point, [[12.0, 11.0, 11.0]])  # median of the last 5; last value twice
+
+
+def test_onnx_export_forecasts_like_the_torch_model_without_torch(tmp_path):
+    """dprobe.onnx (what the sidecar runs) gives the checkpoint's forecasts, loaded in a process without torch."""
+    import json
+    import subprocess
+    import sys
+
+    from dprobe.forecasting.loading import CheckpointError, open_forecaster, read_checkpoint
+    from dprobe.forecasting.model import export_onnx
+
+    module = ForecasterModule(n_tasks=2, context_length=32, d_model=16, n_heads=2, n_layers=1)
+    torch.manual_seed(0)
+    for p in module.parameters():
+        torch.nn.init.normal_(p, std=0.2)  # a non-trivial network
+    specs = [TaskSpec("gpu_demand", "helios-earth-vc", (6, 12, 24), 300.0, (), 1.0),
+             TaskSpec("gpu_duty_cycle_pct", "alibaba-genai-2026", (5, 15, 30), 60.0, (), 1.0)]
+    pt = export_checkpoint(module, specs, tmp_path / "m.pt", point_sources=[["model", "median_5", "model"],
+                                                                            ["model"] * 3])
+    onnx_path = export_onnx(read_checkpoint(pt), tmp_path / "m.onnx")
+    values = np.random.default_rng(0).uniform(0, 50, (6, 80))
+    values[0, -10:] = np.nan
+    batch = ForecastInput(values=values, metric="gpu_demand", leads=(3, 12, 24), step_seconds=300)
+    ref = open_forecaster(str(pt)).forecaster.predict(batch).quantiles
+    loaded = open_forecaster(str(onnx_path))
+    assert loaded.kind.endswith("(onnx)")
+    np.testing.assert_allclose(loaded.forecaster.predict(batch).quantiles, ref, rtol=1e-4, atol=1e-4)
+
+    code = ("import sys, json, numpy as np\n"
+            "from dprobe.forecasting.loading import load_forecaster\n"
+            "from dprobe.forecasting.base import ForecastInput\n"
+            f"m = load_forecaster({str(onnx_path)!r})\n"
+            "v = np.array(json.loads(sys.stdin.read()))\n"
+            "q = m.predict(ForecastInput(values=v, metric='gpu_demand', leads=(3, 12, 24), step_seconds=300))\n"
+            "print(json.dumps({'torch': 'torch' in sys.modules, 'q': q.quantiles.tolist()}))\n")
+    out = subprocess.run([sys.executable, "-c", code], input=json.dumps(np.nan_to_num(values, nan=-1).tolist()),
+                         capture_output=True, text=True, check=True, timeout=120)
+    result = json.loads(out.stdout)
+    assert result["torch"] is False
+    clean = np.nan_to_num(values, nan=-1)
+    expect = open_forecaster(str(pt)).forecaster.predict(
+        ForecastInput(values=clean, metric="gpu_demand", leads=(3, 12, 24), step_seconds=300)).quantiles
+    np.testing.assert_allclose(result["q"], expect, rtol=1e-4, atol=1e-4)
+
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(onnx_path.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match="broken.onnx"):
+        open_forecaster(str(broken))

@@ -385,8 +385,8 @@ def test_threads_do_not_leak() -> None:
 
 def test_engine_runs_a_trained_model_checkpoint(tmp_path: Path) -> None:
     """A dprobe.pt checkpoint (trained on 57 s steps) serves a sidecar sampling every 10 s."""
-    from dprobe.data.windows import TaskSpec
     from dprobe.forecasting.model import export_checkpoint
+    from dprobe.forecasting.tasks import TaskSpec
     from dprobe.models.lightning_module import ForecasterModule
 
     module = ForecasterModule(n_tasks=2, context_length=32, d_model=16, n_heads=2, n_layers=1)

@@ -99,9 +99,12 @@ def test_training_writes_checkpoint_that_evaluates(tmp_path, small_alibaba_dir, 
     from dprobe.forecasting.loading import load_forecaster
 
     model = load_forecaster(summary["checkpoint"])
+    onnx_model = load_forecaster(str(Path(summary["checkpoint"]).with_suffix(".onnx")))
     window = np.linspace(10, 20, 50)[None, :]
     f = model.predict(ForecastInput(values=window, metric="gpu_demand", leads=(6, 24), step_seconds=300))
     assert f.point.shape == (1, 2) and f.quantiles.shape == (1, 2, 3)
+    same = onnx_model.predict(ForecastInput(values=window, metric="gpu_demand", leads=(6, 24), step_seconds=300))
+    np.testing.assert_allclose(same.quantiles, f.quantiles, rtol=1e-4)
     assert np.all(np.diff(f.quantiles, axis=-1) >= 0)
     with pytest.raises(ValueError, match="trained for leads up to 24 steps"):
         model.predict(ForecastInput(values=window, metric="gpu_demand", leads=(30,), step_seconds=300))

@@ -1,5 +1,8 @@
 """Load the forecaster the services run: a trained checkpoint, or a baseline until one exists.
 
+A path ending in ``.onnx`` is a trained forecaster exported to ONNX (``python
+train.py`` writes ``dprobe.onnx`` beside ``dprobe.pt``), run with ONNX Runtime.
+
 A checkpoint is a ``torch.save``-d dict with at least ``"kind"`` (which loader
 in :data:`FORECASTER_LOADERS` rebuilds it) and ``"dprobe_version"``; it is
 read with ``weights_only=True`` (no code runs from the file).
@@ -83,9 +86,31 @@ def read_checkpoint(path: str | Path) -> dict:
     return ckpt
 
 
+def _load_onnx(path: Path) -> LoadedModel:
+    """A ``dprobe.onnx`` export, run with ONNX Runtime (torch is not imported)."""
+    from dprobe import __version__
+    from dprobe.forecasting.trained import OnnxForecaster
+
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path}: no such file")
+    try:
+        forecaster = OnnxForecaster(path)
+    except Exception as exc:  # onnxruntime raises its own types for damaged files
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise CheckpointError(f"checkpoint {path}: not a usable dprobe ONNX export "
+                              f"({type(exc).__name__}: {first})") from exc
+    if _major(forecaster.version) != _major(__version__):
+        raise CheckpointError(f"checkpoint {path}: written by dprobe {forecaster.version}, "
+                              f"incompatible with {__version__}")
+    return LoadedModel(forecaster, kind="dprobe-forecaster (onnx)", version=forecaster.version,
+                       checkpoint=str(path))
+
+
 def _load_checked(path: str | Path) -> LoadedModel:
     from dprobe import __version__
 
+    if Path(path).suffix == ".onnx":
+        return _load_onnx(Path(path))
     ckpt = read_checkpoint(path)
     kind, version = str(ckpt["kind"]), str(ckpt["dprobe_version"])
     if _major(version) != _major(__version__):

@@ -1,32 +1,29 @@
-"""The trained DProbe forecaster behind the :class:`Forecaster` interface, and its checkpoint format.
+"""The trained DProbe forecaster behind the :class:`Forecaster` interface, and its two file formats.
 
-A checkpoint is a plain dict (tensors, numbers, strings) that loads with
+``dprobe.pt`` is a plain dict (tensors, numbers, strings) that loads with
 ``torch.load(path, weights_only=True)``::
 
     {"kind": "dprobe-forecaster", "format": 1, "dprobe_version": ...,
      "hparams": {...ForecasterModule arguments...}, "tasks": [TaskSpec dicts],
-     "state_dict": {...}}
+     "point_sources": [[...] per task], "state_dict": {...}}
+
+``dprobe.onnx`` is the same network exported to ONNX, with everything but the
+weights in its metadata (``dprobe`` key, JSON). The sidecar runs it with ONNX
+Runtime, without importing torch (a fraction of the memory).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from dprobe import __version__
-from dprobe.data.windows import TaskSpec
-from dprobe.forecasting.base import Forecast, ForecastInput
 from dprobe.forecasting.loading import register_forecaster_loader
-from dprobe.models.features import POINT_CANDIDATES, candidate_points, make_features
-
-KIND = "dprobe-forecaster"
-# metric asked for -> (task it can be served by, factor from the metric's units to the task's)
-METRIC_ALIASES: dict[str, tuple[tuple[str, float], ...]] = {
-    "gpu_utilization_ratio": (("gpu_duty_cycle_pct", 100.0),),
-}
-FORMAT = 1
+from dprobe.forecasting.tasks import TaskSpec
+from dprobe.forecasting.trained import FORMAT, KIND, TrainedForecaster
 
 
 @torch.no_grad()
@@ -79,123 +76,62 @@ def export_checkpoint(module, tasks: list[TaskSpec], path: str | Path,
     return path
 
 
-class ModelForecaster:
-    """Forecasts with a trained :class:`ForecasterModule`; one task per metric it was trained on."""
+def network_from_checkpoint(obj: dict):
+    """The plain-torch network (no Lightning) of a ``dprobe.pt`` dict, in eval mode."""
+    from dprobe.models.forecaster import build_network
 
-    name = "dprobe"
+    if obj.get("format") != FORMAT:
+        raise ValueError(f"checkpoint format {obj.get('format')!r} is not supported (expected {FORMAT})")
+    net = build_network(**obj["hparams"])
+    prefix = "net."
+    net.load_state_dict({k[len(prefix):]: v for k, v in obj["state_dict"].items() if k.startswith(prefix)})
+    return net.eval()
+
+
+def export_onnx(obj: dict, path: str | Path) -> Path:
+    """Export a ``dprobe.pt`` dict's network to ONNX, with its metadata (all but the weights) inside."""
+    import io
+    import warnings
+
+    import onnx
+
+    net = network_from_checkpoint(obj)
+    hp = obj["hparams"]
+    from dprobe.models.features import N_COVARIATES, N_STATS
+
+    example = (torch.zeros(2, hp["context_length"], 2 + N_COVARIATES), torch.zeros(2, N_STATS),
+               torch.zeros(2, dtype=torch.long))
+    buf = io.BytesIO()
+    batch_axis = {0: "batch"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporter's notes on its own deprecation and on index ops
+        torch.onnx.export(net, example, buf, dynamo=False, input_names=["x", "stats", "task"],
+                          output_names=["quantiles"], opset_version=17,
+                          dynamic_axes={"x": batch_axis, "stats": batch_axis, "task": batch_axis,
+                                        "quantiles": batch_axis})
+    model = onnx.load_from_string(buf.getvalue())
+    meta = {k: obj[k] for k in ("kind", "format", "dprobe_version", "hparams", "tasks", "point_sources")
+            if k in obj}
+    entry = model.metadata_props.add()
+    entry.key, entry.value = "dprobe", json.dumps(meta)
+    path = Path(path)
+    onnx.save(model, str(path))
+    return path
+
+
+class ModelForecaster(TrainedForecaster):
+    """A ``dprobe.pt`` checkpoint run with torch (training, evaluation)."""
 
     def __init__(self, obj: dict, device: str = "cpu") -> None:
-        from dprobe.models.lightning_module import ForecasterModule
-
-        if obj.get("format") != FORMAT:
-            raise ValueError(f"checkpoint format {obj.get('format')!r} is not supported (expected {FORMAT})")
-        hp = dict(obj["hparams"])
-        hp["quantiles"] = tuple(hp.get("quantiles", (0.5, 0.9, 0.99)))
-        self.module = ForecasterModule(**hp)
-        self.module.load_state_dict(obj["state_dict"])
-        self.module.eval().to(device)
+        self.module = network_from_checkpoint(obj).to(device)
         self.device = device
-        self.tasks = [TaskSpec.from_dict(t) for t in obj["tasks"]]
-        self.point_sources = obj.get("point_sources") or [["model"] * len(t.leads) for t in self.tasks]
-        self.context_length = int(hp["context_length"])
-        self.quantile_levels = hp["quantiles"]
-        self.version = obj.get("dprobe_version", "?")
-
-    def task_for(self, metric: str, step_seconds: float | None = None) -> tuple[int, TaskSpec, float]:
-        """The task trained on ``metric`` (closest step if several) and the unit factor to its units.
-
-        ``gpu_utilization_ratio`` (0-1, what NVML / DCGM report) is served by a
-        task trained on ``gpu_duty_cycle_pct`` (percent) with a factor of 100.
-        """
-        names = [metric, *[task for task, _ in METRIC_ALIASES.get(metric, ())]]
-        for name in names:
-            matches = [(k, t) for k, t in enumerate(self.tasks) if t.name == name]
-            if matches:
-                factor = dict(METRIC_ALIASES.get(metric, ())).get(name, 1.0)
-                if step_seconds is None:
-                    return (*matches[0], factor)
-                k, t = min(matches, key=lambda kt: abs(np.log(kt[1].step_seconds / step_seconds)))
-                return k, t, factor
-        raise ValueError(f"this checkpoint forecasts {sorted({t.name for t in self.tasks})}, not {metric!r}")
-
-    def max_horizon_seconds(self, metric: str) -> float:
-        _, spec, _ = self.task_for(metric)
-        return max(spec.leads) * spec.step_seconds
+        self._setup(obj)
 
     @torch.no_grad()
-    def _predict_task(self, k: int, spec: TaskSpec, values: np.ndarray, cov: np.ndarray | None) -> np.ndarray:
-        """Quantiles at the task's own leads, in the task's units: ``(B, H_task, Q)``."""
-        n = self.context_length
-        if values.shape[1] < n:  # pad the left with gaps
-            values = np.concatenate([np.full((len(values), n - values.shape[1]), np.nan), values], 1)
-        values = values[:, -n:]
-        if cov is not None:
-            if cov.shape[1] < n:
-                cov = np.concatenate([np.full((len(cov), n - cov.shape[1], cov.shape[2]), np.nan), cov], 1)
-            cov = cov[:, -n:]
-        x, stats, last, scale = make_features(values, cov, spec.scale_floor)
-        task = torch.full((len(x),), k, dtype=torch.long, device=self.device)
-        q = self.module(torch.from_numpy(x).to(self.device), torch.from_numpy(stats).to(self.device), task)
-        q = q.cpu().numpy().astype(np.float64)
-        names = list(POINT_CANDIDATES)
-        cands = candidate_points(stats)
-        for j, source in enumerate(self.point_sources[k]):
-            if source != "model":  # the validation-selected point forecast replaces the p50
-                q[:, j, 0] = cands[:, names.index(source) - 1]
-        q = np.sort(q, axis=-1)
-        return last[:, None, None] + scale[:, None, None] * q
-
-    def predict(self, batch: ForecastInput) -> Forecast:
-        """Forecast at ``batch.leads`` (steps of ``batch.step_seconds``).
-
-        A window sampled more often than the task's step is averaged into blocks
-        of that step first; leads between the trained ones are interpolated
-        linearly (lead 0 being the last value). Horizons beyond the longest
-        trained lead are refused rather than extrapolated.
-        """
-        k, spec, factor = self.task_for(batch.metric, batch.step_seconds)
-        values = batch.values * factor
-        cov = batch.covariates if batch.covariates is not None and len(spec.covariates) else None
-        ratio = spec.step_seconds / batch.step_seconds
-        if ratio < 0.67:
-            raise ValueError(f"{batch.metric}: window sampled every {batch.step_seconds:g} s, coarser than the "
-                             f"model's step of {spec.step_seconds:g} s")
-        block = int(round(ratio))
-        if block > 1:
-            values = block_mean(values, block)
-            cov = None if cov is None else np.stack([block_mean(cov[..., c], block)
-                                                     for c in range(cov.shape[-1])], -1)
-        leads = np.asarray(batch.leads, dtype=float) * batch.step_seconds / spec.step_seconds
-        too_far = leads > max(spec.leads) * 1.0001
-        if too_far.any():
-            raise ValueError(f"{batch.metric}: trained for leads up to {max(spec.leads)} steps of "
-                             f"{spec.step_seconds:g} s ({max(spec.leads) * spec.step_seconds:g} s); asked for "
-                             f"{batch.leads[int(np.argmax(too_far))] * batch.step_seconds:g} s")
-        q = self._predict_task(k, spec, values, cov)
-        from dprobe.models.features import last_observed
-
-        last = last_observed(values)
-        grid = np.array([0.0, *spec.leads])
-        full = np.concatenate([np.repeat(last[:, None, None], q.shape[2], axis=2), q], axis=1)  # (B, 1+H, Q)
-        out = np.empty((len(values), len(leads), q.shape[2]))
-        for j, lead in enumerate(leads):
-            hi = int(np.searchsorted(grid, lead - 1e-9))
-            hi = min(max(hi, 1), len(grid) - 1)
-            w = (lead - grid[hi - 1]) / (grid[hi] - grid[hi - 1])
-            out[:, j] = (1 - w) * full[:, hi - 1] + w * full[:, hi]
-        out = np.sort(out, axis=-1) / factor
-        return Forecast(point=out[..., 0], quantiles=out, leads=batch.leads, quantile_levels=self.quantile_levels)
-
-
-def block_mean(values: np.ndarray, block: int) -> np.ndarray:
-    """Average the newest ``block``-sized groups of steps: ``(B, L)`` -> ``(B, L // block)`` (NaN-aware)."""
-    n = values.shape[1] // block
-    if n == 0:
-        return np.full((len(values), 1), np.nan)
-    tail = values[:, values.shape[1] - n * block :].reshape(len(values), n, block)
-    counts = (~np.isnan(tail)).sum(axis=2)
-    sums = np.nansum(tail, axis=2)
-    return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+    def _network(self, x: np.ndarray, stats: np.ndarray, task: np.ndarray) -> np.ndarray:
+        q = self.module(torch.from_numpy(x).to(self.device), torch.from_numpy(stats).to(self.device),
+                        torch.from_numpy(task).to(self.device))
+        return q.cpu().numpy()
 
 
 @register_forecaster_loader(KIND)

@@ -66,3 +66,16 @@ class PatchForecaster(nn.Module):
         pooled = torch.cat([h[:, 0], h[:, 1:].mean(dim=1)], dim=-1)  # [B, 2d]
         every = torch.stack([head(pooled, stats) for head in self.heads])  # [T, B, H, Q]
         return every[task, torch.arange(b, device=x.device)]
+
+
+def build_network(n_tasks: int, n_leads: int = 3, context_length: int = 128, patch_len: int = 16, stride: int = 8,
+                  d_model: int = 64, n_heads: int = 4, n_layers: int = 2, dropout: float = 0.1,
+                  quantiles: tuple[float, ...] = (0.5, 0.9, 0.99), use_graph: bool = False, d_graph: int = 0,
+                  **_training_only: object) -> PatchForecaster:
+    """The network of a ``ForecasterModule`` from its hyperparameters (training-only ones are ignored)."""
+    from dprobe.models.features import N_COVARIATES, N_STATS
+
+    return PatchForecaster(n_features=2 + N_COVARIATES, n_stats=N_STATS, context_length=context_length,
+                           n_tasks=n_tasks, n_leads=n_leads, n_quantiles=len(quantiles), patch_len=patch_len,
+                           stride=stride, d_model=d_model, n_heads=n_heads, n_layers=n_layers, dropout=dropout,
+                           d_cond=d_graph if use_graph else 0)

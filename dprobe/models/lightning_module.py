@@ -8,8 +8,7 @@ import torchmetrics
 from torch import Tensor
 
 from dprobe.forecasting.base import QUANTILES
-from dprobe.models.features import N_COVARIATES, N_STATS
-from dprobe.models.forecaster import PatchForecaster
+from dprobe.models.forecaster import build_network
 
 
 def pinball_loss(pred: Tensor, target: Tensor, levels: Tensor, weight: Tensor | None = None) -> Tensor:
@@ -35,10 +34,8 @@ class ForecasterModule(pl.LightningModule):
                  use_graph: bool = False, d_graph: int = 0) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.net = PatchForecaster(n_features=2 + N_COVARIATES, n_stats=N_STATS, context_length=context_length, n_tasks=n_tasks,
-                                   n_leads=n_leads, n_quantiles=len(quantiles), patch_len=patch_len,
-                                   stride=stride, d_model=d_model, n_heads=n_heads, n_layers=n_layers,
-                                   dropout=dropout, d_cond=d_graph if use_graph else 0)
+        self.net = build_network(n_tasks, n_leads, context_length, patch_len, stride, d_model, n_heads, n_layers,
+                                 dropout, quantiles, use_graph, d_graph)
         self.register_buffer("levels", torch.tensor(quantiles, dtype=torch.float32), persistent=False)
         self.val_mae = torchmetrics.MeanMetric()
 

@@ -1,0 +1,157 @@
+"""Forecasting with a trained network, independent of how the network is run.
+
+:class:`TrainedForecaster` holds what a checkpoint knows (tasks, leads, point
+sources) and turns windows into forecasts; subclasses only run the network:
+:class:`dprobe.forecasting.model.ModelForecaster` with torch,
+:class:`OnnxForecaster` with ONNX Runtime (no torch import: what the sidecar uses).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from dprobe.forecasting.base import Forecast, ForecastInput
+from dprobe.forecasting.tasks import TaskSpec
+from dprobe.models.features import POINT_CANDIDATES, candidate_points, last_observed, make_features
+
+KIND = "dprobe-forecaster"
+# metric asked for -> (task it can be served by, factor from the metric's units to the task's)
+METRIC_ALIASES: dict[str, tuple[tuple[str, float], ...]] = {
+    "gpu_utilization_ratio": (("gpu_duty_cycle_pct", 100.0),),
+}
+FORMAT = 1
+
+
+class TrainedForecaster:
+    """Forecasting logic shared by the torch and ONNX Runtime forecasters (``_network`` differs)."""
+
+    name = "dprobe"
+
+    def _setup(self, meta: dict) -> None:
+        hp = dict(meta["hparams"])
+        self.tasks = [TaskSpec.from_dict(t) for t in meta["tasks"]]
+        self.point_sources = meta.get("point_sources") or [["model"] * len(t.leads) for t in self.tasks]
+        self.context_length = int(hp["context_length"])
+        self.quantile_levels = tuple(hp.get("quantiles", (0.5, 0.9, 0.99)))
+        self.version = meta.get("dprobe_version", "?")
+
+    def _network(self, x: np.ndarray, stats: np.ndarray, task: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def task_for(self, metric: str, step_seconds: float | None = None) -> tuple[int, TaskSpec, float]:
+        """The task trained on ``metric`` (closest step if several) and the unit factor to its units.
+
+        ``gpu_utilization_ratio`` (0-1, what NVML / DCGM report) is served by a
+        task trained on ``gpu_duty_cycle_pct`` (percent) with a factor of 100.
+        """
+        names = [metric, *[task for task, _ in METRIC_ALIASES.get(metric, ())]]
+        for name in names:
+            matches = [(k, t) for k, t in enumerate(self.tasks) if t.name == name]
+            if matches:
+                factor = dict(METRIC_ALIASES.get(metric, ())).get(name, 1.0)
+                if step_seconds is None:
+                    return (*matches[0], factor)
+                k, t = min(matches, key=lambda kt: abs(np.log(kt[1].step_seconds / step_seconds)))
+                return k, t, factor
+        raise ValueError(f"this checkpoint forecasts {sorted({t.name for t in self.tasks})}, not {metric!r}")
+
+    def max_horizon_seconds(self, metric: str) -> float:
+        _, spec, _ = self.task_for(metric)
+        return max(spec.leads) * spec.step_seconds
+
+    def _predict_task(self, k: int, spec: TaskSpec, values: np.ndarray, cov: np.ndarray | None) -> np.ndarray:
+        """Quantiles at the task's own leads, in the task's units: ``(B, H_task, Q)``."""
+        n = self.context_length
+        if values.shape[1] < n:  # pad the left with gaps
+            values = np.concatenate([np.full((len(values), n - values.shape[1]), np.nan), values], 1)
+        values = values[:, -n:]
+        if cov is not None:
+            if cov.shape[1] < n:
+                cov = np.concatenate([np.full((len(cov), n - cov.shape[1], cov.shape[2]), np.nan), cov], 1)
+            cov = cov[:, -n:]
+        x, stats, last, scale = make_features(values, cov, spec.scale_floor)
+        q = self._network(x, stats, np.full(len(x), k, dtype=np.int64)).astype(np.float64)
+        names = list(POINT_CANDIDATES)
+        cands = candidate_points(stats)
+        for j, source in enumerate(self.point_sources[k]):
+            if source != "model":  # the validation-selected point forecast replaces the p50
+                q[:, j, 0] = cands[:, names.index(source) - 1]
+        q = np.sort(q, axis=-1)
+        return last[:, None, None] + scale[:, None, None] * q
+
+    def predict(self, batch: ForecastInput) -> Forecast:
+        """Forecast at ``batch.leads`` (steps of ``batch.step_seconds``).
+
+        A window sampled more often than the task's step is averaged into blocks
+        of that step first; leads between the trained ones are interpolated
+        linearly (lead 0 being the last value). Horizons beyond the longest
+        trained lead are refused rather than extrapolated.
+        """
+        k, spec, factor = self.task_for(batch.metric, batch.step_seconds)
+        values = batch.values * factor
+        cov = batch.covariates if batch.covariates is not None and len(spec.covariates) else None
+        ratio = spec.step_seconds / batch.step_seconds
+        if ratio < 0.67:
+            raise ValueError(f"{batch.metric}: window sampled every {batch.step_seconds:g} s, coarser than the "
+                             f"model's step of {spec.step_seconds:g} s")
+        block = int(round(ratio))
+        if block > 1:
+            values = block_mean(values, block)
+            cov = None if cov is None else np.stack([block_mean(cov[..., c], block)
+                                                     for c in range(cov.shape[-1])], -1)
+        leads = np.asarray(batch.leads, dtype=float) * batch.step_seconds / spec.step_seconds
+        too_far = leads > max(spec.leads) * 1.0001
+        if too_far.any():
+            raise ValueError(f"{batch.metric}: trained for leads up to {max(spec.leads)} steps of "
+                             f"{spec.step_seconds:g} s ({max(spec.leads) * spec.step_seconds:g} s); asked for "
+                             f"{batch.leads[int(np.argmax(too_far))] * batch.step_seconds:g} s")
+        q = self._predict_task(k, spec, values, cov)
+
+        last = last_observed(values)
+        grid = np.array([0.0, *spec.leads])
+        full = np.concatenate([np.repeat(last[:, None, None], q.shape[2], axis=2), q], axis=1)  # (B, 1+H, Q)
+        out = np.empty((len(values), len(leads), q.shape[2]))
+        for j, lead in enumerate(leads):
+            hi = int(np.searchsorted(grid, lead - 1e-9))
+            hi = min(max(hi, 1), len(grid) - 1)
+            w = (lead - grid[hi - 1]) / (grid[hi] - grid[hi - 1])
+            out[:, j] = (1 - w) * full[:, hi - 1] + w * full[:, hi]
+        out = np.sort(out, axis=-1) / factor
+        return Forecast(point=out[..., 0], quantiles=out, leads=batch.leads, quantile_levels=self.quantile_levels)
+
+
+class OnnxForecaster(TrainedForecaster):
+    """A ``dprobe.onnx`` export run with ONNX Runtime: the same forecasts without torch."""
+
+    def __init__(self, path: str | Path, threads: int = 1) -> None:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+        meta = self.session.get_modelmeta().custom_metadata_map.get("dprobe")
+        if meta is None:
+            raise ValueError(f"{path}: an ONNX model without dprobe metadata (not exported by dprobe)")
+        meta = json.loads(meta)
+        if meta.get("kind") != KIND or meta.get("format") != FORMAT:
+            raise ValueError(f"{path}: kind {meta.get('kind')!r} format {meta.get('format')!r} is not "
+                             f"{KIND!r} format {FORMAT}")
+        self._setup(meta)
+
+    def _network(self, x: np.ndarray, stats: np.ndarray, task: np.ndarray) -> np.ndarray:
+        return self.session.run(None, {"x": x, "stats": stats, "task": task})[0]
+
+
+def block_mean(values: np.ndarray, block: int) -> np.ndarray:
+    """Average the newest ``block``-sized groups of steps: ``(B, L)`` -> ``(B, L // block)`` (NaN-aware)."""
+    n = values.shape[1] // block
+    if n == 0:
+        return np.full((len(values), 1), np.nan)
+    tail = values[:, values.shape[1] - n * block :].reshape(len(values), n, block)
+    counts = (~np.isnan(tail)).sum(axis=2)
+    sums = np.nansum(tail, axis=2)
+    return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
