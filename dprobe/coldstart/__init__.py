@@ -1,9 +1,23 @@
-"""Cold-start job profiler: a training job's memory, utilisation and step time from its model alone."""
+"""Cold-start job profiler: a training job's memory, utilisation and step time from its model alone.
 
-from dprobe.coldstart.features import family_of
-from dprobe.coldstart.predict import predict_job
-from dprobe.coldstart.replay import ReplayEstimate, replay_training_step
-from dprobe.coldstart.train import cross_validate, train_coldstart
+Names are imported on first use, so that ``dprobe --help`` does not load torch.
+"""
 
-__all__ = ["ReplayEstimate", "cross_validate", "family_of", "predict_job", "replay_training_step",
-           "train_coldstart"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "family_of": "dprobe.coldstart.features",
+    "predict_job": "dprobe.coldstart.predict",
+    "ReplayEstimate": "dprobe.coldstart.replay", "replay_training_step": "dprobe.coldstart.replay",
+    "cross_validate": "dprobe.coldstart.train", "train_coldstart": "dprobe.coldstart.train",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'dprobe.coldstart' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
