@@ -21,7 +21,12 @@ def _instantiate_dict(section: DictConfig | None) -> list:
 def train_forecaster(cfg: DictConfig, out_dir: Path) -> Path:
     """Fit the forecaster on ``cfg.data`` and write the inference checkpoint ``dprobe.pt``."""
     from dprobe.forecasting.loading import read_checkpoint
-    from dprobe.forecasting.model import export_checkpoint, export_onnx, select_point_sources
+    from dprobe.forecasting.model import (
+        conformal_shifts,
+        export_checkpoint,
+        export_onnx,
+        select_point_sources,
+    )
     from dprobe.models.lightning_module import ForecasterModule
 
     datamodule = instantiate(cfg.data, _convert_="all")
@@ -38,7 +43,9 @@ def train_forecaster(cfg: DictConfig, out_dir: Path) -> Path:
     if sources:
         log.info("point forecast per task and lead (chosen on validation): %s",
                  {t.name: s for t, s in zip(datamodule.task_specs, sources, strict=True)})
-    path = export_checkpoint(model, datamodule.task_specs, out_dir / "dprobe.pt", point_sources=sources)
+    shifts = conformal_shifts(model, datamodule) if cfg.get("calibrate_quantiles", True) else None
+    path = export_checkpoint(model, datamodule.task_specs, out_dir / "dprobe.pt", point_sources=sources,
+                             quantile_shifts=shifts)
     export_onnx(read_checkpoint(path), out_dir / "dprobe.onnx")  # for the sidecar: no torch needed
     return path
 

@@ -223,3 +223,34 @@ def test_onnx_export_forecasts_like_the_torch_model_without_torch(tmp_path):
     broken.write_bytes(onnx_path.read_bytes()[:1000])
     with pytest.raises(CheckpointError, match="broken.onnx"):
         open_forecaster(str(broken))
+
+
+def test_conformal_shifts_make_validation_coverage_nominal(small_helios_dir, tmp_path):
+    """After the shifts, p90 / p99 cover 90 % / 99 % of the validation windows they were fitted on."""
+    from dprobe.forecasting.model import conformal_shifts
+
+    dm = SeriesDataModule([str(small_helios_dir)], context_length=32, val_samples=2000)
+    dm.setup()
+    module = ForecasterModule(n_tasks=1, context_length=32, d_model=16, n_heads=2, n_layers=1).eval()
+    shifts = np.asarray(conformal_shifts(module, dm)[0])  # (H, Q)
+    assert shifts.shape == (3, 3) and (shifts[:, 0] == 0).all()
+    ys, qs = [], []
+    with torch.no_grad():
+        for batch in dm.val_dataloader():
+            qs.append(module(batch["x"], batch["s"], batch["task"]).numpy() + shifts[None])
+            ys.append(batch["y"].numpy())
+    y, q = np.concatenate(ys), np.concatenate(qs)
+    ok = ~np.isnan(y)
+    for i, level in ((1, 0.9), (2, 0.99)):
+        cover = (y[ok] <= q[..., i][ok]).mean()
+        assert level - 0.01 <= cover <= level + 0.02
+    # the shifts travel in the checkpoint and move the forecaster's quantiles
+    spec = dm.task_specs
+    plain = ModelForecaster(torch.load(export_checkpoint(module, spec, tmp_path / "a.pt"), weights_only=True))
+    shifted = ModelForecaster(torch.load(export_checkpoint(module, spec, tmp_path / "b.pt",
+                                                           quantile_shifts=[shifts.tolist()]), weights_only=True))
+    values = np.linspace(5, 9, 40)[None]
+    batch = ForecastInput(values=values, metric="gpu_demand", leads=(6, 12, 24), step_seconds=300)
+    a, b = plain.predict(batch).quantiles, shifted.predict(batch).quantiles
+    np.testing.assert_allclose(a[..., 0], b[..., 0])  # the p50 is not shifted
+    assert not np.allclose(a[..., 2], b[..., 2])

@@ -5,7 +5,8 @@
 
     {"kind": "dprobe-forecaster", "format": 1, "dprobe_version": ...,
      "hparams": {...ForecasterModule arguments...}, "tasks": [TaskSpec dicts],
-     "point_sources": [[...] per task], "state_dict": {...}}
+     "point_sources": [[...] per task], "quantile_shifts": [per task [per lead [per quantile]]],
+     "state_dict": {...}}
 
 ``dprobe.onnx`` is the same network exported to ONNX, with everything but the
 weights in its metadata (``dprobe`` key, JSON). The sidecar runs it with ONNX
@@ -57,8 +58,41 @@ def select_point_sources(module, datamodule) -> list[list[str]]:
     return choice
 
 
+@torch.no_grad()
+def conformal_shifts(module, datamodule) -> list[list[list[float]]]:
+    """Per task, lead and quantile: the shift (window units) that makes validation coverage nominal.
+
+    Conformalised quantile regression, one-sided: for level a, the shift is the
+    a-quantile (finite-sample corrected) of ``y - q_a`` over the validation
+    windows, so ``q_a + shift`` covers a share a of them. The p50 gets no shift.
+    """
+    levels = np.asarray(module.hparams.quantiles, dtype=float)
+    scores: dict[int, list[np.ndarray]] = {}
+    module.eval()
+    for batch in datamodule.val_dataloader():
+        q = module(batch["x"], batch["s"], batch["task"]).numpy()  # (B, H, Q)
+        s = batch["y"].numpy()[..., None] - q
+        for k in np.unique(batch["task"].numpy()):
+            scores.setdefault(int(k), []).append(s[batch["task"].numpy() == k])
+    shifts = []
+    for k in range(len(datamodule.tasks)):
+        out = np.zeros((module.hparams.n_leads, len(levels)))
+        if k in scores:
+            sc = np.concatenate(scores[k])  # (N, H, Q)
+            for i, a in enumerate(levels):
+                if a == 0.5:
+                    continue
+                for j in range(sc.shape[1]):
+                    col = sc[:, j, i][~np.isnan(sc[:, j, i])]
+                    if len(col) >= 50:
+                        out[j, i] = float(np.quantile(col, min(1.0, a * (len(col) + 1) / len(col))))
+        shifts.append(out.tolist())
+    return shifts
+
+
 def export_checkpoint(module, tasks: list[TaskSpec], path: str | Path,
-                      point_sources: list[list[str]] | None = None) -> Path:
+                      point_sources: list[list[str]] | None = None,
+                      quantile_shifts: list[list[list[float]]] | None = None) -> Path:
     """Write what inference needs (no optimizer state, no pickled classes)."""
     hparams = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dict(module.hparams).items()}
     obj = {
@@ -68,6 +102,7 @@ def export_checkpoint(module, tasks: list[TaskSpec], path: str | Path,
         "hparams": hparams,
         "tasks": [t.to_dict() for t in tasks],
         "point_sources": point_sources or [["model"] * len(t.leads) for t in tasks],
+        "quantile_shifts": quantile_shifts or [],
         "state_dict": {k: v.detach().cpu() for k, v in module.state_dict().items()},
     }
     path = Path(path)
@@ -110,7 +145,8 @@ def export_onnx(obj: dict, path: str | Path) -> Path:
                           dynamic_axes={"x": batch_axis, "stats": batch_axis, "task": batch_axis,
                                         "quantiles": batch_axis})
     model = onnx.load_from_string(buf.getvalue())
-    meta = {k: obj[k] for k in ("kind", "format", "dprobe_version", "hparams", "tasks", "point_sources")
+    meta = {k: obj[k] for k in ("kind", "format", "dprobe_version", "hparams", "tasks", "point_sources",
+                                    "quantile_shifts")
             if k in obj}
     entry = model.metadata_props.add()
     entry.key, entry.value = "dprobe", json.dumps(meta)

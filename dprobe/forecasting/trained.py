@@ -34,6 +34,7 @@ class TrainedForecaster:
         hp = dict(meta["hparams"])
         self.tasks = [TaskSpec.from_dict(t) for t in meta["tasks"]]
         self.point_sources = meta.get("point_sources") or [["model"] * len(t.leads) for t in self.tasks]
+        self.quantile_shifts = [np.asarray(s, dtype=float) for s in meta.get("quantile_shifts") or []]
         self.context_length = int(hp["context_length"])
         self.quantile_levels = tuple(hp.get("quantiles", (0.5, 0.9, 0.99)))
         self.version = meta.get("dprobe_version", "?")
@@ -74,6 +75,8 @@ class TrainedForecaster:
             cov = cov[:, -n:]
         x, stats, last, scale = make_features(values, cov, spec.scale_floor)
         q = self._network(x, stats, np.full(len(x), k, dtype=np.int64)).astype(np.float64)
+        if self.quantile_shifts:  # conformal calibration on the validation windows
+            q = q + self.quantile_shifts[k][None, : q.shape[1], :]
         names = list(POINT_CANDIDATES)
         cands = candidate_points(stats)
         for j, source in enumerate(self.point_sources[k]):
