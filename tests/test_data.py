@@ -498,3 +498,35 @@ def test_detect_unknown(tmp_path: Path) -> None:
         detect_dataset(missing)
     with pytest.raises(DatasetError, match="does-not-exist"):
         load_series_dataset(missing)
+
+
+def test_job_logs_refuse_fractional_gpus_and_missing_durations(tmp_path):
+    from dprobe.data import DatasetError, load_itp, load_philly
+
+    itp = tmp_path / "itp"
+    itp.mkdir()
+    (itp / "cluster01.csv").write_text("job_id,submission_time,duration,num_gpu\na,0,10,1\nb,5,20,1.5\n")
+    with pytest.raises(DatasetError, match=r"cluster01.csv: column 'num_gpu' must be a whole number.*row 3"):
+        load_itp(itp)
+    philly = tmp_path / "philly"
+    philly.mkdir()
+    (philly / "philly.csv").write_text("timestamp,duration,num_gpus,gpu_time,cluster\n"
+                                       "2017-10-09 07:01:55,,1,66.0,vc1\n")
+    with pytest.raises(DatasetError, match=r"philly.csv: column 'duration' has no value at row 2"):
+        load_philly(philly)
+
+
+def test_helios_quota_must_be_numeric(tmp_path, small_helios_dir):
+    import shutil
+
+    from dprobe.data import DatasetError, load_helios
+
+    d = tmp_path / "helios"
+    shutil.copytree(small_helios_dir, d)
+    text = (d / "Earth_gpu_number.csv").read_text().splitlines()
+    cells = text[2].split(",")
+    cells[1] = "lots"
+    text[2] = ",".join(cells)
+    (d / "Earth_gpu_number.csv").write_text("\n".join(text) + "\n")
+    with pytest.raises(DatasetError, match=r"Earth_gpu_number.csv: column .* must be numeric; row 3"):
+        load_helios(d)

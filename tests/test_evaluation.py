@@ -198,3 +198,13 @@ def test_markdown_report(ramp_result: EvalResult) -> None:
     for name in BASELINES:
         assert f"| {name} |" in text
     assert "**" in text and "Time per method" in text
+
+
+def test_json_report_is_strict_json():
+    import json
+
+    from dprobe.evaluation.harness import EvalResult
+
+    result = EvalResult(dataset="d", rows=[{"method": "m", "mae": float("nan"), "mase": float("inf"), "n": 3}])
+    text = json.dumps(result.to_json(), allow_nan=False)
+    assert json.loads(text)["rows"][0] == {"method": "m", "mae": None, "mase": None, "n": 3}

@@ -58,10 +58,10 @@ def load_helios(directory: str | Path) -> SeriesDataset:
     quota_path = directory / QUOTA_FILE
     frame["quota_gpus"] = float("nan")
     if quota_path.is_file():
-        quota = read_csv(quota_path, ["date"])
+        header = pd.read_csv(quota_path, nrows=0).columns
+        quota = read_csv(quota_path, ["date"], numeric=[c for c in header if c != "date"])
         quota["date"] = pd.to_datetime(quota["date"], errors="coerce")
         long = quota.melt(id_vars="date", var_name="unique_id", value_name="quota_gpus").dropna(subset=["date"])
-        long["quota_gpus"] = pd.to_numeric(long["quota_gpus"], errors="coerce")
         frame["date"] = frame["ds"].dt.floor("D")
         frame = frame.drop(columns="quota_gpus").merge(
             long.rename(columns={"date": "date"}), on=["unique_id", "date"], how="left"

@@ -11,11 +11,22 @@ from dprobe.data.common import DatasetError, find_file, read_csv
 JOB_COLUMNS = ["job_id", "cluster", "submit_time", "duration", "num_gpus"]
 
 
-def _gpu_counts(path: Path, values: pd.Series, column: str) -> pd.Series:
-    """GPU counts as int; a clear error naming the file, column and row where one is missing."""
+def _require(path: Path, values: pd.Series, column: str) -> pd.Series:
+    """The column, or a clear error naming the file, column and row where a value is missing."""
     if values.isna().any():
         row = int(values.isna().to_numpy().argmax())
         raise DatasetError(f"{path}: column {column!r} has no value at row {row + 2}")
+    return values
+
+
+def _gpu_counts(path: Path, values: pd.Series, column: str) -> pd.Series:
+    """GPU counts as int: present, whole and positive, else an error naming file, column and row."""
+    values = _require(path, values, column)
+    bad = (values != values.round()) | (values < 1)
+    if bad.any():
+        row = int(bad.to_numpy().argmax())
+        raise DatasetError(f"{path}: column {column!r} must be a whole number of GPUs >= 1; "
+                           f"row {row + 2} has {values.iloc[row]!r}")
     return values.astype(int)
 
 
@@ -31,7 +42,7 @@ def load_philly(directory: str | Path) -> pd.DataFrame:
         "job_id": [f"philly-{i}" for i in range(len(df))],
         "cluster": df["cluster"].astype(str),
         "submit_time": (ts - ts.min()).dt.total_seconds(),
-        "duration": df["duration"],
+        "duration": _require(path, df["duration"], "duration"),
         "num_gpus": _gpu_counts(path, df["num_gpus"], "num_gpus"),
     })
     return out.sort_values("submit_time", ignore_index=True)
@@ -50,8 +61,8 @@ def load_itp(directory: str | Path) -> pd.DataFrame:
         parts.append(pd.DataFrame({
             "job_id": df["job_id"].astype(str),
             "cluster": path.name.split(".")[0],
-            "submit_time": df["submission_time"].astype(float),
-            "duration": df["duration"].astype(float),
+            "submit_time": _require(path, df["submission_time"], "submission_time").astype(float),
+            "duration": _require(path, df["duration"], "duration").astype(float),
             "num_gpus": _gpu_counts(path, df["num_gpu"], "num_gpu"),
         }))
     return pd.concat(parts, ignore_index=True).sort_values("submit_time", ignore_index=True)

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     if not result.rows:
         raise ValueError(f"{args.data}: no series long enough to evaluate (need {cfg.min_length} points)")
     if args.json:
-        json.dump(result.to_json(), sys.stdout)
+        json.dump(result.to_json(), sys.stdout, allow_nan=False)
         sys.stdout.write("\n")
     else:
         print(markdown_table(result))

@@ -59,7 +59,12 @@ class EvalResult:
     test_start: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return {"dataset": self.dataset, "rows": self.rows, "seconds": self.seconds}
+        """Strict-JSON ready: NaN or infinite figures (e.g. MASE of series that never move) become None."""
+        def clean(v: object) -> object:
+            return None if isinstance(v, float) and not np.isfinite(v) else v
+
+        rows = [{k: clean(v) for k, v in r.items()} for r in self.rows]
+        return {"dataset": self.dataset, "rows": rows, "seconds": self.seconds}
 
 
 def _baseline_for(name: str, ds: SeriesDataset, cfg: EvalConfig, test_start: int) -> PathBaseline:
