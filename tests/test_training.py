@@ -142,3 +142,24 @@ def test_ddp_spawn_two_processes(tmp_path, small_helios_dir):
     summary = run(cfg)
     ckpt = torch.load(summary["checkpoint"], weights_only=True)
     assert ckpt["tasks"][0]["name"] == "gpu_demand"
+
+
+@pytest.mark.parametrize("group", ["data", "trainer", "logger", "callbacks", "model"])
+def test_every_option_of_every_group_composes(group, tmp_path):
+    """Each config file of each group composes with the defaults and instantiates its target(s)."""
+    from hydra.utils import instantiate
+
+    for option in sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml")):
+        cfg = compose([f"{group}={option}", f"paths.output_dir={tmp_path}"])
+        section = cfg[group]
+        assert section, f"{group}={option} is empty"
+        if group == "trainer" and section.accelerator == "gpu":
+            continue  # needs a GPU to instantiate
+        if group == "model":
+            assert instantiate(section, n_tasks=2).net is not None
+        elif group == "data":
+            assert all(str(d).startswith(str(CONFIG_DIR.parent)) for d in section.datasets)
+        elif "_target_" in section:
+            instantiate(section)
+        else:
+            [instantiate(c) for c in section.values()]

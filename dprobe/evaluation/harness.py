@@ -82,33 +82,29 @@ def _baseline_forecasts(b: PathBaseline, y: np.ndarray, leads: tuple[int, ...],
 def _model_forecasts(model: Forecaster, ds: SeriesDataset, target: str, series: dict[str, np.ndarray],
                      covs: dict[str, np.ndarray], origins: dict[str, np.ndarray],
                      batch_size: int) -> dict[str, SeriesForecasts]:
-    """Call ``model`` on the windows ending at each origin, batched across series."""
+    """Call ``model`` on the windows ending at each origin, one series at a time in batches.
+
+    Windows are strided views of the series (no copy), so memory stays bounded by one batch.
+    """
     context = int(getattr(model, "context_length", 256))
-    windows, cov_windows, owners = [], [], []
+    out = {}
     for uid, y in series.items():
         o = origins[uid]
-        padded = np.concatenate([np.full(context - 1, np.nan), y])
-        windows.append(sliding_window_view(padded, context)[o])
+        windows = sliding_window_view(np.concatenate([np.full(context - 1, np.nan), y]), context)
+        cov_windows = None
         if covs:
             c = covs[uid]
-            cp = np.concatenate([np.full((context - 1, c.shape[1]), np.nan), c])
-            cov_windows.append(sliding_window_view(cp, context, axis=0)[o].transpose(0, 2, 1))
-        owners.append((uid, len(o)))
-    values = np.concatenate(windows)
-    cov_all = np.concatenate(cov_windows) if cov_windows else None
-    points, quants = [], []
-    for s in range(0, len(values), batch_size):
-        batch = ForecastInput(values=values[s : s + batch_size], metric=target, leads=ds.lead_steps,
-                              step_seconds=ds.freq.total_seconds(),
-                              covariates=None if cov_all is None else cov_all[s : s + batch_size])
-        f = model.predict(batch)
-        points.append(f.point)
-        quants.append(f.quantiles)
-    point, quant = np.concatenate(points), np.concatenate(quants)
-    out, pos = {}, 0
-    for uid, n in owners:
-        out[uid] = SeriesForecasts(origins=origins[uid], point=point[pos : pos + n], quantiles=quant[pos : pos + n])
-        pos += n
+            padded = np.concatenate([np.full((context - 1, c.shape[1]), np.nan), c])
+            cov_windows = sliding_window_view(padded, context, axis=0).transpose(0, 2, 1)  # (T, L, C)
+        points, quants = [], []
+        for s in range(0, len(o), batch_size):
+            idx = o[s : s + batch_size]
+            f = model.predict(ForecastInput(values=windows[idx], metric=target, leads=ds.lead_steps,
+                                            step_seconds=ds.freq.total_seconds(),
+                                            covariates=None if cov_windows is None else cov_windows[idx]))
+            points.append(f.point)
+            quants.append(f.quantiles)
+        out[uid] = SeriesForecasts(origins=o, point=np.concatenate(points), quantiles=np.concatenate(quants))
     return out
 
 
