@@ -9,9 +9,12 @@ utilisation). Three ways to predict are compared, leave-model-family-out:
 - ``persist``: the plateau is the largest memory seen so far, utilisation stays at its mean;
 - ``no_graph``: a learned model of the first second and the job's static features
   (batch, precision, optimizer);
-- ``graph``: the same plus the graph-derived features of the cold-start profiler (replayed
-  allocator peak, FLOPs, roofline times; :mod:`dprobe.coldstart`) and a GNN embedding of the
-  model graph.
+- ``graph``: memory from the model graph: the plateau is the larger of what the first second
+  showed and the cold-start profiler's device-memory estimate (the training step replayed on
+  the graph, plus the CUDA context; :mod:`dprobe.coldstart`), with quantiles from the same
+  rule's errors on the training runs; utilisation from the learned model given the
+  graph-derived features too (replayed allocator peak, FLOPs, roofline time; optionally a GNN
+  embedding of the graph).
 """
 
 from __future__ import annotations
@@ -92,13 +95,14 @@ def load_job_dataset(data_dir: str, cache_dir: str | Path, with_graphs: bool = T
     if not ids:
         raise ValueError(f"{data_dir}: no run has {FIRST_SECONDS:g} s of samples and more after it")
     out = {"obs": np.array(obs), "y": np.array(ys), "families": fams, "run_ids": ids,
-           "graphs": None, "graph_feats": None}
+           "graphs": None, "graph_feats": None, "device_estimate": None}
     if graph_ds is not None:
         from dprobe.coldstart.features import FEATURES
 
         cols = [FEATURES.index(f) for f in GRAPH_FEATURES]
         out["graphs"] = [graph_ds["graphs"][i] for i in keep]
         out["graph_feats"] = graph_ds["feats"][keep][:, cols]
+        out["device_estimate"] = graph_ds["base"][keep, 1]  # replayed reserved memory + CUDA context
     return out
 
 
@@ -106,6 +110,17 @@ def persist(obs: np.ndarray) -> np.ndarray:
     """The plateau is the largest memory seen so far; utilisation stays at its first-second mean."""
     return np.stack([np.exp(obs[:, OBS_FEATURES.index("log_mem_max")]), obs[:, OBS_FEATURES.index("util_mean")]],
                     axis=1)
+
+
+def graph_anchor(ds: dict[str, Any], idx: np.ndarray) -> np.ndarray:
+    """Memory plateau from the graph: the larger of the memory seen so far and the replayed estimate."""
+    return np.maximum(persist(ds["obs"][idx])[:, 0], ds["device_estimate"][idx])
+
+
+def fit_memory_quantiles(ds: dict[str, Any], idx: np.ndarray) -> np.ndarray:
+    """Empirical quantiles (``LEVELS``) of log(plateau / graph anchor) over the runs ``idx``."""
+    r = np.log(ds["y"][idx, 0] / graph_anchor(ds, idx))
+    return np.quantile(r, LEVELS)
 
 
 def to_residual(y: np.ndarray, obs: np.ndarray) -> np.ndarray:
@@ -203,6 +218,9 @@ def cross_validate(ds: dict[str, Any], epochs: int = 300, seed: int = 0,
         for variant in variants[1:]:
             net = fit(ds, train, variant, epochs, seed, graph_dim=graph_dim)
             preds[variant][test] = predict(net, ds, test, variant)
+            if variant == "graph":  # memory: the graph rule, its quantiles from the training runs' errors
+                offsets = fit_memory_quantiles(ds, train)
+                preds[variant][test, 0] = graph_anchor(ds, test)[:, None] * np.exp(offsets)[None, :]
     result = {v: scores(ds["y"], preds[v]) for v in variants}
     result["persist"].pop("p90_coverage", None)
     result["persist"].pop("p99_coverage", None)
@@ -239,7 +257,9 @@ def train_jobscale(data_dir: str, out_dir: str, use_graph: bool = True, epochs: 
     ckpt = {"kind": KIND, "format": 1, "variant": variant, "obs_features": OBS_FEATURES,
             "n_features": int(_inputs(ds, np.arange(1), variant).shape[1]),
             "graph_dim": int(net.encoder.out.out_features) if net.encoder is not None else 0,
-            "state_dict": {k: v.detach().clone() for k, v in net.state_dict().items()}, "cv": result}
+            "state_dict": {k: v.detach().clone() for k, v in net.state_dict().items()}, "cv": result,
+            "memory_log_offsets": (fit_memory_quantiles(ds, np.arange(len(ds["run_ids"]))).tolist()
+                                   if variant == "graph" else None)}
     torch.save(ckpt, out / "jobscale.pt")
     return {"checkpoint": str(out / "jobscale.pt"), "report": str(out / "report.md"), "table": table,
             "metrics": result}

@@ -73,13 +73,27 @@ def test_graph_variant_with_gnn_trains_and_saves(tmp_path, monkeypatch):
     obs[:, 2] = rng.uniform(0.1, 0.9, n)
     ds = {"obs": obs, "y": np.stack([np.exp(obs[:, 1]) * 1.2, obs[:, 2]], axis=1),
           "families": [f"f{i % 3}" for i in range(n)], "run_ids": [str(i) for i in range(n)],
-          "graphs": [g] * n, "graph_feats": rng.normal(size=(n, 5))}
+          "graphs": [g] * n, "graph_feats": rng.normal(size=(n, 5)),
+          "device_estimate": np.exp(obs[:, 1]) * rng.uniform(0.8, 1.4, n)}
     monkeypatch.setattr(js, "load_job_dataset", lambda *a, **k: ds)
     out = js.train_jobscale("unused", str(tmp_path), use_graph=True, epochs=5, graph_dim=4)
     assert set(out["metrics"]) == {"persist", "no_graph", "graph"}
     ckpt = torch.load(out["checkpoint"], weights_only=True)
     assert ckpt["kind"] == js.KIND and ckpt["variant"] == "graph" and ckpt["graph_dim"] == 4
+    assert len(ckpt["memory_log_offsets"]) == len(js.LEVELS)
     net = js.JobScaleNet(ckpt["n_features"], graph_dim=ckpt["graph_dim"])
     net.load_state_dict(ckpt["state_dict"])
     q = js.predict(net.eval(), ds, np.arange(2), "graph")
     assert q.shape == (2, 2, 3) and (np.diff(q, axis=-1) >= 0).all()
+
+
+def test_graph_memory_rule_by_hand():
+    """Graph variant memory: max(seen so far, replayed estimate), quantiles from training errors."""
+    obs = np.zeros((4, len(js.OBS_FEATURES)))
+    obs[:, 1] = np.log(np.array([2.0, 6.0, 3.0, 5.0]) * GIB)
+    ds = {"obs": obs, "device_estimate": np.array([4.0, 5.0, 3.5, 5.0]) * GIB,
+          "y": np.array([[4.0, 0.5], [6.6, 0.5], [3.5, 0.5], [5.5, 0.5]]) * np.array([GIB, 1.0])}
+    np.testing.assert_allclose(js.graph_anchor(ds, np.arange(4)) / GIB, [4.0, 6.0, 3.5, 5.0])
+    offsets = js.fit_memory_quantiles(ds, np.arange(4))
+    residuals = np.log(np.array([1.0, 1.1, 1.0, 1.1]))
+    np.testing.assert_allclose(offsets, np.quantile(residuals, js.LEVELS))

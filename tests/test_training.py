@@ -61,7 +61,8 @@ def test_every_experiment_composes_and_runs_fast_dev_run(exp, tmp_path, small_al
             ids = list(load_h200_profiles(data_dir).train_runs()["run_id"])
             g = graph_to_data(build_model_graph("torchvision:resnet18", batch=2, image=32))
             feats = np.random.default_rng(0).normal(size=(len(ids), len(FEATURES)))
-            return {"graphs": [g] * len(ids), "feats": feats, "run_ids": ids}
+            base = np.full((len(ids), 4), 4e9)  # analytical estimates: peak, device memory, util, step time
+            return {"graphs": [g] * len(ids), "feats": feats, "run_ids": ids, "base": base}
 
         monkeypatch.setattr(cs_train, "load_dataset", fake_dataset)
     summary = run(cfg)
