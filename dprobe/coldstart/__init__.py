@@ -1,12 +1,6 @@
-"""Cold-start job profiler: a training job's memory, utilisation and step time from its model alone.
+"""Cold-start job profiler: a training job's memory, utilisation and step time from its model alone."""
 
-Names are imported on first use, so that ``dprobe --help`` does not load torch.
-"""
-
-from __future__ import annotations
-
-import importlib
-from typing import Any
+from dprobe.lazy import lazy_exports
 
 _EXPORTS = {
     "family_of": "dprobe.coldstart.features",
@@ -15,9 +9,4 @@ _EXPORTS = {
     "cross_validate": "dprobe.coldstart.train", "train_coldstart": "dprobe.coldstart.train",
 }
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'dprobe.coldstart' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -1,12 +1,6 @@
-"""Model graphs: turn a model (nn.Module, ONNX file or zoo name) into a portable ModelGraph.
+"""Model graphs: turn a model (nn.Module, ONNX file or zoo name) into a portable ModelGraph."""
 
-Names are imported on first use, so that ``dprobe --help`` does not load torch.
-"""
-
-from __future__ import annotations
-
-import importlib
-from typing import Any
+from dprobe.lazy import lazy_exports
 
 _EXPORTS = {
     "build_model_graph": "dprobe.graph.build",
@@ -17,9 +11,4 @@ _EXPORTS = {
     "ModelSpec": "dprobe.graph.zoo", "parse_spec": "dprobe.graph.zoo",
 }
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'dprobe.graph' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)
