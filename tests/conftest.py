@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -38,3 +40,28 @@ def small_helios_dir(tmp_path_factory) -> Path:
         df.head(4 * 24 * 60).to_csv(out / vc, index=False)
     shutil.copy(src / "Earth_gpu_number.csv", out / "Earth_gpu_number.csv")
     return out
+
+
+AlibabaRows = dict[str, list[tuple[float, float, float]]]
+
+
+def write_alibaba_layout(directory: Path, pods: AlibabaRows) -> Path:
+    """An alibaba-genai-2026 layout: pod -> [(t seconds, duty %, memory bytes)] on the 57 s grid."""
+    directory.mkdir(parents=True, exist_ok=True)
+    duty = ["value,timestamp_anon,container_ip"]
+    mem = ["value,timestamp_anon,container_ip"]
+    for pod, rows in pods.items():
+        for t, d, m in rows:
+            duty.append(f"{d},{1_000_000 + t},{pod}")
+            mem.append(f"{m},{1_000_000 + t},{pod}")
+    for name, lines in (("pod_gpu_duty_cycle_anon", duty), ("pod_gpu_memory_used_bytes_anon", mem),
+                        ("qps", ["timestamp_anon,value,container_ip,request_type", "1000000,1,,api"])):
+        with gzip.open(directory / f"{name}.csv.gz", "wt") as f:
+            f.write("\n".join(lines) + "\n")
+    return directory
+
+
+@pytest.fixture
+def alibaba_layout() -> Callable[[Path, AlibabaRows], Path]:
+    """Writes a small alibaba-genai-2026 directory from per-pod rows (see :func:`write_alibaba_layout`)."""
+    return write_alibaba_layout

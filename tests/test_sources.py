@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import threading
 import time
@@ -248,24 +247,8 @@ def test_pod_of_cgroup() -> None:
 
 
 # replay -----------------------------------------------------------------------------------------
-def write_alibaba_fixture(directory: Path, pods: dict[str, list[tuple[float, float, float]]]) -> Path:
-    """An alibaba-genai-2026 layout: pod -> [(t seconds, duty %, memory bytes)] on the 57 s grid."""
-    directory.mkdir(parents=True, exist_ok=True)
-    duty = ["value,timestamp_anon,container_ip"]
-    mem = ["value,timestamp_anon,container_ip"]
-    for pod, rows in pods.items():
-        for t, d, m in rows:
-            duty.append(f"{d},{1_000_000 + t},{pod}")
-            mem.append(f"{m},{1_000_000 + t},{pod}")
-    for name, lines in (("pod_gpu_duty_cycle_anon", duty), ("pod_gpu_memory_used_bytes_anon", mem),
-                        ("qps", ["timestamp_anon,value,container_ip,request_type", "1000000,1,,api"])):
-        with gzip.open(directory / f"{name}.csv.gz", "wt") as f:
-            f.write("\n".join(lines) + "\n")
-    return directory
-
-
-def test_replay_alibaba_layout(tmp_path: Path) -> None:
-    path = write_alibaba_fixture(tmp_path / "trace", {
+def test_replay_alibaba_layout(tmp_path: Path, alibaba_layout) -> None:
+    path = alibaba_layout(tmp_path / "trace", {
         "podA": [(i * 57.0, 10.0 * i, 1e9 * (i + 1)) for i in range(10)],
         "podB": [(i * 57.0, 50.0, 2e9) for i in range(5, 10)],
     })

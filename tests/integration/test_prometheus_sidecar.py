@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import time
 from pathlib import Path
 
@@ -20,28 +19,19 @@ from dprobe.sources.replay import ReplaySource
 pytestmark = pytest.mark.integration
 
 
-def write_trace(directory: Path) -> Path:
-    """A small alibaba-genai-2026 layout: three pods with different, changing memory and duty cycle."""
-    directory.mkdir(parents=True)
-    duty, mem = ["value,timestamp_anon,container_ip"], ["value,timestamp_anon,container_ip"]
+def trace_rows() -> dict[str, list[tuple[float, float, float]]]:
+    """Three pods with different, changing memory and duty cycle: pod -> [(t, duty %, bytes)]."""
     rng = np.random.default_rng(0)
-    for p, pod in enumerate(("pod-a", "pod-b", "pod-c")):
-        for i in range(400):
-            t = 1_000_000 + 57 * i
-            duty.append(f"{(20 * p + 30 * np.sin(i / 7) + 40) % 100:.3f},{t},{pod}")
-            mem.append(f"{(p + 1) * 2**30 + int(rng.integers(0, 2**28))},{t},{pod}")
-    for name, lines in (("pod_gpu_duty_cycle_anon", duty), ("pod_gpu_memory_used_bytes_anon", mem),
-                        ("qps", ["timestamp_anon,value,container_ip,request_type", "1000000,1,,api"])):
-        with gzip.open(directory / f"{name}.csv.gz", "wt") as f:
-            f.write("\n".join(lines) + "\n")
-    return directory
+    return {pod: [(57.0 * i, round((20 * p + 30 * np.sin(i / 7) + 40) % 100, 3),
+                   (p + 1) * 2**30 + int(rng.integers(0, 2**28))) for i in range(400)]
+            for p, pod in enumerate(("pod-a", "pod-b", "pod-c"))}
 
 
-def test_prometheus_scrapes_the_forecasts(prometheus_server, tmp_path: Path) -> None:
+def test_prometheus_scrapes_the_forecasts(prometheus_server, alibaba_layout, tmp_path: Path) -> None:
     config = SidecarConfig(listen_address="127.0.0.1", port=0, source="replay", sample_interval=0.1,
                            forecast_interval=0.5, step_seconds=0.5, window_seconds=30, horizons=[2, 5, 10],
                            min_points=4, stale_after=120, drop_after=300, model="ewma")
-    source = ReplaySource("alibaba", write_trace(tmp_path / "trace"), speed=57 * 4)
+    source = ReplaySource("alibaba", alibaba_layout(tmp_path / "trace", trace_rows()), speed=57 * 4)
     sidecar = Sidecar(config, sources=[source], model=open_forecaster(None, "ewma"))
     sidecar.start()
     try:
