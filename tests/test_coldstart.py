@@ -90,3 +90,49 @@ def test_cli_predict(capsys) -> None:
     assert out["unknown_nodes"] == 0 and out["analytical"]["peak_memory_bytes"] > 0
     assert main(["predict", "torchvision:nope", "--batch", "2", "--json"]) == 2
     assert "unknown torchvision model" in capsys.readouterr().err
+
+
+def test_collection_settings_fill_cudnn_benchmark(tmp_path) -> None:
+    import shutil
+
+    import pandas as pd
+
+    from dprobe.data import load_h200_profiles
+
+    src = "datasets/h200-profiles"
+    for name in ("runs.csv", "samples.csv", "steps.csv"):
+        shutil.copy(f"{src}/{name}", tmp_path / name)
+    runs = pd.read_csv(tmp_path / "runs.csv")
+    assert runs.loc[runs["collection"] == 1, "cudnn_benchmark"].isna().all()  # blank in the file
+    loaded = load_h200_profiles(tmp_path).runs
+    assert loaded.loc[loaded["collection"] == 1, "cudnn_benchmark"].all()
+    assert not loaded.loc[loaded["collection"] == 2, "cudnn_benchmark"].any()
+    runs.drop(columns=["cudnn_benchmark"]).assign(collection=3).to_csv(tmp_path / "runs.csv", index=False)
+    assert not load_h200_profiles(tmp_path).runs["cudnn_benchmark"].any()  # unknown: off
+
+
+def test_p90_calibration_moves_coverage_towards_90_percent(monkeypatch) -> None:
+    from dprobe.coldstart import train as tr
+
+    rng = np.random.default_rng(1)
+    n, fams = 60, 12
+    feats = rng.normal(size=(n, len(tr.FEATURES)))
+    base = np.abs(rng.normal(size=(n, 4))) + 1.0
+    base[:, 2] = 0.5
+    family = np.arange(n) % fams
+    y = base * np.exp(rng.normal(scale=0.2, size=(n, 4)) + 0.1 * family[:, None] / fams)
+    y[:, 2] = np.clip(0.5 + rng.normal(scale=0.15, size=n), 0.05, 0.95)
+    ds = {"graphs": [None] * n, "feats": feats, "base": base, "y": y, "families": [f"f{f}" for f in family],
+          "run_ids": [str(i) for i in range(n)], "models": ["m"] * n, "batch": np.ones(n)}
+    hp = {**tr.DEFAULTS, "ensemble": 2, "hidden": 8}
+    shift = tr.calibrate_p90(ds, np.arange(n), 60, 0, hp)
+    assert shift.shape == (4,) and np.isfinite(shift).all()
+    assert np.allclose(shift, tr.calibrate_p90(ds, np.arange(n), 60, 0, hp))  # deterministic for a seed
+
+    def miss() -> float:
+        cv = tr.cross_validate("unused", "unused", max_epochs=60, ds=ds, ensemble=2, hidden=8)
+        return float(np.mean([abs(cv["learned"][f"p90_coverage_{t}"] - 0.9) for t in tr.TARGETS]))
+
+    calibrated = miss()
+    monkeypatch.setattr(tr, "calibrate_p90", lambda *a, **k: np.zeros(4))
+    assert calibrated < miss()

@@ -42,6 +42,7 @@ class MemoryTracker(TorchDispatchMode):
         self.matmul_flops = 0.0
         self.bytes_moved = 0.0
         self.sizes: list[int] = []
+        self.events: list[tuple[str, int, int]] = []  # the alloc / free trace, for the allocator model
 
     def track(self, t: torch.Tensor) -> None:
         storage = t.untyped_storage()
@@ -52,10 +53,13 @@ class MemoryTracker(TorchDispatchMode):
         self.current += size
         self.peak = max(self.peak, self.current)
         self.sizes.append(size)
-        weakref.finalize(storage, self._free, size)
+        key = len(self.events)
+        self.events.append(("alloc", key, int(storage.nbytes())))
+        weakref.finalize(storage, self._free, size, key)
 
-    def _free(self, size: int) -> None:
+    def _free(self, size: int, key: int) -> None:
         self.current -= size
+        self.events.append(("free", key, 0))
 
     def reset_peak(self) -> None:
         self.peak = self.current

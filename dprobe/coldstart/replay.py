@@ -9,14 +9,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dprobe.coldstart.allocator import replay_reserved
 from dprobe.coldstart.autocast import AutocastEmulation
 from dprobe.coldstart.memtrack import MemoryTracker, round_alloc
 from dprobe.graph.zoo import ExampleInputs, ModelSpec, build_module, example_inputs
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-LARGE_BLOCK = 2 << 20  # allocations above 1 MiB are served from 2 MiB-granular segments
-SMALL_SEGMENT = 2 << 20
-SMALL_LIMIT = 1 << 20
+SMALL_LIMIT = 1 << 20  # allocations above 1 MiB come from the allocator's large pool
+STEPS = 2  # more steps change nothing: the allocator's segments are settled after the second
 CUDA_CONTEXT_BYTES = int(1.37 * (1 << 30))  # NVML used - allocator reserved, h200-profiles collection 2
 
 
@@ -60,15 +60,6 @@ def _optimizer(model: nn.Module, name: str) -> torch.optim.Optimizer:
     raise ValueError(f"unknown optimizer {name!r} (adamw, sgd)")
 
 
-def reserved_estimate(peak: float, sizes: list[int]) -> float:
-    """Reserved bytes: the peak, rounded up to 2 MiB blocks, plus small-pool segments and one large slack."""
-    large = [s for s in sizes if s > SMALL_LIMIT]
-    small_peak = min(sum(s for s in sizes if s <= SMALL_LIMIT), 64 * SMALL_SEGMENT)
-    slack = max(large) if large else 0
-    return float(-(-peak // LARGE_BLOCK) * LARGE_BLOCK + -(-small_peak // SMALL_SEGMENT) * SMALL_SEGMENT * 0.25
-                 + 0.5 * slack)
-
-
 def replay_training_step(spec: ModelSpec, batch: int, precision: str = "fp32", optimizer: str = "adamw",
                          image: int | None = None, seq: int | None = None) -> ReplayEstimate:
     """Run two training steps on meta tensors and measure the second (optimizer states exist by then)."""
@@ -84,9 +75,9 @@ def replay_training_step(spec: ModelSpec, batch: int, precision: str = "fp32", o
     param_bytes = float(tracker.current)
     activation = state = steady = 0.0
     with tracker:
-        for step in range(2):
+        for step in range(STEPS):
             opt.zero_grad(set_to_none=True)
-            if step == 1:
+            if step == STEPS - 1:
                 steady = float(tracker.current)
                 state = steady - param_bytes
                 tracker.reset_peak()
@@ -100,7 +91,7 @@ def replay_training_step(spec: ModelSpec, batch: int, precision: str = "fp32", o
             del loss
     peak = float(tracker.peak)
     flops = tracker.flops + 3.0 * emul.attention_flops
-    reserved = reserved_estimate(peak, tracker.sizes)
+    reserved = float(replay_reserved(tracker.events)[1])
     return ReplayEstimate(
         peak_bytes=peak, reserved_bytes=reserved, device_bytes=reserved + CUDA_CONTEXT_BYTES,
         param_bytes=param_bytes, state_bytes=state, steady_bytes=steady, activation_bytes=activation,

@@ -13,14 +13,14 @@ import torch
 from torch_geometric.data import Batch
 
 from dprobe.coldstart.features import FEATURES, GPUS, analytical_for, family_of, job_features
-from dprobe.coldstart.model import TARGETS, ColdStartModel, pinball
+from dprobe.coldstart.model import TARGETS, ColdStartEnsemble, ColdStartModel, pinball
 from dprobe.coldstart.replay import ReplayEstimate
 from dprobe.graph.encoder import graph_for_run, graph_to_data, run_spec
 
 log = logging.getLogger(__name__)
-VERSION = 1
-DEFAULTS: dict[str, Any] = {"hidden": 32, "graph_dim": 0, "layers": 2, "dropout": 0.1, "lr": 3e-3,
-                            "weight_decay": 1e-3, "target_weights": [1.0, 1.0, 1.0, 1.0]}
+VERSION = 2
+DEFAULTS: dict[str, Any] = {"hidden": 64, "graph_dim": 0, "layers": 2, "dropout": 0.3, "lr": 3e-3,
+                            "weight_decay": 1e-3, "target_weights": [1.0, 1.0, 1.0, 1.0], "ensemble": 5}
 
 
 def baseline(est: ReplayEstimate, feats: list[float]) -> np.ndarray:
@@ -58,7 +58,7 @@ def load_dataset(data_dir: str, cache_dir: str | Path) -> dict[str, Any]:
                              cache_dir=cache_dir)
         graphs.append(graph_to_data(graph_for_run(row, cache_dir)))
         f = job_features(est, spec["batch"], str(row["precision"]), str(row["optimizer"]), gpu,
-                         cudnn_benchmark=bool(row.get("cudnn_benchmark", False) in (True, "True", "true", 1)))
+                         cudnn_benchmark=bool(row["cudnn_benchmark"]))
         feats.append(f)
         bases.append(baseline(est, f))
         ys.append([row["peak_alloc_bytes"], row["nvml_peak_used_bytes"],
@@ -71,13 +71,51 @@ def load_dataset(data_dir: str, cache_dir: str | Path) -> dict[str, Any]:
             "models": [str(m) for m in runs["model"]], "batch": runs["batch"].to_numpy()}
 
 
-def fit(ds: dict[str, Any], idx: np.ndarray, max_epochs: int, seed: int, hp: dict[str, Any]) -> ColdStartModel:
+def _member(hp: dict[str, Any], n_features: int) -> ColdStartModel:
+    return ColdStartModel(n_features, hidden=hp["hidden"], graph_dim=hp["graph_dim"], layers=hp["layers"],
+                          dropout=hp["dropout"])
+
+
+def fit(ds: dict[str, Any], idx: np.ndarray, max_epochs: int, seed: int, hp: dict[str, Any]) -> ColdStartEnsemble:
+    """``hp["ensemble"]`` members on the runs ``idx`` (seeds ``seed``, ``seed + 1``, ...), p90 calibrated."""
+    model = ColdStartEnsemble([_fit_member(ds, idx, max_epochs, seed + k, hp) for k in range(hp["ensemble"])])
+    model.p90_shift.copy_(torch.as_tensor(calibrate_p90(ds, idx, max_epochs, seed, hp), dtype=torch.float32))
+    return model
+
+
+def calibrate_p90(ds: dict[str, Any], idx: np.ndarray, max_epochs: int, seed: int, hp: dict[str, Any],
+                  folds: int = 3) -> np.ndarray:
+    """Per-target shift of the p90 residual that makes it cover 90 % of families held out *within* ``idx``.
+
+    The runs' families are dealt into ``folds`` groups; one member is fitted without each group and
+    scored on it (split-conformal over families, so a shift learnt here carries to a new family).
+    """
+    fams = np.array(ds["families"])[idx]
+    names = sorted(set(fams))
+    if len(names) < folds:
+        return np.zeros(len(TARGETS))
+    rng = np.random.default_rng(seed)
+    group = dict(zip(rng.permutation(names), np.arange(len(names)) % folds, strict=True))
+    scores = []
+    for g in range(folds):
+        held = np.array([group[f] == g for f in fams])
+        member = _fit_member(ds, idx[~held], max_epochs, seed, hp).eval()
+        with torch.no_grad():
+            graphs = Batch.from_data_list([ds["graphs"][i] for i in idx[held]]) if hp["graph_dim"] > 0 else None
+            p90 = member(graphs, torch.tensor(ds["feats"][idx[held]], dtype=torch.float32))[..., 1].numpy()
+        scores.append(to_residual(ds["y"][idx[held]], ds["base"][idx[held]]) - p90)
+    s = np.concatenate(scores)
+    level = min(1.0, np.ceil(0.9 * (len(s) + 1)) / len(s))
+    return np.quantile(s, level, axis=0)
+
+
+def _fit_member(ds: dict[str, Any], idx: np.ndarray, max_epochs: int, seed: int, hp: dict[str, Any]
+                ) -> ColdStartModel:
     torch.manual_seed(seed)
     x = torch.tensor(ds["feats"][idx], dtype=torch.float32)
     r = torch.tensor(to_residual(ds["y"][idx], ds["base"][idx]), dtype=torch.float32)
     batch = Batch.from_data_list([ds["graphs"][i] for i in idx]) if hp["graph_dim"] > 0 else None
-    model = ColdStartModel(x.shape[1], hidden=hp["hidden"], graph_dim=hp["graph_dim"], layers=hp["layers"],
-                           dropout=hp["dropout"])
+    model = _member(hp, x.shape[1])
     model.mu.copy_(x.mean(0))
     model.sd.copy_(x.std(0).clamp_min(1e-3))
     w = torch.tensor(hp["target_weights"], dtype=torch.float32)
@@ -92,7 +130,7 @@ def fit(ds: dict[str, Any], idx: np.ndarray, max_epochs: int, seed: int, hp: dic
 
 
 @torch.no_grad()
-def predict_residuals(model: ColdStartModel, graphs: list, feats: np.ndarray) -> np.ndarray:
+def predict_residuals(model: ColdStartModel | ColdStartEnsemble, graphs: list, feats: np.ndarray) -> np.ndarray:
     graph_batch = Batch.from_data_list(graphs) if model.encoder is not None else None
     out = model(graph_batch, torch.tensor(feats, dtype=torch.float32))
     return out.numpy().astype(np.float64)
@@ -151,14 +189,14 @@ def train_coldstart(data_dir: str, out_dir: str, max_epochs: int = 400, seed: in
     return {"checkpoint": str(path), "metrics": ckpt["metrics"]}
 
 
-def load_checkpoint(path: str | Path) -> tuple[ColdStartModel, dict[str, Any]]:
+def load_checkpoint(path: str | Path) -> tuple[ColdStartEnsemble, dict[str, Any]]:
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(ckpt, dict) or ckpt.get("kind") != "dprobe-coldstart":
         raise ValueError(f"{path}: not a dprobe cold-start checkpoint")
-    if ckpt.get("version", 0) > VERSION or ckpt.get("features") != FEATURES:
-        raise ValueError(f"{path}: checkpoint version/features do not match this dprobe")
+    if ckpt.get("version") != VERSION or ckpt.get("features") != FEATURES:
+        raise ValueError(f"{path}: cold-start checkpoint version {ckpt.get('version')} (this dprobe reads "
+                         f"version {VERSION}) or its features differ; retrain it with `python train.py +exp=coldstart`")
     hp = ckpt["hparams"]
-    model = ColdStartModel(ckpt["n_features"], hidden=hp["hidden"], graph_dim=hp["graph_dim"], layers=hp["layers"],
-                           dropout=hp["dropout"])
+    model = ColdStartEnsemble([_member(hp, ckpt["n_features"]) for _ in range(hp["ensemble"])])
     model.load_state_dict(ckpt["state_dict"])
     return model.eval(), ckpt

@@ -28,6 +28,9 @@ SAMPLE_COLUMNS = ["collection", "t", "label", "gpu_util_pct", "mem_util_pct", "m
 STEP_COLUMNS = ["collection", "run_id", "step", "phase", "t_start", "t_end", "batch", "alloc_bytes",
                 "reserved_bytes", "peak_alloc_bytes"]
 SAMPLE_PERIOD_S = 0.1
+# run settings that runs.csv leaves blank for a whole collection, as the data set's README states them
+# (collection 1 ran with cudnn.benchmark on, and a FLOP-counting pass before it measured)
+COLLECTION_SETTINGS: dict[int, dict[str, object]] = {1: {"cudnn_benchmark": True}}
 
 
 def _parse_kwargs(path: Path, value: object, run_id: str) -> dict:
@@ -40,6 +43,14 @@ def _parse_kwargs(path: Path, value: object, run_id: str) -> dict:
     if not isinstance(parsed, dict):
         raise DatasetError(f"{path}: column 'config_kwargs' of run {run_id} must be a JSON object")
     return parsed
+
+
+def _cudnn_benchmark(runs: pd.DataFrame) -> pd.Series:
+    """Whether each run had ``cudnn.benchmark`` on: the column, else its collection's setting, else False."""
+    given = runs.get("cudnn_benchmark", pd.Series(np.nan, index=runs.index))
+    from_collection = runs["collection"].map(lambda c: COLLECTION_SETTINGS.get(int(c), {}).get("cudnn_benchmark"))
+    value = given.where(given.notna(), from_collection)
+    return value.map(lambda v: str(v).strip().lower() in ("true", "1", "1.0")).astype(bool)
 
 
 @dataclass
@@ -91,6 +102,7 @@ def load_h200_profiles(directory: str | Path) -> H200Profiles:
     ]
     is_vision = runs["lib"].isin(["torchvision", "timm"])
     runs.loc[is_vision & runs["image"].isna(), "image"] = 224
+    runs["cudnn_benchmark"] = _cudnn_benchmark(runs)
     for col in ("precision", "optimizer", "kind", "status", "lib", "model"):
         runs[col] = runs[col].astype("string")
     samples = read_csv(paths["samples"], SAMPLE_COLUMNS, numeric=[c for c in SAMPLE_COLUMNS if c != "label"])

@@ -1,0 +1,86 @@
+"""The caching-allocator model against the allocator's documented rules, and the trace that feeds it."""
+
+from __future__ import annotations
+
+import torch
+
+from dprobe.coldstart.allocator import CachingAllocatorModel, replay_reserved, round_size, segment_size
+from dprobe.coldstart.memtrack import MemoryTracker
+
+MiB = 1 << 20
+
+
+def test_rounding_and_segment_sizes() -> None:
+    assert round_size(1) == 512 and round_size(513) == 1024
+    assert segment_size(100) == segment_size(MiB) == 2 * MiB  # small pool
+    assert segment_size(MiB + 512) == segment_size(10 * MiB - 512) == 20 * MiB  # large, below 10 MiB
+    assert segment_size(10 * MiB) == 10 * MiB and segment_size(11 * MiB + 512) == 12 * MiB
+
+
+def test_small_requests_share_a_segment() -> None:
+    m = CachingAllocatorModel()
+    for k in range(4):
+        m.malloc(k, 100_000)
+    assert m.reserved == 2 * MiB and m.segments == 1
+    assert m.allocated == 4 * round_size(100_000)
+
+
+def test_large_requests_split_a_20_mib_segment() -> None:
+    m = CachingAllocatorModel()
+    for k in range(3):
+        m.malloc(k, 6 * MiB)  # 6 + 6 + 6 in one 20 MiB segment, 2 MiB left (split: more than 1 MiB)
+    assert (m.reserved, m.segments) == (20 * MiB, 1)
+    m.malloc(3, 3 * MiB)  # does not fit the 2 MiB tail: a new segment
+    assert (m.reserved, m.segments) == (40 * MiB, 2)
+
+
+def test_freed_neighbours_merge() -> None:
+    m = CachingAllocatorModel()
+    m.malloc(0, 6 * MiB)
+    m.malloc(1, 6 * MiB)
+    m.malloc(2, 6 * MiB)
+    m.free(0)
+    m.free(1)  # 0 and 1 merge into one 12 MiB block
+    m.malloc(3, 11 * MiB)
+    assert m.reserved == 20 * MiB
+    m.free(2)
+    m.free(3)  # the whole segment is one free block again
+    m.malloc(4, 19 * MiB)  # 1 MiB left is not split off: the block counts as 20 MiB allocated
+    assert m.reserved == 20 * MiB and m.allocated == m.peak_allocated == 20 * MiB
+
+
+def test_fragmentation_costs_a_segment() -> None:
+    m = CachingAllocatorModel()
+    for k in range(3):
+        m.malloc(k, 6 * MiB)
+    m.free(1)  # a 6 MiB hole between two live blocks
+    m.malloc(3, 7 * MiB)  # 6 MiB free in the hole, 2 MiB in the tail: neither fits
+    assert m.reserved == 40 * MiB and m.allocated == 19 * MiB
+
+
+def test_best_fit_keeps_the_large_hole() -> None:
+    m = CachingAllocatorModel()
+    m.malloc("a", 4 * MiB)
+    m.malloc("sep1", 2 * MiB)
+    m.malloc("b", 8 * MiB)
+    m.malloc("sep2", 2 * MiB)
+    m.free("a")
+    m.free("b")
+    m.malloc("c", 3 * MiB)  # best fit: the 4 MiB hole, not the 8 MiB one
+    m.malloc("d", 8 * MiB)
+    assert m.segments == 1
+
+
+def test_tracker_records_allocations_and_frees() -> None:
+    tracker = MemoryTracker()
+    with tracker:
+        a = torch.empty(1024, device="meta")
+        b = a * 2
+        del a
+        c = b + 1
+    kinds = [e[0] for e in tracker.events]
+    assert kinds == ["alloc", "alloc", "free", "alloc"]
+    assert tracker.events[0][2] == 4096 and tracker.events[2][1] == tracker.events[0][1]
+    peak_allocated, reserved = replay_reserved(tracker.events)
+    assert peak_allocated == 2 * 4096 and reserved == 2 * MiB
+    del b, c
