@@ -1,6 +1,7 @@
 """Training windows for the forecaster: a LightningDataModule over the bundled series.
 
-Each (data set, metric) pair is a *task* with its own lead times. Series are
+Each (data set, metric) pair is a *task* with its own lead times. Where a directory has a
+``workloads.csv``, its series carry a workload vector (:mod:`dprobe.data.workloads`). Series are
 split in time: origins whose forecasts end before ``val_start`` of a series
 train, origins in ``[val_start, test_start)`` validate, and the last
 ``1 - test_start`` of every series is left for ``dprobe evaluate``.
@@ -17,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
 
 from dprobe.data.registry import load_series_dataset
+from dprobe.data.workloads import workload_vectors
 from dprobe.forecasting.tasks import TaskSpec
 from dprobe.models.features import make_features, normalise_targets, window_scale
 
@@ -27,6 +29,8 @@ class TaskSeries:
     values: np.ndarray  # (S, T_max) NaN-padded on the right
     covariates: np.ndarray | None  # (S, T_max, C)
     lengths: np.ndarray  # (S,)
+    workload: np.ndarray  # (S, D) workload vectors (dprobe.data.workloads), zeros where unknown
+    known: np.ndarray  # (S,) bool: the series' workload is known
 
 
 class _Origins(Dataset):
@@ -50,7 +54,7 @@ class WindowCollate:
 
     def __call__(self, rows: list[np.ndarray]) -> dict[str, torch.Tensor]:
         rows_arr = np.stack(rows)
-        feats, stats, targets, task_ids, weights = [], [], [], [], []
+        feats, stats, targets, task_ids, weights, cond, known = [], [], [], [], [], [], []
         order = []
         for k, ts in enumerate(self.tasks):
             sel = np.flatnonzero(rows_arr[:, 0] == k)
@@ -71,6 +75,8 @@ class WindowCollate:
             weights.append(np.full(len(sel), self.task_weights[k], dtype=np.float32))
             targets.append(normalise_targets(fut, last, scale))
             task_ids.append(np.full(len(sel), k))
+            cond.append(ts.workload[s])
+            known.append(ts.known[s])
             order.append(sel)
         return {
             "x": torch.from_numpy(np.concatenate(feats)).float(),
@@ -78,6 +84,8 @@ class WindowCollate:
             "w": torch.from_numpy(np.concatenate(weights)).float(),
             "y": torch.from_numpy(np.concatenate(targets)).float(),
             "task": torch.from_numpy(np.concatenate(task_ids)).long(),
+            "c": torch.from_numpy(np.concatenate(cond)).float(),
+            "k": torch.from_numpy(np.concatenate(known)),
         }
 
 
@@ -86,7 +94,8 @@ class SeriesDataModule(pl.LightningDataModule):
 
     def __init__(self, datasets: list[str], context_length: int = 128, batch_size: int = 256,
                  samples_per_epoch: int = 20000, val_samples: int = 4000, val_start: float = 0.6,
-                 test_start: float = 0.7, min_history: int = 16, num_workers: int = 0, seed: int = 0) -> None:
+                 test_start: float = 0.7, min_history: int = 16, num_workers: int = 0, seed: int = 0,
+                 workload_cache: str | None = None) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.tasks: list[TaskSeries] = []
@@ -105,6 +114,7 @@ class SeriesDataModule(pl.LightningDataModule):
         for directory in hp.datasets:
             ds = load_series_dataset(Path(directory))
             covs = ds.covariate_arrays()
+            workload_ids: list[str] | None = None
             for target in ds.targets:
                 arrays = ds.arrays(target)
                 ids = sorted(arrays)
@@ -123,8 +133,12 @@ class SeriesDataModule(pl.LightningDataModule):
                 spec = TaskSpec(name=target, dataset=ds.name, leads=ds.lead_steps,
                                 step_seconds=ds.freq.total_seconds(), covariates=tuple(ds.covariates),
                                 scale_floor=floor)
+                if workload_ids != ids:  # the same series for every target of a data set: computed once
+                    workload, known = workload_vectors(directory, [str(u) for u in ids], hp.workload_cache)
+                    workload_ids = ids
                 k = len(self.tasks)
-                self.tasks.append(TaskSeries(spec=spec, values=values, covariates=cov, lengths=lengths))
+                self.tasks.append(TaskSeries(spec=spec, values=values, covariates=cov, lengths=lengths,
+                                             workload=workload, known=known))
                 h = max(ds.lead_steps)
                 for i, n in enumerate(lengths):
                     v0, t0 = int(n * hp.val_start), int(n * hp.test_start)

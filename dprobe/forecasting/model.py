@@ -42,7 +42,7 @@ def select_point_sources(module, datamodule) -> list[list[str]]:
     module.eval()
     errs: dict[int, list[np.ndarray]] = {}
     for batch in datamodule.val_dataloader():
-        p50 = module(batch["x"], batch["s"], batch["task"])[..., 0].numpy()  # (B, H)
+        p50 = module(batch["x"], batch["s"], batch["task"], batch.get("c"), batch.get("k"))[..., 0].numpy()  # (B, H)
         cands = candidate_points(batch["s"].numpy())  # (B, C)
         points = np.concatenate([p50[:, None, :], np.repeat(cands[:, :, None], p50.shape[1], axis=2)], 1)
         err = np.abs(points - batch["y"].numpy()[:, None, :])  # (B, 1 + C, H)
@@ -70,7 +70,7 @@ def conformal_shifts(module, datamodule) -> list[list[list[float]]]:
     scores: dict[int, list[np.ndarray]] = {}
     module.eval()
     for batch in datamodule.val_dataloader():
-        q = module(batch["x"], batch["s"], batch["task"]).numpy()  # (B, H, Q)
+        q = module(batch["x"], batch["s"], batch["task"], batch.get("c"), batch.get("k")).numpy()  # (B, H, Q)
         s = batch["y"].numpy()[..., None] - q
         for k in np.unique(batch["task"].numpy()):
             scores.setdefault(int(k), []).append(s[batch["task"].numpy() == k])

@@ -1,8 +1,10 @@
 """The DProbe forecaster network: a patch transformer over the recent metric window.
 
 Per sample: a window of one metric (``(L, F)`` features from
-:mod:`dprobe.models.features`), the task (which metric / data set) and an
-optional workload embedding (graph encoder + static features). The window is
+:mod:`dprobe.models.features`), the task (which metric / data set) and, with
+``use_graph``, the workload: its graph-derived + static features where the
+series' model is known (:mod:`dprobe.data.workloads`), a learned "unknown
+workload" embedding where not. The window is
 cut into overlapping patches, embedded, and read by a transformer encoder
 together with a conditioning token; each task has its own quantile head.
 """
@@ -46,21 +48,34 @@ class PatchForecaster(nn.Module):
         self.pos = nn.Parameter(torch.zeros(1, n_patches + 1, d_model))
         self.task_embed = nn.Embedding(n_tasks, d_model)
         self.stats_proj = nn.Linear(n_stats, d_model)
-        self.cond_proj = nn.Linear(d_cond, d_model) if d_cond else None
+        # the workload: its vector where known, a learned "unknown workload" embedding where not
+        self.cond_proj = nn.Sequential(nn.LayerNorm(d_cond), nn.Linear(d_cond, d_model)) if d_cond else None
+        self.unknown_workload = nn.Parameter(torch.zeros(d_model)) if d_cond else None
         layer = nn.TransformerEncoderLayer(d_model, n_heads, dim_feedforward=2 * d_model, dropout=dropout,
                                            batch_first=True, norm_first=True)
         self.encoder = nn.TransformerEncoder(layer, n_layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(d_model)
         self.heads = nn.ModuleList([QuantileHead(2 * d_model, n_stats, n_leads, n_quantiles) for _ in range(n_tasks)])
 
-    def forward(self, x: Tensor, stats: Tensor, task: Tensor, cond: Tensor | None = None) -> Tensor:
-        """x: [B, L, F], stats: [B, S], task: [B] (long), cond: [B, d_cond] -> each row's quantiles [B, H, Q]."""
+    def workload_token(self, b: int, cond: Tensor | None, known: Tensor | None) -> Tensor:
+        """``[B, d]``: the projected workload vector where ``known``, else the unknown-workload embedding."""
+        unknown = self.unknown_workload.expand(b, -1)
+        if cond is None:
+            return unknown
+        if known is None:
+            known = torch.ones(b, dtype=torch.bool, device=cond.device)
+        return torch.where(known.unsqueeze(-1), self.cond_proj(cond), unknown)
+
+    def forward(self, x: Tensor, stats: Tensor, task: Tensor, cond: Tensor | None = None,
+                known: Tensor | None = None) -> Tensor:
+        """x: [B, L, F], stats: [B, S], task: [B] (long), cond: [B, d_cond], known: [B] (bool)
+        -> each row's quantiles [B, H, Q]. Without ``cond`` every row is an unknown workload."""
         b = x.shape[0]
         patches = x.unfold(1, self.patch_len, self.stride)  # [B, P, F, patch_len]
         tokens = self.patch_embed(patches.flatten(2))  # [B, P, d]
         first = self.task_embed(task) + self.stats_proj(stats)  # [B, d]: the conditioning token
-        if self.cond_proj is not None and cond is not None:
-            first = first + self.cond_proj(cond)
+        if self.cond_proj is not None:
+            first = first + self.workload_token(b, cond, known)
         h = torch.cat([first.unsqueeze(1), tokens], dim=1) + self.pos
         h = self.norm(self.encoder(h))  # [B, 1 + P, d]
         pooled = torch.cat([h[:, 0], h[:, 1:].mean(dim=1)], dim=-1)  # [B, 2d]
@@ -73,9 +88,10 @@ def build_network(n_tasks: int, n_leads: int = 3, context_length: int = 128, pat
                   quantiles: tuple[float, ...] = (0.5, 0.9, 0.99), use_graph: bool = False, d_graph: int = 0,
                   **_training_only: object) -> PatchForecaster:
     """The network of a ``ForecasterModule`` from its hyperparameters (training-only ones are ignored)."""
+    from dprobe.data.workloads import workload_dim
     from dprobe.models.features import N_COVARIATES, N_STATS
 
     return PatchForecaster(n_features=2 + N_COVARIATES, n_stats=N_STATS, context_length=context_length,
                            n_tasks=n_tasks, n_leads=n_leads, n_quantiles=len(quantiles), patch_len=patch_len,
                            stride=stride, d_model=d_model, n_heads=n_heads, n_layers=n_layers, dropout=dropout,
-                           d_cond=d_graph if use_graph else 0)
+                           d_cond=(d_graph or workload_dim()) if use_graph else 0)

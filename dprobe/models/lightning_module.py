@@ -39,17 +39,18 @@ class ForecasterModule(pl.LightningModule):
         self.register_buffer("levels", torch.tensor(quantiles, dtype=torch.float32), persistent=False)
         self.val_mae = torchmetrics.MeanMetric()
 
-    def forward(self, x: Tensor, stats: Tensor, task: Tensor, cond: Tensor | None = None) -> Tensor:
-        return self.net(x, stats, task, cond)
+    def forward(self, x: Tensor, stats: Tensor, task: Tensor, cond: Tensor | None = None,
+                known: Tensor | None = None) -> Tensor:
+        return self.net(x, stats, task, cond, known)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        pred = self(batch["x"], batch["s"], batch["task"])
+        pred = self(batch["x"], batch["s"], batch["task"], batch.get("c"), batch.get("k"))
         loss = pinball_loss(pred, batch["y"], self.levels, batch.get("w"))
         self.log("train/pinball", loss, prog_bar=True, batch_size=len(batch["x"]))
         return loss
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        pred = self(batch["x"], batch["s"], batch["task"])
+        pred = self(batch["x"], batch["s"], batch["task"], batch.get("c"), batch.get("k"))
         loss = pinball_loss(pred, batch["y"], self.levels)
         mask = ~torch.isnan(batch["y"])
         err = (pred[..., 0] - torch.nan_to_num(batch["y"])).abs()[mask]
