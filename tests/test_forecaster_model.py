@@ -254,3 +254,38 @@ def test_conformal_shifts_make_validation_coverage_nominal(small_helios_dir, tmp
     a, b = plain.predict(batch).quantiles, shifted.predict(batch).quantiles
     np.testing.assert_allclose(a[..., 0], b[..., 0])  # the p50 is not shifted
     assert not np.allclose(a[..., 2], b[..., 2])
+
+
+def test_point_choice_needs_a_gain_across_series_not_in_one():
+    """A candidate whose lower validation MAE comes from one series stays unchosen; one that is
+    better on every series is chosen; the last value is the default."""
+    from dprobe.forecasting.model import _robust_choice
+
+    rng = np.random.default_rng(0)
+    names = ["model", "last_value", "median_5"]
+    n_series, per = 20, 30
+    series = np.repeat(np.arange(n_series), per)
+    err = np.abs(rng.normal(1.0, 0.3, size=(len(series), 3, 2)))
+    # lead 0: the model is far better on series 0 only (lower MAE overall), a little worse on all others;
+    # median_5 no better anywhere
+    err[:, 0, 0] = err[:, 1, 0] * 1.05
+    err[series == 0, 0, 0] = 0.0
+    err[series == 0, 1, 0] += 15.0
+    err[:, 2, 0] = err[:, 1, 0] + 0.01
+    # lead 1: median_5 is a little better on every series
+    err[:, 2, 1] = err[:, 1, 1] * 0.8
+    mae = err.mean(0)
+    assert mae[0, 0] < mae[1, 0]  # the plain argmin would pick the model at lead 0
+    choice = _robust_choice(err, series, names, confidence=0.9, n_boot=300, rng=np.random.default_rng(1))
+    assert choice == ["last_value", "median_5"]
+
+
+def test_point_candidates_match_the_moving_median_baseline_across_gaps():
+    from dprobe.forecasting.baselines import moving_median_path
+    from dprobe.models.features import POINT_CANDIDATES, candidate_points, last_observed, window_scale
+
+    values = np.array([[5.0, np.nan, 7.0, 1.0, np.nan, np.nan, 9.0, np.nan]])
+    last, scale = last_observed(values), window_scale(values, 1.0)
+    cands = candidate_points(values, last, scale)
+    median_30 = last + scale * cands[:, list(POINT_CANDIDATES).index("median_30") - 1]
+    np.testing.assert_allclose(median_30, moving_median_path(values, [1], 30)[:, -1, 0])

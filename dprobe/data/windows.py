@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
 from dprobe.data.registry import load_series_dataset
 from dprobe.data.workloads import workload_vectors
 from dprobe.forecasting.tasks import TaskSpec
-from dprobe.models.features import make_features, normalise_targets, window_scale
+from dprobe.models.features import candidate_points, make_features, normalise_targets, window_scale
 
 
 @dataclass
@@ -54,7 +54,7 @@ class WindowCollate:
 
     def __call__(self, rows: list[np.ndarray]) -> dict[str, torch.Tensor]:
         rows_arr = np.stack(rows)
-        feats, stats, targets, task_ids, weights, cond, known = [], [], [], [], [], [], []
+        feats, stats, targets, task_ids, weights, cond, known, points, scales, series = ([] for _ in range(10))
         order = []
         for k, ts in enumerate(self.tasks):
             sel = np.flatnonzero(rows_arr[:, 0] == k)
@@ -72,6 +72,9 @@ class WindowCollate:
             fut = ts.values[s[:, None], t[:, None] + np.asarray(ts.spec.leads)[None, :]]
             feats.append(x)
             stats.append(st)
+            points.append(candidate_points(vals, last, scale))
+            scales.append(scale)
+            series.append(s)
             weights.append(np.full(len(sel), self.task_weights[k], dtype=np.float32))
             targets.append(normalise_targets(fut, last, scale))
             task_ids.append(np.full(len(sel), k))
@@ -86,6 +89,9 @@ class WindowCollate:
             "task": torch.from_numpy(np.concatenate(task_ids)).long(),
             "c": torch.from_numpy(np.concatenate(cond)).float(),
             "k": torch.from_numpy(np.concatenate(known)),
+            "p": torch.from_numpy(np.concatenate(points)).float(),  # simple point forecasts, window units
+            "scale": torch.from_numpy(np.concatenate(scales)).float(),  # window units -> the metric's units
+            "series": torch.from_numpy(np.concatenate(series)).long(),  # index of the series in its task
         }
 
 

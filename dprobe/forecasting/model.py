@@ -28,34 +28,63 @@ from dprobe.forecasting.trained import FORMAT, KIND, TrainedForecaster
 
 
 @torch.no_grad()
-def select_point_sources(module, datamodule) -> list[list[str]]:
-    """For each task and lead, the point forecast with the lowest MAE on the validation windows.
+def select_point_sources(module, datamodule, confidence: float = 0.9, n_boot: int = 500,
+                         seed: int = 0) -> list[list[str]]:
+    """For each task and lead, the point forecast to serve, chosen on the validation windows.
 
-    Candidates: the model's p50 and the simple forecasts of the window statistics (last value,
-    recent medians and means, EWMA; :data:`~dprobe.models.features.POINT_CANDIDATES`). The
-    choice is made on validation data only and stored in the checkpoint; the quantiles stay
-    the model's (re-sorted around the chosen point).
+    Candidates: the model's p50 and the simple forecasts of the window (last value, recent
+    medians and means, EWMA; :data:`~dprobe.models.features.POINT_CANDIDATES`). Errors are
+    in the metric's own units, as the evaluation counts them. The last value is the default;
+    another candidate replaces it only if its MAE is lower in at least ``confidence`` of
+    ``n_boot`` bootstrap resamples of the validation *series* (whole series are resampled, so
+    a gain that comes from a few series does not count), and among those the lowest MAE wins.
+    The choice is stored in the checkpoint; the quantiles stay the model's (raised where
+    needed to at least the chosen point, which is kept as chosen).
     """
-    from dprobe.models.features import POINT_CANDIDATES, candidate_points
+    from dprobe.models.features import POINT_CANDIDATES
 
     names = list(POINT_CANDIDATES)
     module.eval()
     errs: dict[int, list[np.ndarray]] = {}
+    ids: dict[int, list[np.ndarray]] = {}
     for batch in datamodule.val_dataloader():
         p50 = module(batch["x"], batch["s"], batch["task"], batch.get("c"), batch.get("k"))[..., 0].numpy()  # (B, H)
-        cands = candidate_points(batch["s"].numpy())  # (B, C)
+        cands = batch["p"].numpy()  # (B, C)
         points = np.concatenate([p50[:, None, :], np.repeat(cands[:, :, None], p50.shape[1], axis=2)], 1)
-        err = np.abs(points - batch["y"].numpy()[:, None, :])  # (B, 1 + C, H)
-        for k in np.unique(batch["task"].numpy()):
-            errs.setdefault(int(k), []).append(err[batch["task"].numpy() == k])
+        err = np.abs(points - batch["y"].numpy()[:, None, :]) * batch["scale"].numpy()[:, None, None]  # (B, 1+C, H)
+        task = batch["task"].numpy()
+        for k in np.unique(task):
+            errs.setdefault(int(k), []).append(err[task == k])
+            ids.setdefault(int(k), []).append(batch["series"].numpy()[task == k])
+    rng = np.random.default_rng(seed)
     choice = []
     for k in range(len(datamodule.tasks)):
         if k not in errs:
             choice.append(["model"] * module.hparams.n_leads)
             continue
-        mae = np.nanmean(np.concatenate(errs[k]), axis=0)  # (1 + C, H)
-        choice.append([names[int(i)] for i in np.nanargmin(mae, axis=0)])
+        choice.append(_robust_choice(np.concatenate(errs[k]), np.concatenate(ids[k]), names, confidence,
+                                     n_boot, rng))
     return choice
+
+
+def _robust_choice(err: np.ndarray, series: np.ndarray, names: list[str], confidence: float, n_boot: int,
+                   rng: np.random.Generator) -> list[str]:
+    """``err`` (N, C, H) absolute errors, ``series`` (N,) -> per lead the chosen candidate's name."""
+    uniq, inv = np.unique(series, return_inverse=True)
+    sums = np.zeros((len(uniq), *err.shape[1:]))  # per series: error sums and window counts
+    counts = np.zeros((len(uniq), *err.shape[1:]))
+    np.add.at(sums, inv, np.nan_to_num(err))
+    np.add.at(counts, inv, ~np.isnan(err))
+    draws = rng.integers(0, len(uniq), size=(n_boot, len(uniq)))
+    boot = sums[draws].sum(1) / np.maximum(counts[draws].sum(1), 1)  # (n_boot, C, H) MAE per resample
+    mae = sums.sum(0) / np.maximum(counts.sum(0), 1)  # (C, H)
+    base = names.index("last_value")
+    out = []
+    for h in range(err.shape[2]):
+        wins = (boot[:, :, h] < boot[:, base : base + 1, h]).mean(0)  # share of resamples beating last value
+        ok = [c for c in range(len(names)) if c == base or wins[c] >= confidence]
+        out.append(names[min(ok, key=lambda c: mae[c, h])])
+    return out
 
 
 @torch.no_grad()

@@ -78,11 +78,12 @@ class TrainedForecaster:
         if self.quantile_shifts:  # conformal calibration on the validation windows
             q = q + self.quantile_shifts[k][None, : q.shape[1], :]
         names = list(POINT_CANDIDATES)
-        cands = candidate_points(stats)
+        cands = candidate_points(values, last, scale)
+        q = np.sort(q, axis=-1)
         for j, source in enumerate(self.point_sources[k]):
             if source != "model":  # the validation-selected point forecast replaces the p50
-                q[:, j, 0] = cands[:, names.index(source) - 1]
-        q = np.sort(q, axis=-1)
+                q[:, j, 0] = cands[:, names.index(source) - 1]  # no "model" column
+        q = np.maximum.accumulate(q, axis=-1)  # upper quantiles at least the point, which stays as chosen
         return last[:, None, None] + scale[:, None, None] * q
 
     def predict(self, batch: ForecastInput) -> Forecast:

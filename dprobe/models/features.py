@@ -15,9 +15,8 @@ import numpy as np
 
 N_COVARIATES = 4  # covariates are zero-padded (or cut) to this many channels
 N_STATS = 12  # summary statistics of the window, see window_stats
-# simple point forecasts among the statistics (column in window_stats; None: the last value, i.e. 0)
-POINT_CANDIDATES: dict[str, int | None] = {"model": -1, "last_value": None, "median_5": 0, "median_30": 1,
-                                           "mean_30": 2, "ewma": 3}
+# the point forecasts chosen between per task and lead on validation (see candidate_points)
+POINT_CANDIDATES = ("model", "last_value", "median_5", "median_30", "mean_30", "ewma")
 
 
 def last_observed(values: np.ndarray) -> np.ndarray:
@@ -45,25 +44,30 @@ def nanmedian_rows(a: np.ndarray) -> np.ndarray:
     return np.where(n > 0, 0.5 * (lo + hi), np.nan)
 
 
+def _recent_forecasts(x: np.ndarray) -> list[np.ndarray]:
+    """Median of the last 5 and 30 steps, mean of the last 30, EWMA(0.2) of a window ``(B, L)`` (NaN at gaps)."""
+    recent = x[:, -30:]
+    decay = 0.8 ** np.arange(x.shape[1])[::-1]  # EWMA(0.2) weights, newest = 1
+    w = ~np.isnan(x) * decay
+    ewma = np.nansum(np.nan_to_num(x) * w, axis=1) / np.maximum(w.sum(axis=1), 1e-12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-gap windows give NaN
+        return [nanmedian_rows(x[:, -5:]), nanmedian_rows(recent), np.nanmean(recent, axis=1), ewma]
+
+
 def window_stats(x: np.ndarray, last: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """Summary statistics of a normalised window ``(B, L)`` (NaN at gaps) -> ``(B, N_STATS)``.
 
     The simple forecasts a user would try (medians and means of the recent
     past, an exponentially weighted mean, extremes) in window units, so the
     network's heads can start from the best of them and learn the rest.
+    Clipped to +-50 window units: they are network inputs.
     """
     recent = x[:, -30:]
-    observed = ~np.isnan(x)
-    decay = 0.8 ** np.arange(x.shape[1])[::-1]  # EWMA(0.2) weights, newest = 1
-    w = observed * decay
-    ewma = np.nansum(np.nan_to_num(x) * w, axis=1) / np.maximum(w.sum(axis=1), 1e-12)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-gap windows give NaN, set to 0 below
         stats = np.stack([
-            nanmedian_rows(x[:, -5:]),
-            nanmedian_rows(recent),
-            np.nanmean(recent, axis=1),
-            ewma,
+            *_recent_forecasts(x),
             np.nanmean(x, axis=1),
             np.nanmin(recent, axis=1),
             np.nanmax(recent, axis=1),
@@ -76,11 +80,20 @@ def window_stats(x: np.ndarray, last: np.ndarray, scale: np.ndarray) -> np.ndarr
     return np.clip(np.nan_to_num(stats, nan=0.0), -50, 50).astype(np.float32)
 
 
-def candidate_points(stats: np.ndarray) -> np.ndarray:
-    """``(B, N_STATS)`` -> ``(B, C)``: the simple point forecasts of :data:`POINT_CANDIDATES` but the model."""
-    cols = [np.zeros(len(stats)) if c is None else stats[:, c]
-            for name, c in POINT_CANDIDATES.items() if name != "model"]
-    return np.stack(cols, axis=1)
+def candidate_points(values: np.ndarray, last: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """``(B, L)`` raw window -> ``(B, C)``: the simple point forecasts of :data:`POINT_CANDIDATES` but the
+    model, in window units and *unclipped* (a median is a median, however far from the last value).
+
+    Gaps are forward-filled first, as the baselines of :mod:`dprobe.forecasting.baselines` do, so that
+    a chosen ``median_30`` is exactly the 30-step moving median the evaluation compares against.
+    """
+    from dprobe.forecasting.baselines import ffill
+
+    x = (ffill(values) - last[:, None]) / scale[:, None]
+    simple = dict(zip(["median_5", "median_30", "mean_30", "ewma"], _recent_forecasts(x), strict=True))
+    cols = [np.zeros(len(x)) if name == "last_value" else simple[name]
+            for name in POINT_CANDIDATES if name != "model"]
+    return np.nan_to_num(np.stack(cols, axis=1), nan=0.0)
 
 
 def make_features(values: np.ndarray, covariates: np.ndarray | None, floor: float
