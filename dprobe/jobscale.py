@@ -36,7 +36,7 @@ FIRST_SECONDS = 1.0
 HORIZON_SECONDS = 10.0
 LEVELS = (0.5, 0.9, 0.99)
 OBS_FEATURES = ["log_mem_last", "log_mem_max", "util_mean", "util_last", "util_busy_share", "log_mem_total",
-                "log_batch", "bf16", "fp16", "adamw"]
+                "log_batch", "bf16", "fp16", "adamw", "util_max", "util_recent", "util_trend", "busy_onset"]
 # the cold-start profiler's graph-derived features used here: replayed allocator peak and reserved
 # memory, parameters, FLOPs and roofline step time (more overfit on the few runs there are)
 GRAPH_FEATURES = ["log_peak", "log_reserved", "log_params", "log_flops", "log_t_roof"]
@@ -60,7 +60,11 @@ def observe_run(samples: Any, batch: int, precision: str, optimizer: str) -> tup
     util = first["gpu_util_pct"].to_numpy(dtype=float) / 100
     obs = [np.log(mem[-1]), np.log(mem.max()), util.mean(), util[-1], float((util > 0).mean()),
            np.log(float(first["mem_total_bytes"].iloc[0])), np.log(batch), float(precision == "bf16"),
-           float(precision == "fp16"), float(optimizer == "adamw")]
+           float(precision == "fp16"), float(optimizer == "adamw"),
+           # how far the job has got: its busiest sample, the last three, their rise over the earlier
+           # ones, and when (share of the second) utilisation first passed 50 %
+           util.max(), util[-3:].mean(), util[-3:].mean() - util[:-3].mean(),
+           float(np.argmax(util > 0.5)) / len(util) if (util > 0.5).any() else 1.0]
     target = [float(np.quantile(later["mem_used_bytes"], 0.9)), float(later["gpu_util_pct"].mean() / 100)]
     return obs, target
 
