@@ -44,8 +44,12 @@ def train_forecaster(cfg: DictConfig, out_dir: Path) -> Path:
         log.info("point forecast per task and lead (chosen on validation): %s",
                  {t.name: s for t, s in zip(datamodule.task_specs, sources, strict=True)})
     shifts = conformal_shifts(model, datamodule) if cfg.get("calibrate_quantiles", True) else None
+    known = sum(int(t.known.sum()) for t in datamodule.tasks)
+    if model.hparams.use_graph:
+        log.info("workload conditioning: %d training series with a known workload%s", known,
+                 "" if known else " (no workloads.csv: graphs given at inference will be ignored)")
     path = export_checkpoint(model, datamodule.task_specs, out_dir / "dprobe.pt", point_sources=sources,
-                             quantile_shifts=shifts)
+                             quantile_shifts=shifts, workloads_trained=known > 0)
     export_onnx(read_checkpoint(path), out_dir / "dprobe.onnx")  # for the sidecar: no torch needed
     return path
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -90,10 +91,84 @@ def test_workload_conditioned_model_exports_to_onnx(tmp_path) -> None:
     for p in module.parameters():
         torch.nn.init.normal_(p, std=0.2)
     spec = TaskSpec("gpu_demand", "helios-earth-vc", (6, 12, 24), 300.0, (), 1.0)
-    pt = export_checkpoint(module, [spec], tmp_path / "m.pt")
+    pt = export_checkpoint(module, [spec], tmp_path / "m.pt", workloads_trained=True)
     onnx_path = export_onnx(read_checkpoint(pt), tmp_path / "m.onnx")
     batch = ForecastInput(values=np.random.default_rng(0).uniform(0, 50, (3, 40)), metric="gpu_demand",
                           leads=(6, 12, 24), step_seconds=300)
-    ref = open_forecaster(str(pt)).forecaster.predict(batch).quantiles  # online: the unknown workload
-    np.testing.assert_allclose(open_forecaster(str(onnx_path)).forecaster.predict(batch).quantiles, ref,
-                               rtol=1e-4, atol=1e-4)
+    torch_model, onnx_model = open_forecaster(str(pt)).forecaster, open_forecaster(str(onnx_path)).forecaster
+    ref = torch_model.predict(batch).quantiles  # no graphs: every row is an unknown workload
+    np.testing.assert_allclose(onnx_model.predict(batch).quantiles, ref, rtol=1e-4, atol=1e-4)
+
+    from dataclasses import replace
+
+    from dprobe.graph import build_model_graph
+
+    graph = build_model_graph("torchvision:resnet18", batch=2, image=64)
+    with_graphs = replace(batch, graphs=[graph, None, graph])  # what the sidecar passes for its targets
+    got = torch_model.predict(with_graphs).quantiles
+    np.testing.assert_allclose(got[1], ref[1], rtol=1e-6)  # no graph: unchanged
+    assert not np.allclose(got[[0, 2]], ref[[0, 2]])  # a known graph conditions the forecast
+    np.testing.assert_allclose(onnx_model.predict(with_graphs).quantiles, got, rtol=1e-4, atol=1e-4)
+
+    # a model whose known-workload path never saw a known workload ignores graphs
+    untrained = export_checkpoint(module, [spec], tmp_path / "u.pt", workloads_trained=False)
+    for path in (untrained, export_onnx(read_checkpoint(untrained), tmp_path / "u.onnx")):
+        np.testing.assert_allclose(open_forecaster(str(path)).forecaster.predict(with_graphs).quantiles, ref,
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_graph_vector_is_torch_free_and_reads_the_graph(tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from dprobe.data.workloads import graph_vector
+    from dprobe.graph import build_model_graph
+
+    small = build_model_graph("torchvision:resnet18", batch=2, image=64)
+    large = build_model_graph("torchvision:resnet18", batch=8, image=64)
+    v_small, v_large = graph_vector(small), graph_vector(large)
+    assert v_small.shape == (workload_dim(),) and np.isfinite(v_small).all()
+    assert v_large[2] > v_small[2] and v_large[6] > v_small[6]  # more FLOPs, larger batch
+    small.save(tmp_path / "g.json")
+    code = ("import json, sys\n"
+            "from dprobe.graph import load_model_graph\n"
+            "from dprobe.data.workloads import graph_vector\n"
+            f"v = graph_vector(load_model_graph({str(tmp_path / 'g.json')!r}))\n"
+            "print(json.dumps({'torch': 'torch' in sys.modules, 'v': v.tolist()}))\n")
+    out = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                    timeout=120).stdout)
+    assert out["torch"] is False
+    np.testing.assert_allclose(out["v"], v_small, rtol=1e-6)
+
+
+def test_training_with_workloads_csv_conditions_the_checkpoint(tmp_path, small_helios_dir) -> None:
+    """`+exp=gnn` on series with a workloads.csv: the checkpoint says its workload path was trained,
+    and its forecasts for a series then depend on the graph given for it."""
+    from dataclasses import replace
+
+    from dprobe.config import compose
+    from dprobe.forecasting.base import ForecastInput
+    from dprobe.forecasting.loading import load_forecaster
+    from dprobe.graph import build_model_graph
+    from dprobe.training import run
+
+    data = tmp_path / "helios"
+    shutil.copytree(small_helios_dir, data)
+    vcs = sorted(p.name.split(".")[0] for p in data.glob("vc*.csv.gz"))
+    (data / "workloads.csv").write_text(f"series,model,batch,image\n{vcs[0]},torchvision:resnet18,4,64\n")
+    out = tmp_path / "run"
+    cfg = compose(["+exp=gnn", f"paths.output_dir={out}", f"data.datasets=[{data}]", "data.samples_per_epoch=256",
+                   "data.val_samples=64", "data.batch_size=32", "model.d_model=16", "model.n_layers=1",
+                   "trainer.max_epochs=1", "trainer.accelerator=cpu", "trainer.enable_progress_bar=false",
+                   "evaluate.enabled=false", "coldstart.enabled=false", "jobscale.enabled=false"])
+    summary = run(cfg)
+    ckpt = torch.load(summary["checkpoint"], weights_only=True)
+    assert ckpt["workloads_trained"] is True and ckpt["hparams"]["use_graph"] is True
+    assert any(out.joinpath("cache").glob("graph-*.json"))  # the graph was built once and cached
+    model = load_forecaster(str(Path(summary["checkpoint"]).with_suffix(".onnx")))
+    window = ForecastInput(values=np.linspace(10, 20, 50)[None, :], metric="gpu_demand", leads=(6,),
+                           step_seconds=300)
+    graph = build_model_graph("torchvision:resnet18", batch=4, image=64)
+    assert not np.allclose(model.predict(replace(window, graphs=[graph])).quantiles,
+                           model.predict(window).quantiles)

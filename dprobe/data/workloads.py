@@ -1,37 +1,56 @@
 """Which workload each series runs, where a directory says so: ``workloads.csv`` beside the series.
 
-A series forecaster is *conditioned* on the workload it forecasts: where the model graph and job
-are known, on a vector of graph-derived and static features (the training step replayed on the
-graph: memory, FLOPs, roofline times, plus batch, precision, optimizer, GPU); where not, on a
-learned "unknown workload" embedding. ``workloads.csv`` (optional) maps series ids to jobs:
+A series forecaster is *conditioned* on the workload it forecasts: where the model graph is
+known, on a vector summarising the graph (parameters, FLOPs, bytes saved for backward,
+activation bytes, size, batch, the share of each op kind); where not, on a learned "unknown
+workload" embedding. The vector comes from a :class:`dprobe.graph.ModelGraph` alone, without
+torch, so the sidecar computes the same vector online from the graph it was given for a target.
+``workloads.csv`` (optional) maps series ids to models:
 
-    series,model,batch,precision,optimizer
-    pod-a,torchvision:resnet50,64,bf16,adamw
-    pod-b,transformers:BertConfig/BertForSequenceClassification,32,fp32,adamw
+    series,model,batch
+    pod-a,torchvision:resnet50,64
+    pod-b,transformers:BertConfig/BertForSequenceClassification,32
 
-``model`` takes any name ``dprobe graph`` does; ``precision`` (fp32), ``optimizer`` (adamw),
-``image``, ``seq`` and ``config_kwargs`` (JSON) are optional. Series without a row are unknown.
+``model`` takes any name ``dprobe graph`` does; ``image``, ``seq`` and ``config_kwargs`` (JSON)
+are optional. Series without a row are unknown.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from dprobe.data.common import DatasetError
+from dprobe.graph.ops import KINDS
 
 FILE = "workloads.csv"
 REQUIRED = ("series", "model", "batch")
+SIZE_FEATURES = ["log_params", "log_param_bytes", "log_flops", "log_saved_bytes", "log_activation_bytes",
+                 "log_nodes", "log_batch", "unknown_share"]
 
 
 def workload_dim() -> int:
-    """Length of a workload vector (the cold-start profiler's job features)."""
-    from dprobe.coldstart.features import FEATURES
+    """Length of a workload vector: the size features, then the share of nodes of each op kind."""
+    return len(SIZE_FEATURES) + len(KINDS)
 
-    return len(FEATURES)
+
+def graph_vector(graph: Any) -> np.ndarray:
+    """The workload vector of a model graph (``ModelGraph``), torch-free."""
+    nodes = graph.nodes
+    n = max(len(nodes), 1)
+    batch = graph.inputs.get("batch") or 1
+    sizes = [graph.num_params, graph.param_bytes, graph.flops, graph.saved_bytes,
+             sum(node.output_bytes for node in nodes), len(nodes)]
+    counts = graph.kind_counts()
+    vec = [math.log1p(max(float(v), 0.0)) for v in sizes]
+    vec += [math.log(max(float(batch), 1.0)), graph.unknown_nodes / n]
+    vec += [counts.get(kind, 0) / n for kind in KINDS]
+    return np.asarray(vec, dtype=np.float32)
 
 
 def read_workloads(directory: str | Path) -> pd.DataFrame | None:
@@ -54,22 +73,27 @@ def read_workloads(directory: str | Path) -> pd.DataFrame | None:
     return table
 
 
-def workload_vector(row: pd.Series, cache_dir: str | Path | None = None, gpu: str = "h200") -> np.ndarray:
-    """The job features of one ``workloads.csv`` row (replays the training step on the model graph)."""
-    from dprobe.coldstart.features import GPUS, analytical_for, job_features
+def workload_vector(row: pd.Series, cache_dir: str | Path | None = None) -> np.ndarray:
+    """The workload vector of one ``workloads.csv`` row (its model graph is built, or read from the cache)."""
+    from dprobe.graph import build_model_graph, load_model_graph
+    from dprobe.graph.encoder import spec_key
 
-    def opt(name: str, default: object = None) -> object:
-        v = row.get(name, default)
-        return default if v is None or (isinstance(v, float) and np.isnan(v)) else v
+    def opt(name: str) -> Any:
+        v = row.get(name)
+        return None if v is None or (isinstance(v, float) and np.isnan(v)) else v
 
-    precision, optimizer = str(opt("precision", "fp32")), str(opt("optimizer", "adamw"))
-    image, seq = opt("image"), opt("seq")
-    kwargs = opt("config_kwargs")
-    est = analytical_for(str(row["model"]), int(row["batch"]), precision, optimizer,
-                         image=int(image) if image is not None else None, seq=int(seq) if seq is not None else None,
-                         config_kwargs=json.loads(kwargs) if isinstance(kwargs, str) else kwargs,
-                         cache_dir=cache_dir)
-    return np.asarray(job_features(est, int(row["batch"]), precision, optimizer, GPUS[gpu]), dtype=np.float32)
+    image, seq, kwargs = opt("image"), opt("seq"), opt("config_kwargs")
+    spec = {"model": str(row["model"]), "batch": int(row["batch"]), "image": int(image) if image else None,
+            "seq": int(seq) if seq else None, "config_kwargs": json.loads(kwargs) if isinstance(kwargs, str) else kwargs}
+    path = Path(cache_dir) / f"graph-{spec_key(spec, extra='workload-v1')}.json" if cache_dir else None
+    if path is not None and path.is_file():
+        return graph_vector(load_model_graph(path))
+    graph = build_model_graph(spec["model"], batch=spec["batch"], image=spec["image"], seq=spec["seq"],
+                              config_kwargs=spec["config_kwargs"])
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        graph.save(path)
+    return graph_vector(graph)
 
 
 def workload_vectors(directory: str | Path, series_ids: list[str],

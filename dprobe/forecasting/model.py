@@ -121,8 +121,13 @@ def conformal_shifts(module, datamodule) -> list[list[list[float]]]:
 
 def export_checkpoint(module, tasks: list[TaskSpec], path: str | Path,
                       point_sources: list[list[str]] | None = None,
-                      quantile_shifts: list[list[list[float]]] | None = None) -> Path:
-    """Write what inference needs (no optimizer state, no pickled classes)."""
+                      quantile_shifts: list[list[list[float]]] | None = None,
+                      workloads_trained: bool = False) -> Path:
+    """Write what inference needs (no optimizer state, no pickled classes).
+
+    ``workloads_trained``: some training series had a known workload, so the model's
+    known-workload path was trained; without it, forecasts ignore any graph they are given.
+    """
     hparams = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dict(module.hparams).items()}
     obj = {
         "kind": KIND,
@@ -132,6 +137,7 @@ def export_checkpoint(module, tasks: list[TaskSpec], path: str | Path,
         "tasks": [t.to_dict() for t in tasks],
         "point_sources": point_sources or [["model"] * len(t.leads) for t in tasks],
         "quantile_shifts": quantile_shifts or [],
+        "workloads_trained": bool(workloads_trained),
         "state_dict": {k: v.detach().cpu() for k, v in module.state_dict().items()},
     }
     path = Path(path)
@@ -165,17 +171,22 @@ def export_onnx(obj: dict, path: str | Path) -> Path:
 
     example = (torch.zeros(2, hp["context_length"], 2 + N_COVARIATES), torch.zeros(2, N_STATS),
                torch.zeros(2, dtype=torch.long))
+    names = ["x", "stats", "task"]
+    if hp.get("use_graph"):  # workload inputs: vectors (B, D) and known flags (B,) as 0 / 1
+        from dprobe.data.workloads import workload_dim
+
+        example = (*example, torch.zeros(2, workload_dim()), torch.tensor([1.0, 0.0]))
+        names += ["cond", "known"]
     buf = io.BytesIO()
     batch_axis = {0: "batch"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporter's notes on its own deprecation and on index ops
-        torch.onnx.export(net, example, buf, dynamo=False, input_names=["x", "stats", "task"],
+        torch.onnx.export(net, example, buf, dynamo=False, input_names=names,
                           output_names=["quantiles"], opset_version=17,
-                          dynamic_axes={"x": batch_axis, "stats": batch_axis, "task": batch_axis,
-                                        "quantiles": batch_axis})
+                          dynamic_axes={**{n: batch_axis for n in names}, "quantiles": batch_axis})
     model = onnx.load_from_string(buf.getvalue())
     meta = {k: obj[k] for k in ("kind", "format", "dprobe_version", "hparams", "tasks", "point_sources",
-                                    "quantile_shifts")
+                                    "quantile_shifts", "workloads_trained")
             if k in obj}
     entry = model.metadata_props.add()
     entry.key, entry.value = "dprobe", json.dumps(meta)
@@ -193,10 +204,12 @@ class ModelForecaster(TrainedForecaster):
         self._setup(obj)
 
     @torch.no_grad()
-    def _network(self, x: np.ndarray, stats: np.ndarray, task: np.ndarray) -> np.ndarray:
-        q = self.module(torch.from_numpy(x).to(self.device), torch.from_numpy(stats).to(self.device),
-                        torch.from_numpy(task).to(self.device))
-        return q.cpu().numpy()
+    def _network(self, x: np.ndarray, stats: np.ndarray, task: np.ndarray, cond: np.ndarray | None = None,
+                 known: np.ndarray | None = None) -> np.ndarray:
+        def t(a: np.ndarray | None) -> torch.Tensor | None:
+            return None if a is None else torch.from_numpy(a).to(self.device)
+
+        return self.module(t(x), t(stats), t(task), t(cond), t(known)).cpu().numpy()
 
 
 @register_forecaster_loader(KIND)

@@ -38,9 +38,26 @@ class TrainedForecaster:
         self.context_length = int(hp["context_length"])
         self.quantile_levels = tuple(hp.get("quantiles", (0.5, 0.9, 0.99)))
         self.version = meta.get("dprobe_version", "?")
+        self.workload_inputs = bool(hp.get("use_graph"))  # the network takes workload vectors
+        # ... and they mean something: its known-workload path saw training series with a known workload
+        self.conditioned = self.workload_inputs and bool(meta.get("workloads_trained"))
 
-    def _network(self, x: np.ndarray, stats: np.ndarray, task: np.ndarray) -> np.ndarray:
+    def _network(self, x: np.ndarray, stats: np.ndarray, task: np.ndarray, cond: np.ndarray | None = None,
+                 known: np.ndarray | None = None) -> np.ndarray:
         raise NotImplementedError
+
+    def _workloads(self, graphs: list | None, n: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Workload vectors ``(B, D)`` and known flags ``(B,)`` (float) from the per-row graphs, if any."""
+        if not self.conditioned or not graphs or all(g is None for g in graphs):
+            return None, None
+        from dprobe.data.workloads import graph_vector, workload_dim
+
+        cond = np.zeros((n, workload_dim()), dtype=np.float32)
+        known = np.zeros(n, dtype=np.float32)
+        for i, g in enumerate(graphs):
+            if g is not None:
+                cond[i], known[i] = graph_vector(g), 1.0
+        return cond, known
 
     def task_for(self, metric: str, step_seconds: float | None = None) -> tuple[int, TaskSpec, float]:
         """The task trained on ``metric`` (closest step if several) and the unit factor to its units.
@@ -63,7 +80,8 @@ class TrainedForecaster:
         _, spec, _ = self.task_for(metric)
         return max(spec.leads) * spec.step_seconds
 
-    def _predict_task(self, k: int, spec: TaskSpec, values: np.ndarray, cov: np.ndarray | None) -> np.ndarray:
+    def _predict_task(self, k: int, spec: TaskSpec, values: np.ndarray, cov: np.ndarray | None,
+                      cond: np.ndarray | None = None, known: np.ndarray | None = None) -> np.ndarray:
         """Quantiles at the task's own leads, in the task's units: ``(B, H_task, Q)``."""
         n = self.context_length
         if values.shape[1] < n:  # pad the left with gaps
@@ -74,7 +92,7 @@ class TrainedForecaster:
                 cov = np.concatenate([np.full((len(cov), n - cov.shape[1], cov.shape[2]), np.nan), cov], 1)
             cov = cov[:, -n:]
         x, stats, last, scale = make_features(values, cov, spec.scale_floor)
-        q = self._network(x, stats, np.full(len(x), k, dtype=np.int64)).astype(np.float64)
+        q = self._network(x, stats, np.full(len(x), k, dtype=np.int64), cond, known).astype(np.float64)
         if self.quantile_shifts:  # conformal calibration on the validation windows
             q = q + self.quantile_shifts[k][None, : q.shape[1], :]
         names = list(POINT_CANDIDATES)
@@ -112,7 +130,7 @@ class TrainedForecaster:
             raise ValueError(f"{batch.metric}: trained for leads up to {max(spec.leads)} steps of "
                              f"{spec.step_seconds:g} s ({max(spec.leads) * spec.step_seconds:g} s); asked for "
                              f"{batch.leads[int(np.argmax(too_far))] * batch.step_seconds:g} s")
-        q = self._predict_task(k, spec, values, cov)
+        q = self._predict_task(k, spec, values, cov, *self._workloads(batch.graphs, len(values)))
 
         last = last_observed(values)
         grid = np.array([0.0, *spec.leads])
@@ -146,8 +164,15 @@ class OnnxForecaster(TrainedForecaster):
                              f"{KIND!r} format {FORMAT}")
         self._setup(meta)
 
-    def _network(self, x: np.ndarray, stats: np.ndarray, task: np.ndarray) -> np.ndarray:
-        return self.session.run(None, {"x": x, "stats": stats, "task": task})[0]
+    def _network(self, x: np.ndarray, stats: np.ndarray, task: np.ndarray, cond: np.ndarray | None = None,
+                 known: np.ndarray | None = None) -> np.ndarray:
+        feed = {"x": x, "stats": stats, "task": task}
+        if self.workload_inputs:  # an export with workload inputs: zeros and known = 0 for unknown workloads
+            from dprobe.data.workloads import workload_dim
+
+            feed["cond"] = cond if cond is not None else np.zeros((len(x), workload_dim()), dtype=np.float32)
+            feed["known"] = known if known is not None else np.zeros(len(x), dtype=np.float32)
+        return self.session.run(None, feed)[0]
 
 
 def block_mean(values: np.ndarray, block: int) -> np.ndarray:

@@ -63,8 +63,8 @@ class PatchForecaster(nn.Module):
         if cond is None:
             return unknown
         if known is None:
-            known = torch.ones(b, dtype=torch.bool, device=cond.device)
-        return torch.where(known.unsqueeze(-1), self.cond_proj(cond), unknown)
+            known = torch.ones(b, device=cond.device)
+        return torch.where(known.unsqueeze(-1) > 0.5, self.cond_proj(cond), unknown)  # known: bool or 0 / 1
 
     def forward(self, x: Tensor, stats: Tensor, task: Tensor, cond: Tensor | None = None,
                 known: Tensor | None = None) -> Tensor:
