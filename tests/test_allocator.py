@@ -84,3 +84,32 @@ def test_tracker_records_allocations_and_frees() -> None:
     peak_allocated, reserved = replay_reserved(tracker.events)
     assert peak_allocated == 2 * 4096 and reserved == 2 * MiB
     del b, c
+
+
+def test_random_traces_keep_the_allocator_consistent() -> None:
+    """Blocks tile their segments, free neighbours are always merged, pools hold exactly the free blocks."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        m = CachingAllocatorModel()
+        live: list[int] = []
+        for step in range(200):
+            if live and rng.random() < 0.45:
+                m.free(live.pop(int(rng.integers(len(live)))))
+            else:
+                live.append(step)
+                m.malloc(step, int(rng.choice([rng.integers(1, MiB), rng.integers(MiB, 12 * MiB),
+                                               rng.integers(10 * MiB, 40 * MiB)])))
+            blocks = sorted(m._blocks.values(), key=lambda b: b.addr)
+            assert sum(b.size for b in blocks) == m.reserved
+            assert sum(b.size for b in blocks if not b.free) == m.allocated <= m.peak_allocated
+            for a, b in zip(blocks, blocks[1:], strict=False):
+                if a.segment == b.segment:
+                    assert a.addr + a.size == b.addr and a.next is b and b.prev is a
+                    assert not (a.free and b.free)
+            assert sorted((b.size, b.addr) for b in blocks if b.free) == sorted(m._free[True] + m._free[False])
+        for k in live:
+            m.free(k)
+        assert m.allocated == 0 and all(b.free for b in m._blocks.values())
+        assert len(m._blocks) == m.segments  # everything merged back into one block per segment
