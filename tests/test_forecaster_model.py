@@ -289,3 +289,16 @@ def test_point_candidates_match_the_moving_median_baseline_across_gaps():
     cands = candidate_points(values, last, scale)
     median_30 = last + scale * cands[:, list(POINT_CANDIDATES).index("median_30") - 1]
     np.testing.assert_allclose(median_30, moving_median_path(values, [1], 30)[:, -1, 0])
+
+
+def test_covariate_dropout_blanks_whole_windows_in_training_only(small_alibaba_dir):
+    dm = SeriesDataModule([str(small_alibaba_dir)], context_length=32, batch_size=128, samples_per_epoch=256,
+                          val_samples=128, covariate_dropout=0.5)
+    dm.setup()
+    train = next(iter(dm.train_dataloader()))
+    covs = train["x"][..., 2:]  # covariate channels
+    blank = (covs == 0).flatten(1).all(1)
+    assert 0.25 < blank.float().mean() < 0.75  # about half the windows lose all their covariates
+    val = next(iter(dm.val_dataloader()))
+    has = (val["x"][..., 2:] != 0).flatten(1).any(1).float().mean()
+    assert has > 0.9  # validation windows keep theirs

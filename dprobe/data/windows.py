@@ -49,8 +49,11 @@ class _Origins(Dataset):
 class WindowCollate:
     """Gather the windows and future targets of a batch of (task, series, origin) rows."""
 
-    def __init__(self, tasks: list[TaskSeries], context_length: int, task_weights: list[float]) -> None:
+    def __init__(self, tasks: list[TaskSeries], context_length: int, task_weights: list[float],
+                 covariate_dropout: float = 0.0, seed: int = 0) -> None:
         self.tasks, self.context, self.task_weights = tasks, context_length, task_weights
+        self.covariate_dropout = covariate_dropout
+        self.rng = np.random.default_rng(seed)
 
     def __call__(self, rows: list[np.ndarray]) -> dict[str, torch.Tensor]:
         rows_arr = np.stack(rows)
@@ -68,6 +71,8 @@ class WindowCollate:
             cov = None
             if ts.covariates is not None:
                 cov = np.where(valid[..., None], ts.covariates[s[:, None], np.clip(idx, 0, None)], np.nan)
+                if self.covariate_dropout > 0:  # as online, where request rates may not be scraped
+                    cov[self.rng.random(len(cov)) < self.covariate_dropout] = np.nan
             x, st, last, scale = make_features(vals, cov, ts.spec.scale_floor)
             fut = ts.values[s[:, None], t[:, None] + np.asarray(ts.spec.leads)[None, :]]
             feats.append(x)
@@ -101,7 +106,7 @@ class SeriesDataModule(pl.LightningDataModule):
     def __init__(self, datasets: list[str], context_length: int = 128, batch_size: int = 256,
                  samples_per_epoch: int = 20000, val_samples: int = 4000, val_start: float = 0.6,
                  test_start: float = 0.7, min_history: int = 16, num_workers: int = 0, seed: int = 0,
-                 workload_cache: str | None = None) -> None:
+                 workload_cache: str | None = None, covariate_dropout: float = 0.0) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.tasks: list[TaskSeries] = []
@@ -182,9 +187,10 @@ class SeriesDataModule(pl.LightningDataModule):
         mean = float(np.mean(weights))
         return [w / mean for w in weights]
 
-    def _loader(self, rows: np.ndarray, sampler=None, shuffle: bool = False) -> DataLoader:
+    def _loader(self, rows: np.ndarray, sampler=None, shuffle: bool = False, dropout: float = 0.0) -> DataLoader:
+        collate = WindowCollate(self.tasks, self.hparams.context_length, self.task_weights, dropout, self.hparams.seed)
         return DataLoader(_Origins(rows), batch_size=self.hparams.batch_size, sampler=sampler, shuffle=shuffle,
-                          collate_fn=WindowCollate(self.tasks, self.hparams.context_length, self.task_weights),
+                          collate_fn=collate,
                           num_workers=self.hparams.num_workers,
                           persistent_workers=self.hparams.num_workers > 0)
 
@@ -195,7 +201,7 @@ class SeriesDataModule(pl.LightningDataModule):
         n = min(self.hparams.samples_per_epoch, len(rows) * 4)
         gen = torch.Generator().manual_seed(self.hparams.seed)
         sampler = WeightedRandomSampler(torch.as_tensor(weights), num_samples=n, replacement=True, generator=gen)
-        return self._loader(rows, sampler=sampler)
+        return self._loader(rows, sampler=sampler, dropout=self.hparams.covariate_dropout)
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(self._val_rows)

@@ -33,6 +33,10 @@ class ForecasterModule(pl.LightningModule):
                  lr: float = 1e-3, weight_decay: float = 1e-4, quantiles: tuple[float, ...] = QUANTILES,
                  use_graph: bool = False, d_graph: int = 0) -> None:
         super().__init__()
+        if use_graph and not d_graph:  # the checkpoint records the workload vector's length
+            from dprobe.data.workloads import workload_dim
+
+            d_graph = workload_dim()
         self.save_hyperparameters()
         self.net = build_network(n_tasks, n_leads, context_length, patch_len, stride, d_model, n_heads, n_layers,
                                  dropout, quantiles, use_graph, d_graph)
