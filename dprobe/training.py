@@ -57,6 +57,7 @@ def train_forecaster(cfg: DictConfig, out_dir: Path) -> Path:
 def evaluate_checkpoint(cfg: DictConfig, checkpoint: Path, out_dir: Path) -> dict:
     """Score the checkpoint beside every baseline on each evaluation directory; write report.md/json."""
     from dprobe.data import load_series_dataset
+    from dprobe.data.workloads import workload_graphs
     from dprobe.evaluation import EvalConfig, evaluate_dataset
     from dprobe.evaluation.report import markdown_table, plot_forecasts
     from dprobe.forecasting.loading import load_forecaster
@@ -65,8 +66,9 @@ def evaluate_checkpoint(cfg: DictConfig, checkpoint: Path, out_dir: Path) -> dic
     reports, tables = [], []
     for directory in cfg.evaluate.datasets:
         ds = load_series_dataset(directory)
+        graphs = workload_graphs(directory, cache_dir=Path(cfg.paths.output_dir) / "cache")  # workloads.csv
         result = evaluate_dataset(ds, models={"dprobe": forecaster},
-                                  cfg=EvalConfig(test_fraction=cfg.evaluate.test_fraction))
+                                  cfg=EvalConfig(test_fraction=cfg.evaluate.test_fraction), graphs=graphs)
         reports.append(result.to_json())
         tables.append(markdown_table(result))
         plot_forecasts(result, out_dir / f"forecasts-{ds.name}.png", methods=["last_value", "dprobe"])

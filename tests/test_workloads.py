@@ -172,3 +172,35 @@ def test_training_with_workloads_csv_conditions_the_checkpoint(tmp_path, small_h
     graph = build_model_graph("torchvision:resnet18", batch=4, image=64)
     assert not np.allclose(model.predict(replace(window, graphs=[graph])).quantiles,
                            model.predict(window).quantiles)
+
+
+def test_evaluation_gives_each_listed_series_its_graph(tmp_path, small_helios_dir) -> None:
+    """`dprobe evaluate` on a directory with workloads.csv: the model sees the graph of the series it
+    lists and none for the others."""
+    from dprobe.data import load_series_dataset
+    from dprobe.data.workloads import workload_graphs
+    from dprobe.evaluation import EvalConfig, evaluate_dataset
+    from dprobe.forecasting.baselines import make_baseline
+
+    data = tmp_path / "helios"
+    shutil.copytree(small_helios_dir, data)
+    vcs = sorted(p.name.split(".")[0] for p in data.glob("vc*.csv.gz"))
+    (data / "workloads.csv").write_text(f"series,model,batch,image\n{vcs[0]},torchvision:resnet18,4,64\n")
+    ds = load_series_dataset(data)
+    seen: dict[int, set] = {}
+    base = make_baseline("last_value")
+
+    class Recording:
+        name = "recording"
+
+        def predict(self, batch):
+            names = {getattr(g, "name", None) for g in (batch.graphs or [None])}
+            seen.setdefault(len(seen), set()).update(names)
+            return base.predict(batch)
+
+    graphs = workload_graphs(data, cache_dir=tmp_path / "cache")
+    assert set(graphs) == {vcs[0]}
+    evaluate_dataset(ds, models={"recording": Recording()}, graphs=graphs,
+                     cfg=EvalConfig(baselines=("last_value",), progress=False, batch_size=10_000))
+    calls = list(seen.values())
+    assert any(None not in c for c in calls) and any(c == {None} for c in calls)

@@ -73,8 +73,8 @@ def read_workloads(directory: str | Path) -> pd.DataFrame | None:
     return table
 
 
-def workload_vector(row: pd.Series, cache_dir: str | Path | None = None) -> np.ndarray:
-    """The workload vector of one ``workloads.csv`` row (its model graph is built, or read from the cache)."""
+def workload_graph(row: pd.Series, cache_dir: str | Path | None = None) -> Any:
+    """The model graph of one ``workloads.csv`` row (built, or read from the cache)."""
     from dprobe.graph import build_model_graph, load_model_graph
     from dprobe.graph.encoder import spec_key
 
@@ -87,30 +87,41 @@ def workload_vector(row: pd.Series, cache_dir: str | Path | None = None) -> np.n
             "seq": int(seq) if seq else None, "config_kwargs": json.loads(kwargs) if isinstance(kwargs, str) else kwargs}
     path = Path(cache_dir) / f"graph-{spec_key(spec, extra='workload-v1')}.json" if cache_dir else None
     if path is not None and path.is_file():
-        return graph_vector(load_model_graph(path))
+        return load_model_graph(path)
     graph = build_model_graph(spec["model"], batch=spec["batch"], image=spec["image"], seq=spec["seq"],
                               config_kwargs=spec["config_kwargs"])
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         graph.save(path)
-    return graph_vector(graph)
+    return graph
+
+
+def workload_graphs(directory: str | Path, series_ids: list[str] | None = None,
+                    cache_dir: str | Path | None = None) -> dict[str, Any]:
+    """Series id -> model graph for the series ``workloads.csv`` lists (all, or those in ``series_ids``)."""
+    table = read_workloads(directory)
+    if table is None:
+        return {}
+    wanted = None if series_ids is None else set(series_ids)
+    graphs = {}
+    for _, row in table.iterrows():
+        sid = str(row["series"])
+        if wanted is not None and sid not in wanted:
+            continue
+        try:
+            graphs[sid] = workload_graph(row, cache_dir)
+        except Exception as exc:  # an unknown model name, bad kwargs: say which row
+            raise DatasetError(f"{Path(directory) / FILE}: series {sid!r}: {exc}") from exc
+    return graphs
 
 
 def workload_vectors(directory: str | Path, series_ids: list[str],
                      cache_dir: str | Path | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(S, D)`` workload vectors and ``(S,)`` known flags for ``series_ids`` (zeros / False: unknown)."""
-    d = workload_dim()
-    vectors = np.zeros((len(series_ids), d), dtype=np.float32)
+    vectors = np.zeros((len(series_ids), workload_dim()), dtype=np.float32)
     known = np.zeros(len(series_ids), dtype=bool)
-    table = read_workloads(directory)
-    if table is None:
-        return vectors, known
-    rows = {str(r["series"]): r for _, r in table.iterrows()}
+    graphs = workload_graphs(directory, series_ids, cache_dir)
     for i, sid in enumerate(series_ids):
-        if sid in rows:
-            try:
-                vectors[i] = workload_vector(rows[sid], cache_dir)
-            except Exception as exc:  # an unknown model name, bad kwargs: say which row
-                raise DatasetError(f"{Path(directory) / FILE}: series {sid!r}: {exc}") from exc
-            known[i] = True
+        if sid in graphs:
+            vectors[i], known[i] = graph_vector(graphs[sid]), True
     return vectors, known

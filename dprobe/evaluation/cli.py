@@ -48,7 +48,12 @@ def run(args: argparse.Namespace) -> int:
         models["dprobe"] = load_forecaster(args.checkpoint)
     cfg = EvalConfig(test_fraction=args.test_fraction, baselines=baselines,
                      progress=not args.no_progress and sys.stderr.isatty())
-    result = evaluate_dataset(ds, models=models, cfg=cfg)
+    graphs = None
+    if models:  # series a workloads.csv names are forecast with their model graph
+        from dprobe.data.workloads import workload_graphs
+
+        graphs = workload_graphs(args.data)
+    result = evaluate_dataset(ds, models=models, cfg=cfg, graphs=graphs)
     if not result.rows:
         raise ValueError(f"{args.data}: no series long enough to evaluate (need {cfg.min_length} points)")
     if args.json:

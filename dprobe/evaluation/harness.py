@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -81,7 +82,7 @@ def _baseline_forecasts(b: PathBaseline, y: np.ndarray, leads: tuple[int, ...],
 
 def _model_forecasts(model: Forecaster, ds: SeriesDataset, target: str, series: dict[str, np.ndarray],
                      covs: dict[str, np.ndarray], origins: dict[str, np.ndarray],
-                     batch_size: int) -> dict[str, SeriesForecasts]:
+                     batch_size: int, graphs: dict[str, Any] | None = None) -> dict[str, SeriesForecasts]:
     """Call ``model`` on the windows ending at each origin, one series at a time in batches.
 
     Windows are strided views of the series (no copy), so memory stays bounded by one batch.
@@ -99,9 +100,11 @@ def _model_forecasts(model: Forecaster, ds: SeriesDataset, target: str, series: 
         points, quants = [], []
         for s in range(0, len(o), batch_size):
             idx = o[s : s + batch_size]
+            graph = (graphs or {}).get(uid)
             f = model.predict(ForecastInput(values=windows[idx], metric=target, leads=ds.lead_steps,
                                             step_seconds=ds.freq.total_seconds(),
-                                            covariates=None if cov_windows is None else cov_windows[idx]))
+                                            covariates=None if cov_windows is None else cov_windows[idx],
+                                            graphs=[graph] * len(idx) if graph is not None else None))
             points.append(f.point)
             quants.append(f.quantiles)
         out[uid] = SeriesForecasts(origins=o, point=np.concatenate(points), quantiles=np.concatenate(quants))
@@ -148,8 +151,12 @@ def _score(method: str, target: str, ds: SeriesDataset, per_series: dict[str, Se
 
 def evaluate_dataset(ds: SeriesDataset, models: dict[str, Forecaster] | None = None,
                      cfg: EvalConfig | None = None,
-                     on_method: Callable[[str, float], None] | None = None) -> EvalResult:
-    """Score every baseline in ``cfg.baselines`` and every forecaster in ``models`` on ``ds``."""
+                     on_method: Callable[[str, float], None] | None = None,
+                     graphs: dict[str, Any] | None = None) -> EvalResult:
+    """Score every baseline in ``cfg.baselines`` and every forecaster in ``models`` on ``ds``.
+
+    ``graphs``: series id -> model graph (a directory's ``workloads.csv``), given to the models.
+    """
     cfg = cfg or EvalConfig()
     models = models or {}
     result = EvalResult(dataset=ds.name, rows=[])
@@ -172,7 +179,7 @@ def evaluate_dataset(ds: SeriesDataset, models: dict[str, Forecaster] | None = N
             if method in models:
                 per = _model_forecasts(models[method], ds, target, series,
                                        {u: covs_all[u] for u in series} if covs_all else {}, origins,
-                                       cfg.batch_size)
+                                       cfg.batch_size, graphs)
             else:
                 per = {u: _baseline_forecasts(_baseline_for(method, ds, cfg, starts[u]), y, ds.lead_steps,
                                               origins[u]) for u, y in series.items()}
