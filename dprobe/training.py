@@ -43,7 +43,7 @@ def train_forecaster(cfg: DictConfig, out_dir: Path) -> Path:
     if sources:
         log.info("point forecast per task and lead (chosen on validation): %s",
                  {t.name: s for t, s in zip(datamodule.task_specs, sources, strict=True)})
-    shifts = conformal_shifts(model, datamodule) if cfg.get("calibrate_quantiles", True) else None
+    shifts = conformal_shifts(model, datamodule, sources) if cfg.get("calibrate_quantiles", True) else None
     known = sum(int(t.known.sum()) for t in datamodule.tasks)
     if model.hparams.use_graph:
         log.info("workload conditioning: %d training series with a known workload%s", known,

@@ -302,3 +302,36 @@ def test_covariate_dropout_blanks_whole_windows_in_training_only(small_alibaba_d
     val = next(iter(dm.val_dataloader()))
     has = (val["x"][..., 2:] != 0).flatten(1).any(1).float().mean()
     assert has > 0.9  # validation windows keep theirs
+
+
+def test_conformal_shifts_calibrate_what_is_served_after_the_point_choice():
+    """Upper quantiles are raised to the chosen point when served, so windows below the point are
+    covered whatever the shift: the shift is calibrated on the others, not on all of them."""
+    from types import SimpleNamespace
+
+    from dprobe.forecasting.model import conformal_shifts
+    from dprobe.models.features import POINT_CANDIDATES
+
+    rng = np.random.default_rng(0)
+    n = 4000
+    y = rng.uniform(0, 2, size=(n, 1))
+    cands = np.zeros((n, len(POINT_CANDIDATES) - 1), dtype=np.float32)
+    cands[: n // 2, list(POINT_CANDIDATES).index("median_30") - 1] = 3.0  # half the points above every y
+    batch = {"x": torch.zeros(n, 1), "s": torch.zeros(n, 1), "task": torch.zeros(n, dtype=torch.long),
+             "y": torch.from_numpy(y).float(), "p": torch.from_numpy(cands)}
+
+    class Fixed(torch.nn.Module):  # quantiles 0, 0, 0 for every window
+        hparams = SimpleNamespace(quantiles=(0.5, 0.9, 0.99), n_leads=1)
+
+        def forward(self, x, *rest):
+            return torch.zeros(len(x), 1, 3)
+
+    dm = SimpleNamespace(tasks=[None], val_dataloader=lambda: [batch])
+    plain = np.asarray(conformal_shifts(Fixed(), dm)[0])
+    served = np.asarray(conformal_shifts(Fixed(), dm, [["median_30"]])[0])
+    assert abs(plain[0, 1] - 1.8) < 0.05  # 90 % of y below it
+    assert abs(served[0, 1] - 1.6) < 0.05  # half covered by the point: 80 % of the rest suffice
+    point = cands[:, list(POINT_CANDIDATES).index("median_30") - 1]
+    for shift, expected in ((plain[0, 1], 0.95), (served[0, 1], 0.90)):
+        cover = (y[:, 0] <= np.maximum(shift, point)).mean()
+        assert abs(cover - expected) < 0.01

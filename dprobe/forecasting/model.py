@@ -88,19 +88,36 @@ def _robust_choice(err: np.ndarray, series: np.ndarray, names: list[str], confid
 
 
 @torch.no_grad()
-def conformal_shifts(module, datamodule) -> list[list[list[float]]]:
+def conformal_shifts(module, datamodule, point_sources: list[list[str]] | None = None) -> list[list[list[float]]]:
     """Per task, lead and quantile: the shift (window units) that makes validation coverage nominal.
 
     Conformalised quantile regression, one-sided: for level a, the shift is the
     a-quantile (finite-sample corrected) of ``y - q_a`` over the validation
     windows, so ``q_a + shift`` covers a share a of them. The p50 gets no shift.
+    With ``point_sources``, coverage is that of what is served: an upper quantile
+    is raised to at least the chosen point, so windows at or below the point are
+    covered whatever the shift, and the shift is calibrated on the others.
     """
+    from dprobe.models.features import POINT_CANDIDATES
+
+    names = list(POINT_CANDIDATES)
     levels = np.asarray(module.hparams.quantiles, dtype=float)
     scores: dict[int, list[np.ndarray]] = {}
     module.eval()
     for batch in datamodule.val_dataloader():
         q = module(batch["x"], batch["s"], batch["task"], batch.get("c"), batch.get("k")).numpy()  # (B, H, Q)
-        s = batch["y"].numpy()[..., None] - q
+        y = batch["y"].numpy()
+        s = y[..., None] - q
+        if point_sources is not None:
+            cands = batch["p"].numpy()  # (B, C): the simple forecasts, no "model" column
+            task = batch["task"].numpy()
+            point = q[..., 0].copy()
+            for row, k in enumerate(task):
+                for j, src in enumerate(point_sources[int(k)]):
+                    if src != "model":
+                        point[row, j] = cands[row, names.index(src) - 1]
+            covered = (y <= point)[..., None] & (levels > 0.5)[None, None, :]
+            s = np.where(covered, -np.inf, s)
         for k in np.unique(batch["task"].numpy()):
             scores.setdefault(int(k), []).append(s[batch["task"].numpy() == k])
     shifts = []
@@ -114,7 +131,10 @@ def conformal_shifts(module, datamodule) -> list[list[list[float]]]:
                 for j in range(sc.shape[1]):
                     col = sc[:, j, i][~np.isnan(sc[:, j, i])]
                     if len(col) >= 50:
-                        out[j, i] = float(np.quantile(col, min(1.0, a * (len(col) + 1) / len(col))))
+                        level = min(1.0, a * (len(col) + 1) / len(col))
+                        shift = float(np.quantile(col, level, method="higher"))
+                        out[j, i] = shift if np.isfinite(shift) else float(np.nanmin(np.where(
+                            np.isfinite(col), col, np.nan)) if np.isfinite(col).any() else 0.0)
         shifts.append(out.tolist())
     return shifts
 
