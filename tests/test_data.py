@@ -327,6 +327,16 @@ def _edit_csv(path: Path, edit) -> None:
     df.to_csv(path, index=False)
 
 
+def _set_cell(path: Path, row: int, column: str, value: str) -> None:
+    """Overwrite one cell (``row`` counts data rows from 0; the file's line is ``row + 2``)."""
+
+    def edit(df: pd.DataFrame) -> pd.DataFrame:
+        df.loc[row, column] = value
+        return df
+
+    _edit_csv(path, edit)
+
+
 def test_missing_file(tmp_path: Path) -> None:
     d = write_alibaba_subset(tmp_path / "a", longest_pods(1))
     (d / "pod_gpu_memory_used_bytes_anon.csv.gz").unlink()
@@ -364,12 +374,7 @@ def test_missing_column_alibaba(tmp_path: Path) -> None:
 
 def test_non_numeric_value(tmp_path: Path) -> None:
     d, path = _small_helios(tmp_path)
-
-    def edit(df: pd.DataFrame) -> pd.DataFrame:
-        df.loc[41, "running_gpu_num"] = "lots"
-        return df
-
-    _edit_csv(path, edit)
+    _set_cell(path, 41, "running_gpu_num", "lots")
     with pytest.raises(DatasetError) as err:
         load_helios(d)
     msg = str(err.value)
@@ -382,34 +387,19 @@ def test_non_numeric_value(tmp_path: Path) -> None:
 def test_non_numeric_value_alibaba_and_h200(tmp_path: Path) -> None:
     d = write_alibaba_subset(tmp_path / "a", longest_pods(1))
     path = d / "pod_gpu_duty_cycle_anon.csv.gz"
-
-    def edit(df: pd.DataFrame) -> pd.DataFrame:
-        df.loc[7, "value"] = "oops"
-        return df
-
-    _edit_csv(path, edit)
+    _set_cell(path, 7, "value", "oops")
     with pytest.raises(DatasetError, match=r"pod_gpu_duty_cycle_anon\.csv\.gz: column 'value'.*row 9"):
         load_alibaba(d)
     h = tmp_path / "h200"
     shutil.copytree(H200, h)
-
-    def edit_runs(df: pd.DataFrame) -> pd.DataFrame:
-        df.loc[2, "batch"] = "thirty-two"
-        return df
-
-    _edit_csv(h / "runs.csv", edit_runs)
+    _set_cell(h / "runs.csv", 2, "batch", "thirty-two")
     with pytest.raises(DatasetError, match=r"runs\.csv: column 'batch'.*row 4"):
         load_h200_profiles(h)
 
 
 def test_bad_timestamp(tmp_path: Path) -> None:
     d, path = _small_helios(tmp_path)
-
-    def edit(df: pd.DataFrame) -> pd.DataFrame:
-        df.loc[10, "time"] = "yesterday-ish"
-        return df
-
-    _edit_csv(path, edit)
+    _set_cell(path, 10, "time", "yesterday-ish")
     with pytest.raises(DatasetError, match=r"column 'time'.*row 12"):
         load_helios(d)
 
