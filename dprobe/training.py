@@ -66,7 +66,7 @@ def evaluate_checkpoint(cfg: DictConfig, checkpoint: Path, out_dir: Path) -> dic
     reports, tables = [], []
     for directory in cfg.evaluate.datasets:
         ds = load_series_dataset(directory)
-        graphs = workload_graphs(directory, cache_dir=Path(cfg.paths.output_dir) / "cache")  # workloads.csv
+        graphs = workload_graphs(directory, cache_dir=cfg.data.get("workload_cache"))  # workloads.csv, if any
         result = evaluate_dataset(ds, models={"dprobe": forecaster},
                                   cfg=EvalConfig(test_fraction=cfg.evaluate.test_fraction), graphs=graphs)
         reports.append(result.to_json())

@@ -58,7 +58,6 @@ class WindowCollate:
     def __call__(self, rows: list[np.ndarray]) -> dict[str, torch.Tensor]:
         rows_arr = np.stack(rows)
         feats, stats, targets, task_ids, weights, cond, known, points, scales, series = ([] for _ in range(10))
-        order = []
         for k, ts in enumerate(self.tasks):
             sel = np.flatnonzero(rows_arr[:, 0] == k)
             if not len(sel):
@@ -85,7 +84,6 @@ class WindowCollate:
             task_ids.append(np.full(len(sel), k))
             cond.append(ts.workload[s])
             known.append(ts.known[s])
-            order.append(sel)
         return {
             "x": torch.from_numpy(np.concatenate(feats)).float(),
             "s": torch.from_numpy(np.concatenate(stats)).float(),

@@ -75,8 +75,7 @@ def read_workloads(directory: str | Path) -> pd.DataFrame | None:
 
 def workload_graph(row: pd.Series, cache_dir: str | Path | None = None) -> Any:
     """The model graph of one ``workloads.csv`` row (built, or read from the cache)."""
-    from dprobe.graph import build_model_graph, load_model_graph
-    from dprobe.graph.encoder import spec_key
+    from dprobe.graph.encoder import cached_model_graph
 
     def opt(name: str) -> Any:
         v = row.get(name)
@@ -84,16 +83,9 @@ def workload_graph(row: pd.Series, cache_dir: str | Path | None = None) -> Any:
 
     image, seq, kwargs = opt("image"), opt("seq"), opt("config_kwargs")
     spec = {"model": str(row["model"]), "batch": int(row["batch"]), "image": int(image) if image else None,
-            "seq": int(seq) if seq else None, "config_kwargs": json.loads(kwargs) if isinstance(kwargs, str) else kwargs}
-    path = Path(cache_dir) / f"graph-{spec_key(spec, extra='workload-v1')}.json" if cache_dir else None
-    if path is not None and path.is_file():
-        return load_model_graph(path)
-    graph = build_model_graph(spec["model"], batch=spec["batch"], image=spec["image"], seq=spec["seq"],
-                              config_kwargs=spec["config_kwargs"])
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        graph.save(path)
-    return graph
+            "seq": int(seq) if seq else None,
+            "config_kwargs": (json.loads(kwargs) if isinstance(kwargs, str) else kwargs) or {}}
+    return cached_model_graph(spec, cache_dir)
 
 
 def workload_graphs(directory: str | Path, series_ids: list[str] | None = None,

@@ -98,28 +98,22 @@ def conformal_shifts(module, datamodule, point_sources: list[list[str]] | None =
     is raised to at least the chosen point, so windows at or below the point are
     covered whatever the shift, and the shift is calibrated on the others.
     """
-    from dprobe.models.features import POINT_CANDIDATES
+    from dprobe.models.features import served_point
 
-    names = list(POINT_CANDIDATES)
     levels = np.asarray(module.hparams.quantiles, dtype=float)
     scores: dict[int, list[np.ndarray]] = {}
     module.eval()
     for batch in datamodule.val_dataloader():
         q = module(batch["x"], batch["s"], batch["task"], batch.get("c"), batch.get("k")).numpy()  # (B, H, Q)
-        y = batch["y"].numpy()
-        s = y[..., None] - q
-        if point_sources is not None:
-            cands = batch["p"].numpy()  # (B, C): the simple forecasts, no "model" column
-            task = batch["task"].numpy()
-            point = q[..., 0].copy()
-            for row, k in enumerate(task):
-                for j, src in enumerate(point_sources[int(k)]):
-                    if src != "model":
-                        point[row, j] = cands[row, names.index(src) - 1]
-            covered = (y <= point)[..., None] & (levels > 0.5)[None, None, :]
-            s = np.where(covered, -np.inf, s)
-        for k in np.unique(batch["task"].numpy()):
-            scores.setdefault(int(k), []).append(s[batch["task"].numpy() == k])
+        y, task = batch["y"].numpy(), batch["task"].numpy()
+        for k in np.unique(task):
+            rows = task == k
+            s = y[rows][..., None] - q[rows]
+            if point_sources is not None:
+                point = served_point(q[rows][..., 0], batch["p"].numpy()[rows], point_sources[int(k)])
+                covered = (y[rows] <= point)[..., None] & (levels > 0.5)[None, None, :]
+                s = np.where(covered, -np.inf, s)
+            scores.setdefault(int(k), []).append(s)
     shifts = []
     for k in range(len(datamodule.tasks)):
         out = np.zeros((module.hparams.n_leads, len(levels)))
@@ -131,10 +125,11 @@ def conformal_shifts(module, datamodule, point_sources: list[list[str]] | None =
                 for j in range(sc.shape[1]):
                     col = sc[:, j, i][~np.isnan(sc[:, j, i])]
                     if len(col) >= 50:
+                        # windows the point covers (-inf) need no shift: count them at the lowest one needed
+                        finite = col[np.isfinite(col)]
+                        col = np.maximum(col, finite.min() if len(finite) else 0.0)
                         level = min(1.0, a * (len(col) + 1) / len(col))
-                        shift = float(np.quantile(col, level, method="higher"))
-                        out[j, i] = shift if np.isfinite(shift) else float(np.nanmin(np.where(
-                            np.isfinite(col), col, np.nan)) if np.isfinite(col).any() else 0.0)
+                        out[j, i] = float(np.quantile(col, level, method="higher"))
         shifts.append(out.tolist())
     return shifts
 

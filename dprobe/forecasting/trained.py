@@ -15,7 +15,7 @@ import numpy as np
 
 from dprobe.forecasting.base import Forecast, ForecastInput
 from dprobe.forecasting.tasks import TaskSpec
-from dprobe.models.features import POINT_CANDIDATES, candidate_points, last_observed, make_features
+from dprobe.models.features import candidate_points, last_observed, make_features, served_point
 
 KIND = "dprobe-forecaster"
 # metric asked for -> (task it can be served by, factor from the metric's units to the task's)
@@ -95,12 +95,9 @@ class TrainedForecaster:
         q = self._network(x, stats, np.full(len(x), k, dtype=np.int64), cond, known).astype(np.float64)
         if self.quantile_shifts:  # conformal calibration on the validation windows
             q = q + self.quantile_shifts[k][None, : q.shape[1], :]
-        names = list(POINT_CANDIDATES)
-        cands = candidate_points(values, last, scale)
         q = np.sort(q, axis=-1)
-        for j, source in enumerate(self.point_sources[k]):
-            if source != "model":  # the validation-selected point forecast replaces the p50
-                q[:, j, 0] = cands[:, names.index(source) - 1]  # no "model" column
+        # the validation-selected point forecast replaces the p50
+        q[..., 0] = served_point(q[..., 0], candidate_points(values, last, scale), self.point_sources[k])
         q = np.maximum.accumulate(q, axis=-1)  # upper quantiles at least the point, which stays as chosen
         return last[:, None, None] + scale[:, None, None] * q
 

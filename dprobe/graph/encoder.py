@@ -97,9 +97,13 @@ def spec_key(spec: dict[str, Any], extra: str = "") -> str:
 
 def graph_for_run(run_row: Any, cache_dir: str | Path | None = None) -> ModelGraph:
     """Graph of a run (at the run's batch size), cached as JSON under ``cache_dir`` keyed by spec hash."""
+    return cached_model_graph(run_spec(run_row), cache_dir)
+
+
+def cached_model_graph(spec: dict[str, Any], cache_dir: str | Path | None = None) -> ModelGraph:
+    """Graph of a spec (``model``, ``batch``, ``image``, ``seq``, ``config_kwargs``), cached as JSON."""
     from dprobe.graph.build import build_model_graph
 
-    spec = run_spec(run_row)
     path = Path(cache_dir) / f"graph-{spec_key(spec)}.json" if cache_dir else None
     if path is not None and path.is_file():
         try:
@@ -109,5 +113,6 @@ def graph_for_run(run_row: Any, cache_dir: str | Path | None = None) -> ModelGra
     graph = build_model_graph(spec["model"], batch=spec["batch"], image=spec["image"], seq=spec["seq"],
                               config_kwargs=spec["config_kwargs"])
     if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
         graph.save(path)
     return graph

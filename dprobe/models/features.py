@@ -96,6 +96,17 @@ def candidate_points(values: np.ndarray, last: np.ndarray, scale: np.ndarray) ->
     return np.nan_to_num(np.stack(cols, axis=1), nan=0.0)
 
 
+def served_point(p50: np.ndarray, cands: np.ndarray, sources: list[str]) -> np.ndarray:
+    """The point forecast served per lead: the model's ``p50`` ``(B, H)`` or, where ``sources`` names
+    another candidate, that column of ``cands`` ``(B, C)`` (:func:`candidate_points`)."""
+    names = list(POINT_CANDIDATES)
+    point = np.array(p50, dtype=np.float64, copy=True)
+    for j, source in enumerate(sources):
+        if source != "model":
+            point[:, j] = cands[:, names.index(source) - 1]  # cands have no "model" column
+    return point
+
+
 def make_features(values: np.ndarray, covariates: np.ndarray | None, floor: float
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(B, L)`` values (+ ``(B, L, C)`` covariates) -> features ``(B, L, 2 + N_COVARIATES)``, stats, last, scale.

@@ -2,9 +2,9 @@
 
 Per sample: a window of one metric (``(L, F)`` features from
 :mod:`dprobe.models.features`), the task (which metric / data set) and, with
-``use_graph``, the workload: its graph-derived + static features where the
-series' model is known (:mod:`dprobe.data.workloads`), a learned "unknown
-workload" embedding where not. The window is
+``use_graph``, the workload: a summary of its model graph where the series'
+model is known (:mod:`dprobe.data.workloads`), a learned "unknown workload"
+embedding where not. The window is
 cut into overlapping patches, embedded, and read by a transformer encoder
 together with a conditioning token; each task has its own quantile head.
 """
