@@ -13,7 +13,7 @@ utilisation). Three ways to predict are compared, leave-model-family-out:
   showed and the cold-start profiler's device-memory estimate (the training step replayed on
   the graph, plus the CUDA context; :mod:`dprobe.coldstart`), with quantiles from the same
   rule's errors on the training runs; utilisation from the learned model given the
-  graph-derived features too (replayed allocator peak, FLOPs, roofline time; optionally a GNN
+  graph-derived features too (the roofline's GPU and host time of a step; optionally a GNN
   embedding of the graph).
 """
 
@@ -36,10 +36,11 @@ FIRST_SECONDS = 1.0
 HORIZON_SECONDS = 10.0
 LEVELS = (0.5, 0.9, 0.99)
 OBS_FEATURES = ["log_mem_last", "log_mem_max", "util_mean", "util_last", "util_busy_share", "log_mem_total",
-                "log_batch", "bf16", "fp16", "adamw", "util_max", "util_recent", "util_trend", "busy_onset"]
-# the cold-start profiler's graph-derived features used here: replayed allocator peak and reserved
-# memory, parameters, FLOPs and roofline step time (more overfit on the few runs there are)
-GRAPH_FEATURES = ["log_peak", "log_reserved", "log_params", "log_flops", "log_t_roof"]
+                "log_batch", "bf16", "fp16", "adamw", "util_max", "util_recent", "util_trend", "busy_onset",
+                "host_stall_ms"]
+# the cold-start profiler's graph-derived features used for utilisation: the per-kernel roofline's GPU
+# busy time and host issue time of one step (more overfit on the few runs there are)
+GRAPH_FEATURES = ["log_t_gpu", "log_t_host"]
 VARIANTS = ("persist", "no_graph", "graph")
 KIND = "dprobe-jobscale"
 
@@ -49,8 +50,12 @@ def _logit(u: np.ndarray) -> np.ndarray:
     return np.log(u / (1 - u))
 
 
-def observe_run(samples: Any, batch: int, precision: str, optimizer: str) -> tuple[list[float], list[float]] | None:
-    """First-second features and horizon targets of one run's NVML samples (None if too short)."""
+def observe_run(samples: Any, batch: int, precision: str, optimizer: str, host_stall_s: float = 0.0
+                ) -> tuple[list[float], list[float]] | None:
+    """First-second features and horizon targets of one run's NVML samples (None if too short).
+
+    ``host_stall_s``: seconds per step the job waits on the host (data loading, evaluation), as known.
+    """
     t = samples["t_rel"].to_numpy()
     first = samples[t <= FIRST_SECONDS]
     later = samples[(t > FIRST_SECONDS) & (t <= FIRST_SECONDS + HORIZON_SECONDS)]
@@ -64,7 +69,7 @@ def observe_run(samples: Any, batch: int, precision: str, optimizer: str) -> tup
            # how far the job has got: its busiest sample, the last three, their rise over the earlier
            # ones, and when (share of the second) utilisation first passed 50 %
            util.max(), util[-3:].mean(), util[-3:].mean() - util[:-3].mean(),
-           float(np.argmax(util > 0.5)) / len(util) if (util > 0.5).any() else 1.0]
+           float(np.argmax(util > 0.5)) / len(util) if (util > 0.5).any() else 1.0, 1000.0 * host_stall_s]
     target = [float(np.quantile(later["mem_used_bytes"], 0.9)), float(later["gpu_util_pct"].mean() / 100)]
     return obs, target
 
@@ -87,7 +92,7 @@ def load_job_dataset(data_dir: str, cache_dir: str | Path, with_graphs: bool = T
     for _, row in runs.iterrows():
         rid = str(row["run_id"])
         got = observe_run(profiles.run_samples(rid), int(row["batch"]), str(row["precision"]),
-                          str(row["optimizer"]))
+                          str(row["optimizer"]), host_stall_s=float(row["host_stall_s"]))
         if got is None or (graph_ds is not None and rid not in index):
             continue
         obs.append(got[0])

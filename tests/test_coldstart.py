@@ -62,8 +62,7 @@ def test_train_and_checkpoint(tmp_path, monkeypatch) -> None:
     from dprobe.graph.encoder import graph_to_data
 
     g = graph_to_data(build_model_graph("torchvision:resnet18", batch=2, image=64))
-    ds = {"graphs": [g] * n, "feats": feats, "base": base, "y": y, "families": [f"f{i % 3}" for i in range(n)],
-          "run_ids": [str(i) for i in range(n)], "models": ["m"] * n, "batch": np.ones(n)}
+    ds = tr.make_dataset([g] * n, feats, base, y, [f"f{i % 3}" for i in range(n)], [str(i) for i in range(n)])
     monkeypatch.setattr(tr, "load_dataset", lambda *a, **k: ds)
     for graph_dim in (0, 4):
         result = tr.train_coldstart("unused", str(tmp_path / f"g{graph_dim}"), max_epochs=5, graph_dim=graph_dim,
@@ -122,8 +121,7 @@ def test_p90_calibration_moves_coverage_towards_90_percent(monkeypatch) -> None:
     family = np.arange(n) % fams
     y = base * np.exp(rng.normal(scale=0.2, size=(n, 4)) + 0.1 * family[:, None] / fams)
     y[:, 2] = np.clip(0.5 + rng.normal(scale=0.15, size=n), 0.05, 0.95)
-    ds = {"graphs": [None] * n, "feats": feats, "base": base, "y": y, "families": [f"f{f}" for f in family],
-          "run_ids": [str(i) for i in range(n)], "models": ["m"] * n, "batch": np.ones(n)}
+    ds = tr.make_dataset([None] * n, feats, base, y, [f"f{f}" for f in family], [str(i) for i in range(n)])
     hp = {**tr.DEFAULTS, "ensemble": 2, "hidden": 8}
     shift = tr.calibrate_p90(ds, np.arange(n), 60, 0, hp)
     assert shift.shape == (4,) and np.isfinite(shift).all()
@@ -136,3 +134,83 @@ def test_p90_calibration_moves_coverage_towards_90_percent(monkeypatch) -> None:
     calibrated = miss()
     monkeypatch.setattr(tr, "calibrate_p90", lambda *a, **k: np.zeros(4))
     assert calibrated < miss()
+
+
+def test_replay_logs_kernels_by_phase_and_class() -> None:
+    from dprobe.coldstart.features import GPUS, roofline_seconds
+    from dprobe.coldstart.memtrack import BACKWARD, FORWARD, OP_CLASSES, OPTIMIZER
+
+    est = replay_training_step(parse_spec("torchvision:mobilenet_v2"), batch=4, precision="fp32",
+                               optimizer="sgd", image=64)
+    ops = np.array(est.ops)
+    assert len(ops) == est.kernels and ops.shape[1] == 5
+    assert {FORWARD, BACKWARD, OPTIMIZER} <= set(ops[:, 0].astype(int))
+    classes = {OP_CLASSES[int(c)] for c in ops[:, 1]}
+    assert {"conv", "conv_grouped", "norm", "elementwise", "optimizer"} <= classes  # depthwise convs apart
+    assert not ops[:, 2].any()  # fp32: no low-precision kernel
+    assert abs(ops[:, 3].sum() - est.flops) / est.flops < 1e-6
+    t = roofline_seconds(est, "fp32", GPUS["h200"])
+    assert t["roof"] == max(t["gpu"], t["host"]) and t["gpu"] >= t["compute"]
+    assert abs(sum(t[f"share_{c}"] for c in OP_CLASSES) - 1) < 0.05  # shares of GPU time (attention apart)
+    # fp32 matmuls and convolutions without TF32 run on the CUDA cores: slower
+    assert roofline_seconds(est, "fp32", GPUS["h200"], tf32=False)["gpu"] > t["gpu"]
+
+
+def test_host_stall_lowers_utilisation_only() -> None:
+    from dprobe.coldstart.train import busy_utilisation, with_stall
+
+    util, step, stall = np.array([0.6, 0.6]), np.array([0.02, 0.02]), np.array([0.0, 0.01])
+    busy = busy_utilisation(util, step, stall)
+    assert busy[0] == pytest.approx(0.6) and busy[1] == pytest.approx(0.9)
+    assert np.allclose(with_stall(busy, step, stall), util)
+
+
+def test_predict_with_host_stall(capsys) -> None:
+    from dprobe.coldstart.predict import predict_job
+
+    kw = dict(batch=4, precision="bf16", seq=32, config_kwargs=TINY_GPT2)
+    plain = predict_job("transformers:GPT2Config/GPT2LMHeadModel", **kw)
+    stalled = predict_job("transformers:GPT2Config/GPT2LMHeadModel", host_stall_s=0.05, **kw)
+    assert stalled["gpu_utilization"]["p50"] < plain["gpu_utilization"]["p50"]
+    assert stalled["step_time_seconds"] == plain["step_time_seconds"]
+    assert stalled["peak_memory_bytes"] == plain["peak_memory_bytes"]
+    with pytest.raises(ValueError, match="host-stall"):
+        predict_job("transformers:GPT2Config/GPT2LMHeadModel", host_stall_s=-1, **kw)
+
+
+def test_targets_a_run_does_not_show_are_not_learnt(monkeypatch) -> None:
+    from dprobe.coldstart import train as tr
+
+    rng = np.random.default_rng(2)
+    n = 24
+    feats = rng.normal(size=(n, len(tr.FEATURES)))
+    base = np.abs(rng.normal(size=(n, 4))) + 1.0
+    base[:, 2] = 0.5
+    y = base * np.exp(rng.normal(scale=0.05, size=(n, 4)))
+    y[:, 2] = 0.6
+    valid = np.ones((n, 4), dtype=bool)
+    valid[: n // 2, 1] = False
+    fams, ids = [f"f{i % 4}" for i in range(n)], [str(i) for i in range(n)]
+    hp = {**tr.DEFAULTS, "ensemble": 1, "hidden": 8}
+
+    def fitted(y_nvml_scale: float) -> np.ndarray:
+        yy = y.copy()
+        yy[: n // 2, 1] *= y_nvml_scale  # e.g. a FLOP-counting pass raised these NVML peaks
+        ds = tr.make_dataset([None] * n, feats, base, yy, fams, ids, valid=valid)
+        model = tr.fit(ds, np.arange(n), 30, 0, hp)
+        return tr.predict_residuals(model, [None] * n, feats)
+
+    assert np.allclose(fitted(1.0), fitted(3.0))
+
+
+def test_loader_derives_stalls_and_flop_pass(tmp_path) -> None:
+    from dprobe.data import load_h200_profiles
+    from dprobe.data.h200 import PHASE_EVERY, PHASE_STALL_S
+
+    runs = load_h200_profiles("datasets/h200-profiles").train_runs()
+    phases = runs["phases"].astype(str).str.lower().eq("true")
+    assert phases.any() and (~phases).any()
+    assert np.allclose(runs.loc[phases, "host_stall_s"], PHASE_STALL_S / PHASE_EVERY)
+    assert (runs.loc[~phases, "host_stall_s"] == 0).all()
+    assert runs.loc[runs["collection"] == 1, "flop_count_pass"].all()
+    assert not runs.loc[runs["collection"] == 2, "flop_count_pass"].any()

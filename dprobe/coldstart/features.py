@@ -7,6 +7,9 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from dprobe.coldstart.memtrack import BACKWARD, FORWARD, OP_CLASSES, OPTIMIZER
 from dprobe.coldstart.replay import ReplayEstimate, replay_training_step
 from dprobe.graph.encoder import spec_key
 from dprobe.graph.zoo import parse_spec
@@ -14,32 +17,58 @@ from dprobe.graph.zoo import parse_spec
 
 @dataclass(frozen=True)
 class GPUSpec:
-    """Device memory, dense peak FLOP/s (low precision, fp32) and memory bandwidth."""
+    """Device memory, dense peak FLOP/s (bf16 / fp16, TF32, fp32 vector) and memory bandwidth."""
 
     memory_bytes: float
     peak_flops_bf16: float
+    peak_flops_tf32: float
     peak_flops_fp32: float
     bandwidth: float
 
 
 GPUS = {
-    "h200": GPUSpec(150109880320, 989e12, 67e12, 4.8e12),
-    "h100": GPUSpec(85520809984, 989e12, 67e12, 3.35e12),
-    "a100": GPUSpec(85899345920, 312e12, 19.5e12, 2.0e12),
+    "h200": GPUSpec(150109880320, 989e12, 494e12, 67e12, 4.8e12),
+    "h100": GPUSpec(85520809984, 989e12, 494e12, 67e12, 3.35e12),
+    "a100": GPUSpec(85899345920, 312e12, 156e12, 19.5e12, 2.0e12),
 }
-LAUNCH_S = 4e-6
+LAUNCH_S = 4e-6  # GPU-side cost of one kernel (launch latency, tail)
+# host time to issue one op from eager PyTorch: forward ops (Python, autograd recording), backward ops
+# (C++ autograd engine), optimizer ops (foreach)
+HOST_S = {FORWARD: 15e-6, BACKWARD: 8e-6, OPTIMIZER: 10e-6}
 FEATURES = ["log_peak", "log_reserved", "log_params", "log_state", "log_act", "log_batch", "bf16", "fp16",
-            "adamw", "cudnn_benchmark", "log_flops", "log_t_compute", "log_t_memory", "log_t_launch",
-            "log_t_roof", "log_kernels", "act_share", "log_gpu_mem", "log_peak_flops"]
+            "adamw", "cudnn_benchmark", "log_flops", "log_t_compute", "log_t_memory", "log_t_gpu",
+            "log_t_host", "log_t_roof", "log_kernels", "act_share", "log_gpu_mem", "log_peak_flops",
+            "share_conv", "share_conv_grouped", "share_matmul", "share_norm"]
+
+# what the memory residuals may depend on (the job's shape, not its timing)
+MEMORY_FEATURES = ["log_peak", "log_reserved", "log_params", "log_state", "log_act", "log_batch", "bf16", "fp16",
+                   "adamw", "cudnn_benchmark", "log_kernels", "act_share", "log_gpu_mem"]
 
 
-def roofline_seconds(est: ReplayEstimate, precision: str, gpu: GPUSpec) -> dict[str, float]:
-    peak = gpu.peak_flops_fp32 if precision == "fp32" else gpu.peak_flops_bf16
-    t_compute = est.matmul_flops / peak + (est.flops - est.matmul_flops) / gpu.peak_flops_fp32
-    t_memory = est.bytes_moved / gpu.bandwidth
-    t_launch = est.kernels * LAUNCH_S
-    return {"compute": t_compute, "memory": t_memory, "launch": t_launch,
-            "roof": max(t_compute + t_memory, t_launch)}
+def roofline_seconds(est: ReplayEstimate, precision: str, gpu: GPUSpec, tf32: bool = True) -> dict[str, float]:
+    """Per-kernel roofline of one step: GPU busy time, host issue time, and the step (the larger of the two).
+
+    Each kernel takes max(FLOPs / peak, bytes / bandwidth) plus a launch cost; bf16 / fp16 kernels run at
+    the tensor-core peak, fp32 matmuls and convolutions at the TF32 peak when ``tf32`` (as
+    ``torch.backends.cuda.matmul.allow_tf32``), everything else at the fp32 vector peak.
+    """
+    ops = np.asarray(est.ops, dtype=np.float64).reshape(-1, 5)
+    phase, cls, low, flops, moved = ops.T
+    tensor = np.isin(cls, [OP_CLASSES.index(c) for c in ("matmul", "conv", "conv_grouped")])
+    fp32_mm = gpu.peak_flops_tf32 if tf32 else gpu.peak_flops_fp32
+    peak = np.where(tensor, np.where(low > 0, gpu.peak_flops_bf16, fp32_mm), gpu.peak_flops_fp32)
+    # fused attention kernels do not dispatch on meta: forward + backward ~ 3.5 forwards
+    attn_peak = fp32_mm if precision == "fp32" else gpu.peak_flops_bf16
+    t_attention = 3.5 * est.attention_flops / attn_peak
+    t_compute = float(np.sum(flops / peak)) + t_attention
+    t_memory = float(np.sum(moved / gpu.bandwidth))
+    per_op = np.maximum(flops / peak, moved / gpu.bandwidth) + LAUNCH_S
+    t_gpu = float(per_op.sum()) + t_attention
+    t_host = float(sum(HOST_S[p] * np.count_nonzero(phase == p) for p in HOST_S))
+    by_class = np.bincount(cls.astype(int), weights=per_op, minlength=len(OP_CLASSES))
+    shares = {f"share_{c}": float(by_class[i]) / max(t_gpu, 1e-12) for i, c in enumerate(OP_CLASSES)}
+    return {"compute": t_compute, "memory": t_memory, "gpu": t_gpu, "host": t_host, "roof": max(t_gpu, t_host),
+            **shares}
 
 
 def job_features(est: ReplayEstimate, batch: int, precision: str, optimizer: str, gpu: GPUSpec,
@@ -50,9 +79,9 @@ def job_features(est: ReplayEstimate, batch: int, precision: str, optimizer: str
     return [lg(est.peak_bytes), lg(est.reserved_bytes), lg(est.param_bytes), lg(max(est.state_bytes, 1.0)),
             lg(max(est.activation_bytes, 1.0)), lg(batch), float(precision == "bf16"), float(precision == "fp16"),
             float(optimizer == "adamw"), float(cudnn_benchmark), lg(max(est.flops, 1.0)),
-            lg(max(t["compute"], 1e-7)), lg(max(t["memory"], 1e-7)), lg(max(t["launch"], 1e-7)),
-            lg(max(t["roof"], 1e-7)), lg(max(est.kernels, 1.0)), est.activation_bytes / max(est.peak_bytes, 1.0),
-            lg(gpu.memory_bytes), lg(gpu.peak_flops_bf16)]
+            *(lg(max(t[k], 1e-7)) for k in ("compute", "memory", "gpu", "host", "roof")), lg(max(est.kernels, 1.0)), est.activation_bytes / max(est.peak_bytes, 1.0),
+            lg(gpu.memory_bytes), lg(gpu.peak_flops_bf16),
+            t["share_conv"], t["share_conv_grouped"], t["share_matmul"], t["share_norm"]]
 
 
 def analytical_for(model: str, batch: int, precision: str, optimizer: str, image: int | None = None,
@@ -61,7 +90,7 @@ def analytical_for(model: str, batch: int, precision: str, optimizer: str, image
     """The replay estimate, cached as JSON under ``cache_dir`` keyed by the job's spec hash."""
     spec = parse_spec(model, config_kwargs)
     key = spec_key({"model": model, "kw": spec.config_kwargs, "batch": batch, "precision": precision,
-                    "optimizer": optimizer, "image": image, "seq": seq}, extra="replay-v2")
+                    "optimizer": optimizer, "image": image, "seq": seq}, extra="replay-v3")
     path = Path(cache_dir) / f"replay-{key}.json" if cache_dir else None
     if path is not None and path.is_file():
         return ReplayEstimate(**json.loads(path.read_text()))

@@ -13,6 +13,15 @@ from dprobe.graph.ops import normalise_op
 from dprobe.graph.recorder import op_flops, tensors_of
 
 ALIGN = 512
+FORWARD, BACKWARD, OPTIMIZER = 0, 1, 2
+# kernel classes of the per-op roofline (each gets its own efficiency in features.roofline)
+OP_CLASSES = ("elementwise", "norm", "matmul", "conv", "conv_grouped", "optimizer")
+_NORM_KINDS = {"batchnorm", "layernorm", "norm", "softmax", "reduce", "loss"}
+
+
+def _conv_groups(func: Any, args: tuple) -> int:
+    index = 9 if func._overloadpacket is torch.ops.aten.convolution_backward else 8
+    return int(args[index]) if len(args) > index and isinstance(args[index], int) else 1
 _META_KINDS = {"reshape", "constant"}
 
 
@@ -43,6 +52,9 @@ class MemoryTracker(TorchDispatchMode):
         self.bytes_moved = 0.0
         self.sizes: list[int] = []
         self.events: list[tuple[str, int, int]] = []  # the alloc / free trace, for the allocator model
+        self.phase = 0  # set by the caller: FORWARD, BACKWARD or OPTIMIZER
+        # per kernel: (phase, OP_CLASSES index, low precision (0/1), flops, bytes)
+        self.ops: list[tuple[int, int, int, float, float]] = []
 
     def track(self, t: torch.Tensor) -> None:
         storage = t.untyped_storage()
@@ -66,6 +78,7 @@ class MemoryTracker(TorchDispatchMode):
         self.kernels = 0
         self.flops = self.matmul_flops = self.bytes_moved = 0.0
         self.sizes = []
+        self.ops = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -84,8 +97,20 @@ class MemoryTracker(TorchDispatchMode):
         else:
             f = op_flops(func, kind, args, kwargs, out)
         self.flops += f
-        if kind in ("conv", "linear", "matmul", "attention") or func._overloadpacket is torch.ops.aten.convolution_backward:
+        conv = kind == "conv" or func._overloadpacket is torch.ops.aten.convolution_backward
+        inputs = tensors_of((args, kwargs))
+        if conv or kind in ("linear", "matmul", "attention"):
             self.matmul_flops += f
-        moved = sum(t.numel() * t.element_size() for t in tensors_of((args, kwargs)))
-        self.bytes_moved += moved + sum(t.numel() * t.element_size() for t in outs)
+        if self.phase == OPTIMIZER:
+            cls = OP_CLASSES.index("optimizer")
+        elif conv:
+            cls = OP_CLASSES.index("conv_grouped" if _conv_groups(func, args) > 1 else "conv")
+        elif kind in ("linear", "matmul", "attention"):
+            cls = OP_CLASSES.index("matmul")
+        else:
+            cls = OP_CLASSES.index("norm" if kind in _NORM_KINDS else "elementwise")
+        low = int(any(t.dtype in (torch.bfloat16, torch.float16) for t in inputs))
+        moved = sum(t.numel() * t.element_size() for t in inputs) + sum(t.numel() * t.element_size() for t in outs)
+        self.bytes_moved += moved
+        self.ops.append((self.phase, cls, low, f, float(moved)))
         return out

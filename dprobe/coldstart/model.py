@@ -12,27 +12,48 @@ TARGETS = ["peak_memory_bytes", "device_memory_bytes", "gpu_utilization", "step_
 QUANTILES = (0.5, 0.9)
 
 
+class ResidualHead(nn.Module):
+    """MLP + linear path from a subset of the features to ``[n, k, 2]`` raw residual outputs of k targets."""
+
+    def __init__(self, features: list[int], n_targets: int, hidden: int, graph_dim: int, dropout: float) -> None:
+        super().__init__()
+        self.register_buffer("features", torch.tensor(features, dtype=torch.long))
+        self.mlp = nn.Sequential(nn.Linear(len(features) + graph_dim, hidden), nn.ReLU(), nn.Dropout(dropout),
+                                 nn.Linear(hidden, 2 * n_targets))
+        self.linear = nn.Linear(len(features), n_targets)  # a linear path keeps extrapolation tame
+
+    def forward(self, f: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        x = f[:, self.features]  # [n, len(features)]
+        out = self.mlp(torch.cat([x, z], dim=1)).view(x.shape[0], -1, 2)
+        return torch.stack([out[..., 0] + self.linear(x), out[..., 1]], dim=-1)
+
+
 class ColdStartModel(nn.Module):
     """Outputs ``[n, 4, 2]``: per target the p50 residual and p90 residual (p90 >= p50 by construction).
 
-    Residuals: log(measured / analytical) for memory and step time; logit of utilisation.
+    Residuals: log(measured / analytical) for memory and step time; logit of utilisation. Each group of
+    targets has a head of its own that sees only its features (``groups``: (target indices, feature
+    indices) pairs; default one head for all), so that e.g. timing features cannot bend memory residuals.
     """
 
     def __init__(self, n_features: int, hidden: int = 32, graph_dim: int = 8, layers: int = 2,
-                 dropout: float = 0.1) -> None:
+                 dropout: float = 0.1, groups: list[tuple[list[int], list[int]]] | None = None) -> None:
         super().__init__()
         self.encoder = GraphEncoder(hidden=hidden, out_dim=graph_dim, layers=layers) if graph_dim > 0 else None
         self.register_buffer("mu", torch.zeros(n_features))
         self.register_buffer("sd", torch.ones(n_features))
-        self.head = nn.Sequential(nn.Linear(n_features + graph_dim, hidden), nn.ReLU(), nn.Dropout(dropout),
-                                  nn.Linear(hidden, 2 * len(TARGETS)))
-        self.linear = nn.Linear(n_features, len(TARGETS))  # a linear path keeps extrapolation tame
+        groups = groups or [(list(range(len(TARGETS))), list(range(n_features)))]
+        self.targets = [t for ts, _ in groups for t in ts]
+        if sorted(self.targets) != list(range(len(TARGETS))):
+            raise ValueError(f"groups must cover each of the {len(TARGETS)} targets once")
+        self.heads = nn.ModuleList(ResidualHead(fs, len(ts), hidden, graph_dim, dropout) for ts, fs in groups)
 
     def forward(self, graphs: Batch | None, feats: torch.Tensor) -> torch.Tensor:
-        f = (feats - self.mu) / self.sd
-        z = self.encoder(graphs) if self.encoder is not None else f[:, :0]
-        out = self.head(torch.cat([f, z], dim=1)).view(-1, len(TARGETS), 2)
-        p50 = out[..., 0] + self.linear(f)
+        f = (feats - self.mu) / self.sd  # [n, n_features]
+        z = self.encoder(graphs) if self.encoder is not None else f[:, :0]  # [n, graph_dim]
+        out = torch.cat([head(f, z) for head in self.heads], dim=1)  # [n, 4, 2], targets in self.targets order
+        out = out[:, torch.tensor(self.targets).argsort()]
+        p50 = out[..., 0]
         p90 = p50 + nn.functional.softplus(out[..., 1])
         return torch.stack([p50, p90], dim=-1)
 

@@ -15,16 +15,29 @@ DEFAULT_CHECKPOINT = Path(__file__).with_name("default_coldstart.pt")
 
 def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str = "adamw",
                 image: int | None = None, seq: int | None = None, config_kwargs: dict | str | None = None,
-                checkpoint: str | Path | None = None, gpu: str = "h200") -> dict[str, Any]:
-    """Predict peak allocator bytes, NVML bytes, GPU utilisation and step time (p50 and p90 each)."""
+                checkpoint: str | Path | None = None, gpu: str = "h200", host_stall_s: float = 0.0
+                ) -> dict[str, Any]:
+    """Predict peak allocator bytes, NVML bytes, GPU utilisation and step time (p50 and p90 each).
+
+    ``host_stall_s``: seconds per step, on average, that the GPU waits on the host (data loading,
+    evaluation, checkpointing); it lowers utilisation, not the step time (a step's own duration).
+    """
     from torch_geometric.data import Batch  # noqa: F401 - fail early if PyG is missing
 
-    from dprobe.coldstart.train import baseline, from_residual, load_checkpoint, predict_residuals
+    from dprobe.coldstart.train import (
+        apply_stall,
+        baseline,
+        from_residual,
+        load_checkpoint,
+        predict_residuals,
+    )
     from dprobe.graph.build import build_model_graph
     from dprobe.graph.encoder import graph_to_data
 
     if batch < 1:
         raise ValueError("--batch must be >= 1")
+    if not host_stall_s >= 0:
+        raise ValueError(f"--host-stall must be >= 0 seconds, not {host_stall_s}")
     if gpu not in GPUS:
         raise ValueError(f"unknown GPU {gpu!r} ({', '.join(GPUS)})")
     spec = GPUS[gpu]
@@ -33,7 +46,7 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
     feats = job_features(est, batch, precision, optimizer, spec)
     base = baseline(est, feats)
     result: dict[str, Any] = {"model": model, "batch": batch, "precision": precision, "optimizer": optimizer,
-                              "gpu": gpu, "unknown_nodes": graph.unknown_nodes, "graph_nodes": len(graph.nodes)}
+                              "gpu": gpu, "host_stall_s": host_stall_s, "unknown_nodes": graph.unknown_nodes, "graph_nodes": len(graph.nodes)}
     ckpt_path = Path(checkpoint) if checkpoint else (DEFAULT_CHECKPOINT if DEFAULT_CHECKPOINT.is_file() else None)
     if ckpt_path is not None:
         net, _ = load_checkpoint(ckpt_path)
@@ -42,10 +55,12 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
         result["method"] = "learned"
         result["checkpoint"] = str(ckpt_path)
     else:
-        p50, p90 = base, base * np.array([1.05, 1.07, 1.0, 1.3])
+        p50, p90 = base.copy(), base * np.array([1.05, 1.07, 1.0, 1.3])
         p90[2] = min(base[2] + 0.2, 1.0)
         result["method"] = "analytical"
         result["note"] = "no checkpoint: analytical estimate only"
+    stall = np.array(host_stall_s, dtype=np.float64)
+    apply_stall(p50, p90, stall)
     if gpu != "h200":
         result["note"] = (result.get("note", "") + "; trained on h200 measurements only").lstrip("; ")
     for i, t in enumerate(TARGETS):
@@ -57,7 +72,7 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
         else:
             result[t] = {"p50": int(p50[i]), "p90": int(hi)}
     result["analytical"] = {"peak_memory_bytes": int(base[0]), "device_memory_bytes": int(base[1]),
-                            "gpu_utilization": round(float(base[2]), 4), "step_time_seconds": float(base[3]),
+                            "gpu_utilization": round(float(base[2] * base[3] / (base[3] + host_stall_s)), 4), "step_time_seconds": float(base[3]),
                             "param_bytes": int(est.param_bytes), "optimizer_state_bytes": int(est.state_bytes),
                             "activation_bytes": int(est.activation_bytes), "flops_per_step": est.flops,
                             "kernels_per_step": int(est.kernels)}

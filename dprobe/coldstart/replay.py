@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -11,7 +11,7 @@ from torch import nn
 
 from dprobe.coldstart.allocator import replay_reserved
 from dprobe.coldstart.autocast import AutocastEmulation
-from dprobe.coldstart.memtrack import MemoryTracker, round_alloc
+from dprobe.coldstart.memtrack import BACKWARD, FORWARD, OPTIMIZER, MemoryTracker, round_alloc
 from dprobe.graph.zoo import ExampleInputs, ModelSpec, build_module, example_inputs
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -36,9 +36,13 @@ class ReplayEstimate:
     bytes_moved: float
     kernels: float
     large_allocs: float
+    attention_flops: float = 0.0  # forward FLOPs of fused attention (its kernels are not dispatched on meta)
+    # per kernel of the measured step: [phase, class, low precision, flops, bytes] (see memtrack.OP_CLASSES)
+    ops: list[list[float]] = field(default_factory=list, repr=False)
 
-    def to_dict(self) -> dict[str, float]:
-        return {k: float(v) for k, v in asdict(self).items()}
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {k: (v if k == "ops" else float(v)) for k, v in d.items()}
 
 
 def _loss(model_out: Any, ex: ExampleInputs) -> torch.Tensor:
@@ -82,11 +86,14 @@ def replay_training_step(spec: ModelSpec, batch: int, precision: str = "fp32", o
                 state = steady - param_bytes
                 tracker.reset_peak()
             emul = AutocastEmulation(PRECISIONS[precision])
+            tracker.phase = FORWARD
             with emul:
                 loss = _loss(model(*ex.args, **ex.kwargs), ex)
             emul.cache.clear()
             activation = float(tracker.current) - steady
+            tracker.phase = BACKWARD
             loss.backward()
+            tracker.phase = OPTIMIZER
             opt.step()
             del loss
     peak = float(tracker.peak)
@@ -98,6 +105,8 @@ def replay_training_step(spec: ModelSpec, batch: int, precision: str = "fp32", o
         flops=flops, matmul_flops=tracker.matmul_flops + 3.0 * emul.attention_flops,
         bytes_moved=tracker.bytes_moved, kernels=float(tracker.kernels),
         large_allocs=float(sum(1 for s in tracker.sizes if s > SMALL_LIMIT)),
+        attention_flops=float(emul.attention_flops),
+        ops=[[float(v) for v in op] for op in tracker.ops],
     )
 
 

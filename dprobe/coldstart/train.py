@@ -12,21 +12,21 @@ import numpy as np
 import torch
 from torch_geometric.data import Batch
 
-from dprobe.coldstart.features import FEATURES, GPUS, analytical_for, family_of, job_features
+from dprobe.coldstart.features import FEATURES, GPUS, MEMORY_FEATURES, analytical_for, family_of, job_features
 from dprobe.coldstart.model import TARGETS, ColdStartEnsemble, ColdStartModel, pinball
 from dprobe.coldstart.replay import ReplayEstimate
 from dprobe.graph.encoder import graph_for_run, graph_to_data, run_spec
 
 log = logging.getLogger(__name__)
-VERSION = 2
+VERSION = 3
 DEFAULTS: dict[str, Any] = {"hidden": 64, "graph_dim": 0, "layers": 2, "dropout": 0.3, "lr": 3e-3,
                             "weight_decay": 1e-3, "target_weights": [1.0, 1.0, 1.0, 1.0], "ensemble": 5}
 
 
 def baseline(est: ReplayEstimate, feats: list[float]) -> np.ndarray:
-    """Analytical predictions: peak, NVML, utilisation (roofline busy share), step time (roofline)."""
+    """Analytical predictions: peak, NVML, utilisation (GPU busy share of the roofline step), step time."""
     t_roof = math.exp(feats[FEATURES.index("log_t_roof")])
-    t_busy = math.exp(feats[FEATURES.index("log_t_compute")]) + math.exp(feats[FEATURES.index("log_t_memory")])
+    t_busy = math.exp(feats[FEATURES.index("log_t_gpu")])
     return np.array([est.peak_bytes, est.device_bytes, min(max(t_busy / t_roof, 0.05), 0.95), t_roof])
 
 
@@ -43,8 +43,31 @@ def from_residual(r: np.ndarray, base: np.ndarray) -> np.ndarray:
     return y
 
 
+def busy_utilisation(util: np.ndarray, step: np.ndarray, stall: np.ndarray) -> np.ndarray:
+    """Utilisation while the job runs steps, from utilisation measured over steps and host stalls."""
+    return np.clip(util * (step + stall) / step, 0.01, 0.99)
+
+
+def with_stall(busy: np.ndarray, step: np.ndarray, stall: np.ndarray) -> np.ndarray:
+    """Utilisation over steps and host stalls (``stall`` seconds per step, GPU idle) from the busy share."""
+    return busy * step / (step + stall)
+
+
+def apply_stall(p50: np.ndarray, p90: np.ndarray, stall: np.ndarray) -> None:
+    """In place: turn predicted busy utilisation into utilisation with stalls (p90 with the p90 step)."""
+    ui, si = TARGETS.index("gpu_utilization"), TARGETS.index("step_time_seconds")
+    p50[..., ui] = with_stall(p50[..., ui], p50[..., si], stall)
+    p90[..., ui] = with_stall(p90[..., ui], np.maximum(p90[..., si], p50[..., si]), stall)
+
+
 def load_dataset(data_dir: str, cache_dir: str | Path) -> dict[str, Any]:
-    """Graphs, features, analytical baselines and measured targets of every ok training run."""
+    """Graphs, features, analytical baselines and measured targets of every ok training run.
+
+    ``y`` holds the measurements; ``y_fit`` the targets the model learns, where utilisation is the busy
+    share without the run's host stalls (``stall``, seconds per step), which prediction puts back.
+    ``valid`` masks out targets a run's measurement does not show, e.g. an NVML peak raised by a
+    FLOP-counting pass before the run.
+    """
     from dprobe.data import load_h200_profiles
 
     runs = load_h200_profiles(data_dir).train_runs()
@@ -66,14 +89,41 @@ def load_dataset(data_dir: str, cache_dir: str | Path) -> dict[str, Any]:
         fams.append(family_of(str(row["model"])))
         ids.append(str(row["run_id"]))
     log.info("features of %d runs in %.1f s", len(ids), time.time() - t0)
-    return {"graphs": graphs, "feats": np.array(feats, dtype=np.float64), "base": np.array(bases),
-            "y": np.array(ys, dtype=np.float64), "families": fams, "run_ids": ids,
-            "models": [str(m) for m in runs["model"]], "batch": runs["batch"].to_numpy()}
+    valid = np.ones((len(ids), len(TARGETS)), dtype=bool)
+    valid[:, TARGETS.index("device_memory_bytes")] = ~runs["flop_count_pass"].to_numpy(dtype=bool)
+    return make_dataset(graphs, np.array(feats), np.array(bases), np.array(ys), fams, ids,
+                        models=[str(m) for m in runs["model"]], batch=runs["batch"].to_numpy(),
+                        stall=runs["host_stall_s"].to_numpy(dtype=np.float64), valid=valid)
+
+
+def make_dataset(graphs: list, feats: np.ndarray, base: np.ndarray, y: np.ndarray, families: list[str],
+                 run_ids: list[str], models: list[str] | None = None, batch: np.ndarray | None = None,
+                 stall: np.ndarray | None = None, valid: np.ndarray | None = None) -> dict[str, Any]:
+    """The training set as the functions here take it (see :func:`load_dataset`); no stalls and every
+    target valid unless given."""
+    n = len(run_ids)
+    y = np.asarray(y, dtype=np.float64)
+    stall = np.zeros(n) if stall is None else np.asarray(stall, dtype=np.float64)
+    y_fit = y.copy()
+    ui, si = TARGETS.index("gpu_utilization"), TARGETS.index("step_time_seconds")
+    y_fit[:, ui] = busy_utilisation(y[:, ui], y[:, si], stall)
+    return {"graphs": graphs, "feats": np.asarray(feats, dtype=np.float64), "base": np.asarray(base),
+            "y": y, "y_fit": y_fit, "valid": np.ones(y.shape, dtype=bool) if valid is None else valid,
+            "stall": stall, "families": list(families), "run_ids": list(run_ids),
+            "models": list(models) if models is not None else ["?"] * n,
+            "batch": np.ones(n) if batch is None else batch}
+
+
+def target_groups(features: list[str]) -> list[tuple[list[int], list[int]]]:
+    """Memory targets see the memory features only; utilisation and step time see all of them."""
+    memory = [i for i, name in enumerate(features) if name in MEMORY_FEATURES]
+    return [([0, 1], memory), ([2, 3], list(range(len(features))))]
 
 
 def _member(hp: dict[str, Any], n_features: int) -> ColdStartModel:
+    groups = target_groups(FEATURES) if hp.get("split_heads", True) else None
     return ColdStartModel(n_features, hidden=hp["hidden"], graph_dim=hp["graph_dim"], layers=hp["layers"],
-                          dropout=hp["dropout"])
+                          dropout=hp["dropout"], groups=groups)
 
 
 def fit(ds: dict[str, Any], idx: np.ndarray, max_epochs: int, seed: int, hp: dict[str, Any]) -> ColdStartEnsemble:
@@ -103,22 +153,27 @@ def calibrate_p90(ds: dict[str, Any], idx: np.ndarray, max_epochs: int, seed: in
         with torch.no_grad():
             graphs = Batch.from_data_list([ds["graphs"][i] for i in idx[held]]) if hp["graph_dim"] > 0 else None
             p90 = member(graphs, torch.tensor(ds["feats"][idx[held]], dtype=torch.float32))[..., 1].numpy()
-        scores.append(to_residual(ds["y"][idx[held]], ds["base"][idx[held]]) - p90)
+        score = to_residual(ds["y_fit"][idx[held]], ds["base"][idx[held]]) - p90
+        scores.append(np.where(ds["valid"][idx[held]], score, np.nan))
     s = np.concatenate(scores)
-    level = min(1.0, np.ceil(0.9 * (len(s) + 1)) / len(s))
-    return np.quantile(s, level, axis=0)
+    shift = np.zeros(s.shape[1])
+    for t in range(s.shape[1]):
+        col = s[~np.isnan(s[:, t]), t]
+        level = min(1.0, np.ceil(0.9 * (len(col) + 1)) / len(col))
+        shift[t] = np.quantile(col, level)
+    return shift
 
 
 def _fit_member(ds: dict[str, Any], idx: np.ndarray, max_epochs: int, seed: int, hp: dict[str, Any]
                 ) -> ColdStartModel:
     torch.manual_seed(seed)
     x = torch.tensor(ds["feats"][idx], dtype=torch.float32)
-    r = torch.tensor(to_residual(ds["y"][idx], ds["base"][idx]), dtype=torch.float32)
+    r = torch.tensor(to_residual(ds["y_fit"][idx], ds["base"][idx]), dtype=torch.float32)
     batch = Batch.from_data_list([ds["graphs"][i] for i in idx]) if hp["graph_dim"] > 0 else None
     model = _member(hp, x.shape[1])
     model.mu.copy_(x.mean(0))
     model.sd.copy_(x.std(0).clamp_min(1e-3))
-    w = torch.tensor(hp["target_weights"], dtype=torch.float32)
+    w = torch.tensor(hp["target_weights"], dtype=torch.float32) * torch.tensor(ds["valid"][idx], dtype=torch.float32)
     opt = torch.optim.AdamW(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
     model.train()
     for _ in range(max_epochs):
@@ -164,7 +219,10 @@ def cross_validate(data_dir: str, cache_dir: str | Path, max_epochs: int = 400, 
         res = predict_residuals(model, [ds["graphs"][i] for i in test], ds["feats"][test])
         p50[test] = from_residual(res[..., 0], ds["base"][test])
         p90[test] = from_residual(res[..., 1], ds["base"][test])
-    return {"learned": metrics(ds["y"], p50, p90), "analytical": metrics(ds["y"], ds["base"]),
+    apply_stall(p50, p90, ds["stall"])
+    analytical = ds["base"].copy()
+    apply_stall(analytical, analytical.copy(), ds["stall"])
+    return {"learned": metrics(ds["y"], p50, p90), "analytical": metrics(ds["y"], analytical),
             "families": len(set(fams)), "runs": n, "p50": p50, "p90": p90, "dataset": ds}
 
 

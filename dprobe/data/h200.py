@@ -30,7 +30,9 @@ STEP_COLUMNS = ["collection", "run_id", "step", "phase", "t_start", "t_end", "ba
 SAMPLE_PERIOD_S = 0.1
 # run settings that runs.csv leaves blank for a whole collection, as the data set's README states them
 # (collection 1 ran with cudnn.benchmark on, and a FLOP-counting pass before it measured)
-COLLECTION_SETTINGS: dict[int, dict[str, object]] = {1: {"cudnn_benchmark": True}}
+COLLECTION_SETTINGS: dict[int, dict[str, object]] = {1: {"cudnn_benchmark": True, "flop_count_pass": True}}
+# where ``phases`` is true, every 25th step is preceded by an evaluation pass and a 0.25 s stall (README)
+PHASE_STALL_S, PHASE_EVERY = 0.25, 25
 
 
 def _parse_kwargs(path: Path, value: object, run_id: str) -> dict:
@@ -45,12 +47,21 @@ def _parse_kwargs(path: Path, value: object, run_id: str) -> dict:
     return parsed
 
 
-def _cudnn_benchmark(runs: pd.DataFrame) -> pd.Series:
-    """Whether each run had ``cudnn.benchmark`` on: the column, else its collection's setting, else False."""
-    given = runs.get("cudnn_benchmark", pd.Series(np.nan, index=runs.index))
-    from_collection = runs["collection"].map(lambda c: COLLECTION_SETTINGS.get(int(c), {}).get("cudnn_benchmark"))
-    value = given.where(given.notna(), from_collection)
-    return value.map(lambda v: str(v).strip().lower() in ("true", "1", "1.0")).astype(bool)
+def _flag(values: pd.Series) -> pd.Series:
+    return values.map(lambda v: str(v).strip().lower() in ("true", "1", "1.0")).astype(bool)
+
+
+def _host_stall(runs: pd.DataFrame) -> pd.Series:
+    """Seconds per step the GPU waits on the host: the phases' data-loading stall, spread over its steps."""
+    phases = _flag(runs.get("phases", pd.Series(False, index=runs.index)))
+    return phases.astype(float) * (PHASE_STALL_S / PHASE_EVERY)
+
+
+def _setting(runs: pd.DataFrame, name: str) -> pd.Series:
+    """A boolean run setting: the column where given, else its collection's setting, else False."""
+    given = runs.get(name, pd.Series(np.nan, index=runs.index))
+    from_collection = runs["collection"].map(lambda c: COLLECTION_SETTINGS.get(int(c), {}).get(name))
+    return _flag(given.where(given.notna(), from_collection))
 
 
 @dataclass
@@ -102,7 +113,10 @@ def load_h200_profiles(directory: str | Path) -> H200Profiles:
     ]
     is_vision = runs["lib"].isin(["torchvision", "timm"])
     runs.loc[is_vision & runs["image"].isna(), "image"] = 224
-    runs["cudnn_benchmark"] = _cudnn_benchmark(runs)
+    runs["cudnn_benchmark"] = _setting(runs, "cudnn_benchmark")
+    # a FLOP-counting forward + backward before the run: NVML's whole-run peak includes it
+    runs["flop_count_pass"] = _setting(runs, "flop_count_pass")
+    runs["host_stall_s"] = _host_stall(runs)
     for col in ("precision", "optimizer", "kind", "status", "lib", "model"):
         runs[col] = runs[col].astype("string")
     samples = read_csv(paths["samples"], SAMPLE_COLUMNS, numeric=[c for c in SAMPLE_COLUMNS if c != "label"])
