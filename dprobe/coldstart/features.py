@@ -38,7 +38,8 @@ HOST_S = {FORWARD: 15e-6, BACKWARD: 8e-6, OPTIMIZER: 10e-6}
 FEATURES = ["log_peak", "log_reserved", "log_params", "log_state", "log_act", "log_batch", "bf16", "fp16",
             "adamw", "cudnn_benchmark", "log_flops", "log_t_compute", "log_t_memory", "log_t_gpu",
             "log_t_host", "log_t_roof", "log_kernels", "act_share", "log_gpu_mem", "log_peak_flops",
-            "share_conv", "share_conv_grouped", "share_matmul", "share_norm"]
+            "share_conv", "share_conv_grouped", "share_matmul", "share_norm",
+            "log_kernels_forward", "log_kernels_backward", "log_kernels_optimizer"]
 
 # what the memory residuals may depend on (the job's shape, not its timing)
 MEMORY_FEATURES = ["log_peak", "log_reserved", "log_params", "log_state", "log_act", "log_batch", "bf16", "fp16",
@@ -67,8 +68,10 @@ def roofline_seconds(est: ReplayEstimate, precision: str, gpu: GPUSpec, tf32: bo
     t_host = float(sum(HOST_S[p] * np.count_nonzero(phase == p) for p in HOST_S))
     by_class = np.bincount(cls.astype(int), weights=per_op, minlength=len(OP_CLASSES))
     shares = {f"share_{c}": float(by_class[i]) / max(t_gpu, 1e-12) for i, c in enumerate(OP_CLASSES)}
+    kernels = {f"kernels_{name}": float(np.count_nonzero(phase == p))
+               for name, p in (("forward", FORWARD), ("backward", BACKWARD), ("optimizer", OPTIMIZER))}
     return {"compute": t_compute, "memory": t_memory, "gpu": t_gpu, "host": t_host, "roof": max(t_gpu, t_host),
-            **shares}
+            **shares, **kernels}
 
 
 def job_features(est: ReplayEstimate, batch: int, precision: str, optimizer: str, gpu: GPUSpec,
@@ -81,7 +84,8 @@ def job_features(est: ReplayEstimate, batch: int, precision: str, optimizer: str
             float(optimizer == "adamw"), float(cudnn_benchmark), lg(max(est.flops, 1.0)),
             *(lg(max(t[k], 1e-7)) for k in ("compute", "memory", "gpu", "host", "roof")), lg(max(est.kernels, 1.0)), est.activation_bytes / max(est.peak_bytes, 1.0),
             lg(gpu.memory_bytes), lg(gpu.peak_flops_bf16),
-            t["share_conv"], t["share_conv_grouped"], t["share_matmul"], t["share_norm"]]
+            t["share_conv"], t["share_conv_grouped"], t["share_matmul"], t["share_norm"],
+            *(lg(max(t[f"kernels_{p}"], 1.0)) for p in ("forward", "backward", "optimizer"))]
 
 
 def analytical_for(model: str, batch: int, precision: str, optimizer: str, image: int | None = None,

@@ -54,10 +54,11 @@ def with_stall(busy: np.ndarray, step: np.ndarray, stall: np.ndarray) -> np.ndar
 
 
 def apply_stall(p50: np.ndarray, p90: np.ndarray, stall: np.ndarray) -> None:
-    """In place: turn predicted busy utilisation into utilisation with stalls (p90 with the p90 step)."""
+    """In place: turn predicted busy utilisation into utilisation with stalls (both with the p50 step)."""
     ui, si = TARGETS.index("gpu_utilization"), TARGETS.index("step_time_seconds")
-    p50[..., ui] = with_stall(p50[..., ui], p50[..., si], stall)
-    p90[..., ui] = with_stall(p90[..., ui], np.maximum(p90[..., si], p50[..., si]), stall)
+    step = p50[..., si].copy()
+    p50[..., ui] = with_stall(p50[..., ui], step, stall)
+    p90[..., ui] = with_stall(p90[..., ui], step, stall)
 
 
 def load_dataset(data_dir: str, cache_dir: str | Path) -> dict[str, Any]:

@@ -159,6 +159,7 @@ class SeriesDataModule(pl.LightningDataModule):
                     val_rows.append(np.stack([np.full(len(va), k), np.full(len(va), i), va], axis=1))
         self._train_rows = np.concatenate(train_rows).astype(np.int64)
         val = np.concatenate(val_rows).astype(np.int64)
+        self._calibration_rows = val  # every validation window: point choice and quantile calibration
         rng = np.random.default_rng(hp.seed)
         if len(val) > hp.val_samples:
             val = val[rng.choice(len(val), hp.val_samples, replace=False)]
@@ -202,4 +203,10 @@ class SeriesDataModule(pl.LightningDataModule):
         return self._loader(rows, sampler=sampler, dropout=self.hparams.covariate_dropout)
 
     def val_dataloader(self) -> DataLoader:
+        """``val_samples`` windows drawn from the validation span, for early stopping each epoch."""
         return self._loader(self._val_rows)
+
+    def calibration_dataloader(self) -> DataLoader:
+        """Every window of the validation span, for choosing the point forecast and calibrating the
+        quantiles after training (one pass, so it can afford more windows than each epoch's check)."""
+        return self._loader(self._calibration_rows)
