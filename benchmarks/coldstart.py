@@ -12,13 +12,14 @@ import numpy as np
 
 from dprobe.coldstart.train import cross_validate
 
-ROWS = [("peak_mape", "allocator peak MAPE %"), ("peak_worst_ape", "allocator peak worst APE %"),
-        ("nvml_mape", "NVML device memory MAPE %"), ("util_mae_points", "GPU util MAE (points)"),
-        ("step_mape", "step time MAPE %"), ("step_spearman", "step time Spearman"),
-        ("p90_coverage_peak_memory_bytes", "p90 coverage: peak"),
-        ("p90_coverage_device_memory_bytes", "p90 coverage: NVML"),
-        ("p90_coverage_gpu_utilization", "p90 coverage: util"),
-        ("p90_coverage_step_time_seconds", "p90 coverage: step time")]
+# (key, label, target: (low, high) bounds the learned figure must lie within)
+ROWS = [("peak_mape", "allocator peak MAPE %", (0, 1.5)), ("peak_worst_ape", "allocator peak worst APE %", (0, 8)),
+        ("nvml_mape", "NVML device memory MAPE %", (0, 3)), ("util_mae_points", "GPU util MAE (points)", (0, 8)),
+        ("step_mape", "step time MAPE %", (0, 12)), ("step_spearman", "step time Spearman", (0.9, 1)),
+        ("p90_coverage_peak_memory_bytes", "p90 coverage: peak", (0.85, 0.95)),
+        ("p90_coverage_device_memory_bytes", "p90 coverage: NVML", (0.85, 0.95)),
+        ("p90_coverage_gpu_utilization", "p90 coverage: util", (0.85, 0.95)),
+        ("p90_coverage_step_time_seconds", "p90 coverage: step time", (0.85, 0.95))]
 
 
 def main() -> None:
@@ -32,10 +33,15 @@ def main() -> None:
     cv = cross_validate(args.data, args.cache, max_epochs=args.epochs, seed=args.seed)
     print(f"leave-model-family-out on {args.data}: {cv['runs']} runs, {cv['families']} families "
           f"({time.time() - t0:.0f} s)")
-    print(f"{'metric':34s} {'learned':>10s} {'analytical':>11s}")
-    for key, label in ROWS:
+    print(f"{'metric':34s} {'learned':>10s} {'analytical':>11s}  target")
+    missed = []
+    for key, label, (low, high) in ROWS:
         a = cv["analytical"].get(key)
-        print(f"{label:34s} {cv['learned'][key]:10.3f} {a if a is not None else float('nan'):11.3f}")
+        value = cv["learned"][key]
+        ok = low <= value <= high
+        missed += [] if ok else [label]
+        print(f"{label:34s} {value:10.3f} {a if a is not None else float('nan'):11.3f}  "
+              f"{low:g}-{high:g} {'PASS' if ok else 'MISS'}")
     ds = cv["dataset"]
     clean = ds["valid"][:, 1]  # NVML peaks that show the training step (no FLOP-counting pass before it)
     if clean.any() and not clean.all():
@@ -43,6 +49,8 @@ def main() -> None:
         print(f"{'  NVML MAPE, runs NVML shows as is':34s} {100 * np.mean(np.abs(p50 / y - 1)):10.3f} "
               f"{100 * np.mean(np.abs(base / y - 1)):11.3f}   ({clean.sum()} runs)")
         print(f"{'  p90 coverage: NVML, those runs':34s} {np.mean(y <= p90):10.3f}")
+    print(f"{'PASS' if not missed else 'MISS'}: {len(ROWS) - len(missed)} of {len(ROWS)} targets met"
+          + (f" (missed: {', '.join(missed)})" if missed else ""))
     print("\nper run (family, run, measured peak GB, learned APE %, analytical APE %):")
     for i, rid in enumerate(ds["run_ids"]):
         y = ds["y"][i, 0]
