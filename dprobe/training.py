@@ -78,9 +78,17 @@ def evaluate_checkpoint(cfg: DictConfig, checkpoint: Path, out_dir: Path) -> dic
     return {"report": str(out_dir / "report.md"), "rows": reports}
 
 
+class _DropTips(logging.Filter):
+    """Lightning's advertising tips (e.g. for a cloud logger), printed at every trainer start."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip")
+
+
 def run(cfg: DictConfig) -> dict:
     """Train what the config enables; returns where the checkpoints and reports went."""
     warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # a library-internal deprecation, once a step
+    logging.getLogger("pytorch_lightning.utilities.rank_zero").addFilter(_DropTips())
     pl.seed_everything(cfg.seed, workers=True)
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

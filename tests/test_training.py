@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -79,10 +80,12 @@ def test_every_experiment_composes_and_runs_fast_dev_run(exp, tmp_path, small_al
         assert torch.load(summary["jobscale_checkpoint"], weights_only=True)["kind"] == "dprobe-jobscale"
 
 
-def test_training_writes_checkpoint_that_evaluates(tmp_path, small_alibaba_dir, small_helios_dir, capsys):
+def test_training_writes_checkpoint_that_evaluates(tmp_path, small_alibaba_dir, small_helios_dir, capsys, caplog):
     """Two short epochs, best checkpoint exported, then scored against every baseline on both data sets."""
     cfg = compose(tiny(tmp_path, [small_alibaba_dir, small_helios_dir], "trainer.max_epochs=2"))
-    summary = run(cfg)
+    with caplog.at_level(logging.INFO, logger="pytorch_lightning"):
+        summary = run(cfg)
+    assert not [r for r in caplog.records if "Tip:" in r.getMessage()]  # Lightning's advertising is dropped
     out = capsys.readouterr().out
     assert "Forecaster checkpoint:" in out and "Evaluation report:" in out
     reports = json.loads(Path(tmp_path, "report.json").read_text())
