@@ -114,8 +114,10 @@ def test_collection_settings_fill_cudnn_benchmark(tmp_path) -> None:
     loaded = load_h200_profiles(tmp_path).runs
     assert loaded.loc[loaded["collection"] == 1, "cudnn_benchmark"].all()
     assert not loaded.loc[loaded["collection"] == 2, "cudnn_benchmark"].any()
-    runs.drop(columns=["cudnn_benchmark"]).assign(collection=3).to_csv(tmp_path / "runs.csv", index=False)
-    assert not load_h200_profiles(tmp_path).runs["cudnn_benchmark"].any()  # unknown: off
+    runs.drop(columns=["cudnn_benchmark", "phases"]).assign(collection=3).to_csv(tmp_path / "runs.csv", index=False)
+    other = load_h200_profiles(tmp_path).runs
+    assert not other["cudnn_benchmark"].any() and not other["flop_count_pass"].any()  # unknown: off
+    assert (other["host_stall_s"] == 0).all()  # no phases column: no stalls
 
 
 def test_p90_calibration_moves_coverage_towards_90_percent(monkeypatch) -> None:

@@ -38,7 +38,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result))
         return 0
     gib = 1 << 30
-    print(f"{args.model} batch {args.batch} {args.precision} {args.optimizer} on {args.gpu} ({result['method']})")
+    stall = f", host stall {1000 * args.host_stall:g} ms a step" if args.host_stall else ""
+    print(f"{args.model} batch {args.batch} {args.precision} {args.optimizer} on {args.gpu}{stall} "
+          f"({result['method']})")
     print(f"  allocator peak  {result['peak_memory_bytes']['p50'] / gib:8.2f} GiB (p90 "
           f"{result['peak_memory_bytes']['p90'] / gib:.2f})")
     print(f"  device memory   {result['device_memory_bytes']['p50'] / gib:8.2f} GiB (p90 "
