@@ -329,7 +329,7 @@ def test_conformal_shifts_calibrate_what_is_served_after_the_point_choice():
         def forward(self, x, *rest):
             return torch.zeros(len(x), 1, 3)
 
-    dm = SimpleNamespace(tasks=[None], val_dataloader=lambda: [batch])
+    dm = SimpleNamespace(tasks=[None], calibration_dataloader=lambda: [batch])
     plain = np.asarray(conformal_shifts(Fixed(), dm)[0])
     served = np.asarray(conformal_shifts(Fixed(), dm, [["median_30"]])[0])
     assert abs(plain[0, 1] - 1.8) < 0.05  # 90 % of y below it

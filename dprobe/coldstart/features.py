@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dprobe.coldstart.memtrack import BACKWARD, FORWARD, OP_CLASSES, OPTIMIZER
+from dprobe.coldstart.memtrack import BACKWARD, FORWARD, OP_CLASSES, OPTIMIZER, TENSOR_CORE_CLASSES
 from dprobe.coldstart.replay import ReplayEstimate, replay_training_step
 from dprobe.graph.encoder import spec_key
 from dprobe.graph.zoo import parse_spec
@@ -55,7 +55,7 @@ def roofline_seconds(est: ReplayEstimate, precision: str, gpu: GPUSpec, tf32: bo
     """
     ops = np.asarray(est.ops, dtype=np.float64).reshape(-1, 5)
     phase, cls, low, flops, moved = ops.T
-    tensor = np.isin(cls, [OP_CLASSES.index(c) for c in ("matmul", "conv", "conv_grouped")])
+    tensor = np.isin(cls, TENSOR_CORE_CLASSES)
     fp32_mm = gpu.peak_flops_tf32 if tf32 else gpu.peak_flops_fp32
     peak = np.where(tensor, np.where(low > 0, gpu.peak_flops_bf16, fp32_mm), gpu.peak_flops_fp32)
     # fused attention kernels do not dispatch on meta: forward + backward ~ 3.5 forwards
@@ -82,8 +82,8 @@ def job_features(est: ReplayEstimate, batch: int, precision: str, optimizer: str
     return [lg(est.peak_bytes), lg(est.reserved_bytes), lg(est.param_bytes), lg(max(est.state_bytes, 1.0)),
             lg(max(est.activation_bytes, 1.0)), lg(batch), float(precision == "bf16"), float(precision == "fp16"),
             float(optimizer == "adamw"), float(cudnn_benchmark), lg(max(est.flops, 1.0)),
-            *(lg(max(t[k], 1e-7)) for k in ("compute", "memory", "gpu", "host", "roof")), lg(max(est.kernels, 1.0)), est.activation_bytes / max(est.peak_bytes, 1.0),
-            lg(gpu.memory_bytes), lg(gpu.peak_flops_bf16),
+            *(lg(max(t[k], 1e-7)) for k in ("compute", "memory", "gpu", "host", "roof")), lg(max(est.kernels, 1.0)),
+            est.activation_bytes / max(est.peak_bytes, 1.0), lg(gpu.memory_bytes), lg(gpu.peak_flops_bf16),
             t["share_conv"], t["share_conv_grouped"], t["share_matmul"], t["share_norm"],
             *(lg(max(t[f"kernels_{p}"], 1.0)) for p in ("forward", "backward", "optimizer"))]
 

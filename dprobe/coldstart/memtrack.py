@@ -13,16 +13,17 @@ from dprobe.graph.ops import normalise_op
 from dprobe.graph.recorder import op_flops, tensors_of
 
 ALIGN = 512
+_META_KINDS = {"reshape", "constant"}
 FORWARD, BACKWARD, OPTIMIZER = 0, 1, 2
-# kernel classes of the per-op roofline (each gets its own efficiency in features.roofline)
+# kernel classes of the per-op roofline (features.roofline_seconds: peak by class, GPU time shares)
 OP_CLASSES = ("elementwise", "norm", "matmul", "conv", "conv_grouped", "optimizer")
+TENSOR_CORE_CLASSES = (OP_CLASSES.index("matmul"), OP_CLASSES.index("conv"), OP_CLASSES.index("conv_grouped"))
 _NORM_KINDS = {"batchnorm", "layernorm", "norm", "softmax", "reduce", "loss"}
 
 
 def _conv_groups(func: Any, args: tuple) -> int:
     index = 9 if func._overloadpacket is torch.ops.aten.convolution_backward else 8
     return int(args[index]) if len(args) > index and isinstance(args[index], int) else 1
-_META_KINDS = {"reshape", "constant"}
 
 
 def round_alloc(nbytes: int) -> int:
@@ -46,13 +47,9 @@ class MemoryTracker(TorchDispatchMode):
         self.live: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.current = 0
         self.peak = 0
-        self.kernels = 0
-        self.flops = 0.0
-        self.matmul_flops = 0.0
-        self.bytes_moved = 0.0
         self.sizes: list[int] = []
         self.events: list[tuple[str, int, int]] = []  # the alloc / free trace, for the allocator model
-        self.phase = 0  # set by the caller: FORWARD, BACKWARD or OPTIMIZER
+        self.phase = FORWARD  # set by the caller: FORWARD, BACKWARD or OPTIMIZER
         # per kernel: (phase, OP_CLASSES index, low precision (0/1), flops, bytes)
         self.ops: list[tuple[int, int, int, float, float]] = []
 
@@ -74,11 +71,27 @@ class MemoryTracker(TorchDispatchMode):
         self.events.append(("free", key, 0))
 
     def reset_peak(self) -> None:
+        """Start measuring a new step: peak from the live bytes now, no kernels yet."""
         self.peak = self.current
-        self.kernels = 0
-        self.flops = self.matmul_flops = self.bytes_moved = 0.0
         self.sizes = []
         self.ops = []
+
+    @property
+    def kernels(self) -> int:
+        return len(self.ops)
+
+    @property
+    def flops(self) -> float:
+        return float(sum(op[3] for op in self.ops))
+
+    @property
+    def matmul_flops(self) -> float:
+        """FLOPs of matmuls and convolutions (the tensor-core classes)."""
+        return float(sum(op[3] for op in self.ops if op[1] in TENSOR_CORE_CLASSES))
+
+    @property
+    def bytes_moved(self) -> float:
+        return float(sum(op[4] for op in self.ops))
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -91,16 +104,12 @@ class MemoryTracker(TorchDispatchMode):
         kind = normalise_op(str(func.name()))
         if kind in _META_KINDS and func._overloadpacket not in (torch.ops.aten.clone, torch.ops.aten.copy_):
             return out
-        self.kernels += 1
         if func._overloadpacket is torch.ops.aten.convolution_backward:
             f = conv_backward_flops(args)
         else:
             f = op_flops(func, kind, args, kwargs, out)
-        self.flops += f
         conv = kind == "conv" or func._overloadpacket is torch.ops.aten.convolution_backward
         inputs = tensors_of((args, kwargs))
-        if conv or kind in ("linear", "matmul", "attention"):
-            self.matmul_flops += f
         if self.phase == OPTIMIZER:
             cls = OP_CLASSES.index("optimizer")
         elif conv:
@@ -111,6 +120,5 @@ class MemoryTracker(TorchDispatchMode):
             cls = OP_CLASSES.index("norm" if kind in _NORM_KINDS else "elementwise")
         low = int(any(t.dtype in (torch.bfloat16, torch.float16) for t in inputs))
         moved = sum(t.numel() * t.element_size() for t in inputs) + sum(t.numel() * t.element_size() for t in outs)
-        self.bytes_moved += moved
         self.ops.append((self.phase, cls, low, f, float(moved)))
         return out

@@ -30,6 +30,7 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
         from_residual,
         load_checkpoint,
         predict_residuals,
+        with_stall,
     )
     from dprobe.graph.build import build_model_graph
     from dprobe.graph.encoder import graph_to_data
@@ -46,7 +47,8 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
     feats = job_features(est, batch, precision, optimizer, spec)
     base = baseline(est, feats)
     result: dict[str, Any] = {"model": model, "batch": batch, "precision": precision, "optimizer": optimizer,
-                              "gpu": gpu, "host_stall_s": host_stall_s, "unknown_nodes": graph.unknown_nodes, "graph_nodes": len(graph.nodes)}
+                              "gpu": gpu, "host_stall_s": host_stall_s, "unknown_nodes": graph.unknown_nodes,
+                              "graph_nodes": len(graph.nodes)}
     ckpt_path = Path(checkpoint) if checkpoint else (DEFAULT_CHECKPOINT if DEFAULT_CHECKPOINT.is_file() else None)
     if ckpt_path is not None:
         net, _ = load_checkpoint(ckpt_path)
@@ -59,8 +61,7 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
         p90[2] = min(base[2] + 0.2, 1.0)
         result["method"] = "analytical"
         result["note"] = "no checkpoint: analytical estimate only"
-    stall = np.array(host_stall_s, dtype=np.float64)
-    apply_stall(p50, p90, stall)
+    apply_stall(p50, p90, np.float64(host_stall_s))
     if gpu != "h200":
         result["note"] = (result.get("note", "") + "; trained on h200 measurements only").lstrip("; ")
     for i, t in enumerate(TARGETS):
@@ -72,7 +73,8 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
         else:
             result[t] = {"p50": int(p50[i]), "p90": int(hi)}
     result["analytical"] = {"peak_memory_bytes": int(base[0]), "device_memory_bytes": int(base[1]),
-                            "gpu_utilization": round(float(base[2] * base[3] / (base[3] + host_stall_s)), 4), "step_time_seconds": float(base[3]),
+                            "gpu_utilization": round(float(with_stall(base[2], base[3], host_stall_s)), 4),
+                            "step_time_seconds": float(base[3]),
                             "param_bytes": int(est.param_bytes), "optimizer_state_bytes": int(est.state_bytes),
                             "activation_bytes": int(est.activation_bytes), "flops_per_step": est.flops,
                             "kernels_per_step": int(est.kernels)}

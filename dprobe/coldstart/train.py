@@ -122,9 +122,8 @@ def target_groups(features: list[str]) -> list[tuple[list[int], list[int]]]:
 
 
 def _member(hp: dict[str, Any], n_features: int) -> ColdStartModel:
-    groups = target_groups(FEATURES) if hp.get("split_heads", True) else None
     return ColdStartModel(n_features, hidden=hp["hidden"], graph_dim=hp["graph_dim"], layers=hp["layers"],
-                          dropout=hp["dropout"], groups=groups)
+                          dropout=hp["dropout"], groups=target_groups(FEATURES))
 
 
 def fit(ds: dict[str, Any], idx: np.ndarray, max_epochs: int, seed: int, hp: dict[str, Any]) -> ColdStartEnsemble:

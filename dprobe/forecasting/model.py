@@ -27,12 +27,6 @@ from dprobe.forecasting.tasks import TaskSpec
 from dprobe.forecasting.trained import FORMAT, KIND, TrainedForecaster
 
 
-def _calibration_batches(datamodule):
-    """Every validation window where the data module offers them, else its validation batches."""
-    loader = getattr(datamodule, "calibration_dataloader", None)
-    return loader() if loader is not None else datamodule.val_dataloader()
-
-
 @torch.no_grad()
 def select_point_sources(module, datamodule, confidence: float = 0.9, n_boot: int = 500,
                          seed: int = 0) -> list[list[str]]:
@@ -53,7 +47,7 @@ def select_point_sources(module, datamodule, confidence: float = 0.9, n_boot: in
     module.eval()
     errs: dict[int, list[np.ndarray]] = {}
     ids: dict[int, list[np.ndarray]] = {}
-    for batch in _calibration_batches(datamodule):
+    for batch in datamodule.calibration_dataloader():
         p50 = module(batch["x"], batch["s"], batch["task"], batch.get("c"), batch.get("k"))[..., 0].numpy()  # (B, H)
         cands = batch["p"].numpy()  # (B, C)
         points = np.concatenate([p50[:, None, :], np.repeat(cands[:, :, None], p50.shape[1], axis=2)], 1)
@@ -109,7 +103,7 @@ def conformal_shifts(module, datamodule, point_sources: list[list[str]] | None =
     levels = np.asarray(module.hparams.quantiles, dtype=float)
     scores: dict[int, list[np.ndarray]] = {}
     module.eval()
-    for batch in _calibration_batches(datamodule):
+    for batch in datamodule.calibration_dataloader():
         q = module(batch["x"], batch["s"], batch["task"], batch.get("c"), batch.get("k")).numpy()  # (B, H, Q)
         y, task = batch["y"].numpy(), batch["task"].numpy()
         for k in np.unique(task):
