@@ -223,6 +223,30 @@ def test_h200_profiles() -> None:
         p.run_samples("no-such-run")
 
 
+def test_h200_utilisation_over_the_measured_steps(tmp_path: Path) -> None:
+    p = load_h200_profiles(H200)
+    runs = p.train_runs()
+    util = runs["gpu_util_pct_steps"]
+    assert util.between(0, 100).all() and util.notna().all()
+    # the step window's mean, recomputed for one run from its samples and steps
+    row = runs.iloc[0]
+    steps = p.run_steps(row["run_id"])
+    steps = steps[steps["phase"] != "warmup"]
+    s = p.run_samples(row["run_id"])
+    inside = s[(s["t"] >= steps["t_start"].min()) & (s["t"] <= steps["t_end"].max())]
+    assert util.iloc[0] == pytest.approx(inside["gpu_util_pct"].mean())
+    # runs much longer than their steps (setup before measuring) are where the whole-run figure is low
+    setup = (runs["t_end"] - runs["t_begin"]) > 3 * 2.5
+    assert setup.any() and (util[setup] > runs.loc[setup, "nvml_gpu_util_pct_mean_2nd_half"] + 10).all()
+    # a run without steps keeps runs.csv's whole-run figure
+    d = tmp_path / "h200"
+    shutil.copytree(H200, d)
+    all_steps = pd.read_csv(d / "steps.csv")
+    all_steps[all_steps["run_id"] != row["run_id"]].to_csv(d / "steps.csv", index=False)
+    runs2 = load_h200_profiles(d).train_runs().set_index("run_id")
+    assert runs2.loc[row["run_id"], "gpu_util_pct_steps"] == row["nvml_gpu_util_pct_mean_2nd_half"]
+
+
 def test_philly() -> None:
     jobs = load_philly(PHILLY)
     raw = pd.read_csv(PHILLY / "philly.csv.gz")

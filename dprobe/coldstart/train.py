@@ -20,7 +20,7 @@ from dprobe.graph.encoder import graph_for_run, graph_to_data, run_spec
 log = logging.getLogger(__name__)
 VERSION = 3
 DEFAULTS: dict[str, Any] = {"hidden": 64, "graph_dim": 0, "layers": 2, "dropout": 0.3, "lr": 3e-3,
-                            "weight_decay": 1e-3, "target_weights": [1.0, 1.0, 1.0, 1.0], "ensemble": 5}
+                            "weight_decay": 1e-3, "target_weights": [1.0, 1.0, 1.0, 1.0], "ensemble": 10}
 
 
 def baseline(est: ReplayEstimate, feats: list[float]) -> np.ndarray:
@@ -66,8 +66,9 @@ def load_dataset(data_dir: str, cache_dir: str | Path) -> dict[str, Any]:
 
     ``y`` holds the measurements; ``y_fit`` the targets the model learns, where utilisation is the busy
     share without the run's host stalls (``stall``, seconds per step), which prediction puts back.
-    ``valid`` masks out targets a run's measurement does not show, e.g. an NVML peak raised by a
-    FLOP-counting pass before the run.
+    Memory and utilisation as NVML shows them are taken while the measured steps ran (the loader's
+    ``nvml_used_bytes_steps``, ``gpu_util_pct_steps``), not over setup work before them. ``valid``
+    marks the targets a run has (a missing measurement is left out of the loss and the scores).
     """
     from dprobe.data import load_h200_profiles
 
@@ -85,23 +86,21 @@ def load_dataset(data_dir: str, cache_dir: str | Path) -> dict[str, Any]:
                          cudnn_benchmark=bool(row["cudnn_benchmark"]))
         feats.append(f)
         bases.append(baseline(est, f))
-        ys.append([row["peak_alloc_bytes"], row["nvml_peak_used_bytes"],
-                   row["nvml_gpu_util_pct_mean_2nd_half"] / 100.0, row["step_time_median_s"]])
+        ys.append([row["peak_alloc_bytes"], row["nvml_used_bytes_steps"],
+                   row["gpu_util_pct_steps"] / 100.0, row["step_time_median_s"]])
         fams.append(family_of(str(row["model"])))
         ids.append(str(row["run_id"]))
     log.info("features of %d runs in %.1f s", len(ids), time.time() - t0)
-    valid = np.ones((len(ids), len(TARGETS)), dtype=bool)
-    valid[:, TARGETS.index("device_memory_bytes")] = ~runs["flop_count_pass"].to_numpy(dtype=bool)
     return make_dataset(graphs, np.array(feats), np.array(bases), np.array(ys), fams, ids,
                         models=[str(m) for m in runs["model"]], batch=runs["batch"].to_numpy(),
-                        stall=runs["host_stall_s"].to_numpy(dtype=np.float64), valid=valid)
+                        stall=runs["host_stall_s"].to_numpy(dtype=np.float64))
 
 
 def make_dataset(graphs: list, feats: np.ndarray, base: np.ndarray, y: np.ndarray, families: list[str],
                  run_ids: list[str], models: list[str] | None = None, batch: np.ndarray | None = None,
                  stall: np.ndarray | None = None, valid: np.ndarray | None = None) -> dict[str, Any]:
     """The training set as the functions here take it (see :func:`load_dataset`); no stalls and every
-    target valid unless given."""
+    target with a positive measurement valid unless given."""
     n = len(run_ids)
     y = np.asarray(y, dtype=np.float64)
     stall = np.zeros(n) if stall is None else np.asarray(stall, dtype=np.float64)
@@ -109,7 +108,7 @@ def make_dataset(graphs: list, feats: np.ndarray, base: np.ndarray, y: np.ndarra
     ui, si = TARGETS.index("gpu_utilization"), TARGETS.index("step_time_seconds")
     y_fit[:, ui] = busy_utilisation(y[:, ui], y[:, si], stall)
     return {"graphs": graphs, "feats": np.asarray(feats, dtype=np.float64), "base": np.asarray(base),
-            "y": y, "y_fit": y_fit, "valid": np.ones(y.shape, dtype=bool) if valid is None else valid,
+            "y": y, "y_fit": y_fit, "valid": (np.isfinite(y) & (y > 0)) if valid is None else valid,
             "stall": stall, "families": list(families), "run_ids": list(run_ids),
             "models": list(models) if models is not None else ["?"] * n,
             "batch": np.ones(n) if batch is None else batch}
@@ -168,7 +167,8 @@ def _fit_member(ds: dict[str, Any], idx: np.ndarray, max_epochs: int, seed: int,
                 ) -> ColdStartModel:
     torch.manual_seed(seed)
     x = torch.tensor(ds["feats"][idx], dtype=torch.float32)
-    r = torch.tensor(to_residual(ds["y_fit"][idx], ds["base"][idx]), dtype=torch.float32)
+    r = torch.tensor(np.where(ds["valid"][idx], to_residual(ds["y_fit"][idx], ds["base"][idx]), 0.0),
+                     dtype=torch.float32)
     batch = Batch.from_data_list([ds["graphs"][i] for i in idx]) if hp["graph_dim"] > 0 else None
     model = _member(hp, x.shape[1])
     model.mu.copy_(x.mean(0))
@@ -191,15 +191,20 @@ def predict_residuals(model: ColdStartModel | ColdStartEnsemble, graphs: list, f
     return out.numpy().astype(np.float64)
 
 
-def metrics(y: np.ndarray, p50: np.ndarray, p90: np.ndarray | None = None) -> dict[str, float]:
+def metrics(y: np.ndarray, p50: np.ndarray, p90: np.ndarray | None = None,
+            valid: np.ndarray | None = None) -> dict[str, float]:
+    """Errors over the runs that have each target (``valid``; all of them if not given)."""
     from scipy.stats import spearmanr
 
+    y = np.where(np.isfinite(y) & (y > 0) if valid is None else valid, y, np.nan)
     ape = np.abs(p50 - y) / y
-    m = {"peak_mape": 100 * ape[:, 0].mean(), "peak_worst_ape": 100 * ape[:, 0].max(),
-         "nvml_mape": 100 * ape[:, 1].mean(), "util_mae_points": 100 * np.abs(p50[:, 2] - y[:, 2]).mean(),
-         "step_mape": 100 * ape[:, 3].mean(), "step_spearman": float(spearmanr(p50[:, 3], y[:, 3])[0])}
+    has_step = ~np.isnan(y[:, 3])
+    m = {"peak_mape": 100 * np.nanmean(ape[:, 0]), "peak_worst_ape": 100 * np.nanmax(ape[:, 0]),
+         "nvml_mape": 100 * np.nanmean(ape[:, 1]), "util_mae_points": 100 * np.nanmean(np.abs(p50[:, 2] - y[:, 2])),
+         "step_mape": 100 * np.nanmean(ape[:, 3]),
+         "step_spearman": float(spearmanr(p50[has_step, 3], y[has_step, 3])[0])}
     if p90 is not None:
-        cov = (y <= p90).mean(0)
+        cov = np.nanmean(np.where(np.isnan(y), np.nan, y <= p90), axis=0)
         m.update({f"p90_coverage_{t}": float(c) for t, c in zip(TARGETS, cov, strict=True)})
     return {k: float(v) for k, v in m.items()}
 
@@ -222,7 +227,7 @@ def cross_validate(data_dir: str, cache_dir: str | Path, max_epochs: int = 400, 
     apply_stall(p50, p90, ds["stall"])
     analytical = ds["base"].copy()
     apply_stall(analytical, analytical.copy(), ds["stall"])
-    return {"learned": metrics(ds["y"], p50, p90), "analytical": metrics(ds["y"], analytical),
+    return {"learned": metrics(ds["y"], p50, p90, ds["valid"]), "analytical": metrics(ds["y"], analytical, valid=ds["valid"]),
             "families": len(set(fams)), "runs": n, "p50": p50, "p90": p90, "dataset": ds}
 
 

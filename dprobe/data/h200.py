@@ -64,12 +64,38 @@ def _setting(runs: pd.DataFrame, name: str) -> pd.Series:
     return _flag(given.where(given.notna(), from_collection))
 
 
+def _step_window_nvml(runs: pd.DataFrame, samples: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """NVML while each run's measured steps ran: mean utilisation (%) and peak used memory (bytes).
+
+    The window runs from the first step after warm-up to the end of the last step. ``runs.csv``'s
+    ``nvml_gpu_util_pct_mean_2nd_half`` and ``nvml_peak_used_bytes`` cover the *whole* run instead,
+    which in collection 1 includes FLOP counting and cuDNN autotuning: an idle GPU that can bring
+    the utilisation to a fifth of the training figure, and a memory peak up to 4 GiB above the
+    training's. Runs without steps, or without samples in the window, keep the whole-run figures.
+    """
+    measured = steps[steps["phase"] != "warmup"]
+    window = measured.groupby("run_id").agg(t0=("t_start", "min"), t1=("t_end", "max"))
+    out = pd.DataFrame({"gpu_util_pct_steps": runs["nvml_gpu_util_pct_mean_2nd_half"].astype(float),
+                        "nvml_used_bytes_steps": runs["nvml_peak_used_bytes"].astype(float)}, index=runs.index)
+    by_run = {key: g for key, g in samples.groupby(["collection", "label"])}
+    for i, (rid, collection) in enumerate(zip(runs["run_id"], runs["collection"], strict=True)):
+        if rid not in window.index or (collection, rid) not in by_run:
+            continue
+        s = by_run[(collection, rid)]
+        inside = s[(s["t"] >= window.loc[rid, "t0"]) & (s["t"] <= window.loc[rid, "t1"])]
+        if len(inside):
+            out.iloc[i] = [float(inside["gpu_util_pct"].mean()), float(inside["mem_used_bytes"].max())]
+    return out
+
+
 @dataclass
 class H200Profiles:
     """The three tables of h200-profiles, checked and typed.
 
     ``runs``: one row per run (spec, measured peaks; ``config_kwargs`` parsed to
-    dicts, ``image`` defaulting to 224 for image models). ``samples``: NVML
+    dicts, ``image`` defaulting to 224 for image models; derived: ``cudnn_benchmark``,
+    ``flop_count_pass``, ``host_stall_s``; ``gpu_util_pct_steps`` and ``nvml_used_bytes_steps``, the
+    mean NVML utilisation and peak used memory while the measured steps ran). ``samples``: NVML
     samples (``label`` names the run on the GPU). ``steps``: per-step allocator
     figures.
     """
@@ -124,4 +150,5 @@ def load_h200_profiles(directory: str | Path) -> H200Profiles:
     steps = read_csv(paths["steps"], STEP_COLUMNS,
                      numeric=[c for c in STEP_COLUMNS if c not in ("run_id", "phase")])
     steps["run_id"] = steps["run_id"].astype(str)
+    runs[["gpu_util_pct_steps", "nvml_used_bytes_steps"]] = _step_window_nvml(runs, samples, steps)
     return H200Profiles(runs=runs, samples=samples, steps=steps)
