@@ -238,6 +238,10 @@ def test_h200_utilisation_over_the_measured_steps(tmp_path: Path) -> None:
     # runs much longer than their steps (setup before measuring) are where the whole-run figure is low
     setup = (runs["t_end"] - runs["t_begin"]) > 3 * 2.5
     assert setup.any() and (util[setup] > runs.loc[setup, "nvml_gpu_util_pct_mean_2nd_half"] + 10).all()
+    # memory while the steps ran: never above the whole run's peak, below it where setup peaked higher
+    mem = runs["nvml_used_bytes_steps"]
+    assert (mem <= runs["nvml_peak_used_bytes"]).all() and (mem < runs["nvml_peak_used_bytes"] - 2**29).any()
+    assert mem.iloc[0] == inside["mem_used_bytes"].max()
     # a run without steps keeps runs.csv's whole-run figure
     d = tmp_path / "h200"
     shutil.copytree(H200, d)
@@ -245,6 +249,7 @@ def test_h200_utilisation_over_the_measured_steps(tmp_path: Path) -> None:
     all_steps[all_steps["run_id"] != row["run_id"]].to_csv(d / "steps.csv", index=False)
     runs2 = load_h200_profiles(d).train_runs().set_index("run_id")
     assert runs2.loc[row["run_id"], "gpu_util_pct_steps"] == row["nvml_gpu_util_pct_mean_2nd_half"]
+    assert runs2.loc[row["run_id"], "nvml_used_bytes_steps"] == row["nvml_peak_used_bytes"]
 
 
 def test_philly() -> None:

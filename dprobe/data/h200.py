@@ -29,8 +29,8 @@ STEP_COLUMNS = ["collection", "run_id", "step", "phase", "t_start", "t_end", "ba
                 "reserved_bytes", "peak_alloc_bytes"]
 SAMPLE_PERIOD_S = 0.1
 # run settings that runs.csv leaves blank for a whole collection, as the data set's README states them
-# (collection 1 ran with cudnn.benchmark on, and a FLOP-counting pass before it measured)
-COLLECTION_SETTINGS: dict[int, dict[str, object]] = {1: {"cudnn_benchmark": True, "flop_count_pass": True}}
+# (collection 1 ran with cudnn.benchmark on)
+COLLECTION_SETTINGS: dict[int, dict[str, object]] = {1: {"cudnn_benchmark": True}}
 # where ``phases`` is true, every 25th step is preceded by an evaluation pass and a 0.25 s stall (README)
 PHASE_STALL_S, PHASE_EVERY = 0.25, 25
 
@@ -94,7 +94,7 @@ class H200Profiles:
 
     ``runs``: one row per run (spec, measured peaks; ``config_kwargs`` parsed to
     dicts, ``image`` defaulting to 224 for image models; derived: ``cudnn_benchmark``,
-    ``flop_count_pass``, ``host_stall_s``; ``gpu_util_pct_steps`` and ``nvml_used_bytes_steps``, the
+    ``host_stall_s``; ``gpu_util_pct_steps`` and ``nvml_used_bytes_steps``, the
     mean NVML utilisation and peak used memory while the measured steps ran). ``samples``: NVML
     samples (``label`` names the run on the GPU). ``steps``: per-step allocator
     figures.
@@ -140,8 +140,6 @@ def load_h200_profiles(directory: str | Path) -> H200Profiles:
     is_vision = runs["lib"].isin(["torchvision", "timm"])
     runs.loc[is_vision & runs["image"].isna(), "image"] = 224
     runs["cudnn_benchmark"] = _setting(runs, "cudnn_benchmark")
-    # a FLOP-counting forward + backward before the run: NVML's whole-run peak includes it
-    runs["flop_count_pass"] = _setting(runs, "flop_count_pass")
     runs["host_stall_s"] = _host_stall(runs)
     for col in ("precision", "optimizer", "kind", "status", "lib", "model"):
         runs[col] = runs[col].astype("string")
