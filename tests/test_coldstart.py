@@ -188,7 +188,7 @@ def test_predict_with_host_stall(capsys) -> None:
         predict_job("transformers:GPT2Config/GPT2LMHeadModel", host_stall_s=-1, **kw)
 
 
-def test_targets_a_run_does_not_show_are_not_learnt(monkeypatch) -> None:
+def test_targets_a_run_does_not_have_are_not_learnt(monkeypatch) -> None:
     from dprobe.coldstart import train as tr
 
     n = 24
@@ -200,12 +200,20 @@ def test_targets_a_run_does_not_show_are_not_learnt(monkeypatch) -> None:
 
     def fitted(y_nvml_scale: float) -> np.ndarray:
         yy = y.copy()
-        yy[: n // 2, 1] *= y_nvml_scale  # e.g. a FLOP-counting pass raised these NVML peaks
+        yy[: n // 2, 1] *= y_nvml_scale  # measurements marked invalid: their values must not matter
         ds = tr.make_dataset([None] * n, feats, base, yy, fams, ids, valid=valid)
         model = tr.fit(ds, np.arange(n), 30, 0, hp)
         return tr.predict_residuals(model, [None] * n, feats)
 
     assert np.allclose(fitted(1.0), fitted(3.0))
+    # a missing measurement (NaN) is invalid by default: left out of the loss and the scores
+    yy = y.copy()
+    yy[:3, 1] = np.nan
+    ds = tr.make_dataset([None] * n, feats, base, yy, fams, ids)
+    assert not ds["valid"][:3, 1].any() and ds["valid"][3:].all() and ds["valid"][:, [0, 2, 3]].all()
+    cv = tr.cross_validate("unused", "unused", max_epochs=30, ds=ds, ensemble=1, hidden=8)
+    assert all(np.isfinite(v) for v in cv["learned"].values())
+    assert np.isfinite(cv["p50"]).all()
 
 
 def test_loader_derives_stalls(tmp_path) -> None:

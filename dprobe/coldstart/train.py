@@ -227,8 +227,8 @@ def cross_validate(data_dir: str, cache_dir: str | Path, max_epochs: int = 400, 
     apply_stall(p50, p90, ds["stall"])
     analytical = ds["base"].copy()
     apply_stall(analytical, analytical.copy(), ds["stall"])
-    return {"learned": metrics(ds["y"], p50, p90, ds["valid"]), "analytical": metrics(ds["y"], analytical, valid=ds["valid"]),
-            "families": len(set(fams)), "runs": n, "p50": p50, "p90": p90, "dataset": ds}
+    return {"learned": metrics(ds["y"], p50, p90, ds["valid"]),
+            "analytical": metrics(ds["y"], analytical, valid=ds["valid"]), "families": len(set(fams)), "runs": n, "p50": p50, "p90": p90, "dataset": ds}
 
 
 def train_coldstart(data_dir: str, out_dir: str, max_epochs: int = 400, seed: int = 0, **hparams: Any) -> dict:
