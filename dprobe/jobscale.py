@@ -195,12 +195,50 @@ def fit(ds: dict[str, Any], idx: np.ndarray, variant: str, epochs: int = 300, se
 
 
 @torch.no_grad()
-def predict(net: JobScaleNet, ds: dict[str, Any], idx: np.ndarray, variant: str) -> np.ndarray:
-    """Quantiles ``(N, 2, Q)``: memory plateau (bytes), mean utilisation (0-1)."""
+def residual_quantiles(net: JobScaleNet, ds: dict[str, Any], idx: np.ndarray, variant: str) -> np.ndarray:
+    """The network's residual quantiles ``(N, 2, Q)`` (see :func:`to_residual`)."""
     x = torch.tensor(_inputs(ds, idx, variant), dtype=torch.float32)
     graphs = Batch.from_data_list([ds["graphs"][i] for i in idx]) if net.encoder is not None else None
-    r = net(x, graphs).numpy().astype(np.float64)
+    return net(x, graphs).numpy().astype(np.float64)
+
+
+def predict(net: JobScaleNet, ds: dict[str, Any], idx: np.ndarray, variant: str,
+            shifts: np.ndarray | None = None) -> np.ndarray:
+    """Quantiles ``(N, 2, Q)``: memory plateau (bytes), mean utilisation (0-1).
+
+    ``shifts`` ``(2, Q)`` are added to the residual quantiles (see :func:`calibrate_upper`).
+    """
+    r = residual_quantiles(net, ds, idx, variant)
+    if shifts is not None:
+        r = np.maximum.accumulate(r + np.asarray(shifts)[None], axis=-1)
     return from_residual(r, ds["obs"][idx])
+
+
+def calibrate_upper(ds: dict[str, Any], idx: np.ndarray, variant: str, epochs: int = 300, seed: int = 0,
+                    graph_dim: int = 0, folds: int = 3) -> np.ndarray:
+    """Shifts ``(2, Q)`` of the upper residual quantiles that make them cover families held out *within*
+    ``idx`` at their levels (split-conformal over families, as the cold-start profiler's p90); p50 stays.
+
+    The runs' families are dealt into ``folds`` groups; a network fitted without each group is scored on it.
+    """
+    fams = np.array(ds["families"])[idx]
+    names = sorted(set(fams))
+    shifts = np.zeros((2, len(LEVELS)))
+    if len(names) < folds:
+        return shifts
+    rng = np.random.default_rng(seed)
+    group = dict(zip(rng.permutation(names), np.arange(len(names)) % folds, strict=True))
+    scores = []
+    for g in range(folds):
+        held = np.array([group[f] == g for f in fams])
+        net = fit(ds, idx[~held], variant, epochs, seed, graph_dim=graph_dim)
+        r = to_residual(ds["y"][idx[held]], ds["obs"][idx[held]])
+        scores.append(r[:, :, None] - residual_quantiles(net, ds, idx[held], variant))
+    s = np.concatenate(scores)  # (N, 2, Q)
+    n = len(s)
+    for k, level in enumerate(LEVELS[1:], start=1):
+        shifts[:, k] = np.quantile(s[:, :, k], min(1.0, np.ceil(level * (n + 1)) / n), axis=0)
+    return shifts
 
 
 def scores(y: np.ndarray, q: np.ndarray) -> dict[str, float]:
@@ -226,7 +264,8 @@ def cross_validate(ds: dict[str, Any], epochs: int = 300, seed: int = 0,
         test, train = np.flatnonzero(fams == fam), np.flatnonzero(fams != fam)
         for variant in variants[1:]:
             net = fit(ds, train, variant, epochs, seed, graph_dim=graph_dim)
-            preds[variant][test] = predict(net, ds, test, variant)
+            shifts = calibrate_upper(ds, train, variant, epochs, seed, graph_dim=graph_dim)
+            preds[variant][test] = predict(net, ds, test, variant, shifts)
             if variant == "graph":  # memory: the graph rule, its quantiles from the training runs' errors
                 offsets = fit_memory_quantiles(ds, train)
                 preds[variant][test, 0] = graph_anchor(ds, test)[:, None] * np.exp(offsets)[None, :]
@@ -262,11 +301,14 @@ def train_jobscale(data_dir: str, out_dir: str, use_graph: bool = True, epochs: 
     table = format_table(result, len(ds["run_ids"]), len(set(ds["families"])))
     (out / "report.md").write_text(table)
     variant = "graph" if use_graph else "no_graph"
-    net = fit(ds, np.arange(len(ds["run_ids"])), variant, epochs, seed, graph_dim=graph_dim)
+    every = np.arange(len(ds["run_ids"]))
+    net = fit(ds, every, variant, epochs, seed, graph_dim=graph_dim)
+    shifts = calibrate_upper(ds, every, variant, epochs, seed, graph_dim=graph_dim)
     ckpt = {"kind": KIND, "format": 1, "variant": variant, "obs_features": OBS_FEATURES,
             "n_features": int(_inputs(ds, np.arange(1), variant).shape[1]),
             "graph_dim": int(net.encoder.out.out_features) if net.encoder is not None else 0,
             "state_dict": {k: v.detach().clone() for k, v in net.state_dict().items()}, "cv": result,
+            "quantile_shifts": shifts.tolist(),  # for predict(..., shifts)
             "memory_log_offsets": (fit_memory_quantiles(ds, np.arange(len(ds["run_ids"]))).tolist()
                                    if variant == "graph" else None)}
     torch.save(ckpt, out / "jobscale.pt")

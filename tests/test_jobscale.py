@@ -83,8 +83,30 @@ def test_graph_variant_with_gnn_trains_and_saves(tmp_path, monkeypatch):
     assert len(ckpt["memory_log_offsets"]) == len(js.LEVELS)
     net = js.JobScaleNet(ckpt["n_features"], graph_dim=ckpt["graph_dim"])
     net.load_state_dict(ckpt["state_dict"])
-    q = js.predict(net.eval(), ds, np.arange(2), "graph")
+    q = js.predict(net.eval(), ds, np.arange(2), "graph", np.array(ckpt["quantile_shifts"]))
     assert q.shape == (2, 2, 3) and (np.diff(q, axis=-1) >= 0).all()
+
+
+def test_upper_quantiles_are_calibrated_on_held_out_families():
+    """The shifts leave p50 alone and make p90 / p99 cover held-out families at about their levels."""
+    ds = js.load_job_dataset("datasets/h200-profiles", cache_dir="unused", with_graphs=False)
+    idx = np.arange(len(ds["run_ids"]))
+    shifts = js.calibrate_upper(ds, idx, "no_graph", epochs=40)
+    assert shifts.shape == (2, len(js.LEVELS)) and (shifts[:, 0] == 0).all()
+    # the same family folds, scored by hand: with the shifts, p90 covers at least 90 % of held-out runs
+    fams = np.array(ds["families"])
+    names = sorted(set(fams))
+    group = dict(zip(np.random.default_rng(0).permutation(names), np.arange(len(names)) % 3, strict=True))
+    covered = []
+    for g in range(3):
+        held = np.array([group[f] == g for f in fams])
+        net = js.fit(ds, idx[~held], "no_graph", epochs=40)
+        q = js.predict(net, ds, idx[held], "no_graph", shifts)
+        assert (np.diff(q, axis=-1) >= 0).all()
+        covered.append(ds["y"][held] <= q[:, :, 1])
+    assert (np.concatenate(covered).mean(axis=0) >= 0.9).all()
+    # too few families to hold any out: no shift
+    assert (js.calibrate_upper(ds, idx[np.isin(fams, names[:2])], "no_graph", epochs=5) == 0).all()
 
 
 def test_graph_memory_rule_by_hand():
