@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from torch_geometric.data import Batch
 
+from dprobe.conformal import conformal_shift, family_folds
 from dprobe.graph.encoder import GraphEncoder
 
 log = logging.getLogger(__name__)
@@ -221,23 +222,20 @@ def calibrate_upper(ds: dict[str, Any], idx: np.ndarray, variant: str, epochs: i
 
     The runs' families are dealt into ``folds`` groups; a network fitted without each group is scored on it.
     """
-    fams = np.array(ds["families"])[idx]
-    names = sorted(set(fams))
     shifts = np.zeros((2, len(LEVELS)))
-    if len(names) < folds:
+    fold = family_folds([ds["families"][i] for i in idx], folds, seed)
+    if fold is None:
         return shifts
-    rng = np.random.default_rng(seed)
-    group = dict(zip(rng.permutation(names), np.arange(len(names)) % folds, strict=True))
     scores = []
     for g in range(folds):
-        held = np.array([group[f] == g for f in fams])
+        held = fold == g
         net = fit(ds, idx[~held], variant, epochs, seed, graph_dim=graph_dim)
         r = to_residual(ds["y"][idx[held]], ds["obs"][idx[held]])
         scores.append(r[:, :, None] - residual_quantiles(net, ds, idx[held], variant))
     s = np.concatenate(scores)  # (N, 2, Q)
-    n = len(s)
-    for k, level in enumerate(LEVELS[1:], start=1):
-        shifts[:, k] = np.quantile(s[:, :, k], min(1.0, np.ceil(level * (n + 1)) / n), axis=0)
+    for t in range(2):
+        for k, level in enumerate(LEVELS[1:], start=1):
+            shifts[t, k] = conformal_shift(s[:, t, k], level)
     return shifts
 
 
@@ -309,7 +307,7 @@ def train_jobscale(data_dir: str, out_dir: str, use_graph: bool = True, epochs: 
             "graph_dim": int(net.encoder.out.out_features) if net.encoder is not None else 0,
             "state_dict": {k: v.detach().clone() for k, v in net.state_dict().items()}, "cv": result,
             "quantile_shifts": shifts.tolist(),  # for predict(..., shifts)
-            "memory_log_offsets": (fit_memory_quantiles(ds, np.arange(len(ds["run_ids"]))).tolist()
+            "memory_log_offsets": (fit_memory_quantiles(ds, every).tolist()
                                    if variant == "graph" else None)}
     torch.save(ckpt, out / "jobscale.pt")
     return {"checkpoint": str(out / "jobscale.pt"), "report": str(out / "report.md"), "table": table,

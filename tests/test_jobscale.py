@@ -119,3 +119,17 @@ def test_graph_memory_rule_by_hand():
     offsets = js.fit_memory_quantiles(ds, np.arange(4))
     residuals = np.log(np.array([1.0, 1.1, 1.0, 1.1]))
     np.testing.assert_allclose(offsets, np.quantile(residuals, js.LEVELS))
+
+
+def test_conformal_shift_and_family_folds():
+    from dprobe.conformal import conformal_shift, family_folds
+
+    scores = np.array([np.nan, *range(1, 20)], dtype=float)  # 19 scores, NaN ignored
+    # level ceil(0.9 * (19 + 1)) / 19: between the 18th and 19th smallest, so at least 90 % of 20 covered
+    assert conformal_shift(scores, 0.9) == pytest.approx(np.quantile(np.arange(1, 20), 18 / 19))
+    assert 18 < conformal_shift(scores, 0.9) < 19
+    assert conformal_shift(np.array([np.nan]), 0.9) == 0.0
+    fold = family_folds(["a", "b", "a", "c", "d", "b"], 3, seed=0)
+    assert fold is not None and set(fold) == {0, 1, 2}
+    assert fold[0] == fold[2] and fold[1] == fold[5]  # a family stays in one fold
+    assert family_folds(["a", "b"], 3, seed=0) is None

@@ -15,6 +15,7 @@ from torch_geometric.data import Batch
 from dprobe.coldstart.features import FEATURES, GPUS, MEMORY_FEATURES, analytical_for, family_of, job_features
 from dprobe.coldstart.model import TARGETS, ColdStartEnsemble, ColdStartModel, pinball
 from dprobe.coldstart.replay import ReplayEstimate
+from dprobe.conformal import conformal_shift, family_folds
 from dprobe.graph.encoder import graph_for_run, graph_to_data, run_spec
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,11 @@ def from_residual(r: np.ndarray, base: np.ndarray) -> np.ndarray:
     y = base * np.exp(r)
     y[..., 2] = 1 / (1 + np.exp(-r[..., 2]))
     return y
+
+
+def measured(y: np.ndarray) -> np.ndarray:
+    """Which targets a run has: a finite, positive measurement."""
+    return np.isfinite(y) & (y > 0)
 
 
 def busy_utilisation(util: np.ndarray, step: np.ndarray, stall: np.ndarray) -> np.ndarray:
@@ -108,7 +114,7 @@ def make_dataset(graphs: list, feats: np.ndarray, base: np.ndarray, y: np.ndarra
     ui, si = TARGETS.index("gpu_utilization"), TARGETS.index("step_time_seconds")
     y_fit[:, ui] = busy_utilisation(y[:, ui], y[:, si], stall)
     return {"graphs": graphs, "feats": np.asarray(feats, dtype=np.float64), "base": np.asarray(base),
-            "y": y, "y_fit": y_fit, "valid": (np.isfinite(y) & (y > 0)) if valid is None else valid,
+            "y": y, "y_fit": y_fit, "valid": measured(y) if valid is None else valid,
             "stall": stall, "families": list(families), "run_ids": list(run_ids),
             "models": list(models) if models is not None else ["?"] * n,
             "batch": np.ones(n) if batch is None else batch}
@@ -139,15 +145,12 @@ def calibrate_p90(ds: dict[str, Any], idx: np.ndarray, max_epochs: int, seed: in
     The runs' families are dealt into ``folds`` groups; one member is fitted without each group and
     scored on it (split-conformal over families, so a shift learnt here carries to a new family).
     """
-    fams = np.array(ds["families"])[idx]
-    names = sorted(set(fams))
-    if len(names) < folds:
+    fold = family_folds([ds["families"][i] for i in idx], folds, seed)
+    if fold is None:
         return np.zeros(len(TARGETS))
-    rng = np.random.default_rng(seed)
-    group = dict(zip(rng.permutation(names), np.arange(len(names)) % folds, strict=True))
     scores = []
     for g in range(folds):
-        held = np.array([group[f] == g for f in fams])
+        held = fold == g
         member = _fit_member(ds, idx[~held], max_epochs, seed, hp).eval()
         with torch.no_grad():
             graphs = Batch.from_data_list([ds["graphs"][i] for i in idx[held]]) if hp["graph_dim"] > 0 else None
@@ -155,12 +158,7 @@ def calibrate_p90(ds: dict[str, Any], idx: np.ndarray, max_epochs: int, seed: in
         score = to_residual(ds["y_fit"][idx[held]], ds["base"][idx[held]]) - p90
         scores.append(np.where(ds["valid"][idx[held]], score, np.nan))
     s = np.concatenate(scores)
-    shift = np.zeros(s.shape[1])
-    for t in range(s.shape[1]):
-        col = s[~np.isnan(s[:, t]), t]
-        level = min(1.0, np.ceil(0.9 * (len(col) + 1)) / len(col))
-        shift[t] = np.quantile(col, level)
-    return shift
+    return np.array([conformal_shift(s[:, t], 0.9) for t in range(s.shape[1])])
 
 
 def _fit_member(ds: dict[str, Any], idx: np.ndarray, max_epochs: int, seed: int, hp: dict[str, Any]
@@ -196,7 +194,7 @@ def metrics(y: np.ndarray, p50: np.ndarray, p90: np.ndarray | None = None,
     """Errors over the runs that have each target (``valid``; all of them if not given)."""
     from scipy.stats import spearmanr
 
-    y = np.where(np.isfinite(y) & (y > 0) if valid is None else valid, y, np.nan)
+    y = np.where(measured(y) if valid is None else valid, y, np.nan)
     ape = np.abs(p50 - y) / y
     has_step = ~np.isnan(y[:, 3])
     m = {"peak_mape": 100 * np.nanmean(ape[:, 0]), "peak_worst_ape": 100 * np.nanmax(ape[:, 0]),
@@ -228,7 +226,8 @@ def cross_validate(data_dir: str, cache_dir: str | Path, max_epochs: int = 400, 
     analytical = ds["base"].copy()
     apply_stall(analytical, analytical.copy(), ds["stall"])
     return {"learned": metrics(ds["y"], p50, p90, ds["valid"]),
-            "analytical": metrics(ds["y"], analytical, valid=ds["valid"]), "families": len(set(fams)), "runs": n, "p50": p50, "p90": p90, "dataset": ds}
+            "analytical": metrics(ds["y"], analytical, valid=ds["valid"]),
+            "families": len(set(fams)), "runs": n, "p50": p50, "p90": p90, "dataset": ds}
 
 
 def train_coldstart(data_dir: str, out_dir: str, max_epochs: int = 400, seed: int = 0, **hparams: Any) -> dict:

@@ -77,7 +77,7 @@ def _step_window_nvml(runs: pd.DataFrame, samples: pd.DataFrame, steps: pd.DataF
     window = measured.groupby("run_id").agg(t0=("t_start", "min"), t1=("t_end", "max"))
     out = pd.DataFrame({"gpu_util_pct_steps": runs["nvml_gpu_util_pct_mean_2nd_half"].astype(float),
                         "nvml_used_bytes_steps": runs["nvml_peak_used_bytes"].astype(float)}, index=runs.index)
-    by_run = {key: g for key, g in samples.groupby(["collection", "label"])}
+    by_run = dict(list(samples.groupby(["collection", "label"])))
     for i, (rid, collection) in enumerate(zip(runs["run_id"], runs["collection"], strict=True)):
         if rid not in window.index or (collection, rid) not in by_run:
             continue
