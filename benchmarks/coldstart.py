@@ -1,6 +1,7 @@
 """Leave-model-family-out benchmark of the cold-start predictor on h200-profiles.
 
     .venv/bin/python benchmarks/coldstart.py [--data datasets/h200-profiles] [--epochs 400] [--cache DIR]
+                                             [--plot lofo.png]
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=400)
     ap.add_argument("--cache", default=".cache/coldstart")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--plot", metavar="PNG", help="also draw predicted against measured, run by run")
     args = ap.parse_args()
     t0 = time.time()
     cv = cross_validate(args.data, args.cache, max_epochs=args.epochs, seed=args.seed)
@@ -54,6 +56,10 @@ def main() -> None:
           f"{100 * np.mean(np.abs(ds['base'][:, 2] - util)):11.3f}")
     print(f"{'PASS' if not missed else 'MISS'}: {len(ROWS) - len(missed)} of {len(ROWS)} targets met"
           + (f" (missed: {', '.join(missed)})" if missed else ""))
+    if args.plot:
+        from dprobe.coldstart.report import plot_cross_validation
+
+        print(f"plot: {plot_cross_validation(cv, args.plot)}")
     print("\nper run (family, run, measured peak GB, learned APE %, analytical APE %):")
     for i, rid in enumerate(ds["run_ids"]):
         y = ds["y"][i, 0]

@@ -107,6 +107,7 @@ def run(cfg: DictConfig) -> dict:
                              max_epochs=cfg.coldstart.max_epochs, seed=cfg.seed, cache_dir=cache)
         summary["coldstart_checkpoint"] = str(cs["checkpoint"])
         summary["coldstart_metrics"] = cs.get("metrics", {})
+        summary["coldstart_plot"] = cs.get("plot")
     if cfg.jobscale.enabled:
         from dprobe.jobscale import train_jobscale
 
@@ -123,7 +124,8 @@ def run(cfg: DictConfig) -> dict:
     if "evaluation" in summary:
         print(f"Evaluation report:     {summary['evaluation']}")
     if "coldstart_checkpoint" in summary:
-        print(f"Cold-start checkpoint: {summary['coldstart_checkpoint']}")
+        print(f"Cold-start checkpoint: {summary['coldstart_checkpoint']}"
+              + (f" (unseen families: {summary['coldstart_plot']})" if summary.get("coldstart_plot") else ""))
     if "jobscale_checkpoint" in summary:
         print(f"Job-scale checkpoint:  {summary['jobscale_checkpoint']} (report: {summary['jobscale_report']})")
     print(f"Everything else:       {out_dir}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -77,6 +78,7 @@ def test_train_and_checkpoint(tmp_path, monkeypatch) -> None:
                                     hidden=8)
         model, ckpt = tr.load_checkpoint(result["checkpoint"])
         assert ckpt["version"] == tr.VERSION and "learned" in result["metrics"]
+        assert Path(result["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the leave-family-out picture
         res = tr.predict_residuals(model, [g], feats[:1])
         assert res.shape == (1, 4, 2) and (res[..., 1] >= res[..., 0]).all()
     torch.save({"kind": "other"}, tmp_path / "bad.pt")

@@ -233,8 +233,11 @@ def cross_validate(data_dir: str, cache_dir: str | Path, max_epochs: int = 400, 
 def train_coldstart(data_dir: str, out_dir: str, max_epochs: int = 400, seed: int = 0, **hparams: Any) -> dict:
     """Fit on every run of ``data_dir`` and save ``out_dir/coldstart.pt`` (loadable with weights_only=True).
 
-    Returns ``{"checkpoint": path, "metrics": {...}}`` with leave-family-out metrics (learned and analytical).
+    Returns ``{"checkpoint": path, "metrics": {...}, "plot": path}``: leave-family-out metrics (learned and
+    analytical) and ``out_dir/lofo.png``, their picture (predicted against measured, run by run).
     """
+    from dprobe.coldstart.report import plot_cross_validation
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cache = Path(hparams.pop("cache_dir", out / "cache"))
@@ -248,7 +251,8 @@ def train_coldstart(data_dir: str, out_dir: str, max_epochs: int = 400, seed: in
             "metrics": {"learned": cv["learned"], "analytical": cv["analytical"]}}
     path = out / "coldstart.pt"
     torch.save(ckpt, path)
-    return {"checkpoint": str(path), "metrics": ckpt["metrics"]}
+    plot = plot_cross_validation(cv, out / "lofo.png")
+    return {"checkpoint": str(path), "metrics": ckpt["metrics"], "plot": str(plot)}
 
 
 def load_checkpoint(path: str | Path) -> tuple[ColdStartEnsemble, dict[str, Any]]:
