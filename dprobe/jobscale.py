@@ -250,9 +250,10 @@ def scores(y: np.ndarray, q: np.ndarray) -> dict[str, float]:
     return out
 
 
-def cross_validate(ds: dict[str, Any], epochs: int = 300, seed: int = 0,
-                   graph_dim: int = 0) -> dict[str, dict[str, float]]:
-    """Leave-model-family-out scores of every variant: a family is never in its own training set."""
+def cross_validate_predictions(ds: dict[str, Any], epochs: int = 300, seed: int = 0,
+                               graph_dim: int = 0) -> dict[str, np.ndarray]:
+    """Leave-model-family-out predictions ``(runs, 2, len(LEVELS))`` of every variant: a family is
+    never in its own training set."""
     fams = np.array(ds["families"])
     n = len(fams)
     variants = [v for v in VARIANTS if v != "graph" or ds["graph_feats"] is not None]
@@ -267,10 +268,37 @@ def cross_validate(ds: dict[str, Any], epochs: int = 300, seed: int = 0,
             if variant == "graph":  # memory: the graph rule, its quantiles from the training runs' errors
                 offsets = fit_memory_quantiles(ds, train)
                 preds[variant][test, 0] = graph_anchor(ds, test)[:, None] * np.exp(offsets)[None, :]
-    result = {v: scores(ds["y"], preds[v]) for v in variants}
+    return preds
+
+
+def score_variants(ds: dict[str, Any], preds: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
+    """:func:`scores` of each variant's predictions (``persist`` has no quantiles to cover with)."""
+    result = {v: scores(ds["y"], q) for v, q in preds.items()}
     result["persist"].pop("p90_coverage", None)
     result["persist"].pop("p99_coverage", None)
     return result
+
+
+def cross_validate(ds: dict[str, Any], epochs: int = 300, seed: int = 0,
+                   graph_dim: int = 0) -> dict[str, dict[str, float]]:
+    """Leave-model-family-out scores of every variant (:func:`cross_validate_predictions`)."""
+    return score_variants(ds, cross_validate_predictions(ds, epochs, seed, graph_dim))
+
+
+def plot_cross_validation(ds: dict[str, Any], preds: dict[str, np.ndarray], variant: str,
+                          path: str | Path) -> Path:
+    """Plateau and utilisation of each run against ``variant``'s p50 (a bar up to its p90) and *persist*."""
+    from dprobe.plots import predicted_vs_measured, save_figure, subplots
+
+    fig, axes = subplots(2, f"Job scale, leave-model-family-out: {len(ds['run_ids'])} runs, "
+                            f"{len(set(ds['families']))} families (what the next {HORIZON_SECONDS:g} s bring, "
+                            f"after {FIRST_SECONDS:g} s of samples)")
+    q, ref = preds[variant], preds["persist"]
+    predicted_vs_measured(axes[0], "memory plateau", ds["y"][:, 0] / 2**30, q[:, 0, 0] / 2**30,
+                          q[:, 0, 1] / 2**30, ref[:, 0, 0] / 2**30, variant, "persist", "GiB", log=True)
+    predicted_vs_measured(axes[1], "mean GPU utilisation", 100 * ds["y"][:, 1], 100 * q[:, 1, 0],
+                          100 * q[:, 1, 1], 100 * ref[:, 1, 0], variant, "persist", "%", log=False)
+    return save_figure(fig, path)
 
 
 def format_table(result: dict[str, dict[str, float]], n_runs: int, n_families: int) -> str:
@@ -295,10 +323,12 @@ def train_jobscale(data_dir: str, out_dir: str, use_graph: bool = True, epochs: 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ds = load_job_dataset(data_dir, cache_dir or out / "cache", with_graphs=use_graph)
-    result = cross_validate(ds, epochs, seed, graph_dim=graph_dim)
+    preds = cross_validate_predictions(ds, epochs, seed, graph_dim=graph_dim)
+    result = score_variants(ds, preds)
     table = format_table(result, len(ds["run_ids"]), len(set(ds["families"])))
-    (out / "report.md").write_text(table)
     variant = "graph" if use_graph else "no_graph"
+    plot = plot_cross_validation(ds, preds, variant, out / "lofo.png")
+    (out / "report.md").write_text(table + f"\n![{variant} against persist, run by run]({plot.name})\n")
     every = np.arange(len(ds["run_ids"]))
     net = fit(ds, every, variant, epochs, seed, graph_dim=graph_dim)
     shifts = calibrate_upper(ds, every, variant, epochs, seed, graph_dim=graph_dim)
@@ -311,4 +341,4 @@ def train_jobscale(data_dir: str, out_dir: str, use_graph: bool = True, epochs: 
                                    if variant == "graph" else None)}
     torch.save(ckpt, out / "jobscale.pt")
     return {"checkpoint": str(out / "jobscale.pt"), "report": str(out / "report.md"), "table": table,
-            "metrics": result}
+            "metrics": result, "plot": str(plot)}

@@ -117,6 +117,7 @@ def run(cfg: DictConfig) -> dict:
         print(js["table"])
         summary["jobscale_checkpoint"] = js["checkpoint"]
         summary["jobscale_report"] = js["report"]
+        summary["jobscale_plot"] = js.get("plot")
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     print(f"\nForecaster checkpoint: {summary.get('checkpoint', '(not trained)')}")
     if "checkpoint" in summary:

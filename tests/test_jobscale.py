@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -78,6 +80,8 @@ def test_graph_variant_with_gnn_trains_and_saves(tmp_path, monkeypatch):
     monkeypatch.setattr(js, "load_job_dataset", lambda *a, **k: ds)
     out = js.train_jobscale("unused", str(tmp_path), use_graph=True, epochs=5, graph_dim=4)
     assert set(out["metrics"]) == {"persist", "no_graph", "graph"}
+    assert Path(out["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # predicted against measured
+    assert "(lofo.png)" in Path(out["report"]).read_text()  # the report shows it
     ckpt = torch.load(out["checkpoint"], weights_only=True)
     assert ckpt["kind"] == js.KIND and ckpt["variant"] == "graph" and ckpt["graph_dim"] == 4
     assert len(ckpt["memory_log_offsets"]) == len(js.LEVELS)
