@@ -99,6 +99,9 @@ def test_cli_predict(capsys) -> None:
     assert out["unknown_nodes"] == 0 and out["analytical"]["peak_memory_bytes"] > 0
     assert main(["predict", "torchvision:nope", "--batch", "2", "--json"]) == 2
     assert "unknown torchvision model" in capsys.readouterr().err
+    # batch norm after global pooling cannot train on one sample: said plainly, with what to do
+    assert main(["predict", "timm:rexnet_100", "--batch", "1", "--json"]) == 2
+    assert "cannot train at batch 1" in capsys.readouterr().err
 
 
 def test_collection_settings_fill_cudnn_benchmark(tmp_path) -> None:

@@ -74,6 +74,58 @@ def test_transformers_dispatch_fallback() -> None:
     assert g.inputs["seq"] == 16 and g.flops > 0 and len(g.edges) > len(g.nodes) / 2
 
 
+class PooledNorm(nn.Module):
+    """Batch norm after global pooling: one value per channel at batch 1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.norm = nn.BatchNorm1d(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.conv(x).mean(dim=(2, 3)))
+
+
+@pytest.mark.parametrize("tracer", ["fx", "dispatch"])
+def test_batch_of_one_through_pooled_batch_norm(tracer: str) -> None:
+    model = PooledNorm().to("meta")
+    g = trace_module(model, (torch.randn(1, 3, 8, 8, device="meta"),), tracer=tracer)
+    assert "batchnorm" in g.kind_counts() and g.nodes[-1].shapes == [[1, 8]]
+    assert "fails in PyTorch" in g.meta["note"]  # the graph says so: training at batch 1 would not run
+    assert model.norm.running_mean is not None  # the module is left as it was
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        nn.functional.batch_norm(torch.randn(1, 8), None, None, training=True)  # and so is PyTorch
+    assert "note" not in trace_module(model, (torch.randn(2, 3, 8, 8, device="meta"),), tracer=tracer).meta
+
+
+@pytest.mark.parametrize(("name", "kind"), [
+    ("aten.swapaxes.default", "reshape"), ("aten.movedim.int", "reshape"), ("Unfold", "reshape"),
+    ("aten.im2col.default", "reshape"), ("PixelShuffle", "reshape"), ("DepthToSpace", "reshape"),
+    ("_patch_merging_pad", "concat"), ("Upsample", "elementwise"), ("aten.upsample_bilinear2d.vec", "elementwise"),
+    ("interpolate", "elementwise"), ("Resize", "elementwise"), ("aten.remainder.Tensor", "elementwise"),
+    ("Mod", "elementwise"), ("LSTM", "linear"), ("GRU", "linear"),
+])
+def test_op_vocabulary_covers_common_zoo_ops(name: str, kind: str) -> None:
+    from dprobe.graph.ops import normalise_op
+
+    assert normalise_op(name) == kind
+
+
+def test_default_image_size_is_the_models_own() -> None:
+    from dprobe.graph.zoo import default_image_size
+
+    class Timm(nn.Module):
+        pretrained_cfg = {"input_size": (3, 256, 256)}
+
+    class Vit(nn.Module):
+        image_size = 384
+
+    assert (default_image_size(Timm()), default_image_size(Vit()), default_image_size(nn.Linear(2, 2))) == (
+        256, 384, 224)
+    g = build_model_graph("timm:botnet26t_256", batch=1)  # asserts its input is 256 x 256
+    assert g.inputs["image"] == 256 and g.nodes[0].shapes == [[1, 3, 256, 256]]
+
+
 def test_untraceable_module() -> None:
     with pytest.raises(GraphError, match="cannot trace model 'Branchy'.*torch.fx"):
         trace_module(Branchy().to("meta"), (torch.randn(2, 8, device="meta"),))

@@ -42,7 +42,14 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
     if gpu not in GPUS:
         raise ValueError(f"unknown GPU {gpu!r} ({', '.join(GPUS)})")
     spec = GPUS[gpu]
-    est = analytical_for(model, batch, precision, optimizer, image=image, seq=seq, config_kwargs=config_kwargs)
+    try:
+        est = analytical_for(model, batch, precision, optimizer, image=image, seq=seq,
+                             config_kwargs=config_kwargs)
+    except ValueError as exc:
+        if "more than 1 value per channel" not in str(exc):
+            raise
+        raise ValueError(f"{model} cannot train at batch {batch}: a batch norm layer sees one value per "
+                         f"channel there and PyTorch refuses it ({exc}); predict for a larger --batch") from exc
     graph = build_model_graph(model, batch=batch, image=image, seq=seq, config_kwargs=config_kwargs)
     feats = job_features(est, batch, precision, optimizer, spec)
     base = baseline(est, feats)

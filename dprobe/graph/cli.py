@@ -44,4 +44,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"{s['name']}: {s['nodes']} nodes ({s['unknown_nodes']} unknown), {s['edges']} edges, "
           f"{s['params']:,} params, {s['flops'] / 1e9:.2f} GFLOP forward, source {s['source']}"
           + (f" -> {args.out}" if args.out else ""), file=sys.stderr)
+    if graph.meta.get("note"):
+        print(f"  note: {graph.meta['note']}", file=sys.stderr)
     return 0

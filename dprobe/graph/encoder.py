@@ -90,6 +90,9 @@ def run_spec(run_row: Any) -> dict[str, Any]:
             "seq": num("seq") if lib == "transformers" else None}
 
 
+GRAPH_CACHE_VERSION = "graph-v2"
+
+
 def spec_key(spec: dict[str, Any], extra: str = "") -> str:
     text = json.dumps(spec, sort_keys=True) + extra
     return hashlib.sha256(text.encode()).hexdigest()[:20]
@@ -104,7 +107,8 @@ def cached_model_graph(spec: dict[str, Any], cache_dir: str | Path | None = None
     """Graph of a spec (``model``, ``batch``, ``image``, ``seq``, ``config_kwargs``), cached as JSON."""
     from dprobe.graph.build import build_model_graph
 
-    path = Path(cache_dir) / f"graph-{spec_key(spec)}.json" if cache_dir else None
+    # the tracer's version is in the key: a graph cached by an older op vocabulary is traced again
+    path = Path(cache_dir) / f"graph-{spec_key(spec, extra=GRAPH_CACHE_VERSION)}.json" if cache_dir else None
     if path is not None and path.is_file():
         try:
             return load_model_graph(path)

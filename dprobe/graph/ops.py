@@ -10,6 +10,7 @@ _RULES: list[tuple[str, str]] = [
     (r"^output$", "output"),
     (r"(scaled_dot_product|flash_attention|efficient_attention|multiheadattention|attention)", "attention"),
     (r"(conv_?transpose|convtranspose|deconv)", "conv_transpose"),
+    (r"(^lstm|^gru|^rnn)", "linear"),  # recurrent layers: their gates are matrix products
     (r"(conv)", "conv"),
     (r"(batch_?norm|batchnormalization|instancenorm|instance_norm)", "batchnorm"),
     (r"(layer_?norm|layernormalization|rms_?norm|rmsnorm)", "layernorm"),
@@ -29,13 +30,15 @@ _RULES: list[tuple[str, str]] = [
     (r"(view|reshape|flatten|permute|transpose|squeeze|unsqueeze|expand|contiguous|^t$|^clone$|"
      r"^identity$|^alias|^detach|^as_strided|^unflatten|^narrow|^slice|^select|^getitem|^index|"
      r"^shape$|^size$|^getattr$|^pad$|^constant_pad|^tile$|^repeat|^roll$|^gathernd|^scatter|^copy|"
-     r"^unsafe_view|^assert|^dim$|^numel$|^len$|^sym_size|^stride$)", "reshape"),
+     r"^unsafe_view|^assert|^dim$|^numel$|^len$|^sym_size|^stride$|^swapaxes|^swapdims|^moveaxis|"
+     r"^movedim|^unfold|^fold$|^im2col|^col2im|pixel_?(un)?shuffle|space_?to_?depth|depth_?to_?space)", "reshape"),
     (r"(^add|^sub|^iadd|^radd|^sum$)", "add"),
     (r"(^mul|^div|^truediv|^floordiv|^pow|^sqrt|^rsqrt|^exp|^log|^neg|^reciprocal|^abs|^where|"
      r"^masked_fill|^fill|^cos|^sin|^rsub|^square|^maximum|^minimum|^lerp|^addcmul|^addcdiv|^bitwise|"
      r"^eq|^ne$|^lt|^gt|^le|^ge|^logical|^not|^and|^or|^sign|^round|^floor|^ceil|^tril|^triu|^cumsum|"
-     r"^equal|^less|^greater)", "elementwise"),
-    (r"(^cat$|^concat|^stack|^concatenate)", "concat"),
+     r"^equal|^less|^greater|^mod$|^remainder|^fmod|^invert|^upsample|^interpolate|^resize|^grid_sample)",
+     "elementwise"),
+    (r"(^cat$|^concat|^stack|^concatenate|patch_merging)", "concat"),
     (r"(split|chunk|unbind)", "split"),
     (r"(^sum|^prod|^amax|^amin|^max$|^min$|^argmax|^argmin|^reduce|^std|^var|^any|^all|^topk|^sort)", "reduce"),
     (r"(^zeros|^ones|^full|^arange|^empty|^constant|^randn?|^rand_like|^randint|^new_|^scalar_tensor|"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -124,8 +126,42 @@ def trace_module(model: nn.Module, args: tuple = (), kwargs: dict | None = None,
 
     ``auto`` tries torch.fx first (module-level nodes) and falls back to dispatch-level recording.
     """
-    kwargs = kwargs or {}
-    name = name or type(model).__name__
+    kwargs, name = kwargs or {}, name or type(model).__name__
+    try:
+        return _trace(model, args, kwargs, name, tracer)
+    except GraphError as exc:
+        if "more than 1 value per channel" not in str(exc):
+            raise
+    with _single_sample_batchnorm(model):  # e.g. batch 1 with batch norm after global pooling
+        graph = _trace(model, args, kwargs, name, tracer)
+    graph.meta["note"] = "batch norm saw one value per channel: training at this batch size fails in PyTorch"
+    return graph
+
+
+@contextlib.contextmanager
+def _single_sample_batchnorm(model: nn.Module) -> Iterator[None]:
+    """Let batch norm in training mode see one value per channel (a batch of 1 after global pooling).
+
+    PyTorch refuses that (and a real training step would fail); a graph only needs shapes, so the
+    check is lifted and the running statistics, whose unbiased update divides by zero, set aside.
+    """
+    import torch.nn.functional as F  # noqa: N812
+
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    kept = [(m.running_mean, m.running_var) for m in norms]
+    check = F._verify_batch_size
+    F._verify_batch_size = lambda size: None
+    for m in norms:
+        m.running_mean = m.running_var = None
+    try:
+        yield
+    finally:
+        F._verify_batch_size = check
+        for m, (mean, var) in zip(norms, kept, strict=True):
+            m.running_mean, m.running_var = mean, var
+
+
+def _trace(model: nn.Module, args: tuple, kwargs: dict, name: str, tracer: str) -> ModelGraph:
     errors: list[str] = []
     if tracer in ("auto", "fx") and not kwargs:
         try:

@@ -166,6 +166,17 @@ class ExampleInputs:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+def default_image_size(model: nn.Module) -> int:
+    """The input size a vision model is built for: timm's ``pretrained_cfg["input_size"]``,
+    torchvision's ``image_size`` (ViT), else 224."""
+    cfg = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None)
+    size = cfg.get("input_size") if isinstance(cfg, dict) else None
+    if isinstance(size, (tuple, list)) and len(size) == 3 and int(size[1]) > 0:
+        return int(size[1])
+    size = getattr(model, "image_size", None)
+    return int(size) if isinstance(size, int) and size > 0 else 224
+
+
 def example_inputs(spec: ModelSpec, model: nn.Module, batch: int, image: int | None = None,
                    seq: int | None = None, labels: bool = False, device: str = "meta") -> ExampleInputs:
     """Random inputs of the right shape (images ``3 x image x image``; token ids of length ``seq``)."""
@@ -190,6 +201,6 @@ def example_inputs(spec: ModelSpec, model: nn.Module, batch: int, image: int | N
         args = factory_inputs(batch)
         args = args if isinstance(args, tuple) else (args,)
         return ExampleInputs(tuple(a.to(device) for a in args), {}, "mean", {"batch": batch})
-    image = int(image or 224)
+    image = int(image or default_image_size(model))
     x = torch.randn(batch, 3, image, image, device=device)
     return ExampleInputs((x,), {}, "ce", {"batch": batch, "image": image})
