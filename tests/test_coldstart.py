@@ -104,6 +104,20 @@ def test_cli_predict(capsys) -> None:
     assert "cannot train at batch 1" in capsys.readouterr().err
 
 
+def test_predict_names_a_step_that_cannot_be_replayed(monkeypatch, capsys) -> None:
+    """An op PyTorch refuses on meta tensors (or on the GPU) is an error naming the job, not a traceback."""
+    from dprobe.cli import main
+    from dprobe.coldstart import predict
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("Expected mat_a to be BFloat16 or supported Float16 matrix, got torch.float32.")
+
+    monkeypatch.setattr(predict, "analytical_for", refuse)
+    assert main(["predict", "torchvision:resnet18", "--batch", "2", "--precision", "bf16"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot replay a bf16 training step of torchvision:resnet18: RuntimeError: Expected mat_a" in err
+
+
 def test_collection_settings_fill_cudnn_benchmark(tmp_path) -> None:
     import shutil
 

@@ -34,6 +34,7 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
     )
     from dprobe.graph.build import build_model_graph
     from dprobe.graph.encoder import graph_to_data
+    from dprobe.graph.schema import GraphError
 
     if batch < 1:
         raise ValueError("--batch must be >= 1")
@@ -45,11 +46,15 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
     try:
         est = analytical_for(model, batch, precision, optimizer, image=image, seq=seq,
                              config_kwargs=config_kwargs)
-    except ValueError as exc:
-        if "more than 1 value per channel" not in str(exc):
+    except (RuntimeError, NotImplementedError, ValueError) as exc:
+        if isinstance(exc, GraphError):
             raise
-        raise ValueError(f"{model} cannot train at batch {batch}: a batch norm layer sees one value per "
-                         f"channel there and PyTorch refuses it ({exc}); predict for a larger --batch") from exc
+        if "more than 1 value per channel" in str(exc):
+            raise ValueError(f"{model} cannot train at batch {batch}: a batch norm layer sees one value per "
+                             f"channel there and PyTorch refuses it ({exc}); predict for a larger --batch") from exc
+        # e.g. an op with no meta kernel, or one that PyTorch would refuse on the GPU too (fp32 grouped_mm)
+        raise ValueError(f"cannot replay a {precision} training step of {model}: {type(exc).__name__}: "
+                         f"{str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}") from exc
     graph = build_model_graph(model, batch=batch, image=image, seq=seq, config_kwargs=config_kwargs)
     feats = job_features(est, batch, precision, optimizer, spec)
     base = baseline(est, feats)
