@@ -104,6 +104,17 @@ def test_cli_predict(capsys) -> None:
     assert "cannot train at batch 1" in capsys.readouterr().err
 
 
+def test_predict_a_model_that_reads_its_mask_values(capsys) -> None:
+    from dprobe.cli import main
+
+    bart = ('{"encoder_layers": 1, "decoder_layers": 1, "d_model": 32, "encoder_attention_heads": 2, '
+            '"decoder_attention_heads": 2, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "vocab_size": 100}')
+    assert main(["predict", "transformers:BartConfig/BartForConditionalGeneration", "--config-kwargs", bart,
+                 "--seq", "8", "--batch", "2", "--precision", "bf16", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["peak_memory_bytes"]["p50"] > 0 and out["analytical"]["peak_memory_bytes"] > 0
+
+
 def test_predict_names_a_step_that_cannot_be_replayed(monkeypatch, capsys) -> None:
     """An op PyTorch refuses on meta tensors (or on the GPU) is an error naming the job, not a traceback."""
     from dprobe.cli import main

@@ -126,6 +126,22 @@ def test_default_image_size_is_the_models_own() -> None:
     assert g.inputs["image"] == 256 and g.nodes[0].shapes == [[1, 3, 256, 256]]
 
 
+TINY_BART = json.dumps({"encoder_layers": 1, "decoder_layers": 1, "d_model": 32, "encoder_attention_heads": 2,
+                        "decoder_attention_heads": 2, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
+                        "vocab_size": 100})
+
+
+def test_model_that_reads_its_mask_values() -> None:
+    """BART reads its attention mask's values (not possible on meta): retried with masks built from shapes."""
+    g = build_model_graph("transformers:BartConfig/BartForConditionalGeneration", batch=2, seq=8,
+                          config_kwargs=TINY_BART)
+    assert g.source == "dispatch" and g.unknown_nodes == 0 and g.flops > 0
+    assert "masks built from shapes" in g.meta["note"]
+    import transformers.masking_utils as masking
+
+    assert not masking.is_tracing(torch.zeros(1))  # transformers is left as it was
+
+
 def test_untraceable_module() -> None:
     with pytest.raises(GraphError, match="cannot trace model 'Branchy'.*torch.fx"):
         trace_module(Branchy().to("meta"), (torch.randn(2, 8, device="meta"),))

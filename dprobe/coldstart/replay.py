@@ -12,7 +12,14 @@ from torch import nn
 from dprobe.coldstart.allocator import replay_reserved
 from dprobe.coldstart.autocast import AutocastEmulation
 from dprobe.coldstart.memtrack import BACKWARD, FORWARD, OPTIMIZER, MemoryTracker, round_alloc
-from dprobe.graph.zoo import ExampleInputs, ModelSpec, build_module, example_inputs
+from dprobe.graph.zoo import (
+    META_VALUE_ERROR,
+    ExampleInputs,
+    ModelSpec,
+    build_module,
+    example_inputs,
+    transformers_masks_from_shapes,
+)
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 SMALL_LIMIT = 1 << 20  # allocations above 1 MiB come from the allocator's large pool
@@ -69,6 +76,17 @@ def replay_training_step(spec: ModelSpec, batch: int, precision: str = "fp32", o
     """Run two training steps on meta tensors and measure the second (optimizer states exist by then)."""
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r} (fp32, bf16, fp16)")
+    try:
+        return _replay(spec, batch, precision, optimizer, image, seq)
+    except RuntimeError as exc:
+        if spec.lib != "transformers" or META_VALUE_ERROR not in str(exc):
+            raise
+    with transformers_masks_from_shapes():  # e.g. BART, which reads its mask's values
+        return _replay(spec, batch, precision, optimizer, image, seq)
+
+
+def _replay(spec: ModelSpec, batch: int, precision: str, optimizer: str, image: int | None,
+            seq: int | None) -> ReplayEstimate:
     model = build_module(spec)
     ex = example_inputs(spec, model, batch, image=image, seq=seq, labels=True)
     opt = _optimizer(model, optimizer)

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -164,6 +166,33 @@ class ExampleInputs:
     kwargs: dict[str, Any]
     loss: str  # "output" (model returns .loss), "ce" (cross-entropy vs random class labels), "mean"
     meta: dict[str, Any] = field(default_factory=dict)
+
+
+META_VALUE_ERROR = "cannot be called on meta tensors"  # PyTorch's words for reading a value on meta
+
+
+@contextlib.contextmanager
+def transformers_masks_from_shapes() -> Iterator[None]:
+    """Tell ``transformers`` it is being traced, so that it builds attention masks from shapes alone.
+
+    Untraced, some models (BART) read a mask's values to decide whether it can be skipped, which
+    meta tensors cannot answer; traced (as under torch.compile), they build it. Used only as a retry
+    for models that fail otherwise: the explicit mask costs a few bytes and changes no other op.
+    """
+    try:
+        import transformers.masking_utils as masking
+    except ImportError:
+        yield
+        return
+    original = getattr(masking, "is_tracing", None)
+    if original is None:
+        yield
+        return
+    masking.is_tracing = lambda tensor=None: True
+    try:
+        yield
+    finally:
+        masking.is_tracing = original
 
 
 def default_image_size(model: nn.Module) -> int:
