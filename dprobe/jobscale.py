@@ -250,16 +250,19 @@ def scores(y: np.ndarray, q: np.ndarray) -> dict[str, float]:
     return out
 
 
-def cross_validate_predictions(ds: dict[str, Any], epochs: int = 300, seed: int = 0,
-                               graph_dim: int = 0) -> dict[str, np.ndarray]:
+def cross_validate_predictions(ds: dict[str, Any], epochs: int = 300, seed: int = 0, graph_dim: int = 0,
+                               progress: bool = True) -> dict[str, np.ndarray]:
     """Leave-model-family-out predictions ``(runs, 2, len(LEVELS))`` of every variant: a family is
-    never in its own training set."""
+    never in its own training set (``progress``: a bar over the families)."""
+    from tqdm.auto import tqdm
+
     fams = np.array(ds["families"])
     n = len(fams)
     variants = [v for v in VARIANTS if v != "graph" or ds["graph_feats"] is not None]
     preds = {v: np.zeros((n, 2, len(LEVELS))) for v in variants}
     preds["persist"] = np.repeat(persist(ds["obs"])[:, :, None], len(LEVELS), axis=2)
-    for fam in sorted(set(fams)):
+    for fam in tqdm(sorted(set(fams)), desc="job scale, leave-family-out", unit="family", leave=False,
+                    disable=not progress):
         test, train = np.flatnonzero(fams == fam), np.flatnonzero(fams != fam)
         for variant in variants[1:]:
             net = fit(ds, train, variant, epochs, seed, graph_dim=graph_dim)

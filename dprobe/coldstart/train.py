@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch_geometric.data import Batch
+from tqdm.auto import tqdm
 
 from dprobe.coldstart.features import FEATURES, GPUS, MEMORY_FEATURES, analytical_for, family_of, job_features
 from dprobe.coldstart.model import TARGETS, ColdStartEnsemble, ColdStartModel, pinball
@@ -67,7 +68,7 @@ def apply_stall(p50: np.ndarray, p90: np.ndarray, stall: np.ndarray) -> None:
     p90[..., ui] = with_stall(p90[..., ui], step, stall)
 
 
-def load_dataset(data_dir: str, cache_dir: str | Path) -> dict[str, Any]:
+def load_dataset(data_dir: str, cache_dir: str | Path, progress: bool = True) -> dict[str, Any]:
     """Graphs, features, analytical baselines and measured targets of every ok training run.
 
     ``y`` holds the measurements; ``y_fit`` the targets the model learns, where utilisation is the busy
@@ -75,6 +76,7 @@ def load_dataset(data_dir: str, cache_dir: str | Path) -> dict[str, Any]:
     Memory and utilisation as NVML shows them are taken while the measured steps ran (the loader's
     ``nvml_used_bytes_steps``, ``gpu_util_pct_steps``), not over setup work before them. ``valid``
     marks the targets a run has (a missing measurement is left out of the loss and the scores).
+    ``progress``: a progress bar over the runs (replays are cached, so it is quick after the first time).
     """
     from dprobe.data import load_h200_profiles
 
@@ -82,7 +84,8 @@ def load_dataset(data_dir: str, cache_dir: str | Path) -> dict[str, Any]:
     gpu = GPUS["h200"]
     graphs, feats, bases, ys, fams, ids = [], [], [], [], [], []
     t0 = time.time()
-    for _, row in runs.iterrows():
+    for _, row in tqdm(runs.iterrows(), total=len(runs), desc="replaying training steps", unit="run",
+                       leave=False, disable=not progress):
         spec = run_spec(row)
         est = analytical_for(spec["model"], spec["batch"], str(row["precision"]), str(row["optimizer"]),
                              image=spec["image"], seq=spec["seq"], config_kwargs=spec["config_kwargs"],
@@ -208,14 +211,16 @@ def metrics(y: np.ndarray, p50: np.ndarray, p90: np.ndarray | None = None,
 
 
 def cross_validate(data_dir: str, cache_dir: str | Path, max_epochs: int = 400, seed: int = 0,
-                   ds: dict[str, Any] | None = None, **hparams: Any) -> dict[str, Any]:
-    """Leave-model-family-out: each family is scored by a model trained on the other families only."""
+                   ds: dict[str, Any] | None = None, progress: bool = True, **hparams: Any) -> dict[str, Any]:
+    """Leave-model-family-out: each family is scored by a model trained on the other families only
+    (``progress``: a bar over the families)."""
     hp = {**DEFAULTS, **hparams}
     ds = ds or load_dataset(data_dir, cache_dir)
     fams = np.array(ds["families"])
     n = len(fams)
     p50, p90 = np.zeros((n, 4)), np.zeros((n, 4))
-    for fam in sorted(set(fams)):
+    for fam in tqdm(sorted(set(fams)), desc="cold start, leave-family-out", unit="family", leave=False,
+                    disable=not progress):
         test = np.where(fams == fam)[0]
         train = np.where(fams != fam)[0]
         model = fit(ds, train, max_epochs, seed, hp)
