@@ -26,10 +26,12 @@ ROWS = [("peak_mape", "allocator peak MAPE %", (0, 1.5)), ("peak_worst_ape", "al
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--data", default="datasets/h200-profiles")
-    ap.add_argument("--epochs", type=int, default=400)
-    ap.add_argument("--cache", default=".cache/coldstart")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--data", default="datasets/h200-profiles",
+                    help="a directory laid out like h200-profiles (default: %(default)s)")
+    ap.add_argument("--epochs", type=int, default=400, help="training epochs of each member (default: %(default)s)")
+    ap.add_argument("--cache", default=".cache/coldstart",
+                    help="where replays and graphs are cached (default: %(default)s)")
+    ap.add_argument("--seed", type=int, default=0, help="first member's seed (default: %(default)s)")
     ap.add_argument("--plot", metavar="PNG", help="also draw predicted against measured, run by run")
     args = ap.parse_args()
     t0 = time.time()
