@@ -11,7 +11,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     """Arguments shared by ``dprobe graph`` and ``dprobe predict``."""
     p.add_argument("model", metavar="MODEL", help="torchvision:NAME, timm:NAME, transformers:CONFIG/ARCH, "
                    "module:pkg.mod:factory, or a path to an .onnx file")
-    p.add_argument("--image", type=int, default=None, help="image side for vision models (default 224)")
+    p.add_argument("--image", type=int, default=None, help="image side for vision models (default: the size the model is built for, "
+                   "from timm's or torchvision's metadata, else 224)")
     p.add_argument("--seq", type=int, default=None, help="sequence length for text models (default 128)")
     p.add_argument("--config-kwargs", default=None, metavar="JSON",
                    help="JSON object of config kwargs (transformers config class, or module factory)")
