@@ -126,7 +126,11 @@ def test_predict_names_a_step_that_cannot_be_replayed(monkeypatch, capsys) -> No
     monkeypatch.setattr(predict, "analytical_for", refuse)
     assert main(["predict", "torchvision:resnet18", "--batch", "2", "--precision", "bf16"]) == 2
     err = capsys.readouterr().err
-    assert "cannot replay a bf16 training step of torchvision:resnet18: RuntimeError: Expected mat_a" in err
+    assert "cannot replay a training step (bf16) of torchvision:resnet18: RuntimeError: Expected mat_a" in err
+    # a model whose forward wants other inputs (RAFT: two images) gets a hint at what to do
+    monkeypatch.undo()
+    assert main(["predict", "torchvision:raft_small", "--batch", "2"]) == 2
+    assert "TypeError" in (err := capsys.readouterr().err) and "example_inputs(batch)" in err
 
 
 def test_collection_settings_fill_cudnn_benchmark(tmp_path) -> None:

@@ -46,15 +46,19 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
     try:
         est = analytical_for(model, batch, precision, optimizer, image=image, seq=seq,
                              config_kwargs=config_kwargs)
-    except (RuntimeError, NotImplementedError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - a model's forward can fail in any way; name it, no traceback
         if isinstance(exc, GraphError):
             raise
         if "more than 1 value per channel" in str(exc):
             raise ValueError(f"{model} cannot train at batch {batch}: a batch norm layer sees one value per "
                              f"channel there and PyTorch refuses it ({exc}); predict for a larger --batch") from exc
-        # e.g. an op with no meta kernel, or one that PyTorch would refuse on the GPU too (fp32 grouped_mm)
-        raise ValueError(f"cannot replay a {precision} training step of {model}: {type(exc).__name__}: "
-                         f"{str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}") from exc
+        # e.g. an op with no meta kernel, one PyTorch would refuse on the GPU too (fp32 grouped_mm), or a
+        # forward that wants other inputs than an image batch or token ids
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+        hint = (" (for a model with other inputs, give a module:pkg.mod:factory whose model has an "
+                "example_inputs(batch) method)" if isinstance(exc, TypeError) else "")
+        raise ValueError(f"cannot replay a training step ({precision}) of {model}: {type(exc).__name__}: "
+                         f"{first}{hint}") from exc
     graph = build_model_graph(model, batch=batch, image=image, seq=seq, config_kwargs=config_kwargs)
     feats = job_features(est, batch, precision, optimizer, spec)
     base = baseline(est, feats)
