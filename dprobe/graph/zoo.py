@@ -176,8 +176,9 @@ def transformers_masks_from_shapes() -> Iterator[None]:
     """Tell ``transformers`` it is being traced, so that it builds attention masks from shapes alone.
 
     Untraced, some models (BART) read a mask's values to decide whether it can be skipped, which
-    meta tensors cannot answer; traced (as under torch.compile), they build it. Used only as a retry
-    for models that fail otherwise: the explicit mask costs a few bytes and changes no other op.
+    meta tensors cannot answer; traced (as under torch.compile), they build it, as they do for a
+    padded batch. Used only as a retry for models that fail otherwise, so that no model that traces
+    today changes.
     """
     try:
         import transformers.masking_utils as masking
