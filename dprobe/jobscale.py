@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 from torch_geometric.data import Batch
+from tqdm.auto import tqdm
 
 from dprobe.conformal import conformal_shift, family_folds
 from dprobe.graph.encoder import GraphEncoder
@@ -254,8 +255,6 @@ def cross_validate_predictions(ds: dict[str, Any], epochs: int = 300, seed: int 
                                progress: bool = True) -> dict[str, np.ndarray]:
     """Leave-model-family-out predictions ``(runs, 2, len(LEVELS))`` of every variant: a family is
     never in its own training set (``progress``: a bar over the families)."""
-    from tqdm.auto import tqdm
-
     fams = np.array(ds["families"])
     n = len(fams)
     variants = [v for v in VARIANTS if v != "graph" or ds["graph_feats"] is not None]

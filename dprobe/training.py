@@ -85,10 +85,13 @@ class _DropTips(logging.Filter):
         return not str(record.msg).startswith("💡 Tip")
 
 
+_DROP_TIPS = _DropTips()
+
+
 def run(cfg: DictConfig) -> dict:
     """Train what the config enables; returns where the checkpoints and reports went."""
     warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # a library-internal deprecation, once a step
-    logging.getLogger("pytorch_lightning.utilities.rank_zero").addFilter(_DropTips())
+    logging.getLogger("pytorch_lightning.utilities.rank_zero").addFilter(_DROP_TIPS)  # once: same object
     pl.seed_everything(cfg.seed, workers=True)
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

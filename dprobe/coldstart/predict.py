@@ -35,6 +35,7 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
     from dprobe.graph.build import build_model_graph
     from dprobe.graph.encoder import graph_to_data
     from dprobe.graph.schema import GraphError
+    from dprobe.graph.trace import SINGLE_VALUE_BATCHNORM
 
     if batch < 1:
         raise ValueError("--batch must be >= 1")
@@ -49,7 +50,7 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
     except Exception as exc:  # noqa: BLE001 - a model's forward can fail in any way; name it, no traceback
         if isinstance(exc, GraphError):
             raise
-        if "more than 1 value per channel" in str(exc):
+        if SINGLE_VALUE_BATCHNORM in str(exc):
             raise ValueError(f"{model} cannot train at batch {batch}: a batch norm layer sees one value per "
                              f"channel there and PyTorch refuses it ({exc}); predict for a larger --batch") from exc
         # e.g. an op with no meta kernel, one PyTorch would refuse on the GPU too (fp32 grouped_mm), or a

@@ -13,12 +13,11 @@ from dprobe.coldstart.allocator import replay_reserved
 from dprobe.coldstart.autocast import AutocastEmulation
 from dprobe.coldstart.memtrack import BACKWARD, FORWARD, OPTIMIZER, MemoryTracker, round_alloc
 from dprobe.graph.zoo import (
-    META_VALUE_ERROR,
     ExampleInputs,
     ModelSpec,
     build_module,
     example_inputs,
-    transformers_masks_from_shapes,
+    with_masks_from_shapes_if_needed,
 )
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -76,13 +75,8 @@ def replay_training_step(spec: ModelSpec, batch: int, precision: str = "fp32", o
     """Run two training steps on meta tensors and measure the second (optimizer states exist by then)."""
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r} (fp32, bf16, fp16)")
-    try:
-        return _replay(spec, batch, precision, optimizer, image, seq)
-    except RuntimeError as exc:
-        if spec.lib != "transformers" or META_VALUE_ERROR not in str(exc):
-            raise
-    with transformers_masks_from_shapes():  # e.g. BART, which reads its mask's values
-        return _replay(spec, batch, precision, optimizer, image, seq)
+    # e.g. BART reads its mask's values, which meta tensors cannot answer
+    return with_masks_from_shapes_if_needed(spec, lambda: _replay(spec, batch, precision, optimizer, image, seq))[0]
 
 
 def _replay(spec: ModelSpec, batch: int, precision: str, optimizer: str, image: int | None,

@@ -7,15 +7,9 @@ from typing import Any
 import torch
 
 from dprobe.graph.onnx_reader import read_onnx
-from dprobe.graph.schema import GraphError, ModelGraph
+from dprobe.graph.schema import ModelGraph
 from dprobe.graph.trace import trace_module
-from dprobe.graph.zoo import (
-    META_VALUE_ERROR,
-    build_module,
-    example_inputs,
-    parse_spec,
-    transformers_masks_from_shapes,
-)
+from dprobe.graph.zoo import build_module, example_inputs, parse_spec, with_masks_from_shapes_if_needed
 
 
 def build_model_graph(model: str, batch: int = 1, image: int | None = None, seq: int | None = None,
@@ -27,14 +21,10 @@ def build_model_graph(model: str, batch: int = 1, image: int | None = None, seq:
     else:
         module = build_module(spec)
         ex = example_inputs(spec, module, batch, image=image, seq=seq)
-        try:
-            with torch.enable_grad():
-                graph = trace_module(module, ex.args, ex.kwargs, name=model, tracer=tracer)
-        except GraphError as exc:
-            if spec.lib != "transformers" or META_VALUE_ERROR not in str(exc):
-                raise
-            with torch.enable_grad(), transformers_masks_from_shapes():
-                graph = trace_module(module, ex.args, ex.kwargs, name=model, tracer=tracer)
+        with torch.enable_grad():
+            graph, retried = with_masks_from_shapes_if_needed(
+                spec, lambda: trace_module(module, ex.args, ex.kwargs, name=model, tracer=tracer))
+        if retried:
             graph.meta["note"] = "attention masks built from shapes (the model reads mask values otherwise)"
         graph.meta["params_total"] = sum(p.numel() for p in module.parameters())
         graph.meta["buffer_bytes"] = sum(b.numel() * b.element_size() for b in module.buffers())

@@ -16,6 +16,7 @@ from dprobe.graph.recorder import OpEvent, OpRecorder, tensors_of
 from dprobe.graph.schema import GraphError, GraphNode, ModelGraph
 
 log = logging.getLogger(__name__)
+SINGLE_VALUE_BATCHNORM = "more than 1 value per channel"  # PyTorch's words for batch norm over one value
 
 
 def _shapes(value: Any) -> tuple[list[list[int]], list[str]]:
@@ -130,7 +131,7 @@ def trace_module(model: nn.Module, args: tuple = (), kwargs: dict | None = None,
     try:
         return _trace(model, args, kwargs, name, tracer)
     except GraphError as exc:
-        if "more than 1 value per channel" not in str(exc):
+        if SINGLE_VALUE_BATCHNORM not in str(exc):
             raise
     with _single_sample_batchnorm(model):  # e.g. batch 1 with batch norm after global pooling
         graph = _trace(model, args, kwargs, name, tracer)

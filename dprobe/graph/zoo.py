@@ -7,16 +7,17 @@ import contextlib
 import importlib
 import inspect
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
 from dprobe.graph.schema import GraphError
 
+T = TypeVar("T")
 LM_SUFFIXES = ("LMHeadModel", "ForCausalLM", "ForMaskedLM", "ForConditionalGeneration", "WithLMHead")
 CLS_SUFFIXES = ("ForSequenceClassification", "ForImageClassification", "ForTokenClassification")
 
@@ -194,6 +195,18 @@ def transformers_masks_from_shapes() -> Iterator[None]:
         yield
     finally:
         masking.is_tracing = original
+
+
+def with_masks_from_shapes_if_needed(spec: ModelSpec, attempt: Callable[[], T]) -> tuple[T, bool]:
+    """``attempt()``; for a ``transformers`` model that failed by reading a value on meta, ``attempt()``
+    again under :func:`transformers_masks_from_shapes`. Returns the result and whether it was retried."""
+    try:
+        return attempt(), False
+    except Exception as exc:  # noqa: BLE001 - re-raised unless it is the one failure a retry fixes
+        if spec.lib != "transformers" or META_VALUE_ERROR not in str(exc):
+            raise
+    with transformers_masks_from_shapes():
+        return attempt(), True
 
 
 def default_image_size(model: nn.Module) -> int:
