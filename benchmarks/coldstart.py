@@ -2,6 +2,11 @@
 
     .venv/bin/python benchmarks/coldstart.py [--data datasets/h200-profiles] [--epochs 400] [--cache DIR]
                                              [--plot lofo.png]
+    .venv/bin/python benchmarks/coldstart.py --families 9,12,15 [--draws 3] [--ensemble 3]
+
+``--families``: how the errors fall with more training families (each family scored by models
+fitted on K of the others, drawn at random, ``--draws`` times), to judge what profiling more
+architectures would bring.
 """
 
 from __future__ import annotations
@@ -33,9 +38,18 @@ def main() -> None:
                     help="where replays and graphs are cached (default: %(default)s)")
     ap.add_argument("--seed", type=int, default=0, help="first member's seed (default: %(default)s)")
     ap.add_argument("--plot", metavar="PNG", help="also draw predicted against measured, run by run")
+    ap.add_argument("--families", metavar="K,K,...",
+                    help="instead: the learning curve, training on K of the other families for each K")
+    ap.add_argument("--draws", type=int, default=3, help="random draws of families per K (default: %(default)s)")
+    ap.add_argument("--ensemble", type=int, default=None,
+                    help="members per model (default: the training default; 3 makes --families quicker)")
     args = ap.parse_args()
+    hp = {"ensemble": args.ensemble} if args.ensemble else {}
+    if args.families:
+        learning_curve(args, [int(k) for k in args.families.split(",")], hp)
+        return
     t0 = time.time()
-    cv = cross_validate(args.data, args.cache, max_epochs=args.epochs, seed=args.seed)
+    cv = cross_validate(args.data, args.cache, max_epochs=args.epochs, seed=args.seed, **hp)
     print(f"leave-model-family-out on {args.data}: {cv['runs']} runs, {cv['families']} families "
           f"({time.time() - t0:.0f} s)")
     print(f"{'metric':34s} {'learned':>10s} {'analytical':>11s}  target")
@@ -67,6 +81,22 @@ def main() -> None:
         y = ds["y"][i, 0]
         print(f"  {ds['families'][i]:12s} {rid} {ds['models'][i]:20s} b={int(ds['batch'][i]):4d} {y / 1e9:7.2f} "
               f"{100 * abs(cv['p50'][i, 0] - y) / y:6.2f} {100 * abs(ds['base'][i, 0] - y) / y:6.2f}")
+
+
+def learning_curve(args: argparse.Namespace, sizes: list[int], hp: dict) -> None:
+    """Leave-family-out errors when training on K of the other families, mean over the draws."""
+    from dprobe.coldstart.train import load_dataset
+
+    ds = load_dataset(args.data, args.cache)
+    keys = [("peak_mape", "peak MAPE %"), ("nvml_mape", "NVML MAPE %"), ("util_mae_points", "util MAE pts"),
+            ("step_mape", "step MAPE %"), ("step_spearman", "step Spearman")]
+    print(f"{'training families':>17s} " + " ".join(f"{label:>13s}" for _, label in keys))
+    for k in sizes:
+        runs = [cross_validate(args.data, args.cache, max_epochs=args.epochs, seed=args.seed + d, ds=ds,
+                               train_families=k, progress=False, **hp)["learned"] for d in range(args.draws)]
+        # the median: a draw that leaves too narrow a set of families to extrapolate from can explode
+        print(f"{k:17d} " + " ".join(f"{np.median([r[key] for r in runs]):13.3f}" for key, _ in keys)
+              + f"   (median of {args.draws} draws)")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ SUBCOMMANDS: list[str] = [
     "dprobe.coldstart.cli",
     "dprobe.evaluation.cli",
     "dprobe.sidecar.cli",
+    "dprobe.data.cli",
 ]
 
 LONG_RUNNING = {"sidecar"}

@@ -78,6 +78,7 @@ def test_train_and_checkpoint(tmp_path, monkeypatch) -> None:
                                     hidden=8)
         model, ckpt = tr.load_checkpoint(result["checkpoint"])
         assert ckpt["version"] == tr.VERSION and "learned" in result["metrics"]
+        assert ckpt["gpus"] == ["h200"]  # the GPUs it learnt from, for predict's note
         assert Path(result["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the leave-family-out picture
         res = tr.predict_residuals(model, [g], feats[:1])
         assert res.shape == (1, 4, 2) and (res[..., 1] >= res[..., 0]).all()
@@ -97,6 +98,10 @@ def test_cli_predict(capsys) -> None:
         assert out[key]["p90"] >= out[key]["p50"] > 0
     assert 0 <= out["gpu_utilization"]["p50"] <= 1
     assert out["unknown_nodes"] == 0 and out["analytical"]["peak_memory_bytes"] > 0
+    assert "note" not in out  # the shipped checkpoint learnt from H200 runs
+    assert main([*args, "--gpu", "a100"]) == 0
+    on_a100 = json.loads(capsys.readouterr().out)
+    assert "trained on h200 measurements only, not a100" in on_a100["note"]
     assert main(["predict", "torchvision:nope", "--batch", "2", "--json"]) == 2
     assert "unknown torchvision model" in capsys.readouterr().err
     # batch norm after global pooling cannot train on one sample: said plainly, with what to do
@@ -178,6 +183,30 @@ def test_p90_calibration_moves_coverage_towards_90_percent(monkeypatch) -> None:
     calibrated = miss()
     monkeypatch.setattr(tr, "calibrate_p90", lambda *a, **k: np.zeros(4))
     assert calibrated < miss()
+
+
+def test_cross_validation_on_fewer_families(monkeypatch) -> None:
+    """The learning curve's folds: K other families drawn per held-out family, never the family itself."""
+    from dprobe.coldstart import train as tr
+
+    n = 24
+    feats, base, y = _synthetic_runs(n, 2)
+    family = [f"f{i % 6}" for i in range(n)]
+    ds = tr.make_dataset([None] * n, feats, base, y, family, [str(i) for i in range(n)])
+    seen: list[list[str]] = []
+    fit = tr.fit
+
+    def recording_fit(ds_, idx, *args, **kwargs):
+        seen.append(sorted({ds_["families"][i] for i in idx}))
+        return fit(ds_, idx, *args, **kwargs)
+
+    monkeypatch.setattr(tr, "fit", recording_fit)
+    cv = tr.cross_validate("unused", "unused", max_epochs=5, ds=ds, progress=False, train_families=2,
+                           ensemble=1, hidden=8)
+    assert np.isfinite(cv["p50"]).all() and len(seen) == 6
+    for held_out, trained_on in zip(sorted(set(family)), seen, strict=True):
+        assert len(trained_on) == 2 and held_out not in trained_on
+    assert len({tuple(f) for f in seen}) > 1  # drawn, not the same pair each time
 
 
 def test_replay_logs_kernels_by_phase_and_class() -> None:

@@ -22,8 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", default=None, metavar="CKPT",
                    help="cold-start checkpoint (default: the one shipped with dprobe)")
     p.add_argument("--gpu", choices=["h200", "h100", "a100"], default="h200",
-                   help="the GPU's memory, peak FLOP/s and bandwidth; the model learnt from H200 runs only "
-                   "(default h200)")
+                   help="the GPU's memory, peak FLOP/s and bandwidth; the output's note says when the "
+                   "checkpoint never saw a run on it (the shipped one learnt from H200 runs; default h200)")
     p.add_argument("--host-stall", type=float, default=0.0, metavar="SECONDS",
                    help="seconds per step, on average, the GPU waits on the host: data loading, evaluation, "
                    "checkpointing (e.g. 0.25 s every 25 steps = 0.01); lowers utilisation (default 0)")

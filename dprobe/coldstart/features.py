@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +31,25 @@ GPUS = {
     "h100": GPUSpec(85520809984, 989e12, 494e12, 67e12, 3.35e12),
     "a100": GPUSpec(85899345920, 312e12, 156e12, 19.5e12, 2.0e12),
 }
+
+
+def gpu_key(device_name: str) -> str:
+    """The ``GPUS`` key of a device as CUDA / NVML names it ("NVIDIA H100 80GB HBM3" -> "h100")."""
+    name = device_name.lower()
+    for key in GPUS:
+        if key in name.replace("-", " ").split():
+            return key
+    raise ValueError(f"dprobe has no peak FLOP/s and bandwidth for the GPU {device_name!r} (it knows "
+                     f"{', '.join(k.upper() for k in GPUS)}); add a GPUSpec for it to "
+                     "dprobe.coldstart.features.GPUS")
+
+
+def gpu_spec(device_name: str, memory_bytes: float | None = None) -> GPUSpec:
+    """The spec of a device by name; ``memory_bytes`` (as measured) replaces the model's nominal memory."""
+    spec = GPUS[gpu_key(device_name)]
+    if memory_bytes is not None and math.isfinite(memory_bytes) and memory_bytes > 0:
+        spec = replace(spec, memory_bytes=float(memory_bytes))
+    return spec
 LAUNCH_S = 4e-6  # GPU-side cost of one kernel (launch latency, tail)
 # host time to issue one op from eager PyTorch: forward ops (Python, autograd recording), backward ops
 # (C++ autograd engine), optimizer ops (foreach)

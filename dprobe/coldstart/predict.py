@@ -68,7 +68,8 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
                               "graph_nodes": len(graph.nodes)}
     ckpt_path = Path(checkpoint) if checkpoint else (DEFAULT_CHECKPOINT if DEFAULT_CHECKPOINT.is_file() else None)
     if ckpt_path is not None:
-        net, _ = load_checkpoint(ckpt_path)
+        net, ckpt = load_checkpoint(ckpt_path)
+        trained_on = ckpt.get("gpus", ["h200"])  # checkpoints before it was recorded: h200-profiles
         res = predict_residuals(net, [graph_to_data(graph)], np.array([feats]))[0]
         p50, p90 = from_residual(res[:, 0], base), from_residual(res[:, 1], base)
         result["method"] = "learned"
@@ -78,9 +79,11 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
         p90[2] = min(base[2] + 0.2, 1.0)
         result["method"] = "analytical"
         result["note"] = "no checkpoint: analytical estimate only"
+        trained_on = list(GPUS)
     apply_stall(p50, p90, np.float64(host_stall_s))
-    if gpu != "h200":
-        result["note"] = (result.get("note", "") + "; trained on h200 measurements only").lstrip("; ")
+    if gpu not in trained_on:
+        result["note"] = (result.get("note", "") + f"; trained on {', '.join(trained_on)} measurements only, "
+                          f"not {gpu}").lstrip("; ")
     for i, t in enumerate(TARGETS):
         hi = max(float(p90[i]), float(p50[i]))
         if t == "gpu_utilization":

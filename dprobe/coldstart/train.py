@@ -13,7 +13,15 @@ import torch
 from torch_geometric.data import Batch
 from tqdm.auto import tqdm
 
-from dprobe.coldstart.features import FEATURES, GPUS, MEMORY_FEATURES, analytical_for, family_of, job_features
+from dprobe.coldstart.features import (
+    FEATURES,
+    MEMORY_FEATURES,
+    analytical_for,
+    family_of,
+    gpu_key,
+    gpu_spec,
+    job_features,
+)
 from dprobe.coldstart.model import TARGETS, ColdStartEnsemble, ColdStartModel, pinball
 from dprobe.coldstart.replay import ReplayEstimate
 from dprobe.conformal import conformal_shift, family_folds
@@ -81,8 +89,7 @@ def load_dataset(data_dir: str, cache_dir: str | Path, progress: bool = True) ->
     from dprobe.data import load_h200_profiles
 
     runs = load_h200_profiles(data_dir).train_runs()
-    gpu = GPUS["h200"]
-    graphs, feats, bases, ys, fams, ids = [], [], [], [], [], []
+    graphs, feats, bases, ys, fams, ids, gpus = [], [], [], [], [], [], []
     t0 = time.time()
     for _, row in tqdm(runs.iterrows(), total=len(runs), desc="replaying training steps", unit="run",
                        leave=False, disable=not progress):
@@ -91,6 +98,11 @@ def load_dataset(data_dir: str, cache_dir: str | Path, progress: bool = True) ->
                              image=spec["image"], seq=spec["seq"], config_kwargs=spec["config_kwargs"],
                              cache_dir=cache_dir)
         graphs.append(graph_to_data(graph_for_run(row, cache_dir)))
+        try:
+            gpu = gpu_spec(str(row["gpu"]), float(row["gpu_total_bytes"]))
+        except ValueError as exc:
+            raise ValueError(f"{data_dir}: run {row['run_id']} (collection {int(row['collection'])}): {exc}") from exc
+        gpus.append(gpu_key(str(row["gpu"])))
         f = job_features(est, spec["batch"], str(row["precision"]), str(row["optimizer"]), gpu,
                          cudnn_benchmark=bool(row["cudnn_benchmark"]))
         feats.append(f)
@@ -102,14 +114,15 @@ def load_dataset(data_dir: str, cache_dir: str | Path, progress: bool = True) ->
     log.info("features of %d runs in %.1f s", len(ids), time.time() - t0)
     return make_dataset(graphs, np.array(feats), np.array(bases), np.array(ys), fams, ids,
                         models=[str(m) for m in runs["model"]], batch=runs["batch"].to_numpy(),
-                        stall=runs["host_stall_s"].to_numpy(dtype=np.float64))
+                        stall=runs["host_stall_s"].to_numpy(dtype=np.float64), gpus=gpus)
 
 
 def make_dataset(graphs: list, feats: np.ndarray, base: np.ndarray, y: np.ndarray, families: list[str],
                  run_ids: list[str], models: list[str] | None = None, batch: np.ndarray | None = None,
-                 stall: np.ndarray | None = None, valid: np.ndarray | None = None) -> dict[str, Any]:
-    """The training set as the functions here take it (see :func:`load_dataset`); no stalls and every
-    target with a positive measurement valid unless given."""
+                 stall: np.ndarray | None = None, valid: np.ndarray | None = None,
+                 gpus: list[str] | None = None) -> dict[str, Any]:
+    """The training set as the functions here take it (see :func:`load_dataset`); no stalls, every
+    target with a positive measurement valid and every run on an H200 unless given."""
     n = len(run_ids)
     y = np.asarray(y, dtype=np.float64)
     stall = np.zeros(n) if stall is None else np.asarray(stall, dtype=np.float64)
@@ -120,7 +133,7 @@ def make_dataset(graphs: list, feats: np.ndarray, base: np.ndarray, y: np.ndarra
             "y": y, "y_fit": y_fit, "valid": measured(y) if valid is None else valid,
             "stall": stall, "families": list(families), "run_ids": list(run_ids),
             "models": list(models) if models is not None else ["?"] * n,
-            "batch": np.ones(n) if batch is None else batch}
+            "batch": np.ones(n) if batch is None else batch, "gpus": list(gpus) if gpus else ["h200"] * n}
 
 
 def target_groups(features: list[str]) -> list[tuple[list[int], list[int]]]:
@@ -211,18 +224,24 @@ def metrics(y: np.ndarray, p50: np.ndarray, p90: np.ndarray | None = None,
 
 
 def cross_validate(data_dir: str, cache_dir: str | Path, max_epochs: int = 400, seed: int = 0,
-                   ds: dict[str, Any] | None = None, progress: bool = True, **hparams: Any) -> dict[str, Any]:
+                   ds: dict[str, Any] | None = None, progress: bool = True, train_families: int | None = None,
+                   **hparams: Any) -> dict[str, Any]:
     """Leave-model-family-out: each family is scored by a model trained on the other families only
-    (``progress``: a bar over the families)."""
+    (``progress``: a bar over the families). ``train_families``: on that many of the others, drawn at
+    random (seeded by ``seed``), to see how the errors fall with more families."""
     hp = {**DEFAULTS, **hparams}
     ds = ds or load_dataset(data_dir, cache_dir)
     fams = np.array(ds["families"])
     n = len(fams)
     p50, p90 = np.zeros((n, 4)), np.zeros((n, 4))
+    rng = np.random.default_rng(seed)
     for fam in tqdm(sorted(set(fams)), desc="cold start, leave-family-out", unit="family", leave=False,
                     disable=not progress):
         test = np.where(fams == fam)[0]
-        train = np.where(fams != fam)[0]
+        others = sorted(set(fams) - {fam})
+        if train_families is not None:
+            others = list(rng.choice(others, size=min(train_families, len(others)), replace=False))
+        train = np.where(np.isin(fams, others))[0]
         model = fit(ds, train, max_epochs, seed, hp)
         res = predict_residuals(model, [ds["graphs"][i] for i in test], ds["feats"][test])
         p50[test] = from_residual(res[..., 0], ds["base"][test])
@@ -251,6 +270,7 @@ def train_coldstart(data_dir: str, out_dir: str, max_epochs: int = 400, seed: in
     cv = cross_validate(data_dir, cache, max_epochs=max_epochs, seed=seed, ds=ds, **hp)
     model = fit(ds, np.arange(len(ds["run_ids"])), max_epochs, seed, hp)
     ckpt = {"version": VERSION, "kind": "dprobe-coldstart", "features": FEATURES, "targets": TARGETS,
+            "gpus": sorted(set(ds["gpus"])),  # the GPUs the model learnt from
             "hparams": {k: v for k, v in hp.items()}, "n_features": len(FEATURES),
             "state_dict": {k: v.detach().clone() for k, v in model.state_dict().items()},
             "metrics": {"learned": cv["learned"], "analytical": cv["analytical"]}}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +33,30 @@ SAMPLE_PERIOD_S = 0.1
 COLLECTION_SETTINGS: dict[int, dict[str, object]] = {1: {"cudnn_benchmark": True}}
 # where ``phases`` is true, every 25th step is preceded by an evaluation pass and a 0.25 s stall (README)
 PHASE_STALL_S, PHASE_EVERY = 0.25, 25
+# the GPU of a collection that env.json does not name (the data set's own)
+DEFAULT_GPU = "NVIDIA H200"
+
+
+def read_env(directory: Path) -> dict[str, dict]:
+    """``env.json``: each collection's GPU and library versions, keyed ``collection_N`` ({} if absent)."""
+    path = directory / "env.json"
+    if not path.is_file():
+        return {}
+    try:
+        env = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise DatasetError(f"{path}: not JSON ({exc})") from exc
+    if not isinstance(env, dict) or not all(isinstance(v, dict) for v in env.values()):
+        raise DatasetError(f"{path}: expected an object of collections, e.g. {{\"collection_1\": {{\"gpu\": ...}}}}")
+    return env
+
+
+def _collection_gpu(runs: pd.DataFrame, env: dict[str, dict]) -> pd.DataFrame:
+    """Each run's GPU name and memory (bytes; NaN where unknown) from its collection's env.json entry."""
+    entries = [env.get(f"collection_{int(c)}", {}) for c in runs["collection"]]
+    return pd.DataFrame({"gpu": [str(e.get("gpu") or DEFAULT_GPU) for e in entries],
+                         "gpu_total_bytes": [float(e.get("gpu_total_bytes") or np.nan) for e in entries]},
+                        index=runs.index)
 
 
 def _parse_kwargs(path: Path, value: object, run_id: str) -> dict:
@@ -95,14 +119,16 @@ class H200Profiles:
     ``runs``: one row per run (spec, measured peaks; ``config_kwargs`` parsed to
     dicts, ``image`` defaulting to 224 for image models; derived: ``cudnn_benchmark``,
     ``host_stall_s``; ``gpu_util_pct_steps`` and ``nvml_used_bytes_steps``, the
-    mean NVML utilisation and peak used memory while the measured steps ran). ``samples``: NVML
-    samples (``label`` names the run on the GPU). ``steps``: per-step allocator
-    figures.
+    mean NVML utilisation and peak used memory while the measured steps ran; ``gpu`` and
+    ``gpu_total_bytes``, the device its collection ran on, from ``env.json``, an H200 where it is
+    silent). ``samples``: NVML samples (``label`` names the run on the GPU). ``steps``: per-step
+    allocator figures. ``env``: ``env.json``, one entry per collection.
     """
 
     runs: pd.DataFrame
     samples: pd.DataFrame
     steps: pd.DataFrame
+    env: dict[str, dict] = field(default_factory=dict)
 
     def train_runs(self, ok_only: bool = True) -> pd.DataFrame:
         runs = self.runs[self.runs["kind"] == "train"]
@@ -126,7 +152,8 @@ class H200Profiles:
 
 
 def load_h200_profiles(directory: str | Path) -> H200Profiles:
-    """Load a directory laid out like ``datasets/h200-profiles`` (runs.csv, samples.csv, steps.csv)."""
+    """Load a directory laid out like ``datasets/h200-profiles`` (runs.csv, samples.csv, steps.csv; env.json
+    names each collection's GPU)."""
     directory = Path(directory)
     paths = {name: directory / f"{name}.csv" for name in ("runs", "samples", "steps")}
     for name, path in paths.items():
@@ -149,4 +176,6 @@ def load_h200_profiles(directory: str | Path) -> H200Profiles:
                      numeric=[c for c in STEP_COLUMNS if c not in ("run_id", "phase")])
     steps["run_id"] = steps["run_id"].astype(str)
     runs[["gpu_util_pct_steps", "nvml_used_bytes_steps"]] = _step_window_nvml(runs, samples, steps)
-    return H200Profiles(runs=runs, samples=samples, steps=steps)
+    env = read_env(directory)
+    runs[["gpu", "gpu_total_bytes"]] = _collection_gpu(runs, env)
+    return H200Profiles(runs=runs, samples=samples, steps=steps, env=env)

@@ -1,0 +1,171 @@
+"""Growing a profiles data set with a collector session, and training on runs from other GPUs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from dprobe.cli import main
+from dprobe.data import DatasetError, load_h200_profiles
+from dprobe.data.profile_import import add_collection, renumber
+
+SRC = Path(__file__).resolve().parent.parent / "datasets" / "h200-profiles"
+
+
+def as_session(collection: int, out: Path, gpu: str | None = None, only: set[str] | None = None) -> Path:
+    """One collection of the bundled data set (``only`` these runs) written back the way the collector
+    writes a session."""
+    out.mkdir(parents=True)
+    runs = pd.read_csv(SRC / "runs.csv", dtype=str, keep_default_na=False)
+    runs = runs[(runs["collection"] == str(collection)) & (runs["run_id"].isin(only) if only else True)]
+    with (out / "runs.jsonl").open("w") as f:
+        for _, row in runs.iterrows():
+            rec = {k: v for k, v in row.items() if v != "" and k != "collection" and not k.startswith("nvml_")}
+            rec["kind"] = "train" if rec["kind"] == "colocated" else rec["kind"]  # a tenant logs a train run
+            f.write(json.dumps(rec) + "\n")
+    for name in ("samples", "steps"):
+        table = pd.read_csv(SRC / f"{name}.csv", dtype=str, keep_default_na=False)
+        table = table[table["collection"] == str(collection)].drop(columns="collection")
+        if only:
+            table = table[table["label" if name == "samples" else "run_id"].isin(only)]
+        table.to_csv(out / f"{name}.csv", index=False)
+    env = json.loads((SRC / "env.json").read_text())[f"collection_{collection}"]
+    (out / "env.json").write_text(json.dumps({**env, **({"gpu": gpu} if gpu else {})}))
+    return out
+
+
+def digest(directory: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
+
+
+@pytest.fixture()
+def dataset(tmp_path) -> Path:
+    return Path(shutil.copytree(SRC, tmp_path / "profiles"))
+
+
+def test_renumber_follows_the_data_sets_ids() -> None:
+    mapping = renumber(["r000", "r001", "s00", "p00a", "p00b"], ["r000", "r041", "s02", "p00a", "p00b"])
+    assert [mapping[k] for k in ("r000", "r001", "s00", "p00a", "p00b", "p00")] == \
+        ["r042", "r043", "s03", "p01a", "p01b", "p01"]
+    with pytest.raises(DatasetError, match="not like r000"):
+        renumber(["run-7"], [])
+
+
+@pytest.mark.parametrize("collection", [1, 2])
+def test_a_session_round_trips_into_the_next_collection(dataset, tmp_path, collection) -> None:
+    """Written back as a session and added again, a collection's rows come back cell for cell, renumbered."""
+    session = as_session(collection, tmp_path / "session")
+    summary = add_collection(session, dataset, note="round trip")
+    assert summary["collection"] == 3 and summary["gpu"] == "NVIDIA H200"
+    env = json.loads((dataset / "env.json").read_text())["collection_3"]
+    assert env["note"] == "round trip" and env["source"] == str(session.resolve()) and env["torch"]
+    back = {new: old for old, new in env["run_ids"].items()}
+    back.update({new[:-1]: old[:-1] for old, new in env["run_ids"].items() if old[-1] in "ab"})  # pair labels
+    for name, key in (("runs", "run_id"), ("samples", "label"), ("steps", "run_id")):
+        table = pd.read_csv(dataset / f"{name}.csv", dtype=str, keep_default_na=False)
+        old = table[table["collection"] == str(collection)].drop(columns="collection").reset_index(drop=True)
+        new = table[table["collection"] == "3"].drop(columns="collection").reset_index(drop=True)
+        assert not set(new[key]) & set(old[key]) - {"idle"}  # every run has an id of its own
+        new[key] = new[key].map(lambda v: back.get(v, v))
+        pd.testing.assert_frame_equal(old, new)  # the NVML columns derived from the samples included
+    loaded = load_h200_profiles(dataset)
+    assert loaded.runs["run_id"].is_unique
+    assert (loaded.runs["collection"] == 3).sum() == (loaded.runs["collection"] == collection).sum()
+    assert main(["profiles", "list", "--data", str(dataset), "--json"]) == 0
+
+
+def test_bad_sessions_are_refused_and_the_data_set_is_untouched(dataset, tmp_path, capsys) -> None:
+    before = digest(dataset)
+    session = as_session(2, tmp_path / "session")
+    assert main(["profiles", "add", str(session), "--data", str(dataset), "--dry-run"]) == 0
+    assert "would add" in capsys.readouterr().out and digest(dataset) == before
+
+    (session / "steps.csv").rename(tmp_path / "steps.csv")
+    assert main(["profiles", "add", str(session), "--data", str(dataset)]) == 2
+    assert "missing steps.csv" in capsys.readouterr().err
+    (tmp_path / "steps.csv").rename(session / "steps.csv")
+
+    lines = (session / "runs.jsonl").read_text().splitlines()
+    (session / "runs.jsonl").write_text("\n".join([*lines[:3], "{not json", *lines[3:]]) + "\n")
+    with pytest.raises(DatasetError, match="line 4 is not JSON"):
+        add_collection(session, dataset)
+    (session / "runs.jsonl").write_text("\n".join(lines[1:]) + "\n")  # steps of a run it does not list
+    with pytest.raises(DatasetError, match="steps of run"):
+        add_collection(session, dataset)
+    (session / "runs.jsonl").write_text("\n".join(lines) + "\n")
+
+    env = json.loads((session / "env.json").read_text())
+    (session / "env.json").write_text(json.dumps({**env, "device": "cpu"}))  # a --dry-run of the collector
+    with pytest.raises(DatasetError, match="not a GPU"):
+        add_collection(session, dataset)
+    assert digest(dataset) == before
+
+
+def test_training_uses_each_collections_gpu(dataset, tmp_path) -> None:
+    """Runs from another GPU are featurised with that GPU's peak FLOP/s and memory; an unknown GPU is named."""
+    from dprobe.coldstart.features import FEATURES, GPUS, gpu_key
+    from dprobe.coldstart.train import load_dataset
+
+    assert [gpu_key(n) for n in ("NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB")] == \
+        ["h200", "h100", "a100"]
+    small = tmp_path / "small"
+    small.mkdir()
+    runs = pd.read_csv(dataset / "runs.csv", dtype=str, keep_default_na=False)
+    keep = runs[(runs["collection"] == "2") & runs["model"].isin(["squeezenet1_1", "alexnet"])].head(2)
+    keep.to_csv(small / "runs.csv", index=False)
+    for name in ("samples", "steps"):
+        table = pd.read_csv(dataset / f"{name}.csv", dtype=str, keep_default_na=False)
+        table[table["collection"] == "2"].to_csv(small / f"{name}.csv", index=False)
+    env = json.loads((dataset / "env.json").read_text())
+    session = as_session(2, tmp_path / "a100", gpu="NVIDIA A100-SXM4-40GB", only=set(keep["run_id"]))
+    (session / "env.json").write_text(json.dumps({**json.loads((session / "env.json").read_text()),
+                                                  "gpu_total_bytes": 42298834944}))
+    (small / "env.json").write_text(json.dumps({"collection_2": env["collection_2"]}))
+    add_collection(session, small)
+
+    ds = load_dataset(str(small), tmp_path / "cache", progress=False)
+    assert ds["gpus"] == ["h200", "h200", "a100", "a100"]
+    flops, mem = FEATURES.index("log_peak_flops"), FEATURES.index("log_gpu_mem")
+    assert ds["feats"][:2, flops] == pytest.approx(math.log(GPUS["h200"].peak_flops_bf16))
+    assert ds["feats"][2:, flops] == pytest.approx(math.log(GPUS["a100"].peak_flops_bf16))
+    assert ds["feats"][2:, mem] == pytest.approx(math.log(42298834944))
+    assert (ds["base"][2:, 3] > 2 * ds["base"][:2, 3]).all()  # slower GPU, longer roofline step
+
+    env = json.loads((small / "env.json").read_text())
+    env["collection_3"]["gpu"] = "NVIDIA L4"
+    (small / "env.json").write_text(json.dumps(env))
+    with pytest.raises(ValueError, match=r"run r\d+ \(collection 3\).*'NVIDIA L4'.*add a GPUSpec"):
+        load_dataset(str(small), tmp_path / "cache", progress=False)
+
+
+@pytest.mark.slow
+def test_the_collectors_own_output_is_read(dataset, tmp_path, capsys) -> None:
+    """tools/collect_gpu_profiles.py --dry-run (on the CPU: no NVML, no allocator) writes the real format."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "session"
+    tool = Path(__file__).resolve().parent.parent / "tools" / "collect_gpu_profiles.py"
+    subprocess.run([sys.executable, str(tool), "--dry-run", "--no-services", "--no-flops"], check=True,
+                   env={**os.environ, "OUT": str(out)}, capture_output=True, timeout=600)
+    before = digest(dataset)
+    assert main(["profiles", "add", str(out), "--data", str(dataset)]) == 2
+    assert "not a GPU" in capsys.readouterr().err and digest(dataset) == before
+
+    env = json.loads((out / "env.json").read_text())
+    (out / "env.json").write_text(json.dumps({**env, "device": "cuda", "gpu": "NVIDIA H100 80GB HBM3"}))
+    summary = add_collection(out, dataset)
+    loaded = load_h200_profiles(dataset)
+    new = loaded.runs[loaded.runs["collection"] == summary["collection"]].set_index("model")
+    assert sorted(new.index) == ["bert-base", "gpt2", "mobilenet_v2", "resnet18"]
+    assert (new["gpu"] == "NVIDIA H100 80GB HBM3").all() and (new["batch"] == 2).all()
+    assert new.loc["mobilenet_v2", "optimizer"] == "sgd" and new.loc["bert-base", "optimizer"] == "adamw"
+    assert new.loc["gpt2", "precision"] == "bf16" and new.loc["gpt2", "vocab"] == 50257
+    assert all(len(loaded.run_steps(rid)) == 2 for rid in new["run_id"])  # two steps each, renumbered
