@@ -106,6 +106,11 @@ def test_bad_sessions_are_refused_and_the_data_set_is_untouched(dataset, tmp_pat
         add_collection(session, dataset)
     assert digest(dataset) == before
 
+    runs = (dataset / "runs.csv").read_text().splitlines()
+    (dataset / "runs.csv").write_text("\n".join([*runs, runs[-1]]) + "\n")  # a run listed twice
+    with pytest.raises(DatasetError, match=r"run id\(s\) r\d+ appear more than once"):
+        load_h200_profiles(dataset)
+
 
 def test_training_uses_each_collections_gpu(dataset, tmp_path) -> None:
     """Runs from another GPU are featurised with that GPU's peak FLOP/s and memory; an unknown GPU is named."""

@@ -161,6 +161,10 @@ def load_h200_profiles(directory: str | Path) -> H200Profiles:
             raise DatasetError(f"{directory}: missing file {name}.csv")
     runs = read_csv(paths["runs"], RUN_COLUMNS, numeric=RUN_NUMERIC)
     runs["run_id"] = runs["run_id"].astype(str)
+    repeated = sorted(set(runs.loc[runs["run_id"].duplicated(), "run_id"]))
+    if repeated:
+        raise DatasetError(f"{paths['runs']}: run id(s) {', '.join(repeated[:5])} appear more than once (each run "
+                           "needs an id of its own across collections; `dprobe profiles add` renumbers them)")
     runs["config_kwargs"] = [
         _parse_kwargs(paths["runs"], v, rid) for v, rid in zip(runs["config_kwargs"], runs["run_id"], strict=True)
     ]
