@@ -109,6 +109,34 @@ def test_cli_predict(capsys) -> None:
     assert "cannot train at batch 1" in capsys.readouterr().err
 
 
+def test_predict_from_an_onnx_file(tmp_path, capsys) -> None:
+    """An ONNX file has no module to replay: the step is estimated from its graph, close to the replay's."""
+    import torchvision
+
+    from dprobe.cli import main
+    from dprobe.coldstart.graph_estimate import estimate_from_graph
+    from dprobe.graph.onnx_reader import read_onnx
+
+    path = tmp_path / "resnet18.onnx"
+    torch.onnx.export(torchvision.models.resnet18().eval(), (torch.randn(1, 3, 64, 64),), str(path), dynamo=False,
+                      input_names=["x"], dynamic_axes={"x": {0: "batch"}})
+    for precision in ("fp32", "bf16"):
+        replayed = replay_training_step(parse_spec("torchvision:resnet18"), batch=16, precision=precision,
+                                        optimizer="sgd", image=64)
+        estimated = estimate_from_graph(read_onnx(path, batch=16), 16, precision, "sgd")
+        assert estimated.state_bytes == pytest.approx(replayed.state_bytes, rel=0.01)  # the optimizer, replayed
+        assert estimated.flops == pytest.approx(replayed.flops, rel=0.05)
+        assert estimated.peak_bytes == pytest.approx(replayed.peak_bytes, rel=0.25)
+    assert main(["predict", str(path), "--batch", "16", "--precision", "bf16", "--optimizer", "sgd", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "ONNX file" in out["note"] and out["unknown_nodes"] == 0 and out["method"] == "learned"
+    for key in ("peak_memory_bytes", "device_memory_bytes", "gpu_utilization", "step_time_seconds"):
+        assert out[key]["p90"] >= out[key]["p50"] > 0
+    path.write_bytes(b"not onnx" * 20)
+    assert main(["predict", str(path), "--batch", "16"]) == 2
+    assert "corrupt ONNX" in capsys.readouterr().err
+
+
 def test_predict_a_model_that_reads_its_mask_values(capsys) -> None:
     from dprobe.cli import main
 

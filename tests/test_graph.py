@@ -180,6 +180,39 @@ def test_onnx_reader(tmp_path) -> None:
     assert conv.flops == 2 * 8 * 36 * 27 and conv.shapes == [[1, 8, 6, 6]]
 
 
+class ChannelShuffle(nn.Module):
+    """A reshape to sizes read from the tensor's own shape: ONNX shape inference cannot follow it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        b, c, h, w = y.shape
+        return y.view(b, 2, c // 2, h, w).transpose(1, 2).reshape(b, c, h, w).relu()
+
+
+def test_onnx_shapes_at_the_requested_batch(tmp_path) -> None:
+    """Dims inference leaves unknown are learnt by running the model at batch 1 and 2, not taken as the batch."""
+    path = tmp_path / "shuffle.onnx"
+    torch.onnx.export(ChannelShuffle(), (torch.randn(1, 3, 16, 16),), str(path), dynamo=False, input_names=["x"],
+                      dynamic_axes={"x": {0: "batch"}})
+    g = build_model_graph(str(path), batch=32)
+    shapes = {n.op: n.shapes[0] for n in g.nodes if n.op in ("Conv", "Transpose", "Relu")}
+    assert shapes == {"Conv": [32, 8, 16, 16], "Transpose": [32, 4, 2, 16, 16], "Relu": [32, 8, 16, 16]}
+
+
+def test_onnx_token_inputs_take_batch_then_seq(tmp_path) -> None:
+    model = nn.Sequential(nn.Embedding(50, 16), nn.Linear(16, 8))
+    path = tmp_path / "tokens.onnx"
+    torch.onnx.export(model, (torch.zeros(1, 5, dtype=torch.long),), str(path), dynamo=False, input_names=["ids"],
+                      dynamic_axes={"ids": {0: "batch", 1: "seq"}})
+    g = build_model_graph(str(path), batch=4, seq=10)
+    assert next(n for n in g.nodes if n.kind == "input").shapes == [[4, 10]]
+    assert next(n for n in g.nodes if n.kind in ("linear", "matmul")).shapes == [[4, 10, 8]]
+
+
 def test_onnx_unknown_op_and_corrupt(tmp_path, caplog) -> None:
     import onnx
     from onnx import TensorProto, helper

@@ -7,10 +7,17 @@ from typing import Any
 
 import numpy as np
 
-from dprobe.coldstart.features import GPUS, analytical_for, job_features
+from dprobe.coldstart.features import GPUS, GPUSpec, analytical_for, job_features
+from dprobe.coldstart.graph_estimate import estimate_from_graph
 from dprobe.coldstart.model import TARGETS
+from dprobe.coldstart.replay import ReplayEstimate
+from dprobe.graph.onnx_reader import read_onnx
+from dprobe.graph.schema import ModelGraph
+from dprobe.graph.zoo import parse_spec
 
 DEFAULT_CHECKPOINT = Path(__file__).with_name("default_coldstart.pt")
+ONNX_NOTE = ("ONNX file: the step is estimated from the graph's nodes, not replayed (see "
+             "docs/graph-and-coldstart.md); an inference export has no dropout")
 
 
 def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str = "adamw",
@@ -24,16 +31,7 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
     """
     from torch_geometric.data import Batch  # noqa: F401 - fail early if PyG is missing
 
-    from dprobe.coldstart.train import (
-        apply_stall,
-        baseline,
-        from_residual,
-        load_checkpoint,
-        predict_residuals,
-        with_stall,
-    )
     from dprobe.graph.build import build_model_graph
-    from dprobe.graph.encoder import graph_to_data
     from dprobe.graph.schema import GraphError
     from dprobe.graph.trace import SINGLE_VALUE_BATCHNORM
 
@@ -44,6 +42,11 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
     if gpu not in GPUS:
         raise ValueError(f"unknown GPU {gpu!r} ({', '.join(GPUS)})")
     spec = GPUS[gpu]
+    if parse_spec(model, config_kwargs).lib == "onnx":  # a graph, no module to replay: estimate from its nodes
+        graph = read_onnx(model, batch=batch, seq=seq)
+        est = estimate_from_graph(graph, batch, precision, optimizer)
+        return _predict(model, batch, precision, optimizer, graph, est, spec, gpu, checkpoint, host_stall_s,
+                        note=ONNX_NOTE)
     try:
         est = analytical_for(model, batch, precision, optimizer, image=image, seq=seq,
                              config_kwargs=config_kwargs)
@@ -61,11 +64,29 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
         raise ValueError(f"cannot replay a training step ({precision}) of {model}: {type(exc).__name__}: "
                          f"{first}{hint}") from exc
     graph = build_model_graph(model, batch=batch, image=image, seq=seq, config_kwargs=config_kwargs)
+    return _predict(model, batch, precision, optimizer, graph, est, spec, gpu, checkpoint, host_stall_s)
+
+
+def _predict(model: str, batch: int, precision: str, optimizer: str, graph: ModelGraph, est: ReplayEstimate,
+             spec: GPUSpec, gpu: str, checkpoint: str | Path | None, host_stall_s: float, note: str = ""
+             ) -> dict[str, Any]:
+    from dprobe.coldstart.train import (
+        apply_stall,
+        baseline,
+        from_residual,
+        load_checkpoint,
+        predict_residuals,
+        with_stall,
+    )
+    from dprobe.graph.encoder import graph_to_data
+
     feats = job_features(est, batch, precision, optimizer, spec)
     base = baseline(est, feats)
     result: dict[str, Any] = {"model": model, "batch": batch, "precision": precision, "optimizer": optimizer,
                               "gpu": gpu, "host_stall_s": host_stall_s, "unknown_nodes": graph.unknown_nodes,
                               "graph_nodes": len(graph.nodes)}
+    if note:
+        result["note"] = note
     ckpt_path = Path(checkpoint) if checkpoint else (DEFAULT_CHECKPOINT if DEFAULT_CHECKPOINT.is_file() else None)
     if ckpt_path is not None:
         net, ckpt = load_checkpoint(ckpt_path)
@@ -78,7 +99,7 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
         p50, p90 = base.copy(), base * np.array([1.05, 1.07, 1.0, 1.3])
         p90[2] = min(base[2] + 0.2, 1.0)
         result["method"] = "analytical"
-        result["note"] = "no checkpoint: analytical estimate only"
+        result["note"] = (result.get("note", "") + "; no checkpoint: analytical estimate only").lstrip("; ")
         trained_on = list(GPUS)
     apply_stall(p50, p90, np.float64(host_stall_s))
     if gpu not in trained_on:

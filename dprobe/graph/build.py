@@ -17,7 +17,7 @@ def build_model_graph(model: str, batch: int = 1, image: int | None = None, seq:
     """Graph of a model spec (zoo name, ``module:`` factory or ``.onnx`` path) for ``batch`` inputs."""
     spec = parse_spec(model, config_kwargs)
     if spec.lib == "onnx":
-        graph = read_onnx(spec.name, batch=batch)
+        graph = read_onnx(spec.name, batch=batch, seq=seq)
     else:
         module = build_module(spec)
         ex = example_inputs(spec, module, batch, image=image, seq=seq)

@@ -11,6 +11,8 @@ from dprobe.graph.schema import GraphError, GraphNode, ModelGraph
 log = logging.getLogger(__name__)
 _SAVES_INPUT = {"conv", "conv_transpose", "linear", "matmul", "batchnorm", "layernorm", "norm", "attention"}
 _SAVES_OUTPUT = {"relu", "activation", "softmax", "maxpool", "loss"}
+_SAVES_INPUT_OPS = {"Mul", "Div"}
+DEFAULT_SEQ = 128  # an input's symbolic dims after the batch (sequence length), as for zoo models  # a product's gradient needs both factors (e.g. x * sigmoid(x))
 
 
 def _dims(type_proto: object, batch: int) -> tuple[list[int], str]:
@@ -23,6 +25,53 @@ def _dims(type_proto: object, batch: int) -> tuple[list[int], str]:
     except (KeyError, ValueError, TypeError):
         dtype = "float32"
     return shape, dtype
+
+
+def _has_unknown_dims(graph: object) -> bool:
+    """Whether shape inference left a node output without a concrete shape."""
+    shaped = {vi.name: vi for vi in [*graph.value_info, *graph.output]}  # type: ignore[attr-defined]
+    for node in graph.node:  # type: ignore[attr-defined]
+        for name in node.output:
+            vi = shaped.get(name)
+            tt = vi.type.tensor_type if vi is not None else None
+            if tt is None or not tt.HasField("shape") or any(not d.HasField("dim_value") for d in tt.shape.dim):
+                return True
+    return False
+
+
+def _runtime_shapes(model: object, batch: int, seq: int, path: Path) -> dict[str, list[int]]:
+    """Every node output's shape at ``batch``, from running the model (onnxruntime, CPU) at batch 1 and 2:
+    a dim that grows with the batch grows linearly ({} with a warning where the model does not run)."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)  # type: ignore[arg-type]
+    listed = {o.name for o in m.graph.output}
+    m.graph.output.extend(onnx.ValueInfoProto(name=x) for n in m.graph.node for x in n.output
+                          if x and x not in listed)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # keep every node's output
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        runs = []
+        for b in (1, 2):
+            feeds = {}
+            for i in session.get_inputs():
+                free = [k for k, d in enumerate(i.shape) if not (isinstance(d, int) and d > 0)]
+                shape = [d if k not in free else (b if k == free[0] else seq) for k, d in enumerate(i.shape)]
+                feeds[i.name] = (np.random.rand(*shape).astype(np.float32) if "float" in i.type
+                                 else np.zeros(shape, dtype=np.int64 if "int64" in i.type else np.int32))
+            runs.append([list(np.shape(r)) for r in session.run(names, feeds)])
+    except Exception as exc:  # noqa: BLE001 - any failure to run: keep the inferred shapes
+        log.warning("%s: could not run the model to learn its shapes (%s); unknown dims are taken as the batch",
+                    path, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+        return {}
+    return {name: [d1 + (d2 - d1) * (batch - 1) for d1, d2 in zip(s1, s2, strict=True)] if len(s1) == len(s2) else s1
+            for name, s1, s2 in zip(names, runs[0], runs[1], strict=True)}
 
 
 def _numel(shape: list[int]) -> int:
@@ -47,8 +96,10 @@ def _flops(kind: str, node: object, in_shapes: list[list[int]], out_shapes: list
     return float(out)
 
 
-def read_onnx(path: str | Path, batch: int = 1) -> ModelGraph:
-    """Read ``path``; symbolic dims become ``batch``. Unknown ops become generic ``other`` nodes."""
+def read_onnx(path: str | Path, batch: int = 1, seq: int | None = None) -> ModelGraph:
+    """Read ``path``; an input's first symbolic dim becomes ``batch``, any other ``seq`` (default 128), before
+    shapes are inferred (a dim still unknown after that is learnt by running the model, else taken as
+    ``batch``). Unknown ops become generic ``other`` nodes."""
     import onnx
     from google.protobuf.message import DecodeError
 
@@ -61,8 +112,16 @@ def read_onnx(path: str | Path, batch: int = 1) -> ModelGraph:
         raise GraphError(f"{path}: corrupt ONNX file ({type(exc).__name__}: {exc})") from exc
     if not model.graph.node:
         raise GraphError(f"{path}: corrupt or empty ONNX file (no graph nodes)")
+    as_saved = onnx.ModelProto()
+    as_saved.CopyFrom(model)  # symbolic dims kept: run at batch 1 and 2 if shapes stay unknown
+    init_names = {t.name for t in model.graph.initializer}
+    for vi in model.graph.input:  # an input's first symbolic dim is the batch, any other the sequence length
+        if vi.name not in init_names and vi.type.tensor_type.HasField("shape"):
+            symbolic = [d for d in vi.type.tensor_type.shape.dim if not d.HasField("dim_value")]
+            for k, d in enumerate(symbolic):
+                d.dim_value = batch if k == 0 else (seq or DEFAULT_SEQ)
     try:
-        model = onnx.shape_inference.infer_shapes(model)
+        model = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception as exc:  # noqa: BLE001 - inference errors on unknown ops: keep going without shapes
         log.warning("%s: ONNX shape inference failed (%s); shapes of some nodes are unknown", path, exc)
     g = model.graph
@@ -71,6 +130,9 @@ def read_onnx(path: str | Path, batch: int = 1) -> ModelGraph:
     value_info: dict[str, tuple[list[int], str]] = {}
     for vi in [*g.input, *g.value_info, *g.output]:
         value_info[vi.name] = _dims(vi.type, batch)
+    if _has_unknown_dims(g):  # e.g. a reshape to sizes computed from another tensor's shape
+        for name, shape in _runtime_shapes(as_saved, batch, seq or DEFAULT_SEQ, path).items():
+            value_info[name] = (shape, value_info.get(name, ([], "float32"))[1])
     nodes: list[GraphNode] = []
     edges: list[tuple[int, int]] = []
     producer: dict[str, int] = {}
@@ -100,7 +162,7 @@ def read_onnx(path: str | Path, batch: int = 1) -> ModelGraph:
             elif x in producer:
                 edges.append((producer[x], node.id))
         node.flops = _flops(kind, n, in_shapes, node.shapes, inits)
-        if kind in _SAVES_INPUT:
+        if kind in _SAVES_INPUT or n.op_type in _SAVES_INPUT_OPS:
             node.saved_bytes = sum(_numel(s) * 4 for x, s in zip(n.input, in_shapes, strict=False) if x not in inits)
         elif kind in _SAVES_OUTPUT:
             node.saved_bytes = node.output_bytes
