@@ -12,7 +12,8 @@ step is built from the graph's nodes instead:
   backward needs it, freed after its consumers otherwise; in backward, each node's output gradient
   and its parameters' gradients, its saved tensors freed) replayed through the caching-allocator
   model. Under bf16 / fp16 autocast, tensors are half width except where autocast runs in fp32
-  (layer norm, softmax, the loss).
+  (layer norm, softmax, the loss), and a half-width copy of each matrix product's weight is kept from
+  its forward to its backward.
 
 What it cannot know: an ONNX export for inference has no dropout (its masks are not counted), and
 ops fused or unfolded by the exporter count as the exporter wrote them.
@@ -34,9 +35,12 @@ from dprobe.coldstart.memtrack import (
     MemoryTracker,
 )
 from dprobe.coldstart.replay import CUDA_CONTEXT_BYTES, PRECISIONS, SMALL_LIMIT, ReplayEstimate, _optimizer
+from dprobe.graph.onnx_reader import _SAVES_INPUT, _SAVES_INPUT_OPS, _SAVES_OUTPUT
+from dprobe.graph.ops import dtype_size
 from dprobe.graph.schema import GraphNode, ModelGraph
 
 NO_KERNEL = {"input", "output", "reshape", "constant", "split"}
+VIEW_KINDS = {"reshape", "split"}  # their outputs alias their input
 TENSOR_CORE_KINDS = {"conv", "conv_transpose", "linear", "matmul", "attention"}
 # under bf16 / fp16 autocast these run in fp32 (autocast's fp32 list); what follows a matrix product in half
 # precision stays in half precision
@@ -51,6 +55,13 @@ def _op_class(kind: str) -> int:
     return OP_CLASSES.index("norm" if kind in _NORM_KINDS else "elementwise")
 
 
+def is_shape_arithmetic(node: GraphNode) -> bool:
+    """A node computing with a few integers (an exporter's Shape / Gather / Concat of sizes): Python ints in
+    PyTorch, no kernel on the GPU."""
+    ints = [d for d in node.dtypes if d.startswith(("int", "uint", "bool"))]
+    return bool(node.dtypes) and len(ints) == len(node.dtypes) and node.output_bytes <= 64 * 8
+
+
 def graph_batch(graph: ModelGraph) -> int:
     """The batch the graph's shapes are for: its first input's leading dimension (1 if unknown)."""
     for node in graph.nodes:
@@ -59,10 +70,26 @@ def graph_batch(graph: ModelGraph) -> int:
     return 1
 
 
+def parameter_sizes(node: GraphNode, tensors: list[int] | None = None) -> list[int]:
+    """The node's trainable parameters as tensors: ``tensors`` (its initializers, as the ONNX reader lists
+    them) where known, else guessed from the total: a convolution's or a linear layer's weight and bias,
+    a norm's scale and shift. A batch norm's running statistics are not trained."""
+    if tensors:
+        return tensors[:2] if node.kind == "batchnorm" else tensors
+    shape = node.shapes[0] if node.shapes and node.shapes[0] else []
+    channels = (shape[-1] if node.kind == "linear" else shape[1]) if len(shape) >= 2 else 0
+    if node.kind in ("batchnorm", "layernorm", "norm") and channels and node.params in (2 * channels, 4 * channels):
+        return [channels, channels]
+    if node.kind in ("conv", "conv_transpose", "linear") and 0 < channels < node.params:
+        return [node.params - channels, channels]
+    return [node.params]
+
+
 def _optimizer_step(graph: ModelGraph, optimizer: str) -> tuple[float, list[list[float]]]:
-    """Optimizer state bytes and kernels of a steady step, replayed on meta tensors (one per node)."""
-    params = nn.ParameterList([nn.Parameter(torch.empty(n.params, device="meta")) for n in graph.nodes
-                               if n.params > 0])
+    """Optimizer state bytes and kernels of a steady step, replayed on meta tensors (:func:`parameter_sizes`)."""
+    listed = graph.meta.get("param_tensors", {})
+    params = nn.ParameterList([nn.Parameter(torch.empty(size, device="meta")) for n in graph.nodes if n.params > 0
+                               for size in parameter_sizes(n, listed.get(str(n.id)))])
     opt = _optimizer(params, optimizer)
     tracker = MemoryTracker()
     for p in params:
@@ -114,48 +141,76 @@ def estimate_from_graph(graph: ModelGraph, batch: int, precision: str = "fp32",
     def free(key: int) -> None:
         events.append(("free", key, 0))
 
-    for n in order:  # parameters and, after the first step, the optimizer's state
+    def base(nid: int) -> int:  # the tensor a view (reshape, split) aliases
+        while by_id[nid].kind in VIEW_KINDS and producers.get(nid):
+            nid = producers[nid][0]
+        return nid
+
+    def saves(n: GraphNode) -> set[int]:  # the tensors autograd keeps for n's backward (each counted once)
+        if n.kind == "maxpool":  # its input, and the indices (allocated with the output)
+            return {base(p) for p in producers.get(n.id, [])}
+        if n.kind in _SAVES_INPUT or n.op in _SAVES_INPUT_OPS:
+            return {base(p) for p in producers.get(n.id, [])}
+        return {n.id} if n.kind in _SAVES_OUTPUT else set()
+
+    compute = [n for n in order if n.kind not in NO_KERNEL and not is_shape_arithmetic(n)]
+    last_use: dict[int, int] = {}
+    for a, b in graph.edges:
+        last_use[base(a)] = max(last_use.get(base(a), 0), position[b])
+    first_saver: dict[int, int] = {}
+    for n in compute:
+        for t in saves(n):
+            first_saver.setdefault(t, position[n.id])
+
+    for n in order:  # parameters, inputs and, after the first step, the optimizer's state
         if n.params:
             alloc(n.param_bytes)
     if state_bytes:
         alloc(state_bytes)
     steady = param_bytes + state_bytes
     ops: list[list[float]] = []
-    saved: dict[int, int] = {}
-    live_out: dict[int, int] = {}
-    last_use = {n.id: max((position[c] for c in consumers.get(n.id, [])), default=position[n.id]) for n in order}
-    activation = 0.0
-    for i, n in enumerate(order):
-        if n.kind in NO_KERNEL:
-            continue
-        cls = _op_class(n.kind)
+    live: dict[int, int] = {n.id: alloc(out_bytes(n)) for n in order if n.kind == "input"}
+    # autocast keeps a half-width copy of each weight of a matrix product from forward to backward
+    indices: dict[int, int] = {}
+    weight_copies = {n.id: alloc(n.param_bytes / 2) for n in compute
+                     if low and n.kind in TENSOR_CORE_KINDS and n.params}  # freed by the node's backward
+    for n in compute:
+        i = position[n.id]
         tc = n.kind in TENSOR_CORE_KINDS
-        moved = out_bytes(n) + n.param_bytes + sum(out_bytes(by_id[p]) for p in producers.get(n.id, []))
-        ops.append([FORWARD, cls, float(low and tc), n.flops * scale, moved])
-        live_out[n.id] = alloc(out_bytes(n))
-        if n.saved_bytes:
-            nbytes = n.saved_bytes * scale / (2 if low and n.kind not in FP32_UNDER_AUTOCAST else 1)
-            saved[n.id] = alloc(nbytes)
-            activation += nbytes
-        for p in [p for p in list(live_out) if last_use[p] <= i and p != n.id]:
-            free(live_out.pop(p))
-    for key in live_out.values():  # the loss is taken from what is left
-        free(key)
+        moved = out_bytes(n) + n.param_bytes + sum(out_bytes(by_id[base(p)]) for p in producers.get(n.id, []))
+        ops.append([FORWARD, _op_class(n.kind), float(low and tc), n.flops * scale, moved])
+        if n.id in weight_copies:  # autocast's cast of the weight to half width
+            ops.append([FORWARD, OP_CLASSES.index("elementwise"), 1.0, 0.0, 1.5 * n.param_bytes])
+        live[n.id] = alloc(out_bytes(n))
+        if n.kind == "maxpool":  # max pooling also keeps where each maximum was: int64, one per output
+            indices[n.id] = alloc(n.output_bytes * scale / dtype_size(n.dtypes[0] if n.dtypes else "float32") * 8)
+        for t in [t for t in live if last_use.get(t, i) <= i and t not in first_saver and t != n.id
+                  and by_id[t].kind != "input"]:
+            free(live.pop(t))
+    activation = float(sum(out_bytes(by_id[t]) for t in live if by_id[t].kind != "input"))
+    activation += sum(by_id[t].output_bytes * scale / dtype_size(by_id[t].dtypes[0] if by_id[t].dtypes else "float32")
+                      * 8 for t in indices)
+    activation += sum(n.param_bytes / 2 for n in compute if low and n.kind in TENSOR_CORE_KINDS and n.params)
+    for t in [t for t in live if t not in first_saver and by_id[t].kind != "input"]:  # the loss is taken
+        free(live.pop(t))
     peak_forward = steady + activation
-    for n in reversed(order):
-        if n.kind in NO_KERNEL:
-            continue
-        cls = _op_class(n.kind)
+    for n in reversed(compute):
         tc = n.kind in TENSOR_CORE_KINDS
         grad_out = alloc(out_bytes(n))
         moved = 2 * out_bytes(n) + n.param_bytes
-        kernels = 2 if tc and n.kind != "conv" and n.kind != "conv_transpose" else 1
-        flops = n.flops * scale * (2 if n.kind in ("conv", "conv_transpose") else 1)
-        ops.extend([[BACKWARD, cls, float(low and tc), flops, moved]] * kernels)
+        conv = n.kind in ("conv", "conv_transpose")
+        kernels = 2 if tc and not conv else 1
+        ops.extend([[BACKWARD, _op_class(n.kind), float(low and tc), n.flops * scale * (2 if conv else 1),
+                     moved]] * kernels)
         if n.params:
             alloc(n.param_bytes)  # the parameter's gradient, kept until the optimizer step
-        if n.id in saved:
-            free(saved.pop(n.id))
+        if n.id in indices:
+            free(indices.pop(n.id))
+        if n.id in weight_copies:
+            free(weight_copies.pop(n.id))
+        for t in saves(n):
+            if first_saver.get(t) == position[n.id] and t in live and by_id[t].kind != "input":
+                free(live.pop(t))
         free(grad_out)
     ops.extend(optimizer_ops)
     peak, reserved = replay_reserved(events)

@@ -144,6 +144,7 @@ def read_onnx(path: str | Path, batch: int = 1, seq: int | None = None) -> Model
         nodes.append(GraphNode(id=len(nodes), name=vi.name, kind="input", op="input", shapes=[shape], dtypes=[dtype]))
     used: set[str] = set()
     unknown: list[str] = []
+    param_tensors: dict[str, list[int]] = {}  # node id -> sizes of its initializers, in input order
     for i, n in enumerate(g.node):
         op = n.op_type if n.domain in ("", "ai.onnx", "ai.onnx.ml") else f"{n.domain}.{n.op_type}"
         kind = normalise_op(n.op_type) if n.domain in ("", "ai.onnx", "ai.onnx.ml") else "other"
@@ -157,6 +158,7 @@ def read_onnx(path: str | Path, batch: int = 1, seq: int | None = None) -> Model
         for x in n.input:
             if x in inits and x not in used:
                 used.add(x)
+                param_tensors.setdefault(str(node.id), []).append(_numel(inits[x]))
                 node.params += _numel(inits[x])
                 node.param_bytes += _numel(inits[x]) * dtype_size(_onnx_dtype(init_dtype[x]))
             elif x in producer:
@@ -181,7 +183,8 @@ def read_onnx(path: str | Path, batch: int = 1, seq: int | None = None) -> Model
         log.warning("%s: %d node(s) with unknown ops became generic nodes: %s", path, len(unknown),
                     ", ".join(unknown[:10]) + (" ..." if len(unknown) > 10 else ""))
     return ModelGraph(name=path.stem, source="onnx", nodes=nodes, edges=edges,
-                      meta={"unknown_ops": unknown[:50], "opset": [o.version for o in model.opset_import]})
+                      meta={"unknown_ops": unknown[:50], "opset": [o.version for o in model.opset_import],
+                            "param_tensors": param_tensors})
 
 
 def _onnx_dtype(code: int) -> str:
