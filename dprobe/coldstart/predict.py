@@ -16,8 +16,9 @@ from dprobe.graph.schema import ModelGraph
 from dprobe.graph.zoo import parse_spec
 
 DEFAULT_CHECKPOINT = Path(__file__).with_name("default_coldstart.pt")
-ONNX_NOTE = ("ONNX file: the step is estimated from the graph's nodes, not replayed (see "
-             "docs/graph-and-coldstart.md); an inference export has no dropout")
+ONNX_NOTE = ("ONNX file: the step is estimated from the graph's nodes, not replayed; an export for inference "
+             "(batch norms folded, no dropout) comes out low on memory: export with "
+             "training=torch.onnx.TrainingMode.TRAINING (docs/graph-and-coldstart.md)")
 
 
 def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str = "adamw",
