@@ -104,7 +104,7 @@ def _optimizer_step(graph: ModelGraph, optimizer: str) -> tuple[float, list[list
             opt.step()
             for p in params:
                 p.grad = None
-    state = float(before) - sum(p.numel() * 4 for p in params) - sum(p.numel() * 4 for p in params)
+    state = float(before) - 2 * sum(p.numel() * 4 for p in params)  # less the parameters and their gradients
     return max(state, 0.0), [[float(v) for v in op] for op in tracker.ops]
 
 
@@ -116,10 +116,8 @@ def estimate_from_graph(graph: ModelGraph, batch: int, precision: str = "fp32",
     low = precision != "fp32"
     scale = batch / graph_batch(graph)
     by_id = {n.id: n for n in graph.nodes}
-    consumers: dict[int, list[int]] = {}
     producers: dict[int, list[int]] = {}
     for a, b in graph.edges:
-        consumers.setdefault(a, []).append(b)
         producers.setdefault(b, []).append(a)
     order = sorted(graph.nodes, key=lambda n: n.id)
     position = {n.id: i for i, n in enumerate(order)}
@@ -127,6 +125,9 @@ def estimate_from_graph(graph: ModelGraph, batch: int, precision: str = "fp32",
     def out_bytes(n: GraphNode) -> float:
         half = low and n.kind not in FP32_UNDER_AUTOCAST
         return n.output_bytes * scale / (2 if half else 1)
+
+    def index_bytes(n: GraphNode) -> float:  # max pooling keeps where each maximum was: int64, one per output
+        return n.output_bytes * scale / dtype_size(n.dtypes[0] if n.dtypes else "float32") * 8
 
     state_bytes, optimizer_ops = _optimizer_step(graph, optimizer)
     param_bytes = float(graph.param_bytes)
@@ -147,9 +148,7 @@ def estimate_from_graph(graph: ModelGraph, batch: int, precision: str = "fp32",
         return nid
 
     def saves(n: GraphNode) -> set[int]:  # the tensors autograd keeps for n's backward (each counted once)
-        if n.kind == "maxpool":  # its input, and the indices (allocated with the output)
-            return {base(p) for p in producers.get(n.id, [])}
-        if n.kind in _SAVES_INPUT or n.op in _SAVES_INPUT_OPS:
+        if n.kind in _SAVES_INPUT or n.op in _SAVES_INPUT_OPS or n.kind == "maxpool":  # + indices, below
             return {base(p) for p in producers.get(n.id, [])}
         return {n.id} if n.kind in _SAVES_OUTPUT else set()
 
@@ -170,10 +169,10 @@ def estimate_from_graph(graph: ModelGraph, batch: int, precision: str = "fp32",
     steady = param_bytes + state_bytes
     ops: list[list[float]] = []
     live: dict[int, int] = {n.id: alloc(out_bytes(n)) for n in order if n.kind == "input"}
-    # autocast keeps a half-width copy of each weight of a matrix product from forward to backward
     indices: dict[int, int] = {}
-    weight_copies = {n.id: alloc(n.param_bytes / 2) for n in compute
-                     if low and n.kind in TENSOR_CORE_KINDS and n.params}  # freed by the node's backward
+    # autocast keeps a half-width copy of each weight of a matrix product from its forward to its backward
+    copied = [n for n in compute if low and n.kind in TENSOR_CORE_KINDS and n.params]
+    weight_copies = {n.id: alloc(n.param_bytes / 2) for n in copied}
     for n in compute:
         i = position[n.id]
         tc = n.kind in TENSOR_CORE_KINDS
@@ -182,15 +181,13 @@ def estimate_from_graph(graph: ModelGraph, batch: int, precision: str = "fp32",
         if n.id in weight_copies:  # autocast's cast of the weight to half width
             ops.append([FORWARD, OP_CLASSES.index("elementwise"), 1.0, 0.0, 1.5 * n.param_bytes])
         live[n.id] = alloc(out_bytes(n))
-        if n.kind == "maxpool":  # max pooling also keeps where each maximum was: int64, one per output
-            indices[n.id] = alloc(n.output_bytes * scale / dtype_size(n.dtypes[0] if n.dtypes else "float32") * 8)
+        if n.kind == "maxpool":
+            indices[n.id] = alloc(index_bytes(n))
         for t in [t for t in live if last_use.get(t, i) <= i and t not in first_saver and t != n.id
                   and by_id[t].kind != "input"]:
             free(live.pop(t))
     activation = float(sum(out_bytes(by_id[t]) for t in live if by_id[t].kind != "input"))
-    activation += sum(by_id[t].output_bytes * scale / dtype_size(by_id[t].dtypes[0] if by_id[t].dtypes else "float32")
-                      * 8 for t in indices)
-    activation += sum(n.param_bytes / 2 for n in compute if low and n.kind in TENSOR_CORE_KINDS and n.params)
+    activation += sum(index_bytes(by_id[t]) for t in indices) + sum(n.param_bytes / 2 for n in copied)
     for t in [t for t in live if t not in first_saver and by_id[t].kind != "input"]:  # the loss is taken
         free(live.pop(t))
     peak_forward = steady + activation
