@@ -147,9 +147,26 @@ def estimate_from_graph(graph: ModelGraph, batch: int, precision: str = "fp32",
             nid = producers[nid][0]
         return nid
 
+    consumers: dict[int, list[int]] = {}
+    for a, b in graph.edges:
+        consumers.setdefault(a, []).append(b)
+    # x * sigmoid(x), an exporter's SiLU / swish: one fused op in PyTorch, which keeps x only
+    silu = {n.id: c for n in graph.nodes if n.op == "Sigmoid" and len(consumers.get(n.id, [])) == 1
+            and by_id[(c := consumers[n.id][0])].op == "Mul"
+            and set(producers.get(c, [])) == {n.id, *producers.get(n.id, [])}}
+
     def saves(n: GraphNode) -> set[int]:  # the tensors autograd keeps for n's backward (each counted once)
+        if n.id in silu:
+            return set()
+        if n.id in silu.values():
+            return {base(p) for p in producers.get(n.id, []) if p not in silu}
+        data = [p for p in producers.get(n.id, []) if by_id[p].kind != "constant" and not is_shape_arithmetic(by_id[p])]
+        if n.op == "Mul":  # a factor is kept for the other's gradient: a tensor or a weight, not a constant
+            return {base(p) for p in data} if len(data) > 1 or n.params else set()
+        if n.op == "Div":  # x / constant keeps nothing sizeable
+            return {base(p) for p in data} if len(data) > 1 else set()
         if n.kind in _SAVES_INPUT or n.op in _SAVES_INPUT_OPS or n.kind == "maxpool":  # + indices, below
-            return {base(p) for p in producers.get(n.id, [])}
+            return {base(p) for p in data}
         return {n.id} if n.kind in _SAVES_OUTPUT else set()
 
     compute = [n for n in order if n.kind not in NO_KERNEL and not is_shape_arithmetic(n)]

@@ -11,8 +11,11 @@ from dprobe.graph.schema import GraphError, GraphNode, ModelGraph
 log = logging.getLogger(__name__)
 _SAVES_INPUT = {"conv", "conv_transpose", "linear", "matmul", "batchnorm", "layernorm", "norm", "attention"}
 _SAVES_OUTPUT = {"relu", "activation", "softmax", "maxpool", "loss"}
-_SAVES_INPUT_OPS = {"Mul", "Div"}
-DEFAULT_SEQ = 128  # an input's symbolic dims after the batch (sequence length), as for zoo models  # a product's gradient needs both factors (e.g. x * sigmoid(x))
+# ops whose gradient needs their input rather than their output: a product's factors, and these
+# activations (ReLU6 / hardtanh are Clip)
+_SAVES_INPUT_OPS = {"Mul", "Div", "Clip", "Gelu", "Erf", "Softplus", "LeakyRelu", "PRelu", "HardSwish",
+                    "HardSigmoid"}
+DEFAULT_SEQ = 128  # an input's symbolic dims after the batch (sequence length), as for zoo models
 
 
 def _dims(type_proto: object, batch: int) -> tuple[list[int], str]:
