@@ -110,25 +110,28 @@ def test_cli_predict(capsys) -> None:
 
 
 def test_predict_from_an_onnx_file(tmp_path, capsys) -> None:
-    """An ONNX file has no module to replay: the step is estimated from its graph, close to the replay's."""
+    """An ONNX file has no module to replay: the step is estimated from its graph, close to the replay's
+    (convolutions, batch norms, ReLU, ReLU6 as Clip, SiLU as x * sigmoid(x), squeeze-excitation products)."""
     import torchvision
 
     from dprobe.cli import main
     from dprobe.coldstart.graph_estimate import estimate_from_graph
     from dprobe.graph.onnx_reader import read_onnx
 
-    path = tmp_path / "resnet18.onnx"  # exported for training: batch norms kept, not folded into the convolutions
-    torch.onnx.export(torchvision.models.resnet18(), (torch.randn(2, 3, 64, 64),), str(path), dynamo=False,
-                      training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False, input_names=["x"],
-                      dynamic_axes={"x": {0: "batch"}})
-    for precision in ("fp32", "bf16"):
-        replayed = replay_training_step(parse_spec("torchvision:resnet18"), batch=16, precision=precision,
-                                        optimizer="sgd", image=64)
-        estimated = estimate_from_graph(read_onnx(path, batch=16), 16, precision, "sgd")
-        assert estimated.state_bytes == pytest.approx(replayed.state_bytes, rel=0.01)  # the optimizer, replayed
-        assert estimated.flops == pytest.approx(replayed.flops, rel=0.05)
-        assert estimated.activation_bytes == pytest.approx(replayed.activation_bytes, rel=0.05)
-        assert estimated.peak_bytes == pytest.approx(replayed.peak_bytes, rel=0.05)
+    for name in ("resnet18", "mobilenet_v2", "efficientnet_b0"):
+        path = tmp_path / f"{name}.onnx"  # exported for training: batch norms kept, not folded into the convolutions
+        torch.onnx.export(torchvision.models.get_model(name), (torch.randn(2, 3, 64, 64),), str(path), dynamo=False,
+                          training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False, input_names=["x"],
+                          dynamic_axes={"x": {0: "batch"}})
+        for precision in ("fp32", "bf16"):
+            replayed = replay_training_step(parse_spec(f"torchvision:{name}"), batch=16, precision=precision,
+                                            optimizer="sgd", image=64)
+            estimated = estimate_from_graph(read_onnx(path, batch=16), 16, precision, "sgd")
+            assert estimated.state_bytes == pytest.approx(replayed.state_bytes, rel=0.01)  # the optimizer, replayed
+            assert estimated.flops == pytest.approx(replayed.flops, rel=0.05)
+            assert estimated.activation_bytes == pytest.approx(replayed.activation_bytes, rel=0.05)
+            assert estimated.peak_bytes == pytest.approx(replayed.peak_bytes, rel=0.05)
+    path = tmp_path / "resnet18.onnx"
     assert main(["predict", str(path), "--batch", "16", "--precision", "bf16", "--optimizer", "sgd", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert "ONNX file" in out["note"] and out["unknown_nodes"] == 0 and out["method"] == "learned"
