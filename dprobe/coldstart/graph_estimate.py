@@ -208,9 +208,15 @@ def estimate_from_graph(graph: ModelGraph, batch: int, precision: str = "fp32",
     for t in [t for t in live if t not in first_saver and by_id[t].kind != "input"]:  # the loss is taken
         free(live.pop(t))
     peak_forward = steady + activation
+    is_compute = {n.id for n in compute}
+    grads: dict[int, int] = {}  # gradient of a node's output: made by its first consumer's backward
     for n in reversed(compute):
         tc = n.kind in TENSOR_CORE_KINDS
-        grad_out = alloc(out_bytes(n))
+        grad_out = grads.pop(n.id, None)
+        if grad_out is None:  # the loss's input
+            grad_out = alloc(out_bytes(n))
+        for p in {base(p) for p in producers.get(n.id, [])} & is_compute - grads.keys():
+            grads[p] = alloc(out_bytes(by_id[p]))  # the gradient flowing on to p, alive until p's backward
         moved = 2 * out_bytes(n) + n.param_bytes
         conv = n.kind in ("conv", "conv_transpose")
         kernels = 2 if tc and not conv else 1
