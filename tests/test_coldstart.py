@@ -142,6 +142,33 @@ def test_predict_from_an_onnx_file(tmp_path, capsys) -> None:
     assert "corrupt ONNX" in capsys.readouterr().err
 
 
+def test_onnx_attention_is_estimated_as_pytorch_runs_it(tmp_path) -> None:
+    """An exported attention (MatMul, Softmax, MatMul) is counted as the fused kernel: no probabilities kept."""
+    from dprobe.coldstart.graph_estimate import estimate_from_graph, fused_attention
+    from dprobe.graph.onnx_reader import read_onnx
+
+    # 257 tokens: the probabilities (batch x heads x 257 x 257) would be most of the memory if they were held
+    kw = {"image_size": 64, "patch_size": 4, "num_layers": 2, "num_heads": 4, "hidden_dim": 32, "mlp_dim": 64}
+    spec = parse_spec("module:torchvision.models.vision_transformer:VisionTransformer", kw)
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    path = tmp_path / "vit.onnx"
+    torch.onnx.export(VisionTransformer(**kw), (torch.randn(2, 3, 64, 64),), str(path), dynamo=False,
+                      training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False, input_names=["x"],
+                      dynamic_axes={"x": {0: "batch"}})
+    graph = read_onnx(path, batch=16)
+    producers: dict[int, list[int]] = {}
+    consumers: dict[int, list[int]] = {}
+    for a, b in graph.edges:
+        producers.setdefault(b, []).append(a)
+        consumers.setdefault(a, []).append(b)
+    roles = fused_attention(graph, producers, consumers)
+    assert list(roles.values()).count("output") == kw["num_layers"]
+    replayed = replay_training_step(spec, batch=16, precision="fp32", optimizer="adamw", image=64)
+    estimated = estimate_from_graph(graph, 16, "fp32", "adamw")
+    assert estimated.peak_bytes == pytest.approx(replayed.peak_bytes, rel=0.05)
+
+
 def test_predict_a_model_that_reads_its_mask_values(capsys) -> None:
     from dprobe.cli import main
 

@@ -41,6 +41,7 @@ from dprobe.graph.schema import GraphNode, ModelGraph
 
 NO_KERNEL = {"input", "output", "reshape", "constant", "split"}
 VIEW_KINDS = {"reshape", "split"}  # their outputs alias their input
+SCALAR_BYTES = 64  # a factor this small (a scale) is not kept for the other factor's gradient
 TENSOR_CORE_KINDS = {"conv", "conv_transpose", "linear", "matmul", "attention"}
 # under bf16 / fp16 autocast these run in fp32 (autocast's fp32 list); what follows a matrix product in half
 # precision stays in half precision
@@ -60,6 +61,43 @@ def is_shape_arithmetic(node: GraphNode) -> bool:
     PyTorch, no kernel on the GPU."""
     ints = [d for d in node.dtypes if d.startswith(("int", "uint", "bool"))]
     return bool(node.dtypes) and len(ints) == len(node.dtypes) and node.output_bytes <= 64 * 8
+
+
+def fused_attention(graph: ModelGraph, producers: dict[int, list[int]], consumers: dict[int, list[int]]
+                    ) -> dict[int, str]:
+    """Exported attention, ``MatMul(q, k) -> [scale, mask] -> Softmax -> [dropout] -> MatMul(., v)``, which
+    PyTorch runs fused, never holding the scores or probabilities: ``"scores"`` for the first product
+    (it keeps q and k), ``"inside"`` for the nodes up to the probabilities (no kernel, no memory),
+    ``"output"`` for the last product (it keeps v and its output)."""
+    by_id = {n.id: n for n in graph.nodes}
+    roles: dict[int, str] = {}
+    for softmax in (n for n in graph.nodes if n.op == "Softmax"):
+        inside, cur = [softmax.id], softmax.id
+        for _ in range(4):  # up to the scores' product, through scaling and masking
+            ups = sorted(producers.get(cur, []), key=lambda p: -by_id[p].output_bytes)
+            if not ups or by_id[ups[0]].op == "MatMul":
+                break
+            if by_id[ups[0]].op not in ("Div", "Mul", "Add", "Sub", "Where", "Cast"):
+                ups = []
+                break
+            cur = ups[0]
+            inside.append(cur)
+        if not ups or by_id[ups[0]].op != "MatMul":
+            continue
+        inside.append(ups[0])  # the scores' product keeps q and k, as the fused kernel does
+        cur = softmax.id
+        for _ in range(3):  # down to the product with v, through dropout
+            downs = consumers.get(cur, [])
+            if len(downs) != 1 or by_id[downs[0]].op not in ("Dropout", "Cast"):
+                break
+            cur = downs[0]
+            inside.append(cur)
+        downs = consumers.get(cur, [])
+        if len(downs) == 1 and by_id[downs[0]].op == "MatMul":
+            roles.update({i: "inside" for i in inside if by_id[i].op != "MatMul"})
+            roles[ups[0]] = "scores"
+            roles[downs[0]] = "output"
+    return roles
 
 
 def graph_batch(graph: ModelGraph) -> int:
@@ -117,12 +155,17 @@ def estimate_from_graph(graph: ModelGraph, batch: int, precision: str = "fp32",
     scale = batch / graph_batch(graph)
     by_id = {n.id: n for n in graph.nodes}
     producers: dict[int, list[int]] = {}
+    consumers: dict[int, list[int]] = {}
     for a, b in graph.edges:
         producers.setdefault(b, []).append(a)
+        consumers.setdefault(a, []).append(b)
     order = sorted(graph.nodes, key=lambda n: n.id)
     position = {n.id: i for i, n in enumerate(order)}
+    attention = fused_attention(graph, producers, consumers)
 
     def out_bytes(n: GraphNode) -> float:
+        if attention.get(n.id) == "scores":  # never materialised by the fused kernel
+            return 0.0
         half = low and n.kind not in FP32_UNDER_AUTOCAST
         return n.output_bytes * scale / (2 if half else 1)
 
@@ -147,20 +190,21 @@ def estimate_from_graph(graph: ModelGraph, batch: int, precision: str = "fp32",
             nid = producers[nid][0]
         return nid
 
-    consumers: dict[int, list[int]] = {}
-    for a, b in graph.edges:
-        consumers.setdefault(a, []).append(b)
     # x * sigmoid(x), an exporter's SiLU / swish: one fused op in PyTorch, which keeps x only
     silu = {n.id: c for n in graph.nodes if n.op == "Sigmoid" and len(consumers.get(n.id, [])) == 1
             and by_id[(c := consumers[n.id][0])].op == "Mul"
             and set(producers.get(c, [])) == {n.id, *producers.get(n.id, [])}}
 
+
     def saves(n: GraphNode) -> set[int]:  # the tensors autograd keeps for n's backward (each counted once)
-        if n.id in silu:
+        if n.id in silu or attention.get(n.id) == "inside":
             return set()
         if n.id in silu.values():
             return {base(p) for p in producers.get(n.id, []) if p not in silu}
-        data = [p for p in producers.get(n.id, []) if by_id[p].kind != "constant" and not is_shape_arithmetic(by_id[p])]
+        if attention.get(n.id) == "output":  # fused attention keeps v and its output, not the probabilities
+            return {n.id} | {base(p) for p in producers.get(n.id, []) if attention.get(p) != "inside"}
+        data = [p for p in producers.get(n.id, []) if by_id[p].kind != "constant" and not is_shape_arithmetic(by_id[p])
+                and by_id[p].output_bytes > SCALAR_BYTES]
         if n.op == "Mul":  # a factor is kept for the other's gradient: a tensor or a weight, not a constant
             return {base(p) for p in data} if len(data) > 1 or n.params else set()
         if n.op == "Div":  # x / constant keeps nothing sizeable
@@ -169,7 +213,8 @@ def estimate_from_graph(graph: ModelGraph, batch: int, precision: str = "fp32",
             return {base(p) for p in data}
         return {n.id} if n.kind in _SAVES_OUTPUT else set()
 
-    compute = [n for n in order if n.kind not in NO_KERNEL and not is_shape_arithmetic(n)]
+    compute = [n for n in order if n.kind not in NO_KERNEL and not is_shape_arithmetic(n)
+               and attention.get(n.id) != "inside"]
     last_use: dict[int, int] = {}
     for a, b in graph.edges:
         last_use[base(a)] = max(last_use.get(base(a), 0), position[b])
