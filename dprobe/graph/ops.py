@@ -29,7 +29,7 @@ _RULES: list[tuple[str, str]] = [
     (r"(^to_copy|^to$|^type_as|^cast|^float$|^half$|^bfloat16$)", "cast"),
     (r"(view|reshape|flatten|permute|transpose|squeeze|unsqueeze|expand|contiguous|^t$|^clone$|"
      r"^identity$|^alias|^detach|^as_strided|^unflatten|^narrow|^slice|^select|^getitem|^index|"
-     r"^shape$|^size$|^getattr$|^pad$|^constant_pad|^tile$|^repeat|^roll$|^gathernd|^scatter|^copy|"
+     r"^shape$|^size$|^getattr$|^pad$|^constant_pad|^tile$|^repeat|^roll$|^gathernd|^gatherelements|^scatter|^copy|"
      r"^unsafe_view|^assert|^dim$|^numel$|^len$|^sym_size|^stride$|^swapaxes|^swapdims|^moveaxis|"
      r"^movedim|^unfold|^fold$|^im2col|^col2im|pixel_?(un)?shuffle|space_?to_?depth|depth_?to_?space)", "reshape"),
     (r"(^add|^sub|^iadd|^radd|^sum$)", "add"),
