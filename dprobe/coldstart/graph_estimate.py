@@ -8,15 +8,17 @@ step is built from the graph's nodes instead:
 - forward: one kernel per computing node (FLOPs, bytes in and out); backward: two kernels for a
   matrix product (input and weight gradients), one for anything else, with the forward's FLOPs
   each; reshapes and constants launch nothing;
-- memory: an alloc / free trace (parameters and optimizer state; each node's output, kept where
-  backward needs it, freed after its consumers otherwise; in backward, each node's output gradient
-  and its parameters' gradients, its saved tensors freed) replayed through the caching-allocator
-  model. Under bf16 / fp16 autocast, tensors are half width except where autocast runs in fp32
-  (layer norm, softmax, the loss), and a half-width copy of each matrix product's weight is kept from
-  its forward to its backward.
+- memory: an alloc / free trace replayed through the caching-allocator model: parameters and
+  optimizer state; each node's output, kept while backward needs it (what autograd keeps, op by op,
+  each tensor once), freed after its consumers otherwise; in backward, gradients from a node's first
+  consumer to the node, and the parameters' gradients. An exported attention (MatMul, Softmax,
+  MatMul) is counted as PyTorch's fused kernel runs it. Under bf16 / fp16 autocast, tensors are half
+  width except where autocast runs in fp32 (layer norm, softmax, the loss), and a half-width copy of
+  each matrix product's weight is kept from its forward to its backward.
 
-What it cannot know: an ONNX export for inference has no dropout (its masks are not counted), and
-ops fused or unfolded by the exporter count as the exporter wrote them.
+What it cannot know: an ONNX export for inference folds batch norms into convolutions and has no
+dropout (export for training instead); ops an exporter splits into several nodes count as it wrote
+them.
 """
 
 from __future__ import annotations
@@ -26,16 +28,22 @@ from torch import nn
 
 from dprobe.coldstart.allocator import replay_reserved
 from dprobe.coldstart.memtrack import (
-    _NORM_KINDS,
     BACKWARD,
     FORWARD,
+    NORM_KINDS,
     OP_CLASSES,
     OPTIMIZER,
     TENSOR_CORE_CLASSES,
     MemoryTracker,
 )
-from dprobe.coldstart.replay import CUDA_CONTEXT_BYTES, PRECISIONS, SMALL_LIMIT, ReplayEstimate, _optimizer
-from dprobe.graph.onnx_reader import _SAVES_INPUT, _SAVES_INPUT_OPS, _SAVES_OUTPUT
+from dprobe.coldstart.replay import (
+    CUDA_CONTEXT_BYTES,
+    PRECISIONS,
+    SMALL_LIMIT,
+    ReplayEstimate,
+    make_optimizer,
+)
+from dprobe.graph.onnx_reader import SAVES_INPUT, SAVES_INPUT_OPS, SAVES_OUTPUT
 from dprobe.graph.ops import dtype_size
 from dprobe.graph.schema import GraphNode, ModelGraph
 
@@ -53,7 +61,7 @@ def _op_class(kind: str) -> int:
         return OP_CLASSES.index("conv")
     if kind in ("linear", "matmul", "attention"):
         return OP_CLASSES.index("matmul")
-    return OP_CLASSES.index("norm" if kind in _NORM_KINDS else "elementwise")
+    return OP_CLASSES.index("norm" if kind in NORM_KINDS else "elementwise")
 
 
 def is_shape_arithmetic(node: GraphNode) -> bool:
@@ -128,7 +136,7 @@ def _optimizer_step(graph: ModelGraph, optimizer: str) -> tuple[float, list[list
     listed = graph.meta.get("param_tensors", {})
     params = nn.ParameterList([nn.Parameter(torch.empty(size, device="meta")) for n in graph.nodes if n.params > 0
                                for size in parameter_sizes(n, listed.get(str(n.id)))])
-    opt = _optimizer(params, optimizer)
+    opt = make_optimizer(params, optimizer)
     tracker = MemoryTracker()
     for p in params:
         tracker.track(p)
@@ -209,9 +217,9 @@ def estimate_from_graph(graph: ModelGraph, batch: int, precision: str = "fp32",
             return {base(p) for p in data} if len(data) > 1 or n.params else set()
         if n.op == "Div":  # x / constant keeps nothing sizeable
             return {base(p) for p in data} if len(data) > 1 else set()
-        if n.kind in _SAVES_INPUT or n.op in _SAVES_INPUT_OPS or n.kind == "maxpool":  # + indices, below
+        if n.kind in SAVES_INPUT or n.op in SAVES_INPUT_OPS or n.kind == "maxpool":  # + indices, below
             return {base(p) for p in data}
-        return {n.id} if n.kind in _SAVES_OUTPUT else set()
+        return {n.id} if n.kind in SAVES_OUTPUT else set()
 
     compute = [n for n in order if n.kind not in NO_KERNEL and not is_shape_arithmetic(n)
                and attention.get(n.id) != "inside"]

@@ -18,7 +18,7 @@ FORWARD, BACKWARD, OPTIMIZER = 0, 1, 2
 # kernel classes of the per-op roofline (features.roofline_seconds: peak by class, GPU time shares)
 OP_CLASSES = ("elementwise", "norm", "matmul", "conv", "conv_grouped", "optimizer")
 TENSOR_CORE_CLASSES = (OP_CLASSES.index("matmul"), OP_CLASSES.index("conv"), OP_CLASSES.index("conv_grouped"))
-_NORM_KINDS = {"batchnorm", "layernorm", "norm", "softmax", "reduce", "loss"}
+NORM_KINDS = {"batchnorm", "layernorm", "norm", "softmax", "reduce", "loss"}
 
 
 def _conv_groups(func: Any, args: tuple) -> int:
@@ -117,7 +117,7 @@ class MemoryTracker(TorchDispatchMode):
         elif kind in ("linear", "matmul", "attention"):
             cls = OP_CLASSES.index("matmul")
         else:
-            cls = OP_CLASSES.index("norm" if kind in _NORM_KINDS else "elementwise")
+            cls = OP_CLASSES.index("norm" if kind in NORM_KINDS else "elementwise")
         low = int(any(t.dtype in (torch.bfloat16, torch.float16) for t in inputs))
         moved = sum(t.numel() * t.element_size() for t in inputs) + sum(t.numel() * t.element_size() for t in outs)
         self.ops.append((self.phase, cls, low, f, float(moved)))

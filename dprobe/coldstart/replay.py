@@ -61,7 +61,8 @@ def _loss(model_out: Any, ex: ExampleInputs) -> torch.Tensor:
     return logits.float().mean()
 
 
-def _optimizer(model: nn.Module, name: str) -> torch.optim.Optimizer:
+def make_optimizer(model: nn.Module, name: str) -> torch.optim.Optimizer:
+    """The optimizer of h200-profiles' runs: AdamW(lr=1e-4) or SGD(lr=0.01, momentum=0.9), foreach."""
     params = [p for p in model.parameters() if p.requires_grad]
     if name == "sgd":
         return torch.optim.SGD(params, lr=0.01, momentum=0.9, foreach=True)
@@ -83,7 +84,7 @@ def _replay(spec: ModelSpec, batch: int, precision: str, optimizer: str, image: 
             seq: int | None) -> ReplayEstimate:
     model = build_module(spec)
     ex = example_inputs(spec, model, batch, image=image, seq=seq, labels=True)
-    opt = _optimizer(model, optimizer)
+    opt = make_optimizer(model, optimizer)
     tracker = MemoryTracker()
     for t in [*model.parameters(), *model.buffers(), *ex.args, *ex.kwargs.values()]:
         if isinstance(t, torch.Tensor):

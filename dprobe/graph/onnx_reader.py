@@ -9,11 +9,11 @@ from dprobe.graph.ops import dtype_size, normalise_op
 from dprobe.graph.schema import GraphError, GraphNode, ModelGraph
 
 log = logging.getLogger(__name__)
-_SAVES_INPUT = {"conv", "conv_transpose", "linear", "matmul", "batchnorm", "layernorm", "norm", "attention"}
-_SAVES_OUTPUT = {"relu", "activation", "softmax", "maxpool", "loss"}
+SAVES_INPUT = {"conv", "conv_transpose", "linear", "matmul", "batchnorm", "layernorm", "norm", "attention"}
+SAVES_OUTPUT = {"relu", "activation", "softmax", "maxpool", "loss"}
 # ops whose gradient needs their input rather than their output: a product's factors, and these
 # activations (ReLU6 / hardtanh are Clip)
-_SAVES_INPUT_OPS = {"Mul", "Div", "Clip", "Gelu", "Erf", "Softplus", "LeakyRelu", "PRelu", "HardSwish",
+SAVES_INPUT_OPS = {"Mul", "Div", "Clip", "Gelu", "Erf", "Softplus", "LeakyRelu", "PRelu", "HardSwish",
                     "HardSigmoid"}
 DEFAULT_SEQ = 128  # an input's symbolic dims after the batch (sequence length), as for zoo models
 
@@ -167,9 +167,9 @@ def read_onnx(path: str | Path, batch: int = 1, seq: int | None = None) -> Model
             elif x in producer:
                 edges.append((producer[x], node.id))
         node.flops = _flops(kind, n, in_shapes, node.shapes, inits)
-        if kind in _SAVES_INPUT or n.op_type in _SAVES_INPUT_OPS:
+        if kind in SAVES_INPUT or n.op_type in SAVES_INPUT_OPS:
             node.saved_bytes = sum(_numel(s) * 4 for x, s in zip(n.input, in_shapes, strict=False) if x not in inits)
-        elif kind in _SAVES_OUTPUT:
+        elif kind in SAVES_OUTPUT:
             node.saved_bytes = node.output_bytes
         for x in n.output:
             producer[x] = node.id
