@@ -5,9 +5,9 @@ step is built from the graph's nodes instead:
 
 - the optimizer step is replayed for real, on meta tensors of the graph's parameter sizes (state
   bytes and kernels exactly as for a module);
-- forward: one kernel per computing node (FLOPs, bytes in and out); backward: two kernels for a
-  matrix product (input and weight gradients), one for anything else, with the forward's FLOPs
-  each; reshapes and constants launch nothing;
+- forward: one kernel per computing node (FLOPs, bytes in and out; a batch norm also counts its
+  batches); backward: two kernels for a matrix product (input and weight gradients), one for
+  anything else, with the forward's FLOPs each; reshapes and constants launch nothing;
 - memory: an alloc / free trace replayed through the caching-allocator model: parameters and
   optimizer state; each node's output, kept while backward needs it (what autograd keeps, op by op,
   each tensor once), freed after its consumers otherwise; in backward, gradients from a node's first
@@ -250,6 +250,8 @@ def estimate_from_graph(graph: ModelGraph, batch: int, precision: str = "fp32",
         ops.append([FORWARD, _op_class(n.kind), float(low and tc), n.flops * scale, moved])
         if n.id in weight_copies:  # autocast's cast of the weight to half width
             ops.append([FORWARD, OP_CLASSES.index("elementwise"), 1.0, 0.0, 1.5 * n.param_bytes])
+        if n.kind == "batchnorm":  # a training batch norm also counts its batches (num_batches_tracked += 1)
+            ops.append([FORWARD, OP_CLASSES.index("elementwise"), 0.0, 0.0, 16.0])
         live[n.id] = alloc(out_bytes(n))
         if n.kind == "maxpool":
             indices[n.id] = alloc(index_bytes(n))
