@@ -30,11 +30,11 @@ from dprobe.coldstart.allocator import replay_reserved
 from dprobe.coldstart.memtrack import (
     BACKWARD,
     FORWARD,
-    NORM_KINDS,
     OP_CLASSES,
     OPTIMIZER,
     TENSOR_CORE_CLASSES,
     MemoryTracker,
+    op_class,
 )
 from dprobe.coldstart.replay import (
     CUDA_CONTEXT_BYTES,
@@ -54,14 +54,6 @@ TENSOR_CORE_KINDS = {"conv", "conv_transpose", "linear", "matmul", "attention"}
 # under bf16 / fp16 autocast these run in fp32 (autocast's fp32 list); what follows a matrix product in half
 # precision stays in half precision
 FP32_UNDER_AUTOCAST = {"layernorm", "softmax", "loss"}
-
-
-def _op_class(kind: str) -> int:
-    if kind in ("conv", "conv_transpose"):
-        return OP_CLASSES.index("conv")
-    if kind in ("linear", "matmul", "attention"):
-        return OP_CLASSES.index("matmul")
-    return OP_CLASSES.index("norm" if kind in NORM_KINDS else "elementwise")
 
 
 def is_shape_arithmetic(node: GraphNode) -> bool:
@@ -247,7 +239,7 @@ def estimate_from_graph(graph: ModelGraph, batch: int, precision: str = "fp32",
         i = position[n.id]
         tc = n.kind in TENSOR_CORE_KINDS
         moved = out_bytes(n) + n.param_bytes + sum(out_bytes(by_id[base(p)]) for p in producers.get(n.id, []))
-        ops.append([FORWARD, _op_class(n.kind), float(low and tc), n.flops * scale, moved])
+        ops.append([FORWARD, op_class(n.kind), float(low and tc), n.flops * scale, moved])
         if n.id in weight_copies:  # autocast's cast of the weight to half width
             ops.append([FORWARD, OP_CLASSES.index("elementwise"), 1.0, 0.0, 1.5 * n.param_bytes])
         if n.kind == "batchnorm":  # a training batch norm also counts its batches (num_batches_tracked += 1)
@@ -275,7 +267,7 @@ def estimate_from_graph(graph: ModelGraph, batch: int, precision: str = "fp32",
         moved = 2 * out_bytes(n) + n.param_bytes
         conv = n.kind in ("conv", "conv_transpose")
         kernels = 2 if tc and not conv else 1
-        ops.extend([[BACKWARD, _op_class(n.kind), float(low and tc), n.flops * scale * (2 if conv else 1),
+        ops.extend([[BACKWARD, op_class(n.kind), float(low and tc), n.flops * scale * (2 if conv else 1),
                      moved]] * kernels)
         if n.params:
             alloc(n.param_bytes)  # the parameter's gradient, kept until the optimizer step

@@ -21,6 +21,16 @@ TENSOR_CORE_CLASSES = (OP_CLASSES.index("matmul"), OP_CLASSES.index("conv"), OP_
 NORM_KINDS = {"batchnorm", "layernorm", "norm", "softmax", "reduce", "loss"}
 
 
+def op_class(kind: str, grouped: bool = False) -> int:
+    """The ``OP_CLASSES`` index of a forward or backward kernel of an op of ``kind`` (``grouped``: a grouped
+    or depthwise convolution)."""
+    if kind in ("conv", "conv_transpose"):
+        return OP_CLASSES.index("conv_grouped" if grouped else "conv")
+    if kind in ("linear", "matmul", "attention"):
+        return OP_CLASSES.index("matmul")
+    return OP_CLASSES.index("norm" if kind in NORM_KINDS else "elementwise")
+
+
 def _conv_groups(func: Any, args: tuple) -> int:
     index = 9 if func._overloadpacket is torch.ops.aten.convolution_backward else 8
     return int(args[index]) if len(args) > index and isinstance(args[index], int) else 1
@@ -112,12 +122,8 @@ class MemoryTracker(TorchDispatchMode):
         inputs = tensors_of((args, kwargs))
         if self.phase == OPTIMIZER:
             cls = OP_CLASSES.index("optimizer")
-        elif conv:
-            cls = OP_CLASSES.index("conv_grouped" if _conv_groups(func, args) > 1 else "conv")
-        elif kind in ("linear", "matmul", "attention"):
-            cls = OP_CLASSES.index("matmul")
         else:
-            cls = OP_CLASSES.index("norm" if kind in NORM_KINDS else "elementwise")
+            cls = op_class("conv" if conv else kind, grouped=conv and _conv_groups(func, args) > 1)
         low = int(any(t.dtype in (torch.bfloat16, torch.float16) for t in inputs))
         moved = sum(t.numel() * t.element_size() for t in inputs) + sum(t.numel() * t.element_size() for t in outs)
         self.ops.append((self.phase, cls, low, f, float(moved)))

@@ -32,6 +32,7 @@ from typing import Any
 import pandas as pd
 
 from dprobe.data.common import DatasetError
+from dprobe.data.h200 import read_env
 
 RUNS_FIELDS = [
     "collection", "run_id", "kind", "status", "lib", "model", "config", "arch", "config_kwargs", "task", "image",
@@ -182,14 +183,15 @@ def add_collection(source: str | Path, data_dir: str | Path, note: str = "", dry
         if not path.is_file():
             raise DatasetError(f"{data_dir}: missing {path.name} (expected a folder laid out like "
                                "datasets/h200-profiles)")
-    existing = pd.read_csv(paths["runs"], dtype=str, keep_default_na=False)
+    headers = {name: _header(path) for name, path in paths.items()}
     for name, fields in (("runs", ["collection", "run_id"]), ("samples", ["collection", *SAMPLE_FIELDS]),
                          ("steps", ["collection", *STEP_FIELDS])):
-        missing = [f for f in fields if f not in _header(paths[name])]
+        missing = [f for f in fields if f not in headers[name]]
         if missing:
             raise DatasetError(f"{paths[name]}: missing column(s) {', '.join(missing)}")
+    existing = pd.read_csv(paths["runs"], dtype=str, keep_default_na=False)
     env_path = data_dir / "env.json"
-    env = json.loads(env_path.read_text()) if env_path.is_file() else {}
+    env = read_env(data_dir)
     numbers = [int(c) for c in existing["collection"] if c.strip()] + [
         int(k.split("_")[1]) for k in env if re.fullmatch(r"collection_\d+", k)]
     collection = max(numbers, default=0) + 1
@@ -227,9 +229,9 @@ def add_collection(source: str | Path, data_dir: str | Path, note: str = "", dry
         **session.env, "source": str(session.source.resolve()), "note": note,
         "added": datetime.now(UTC).isoformat(timespec="seconds"), "run_ids": summary["renamed"]}
     new_text = {
-        paths["runs"]: _csv_text(runs_out, _header(paths["runs"])),
-        paths["samples"]: _csv_text(samples.to_dict("records"), _header(paths["samples"])),
-        paths["steps"]: _csv_text(steps.to_dict("records"), _header(paths["steps"])),
+        paths["runs"]: _csv_text(runs_out, headers["runs"]),
+        paths["samples"]: _csv_text(samples.to_dict("records"), headers["samples"]),
+        paths["steps"]: _csv_text(steps.to_dict("records"), headers["steps"]),
     }
     staged = []
     try:
