@@ -86,6 +86,33 @@ def test_tracker_records_allocations_and_frees() -> None:
     del b, c
 
 
+def test_dense_spatial_convolutions_hold_a_workspace_while_they_run() -> None:
+    """A 3x3 convolution's trace has a scratch buffer the size of its input (forward) and of output
+    gradient plus input (backward), freed again and counted in the peak; 1x1 and depthwise ones have none."""
+    x = torch.empty(8, 16, 32, 32, device="meta", requires_grad=True)
+    x_bytes = x.numel() * 4
+
+    def trace(conv: torch.nn.Conv2d) -> MemoryTracker:
+        conv = conv.to("meta")
+        tracker = MemoryTracker()
+        with tracker:
+            conv(x).sum().backward()
+        return tracker
+
+    dense = trace(torch.nn.Conv2d(16, 16, 3, padding=1))
+    scratch = [e[2] for e in dense.events if e[0] == "alloc" and e[2] in (x_bytes, 2 * x_bytes)]
+    # forward: input-sized; backward: output gradient + input (same shapes here)
+    assert scratch.count(2 * x_bytes) == 1
+    allocs = {e[1] for e in dense.events if e[0] == "alloc"}
+    frees = {e[1] for e in dense.events if e[0] == "free"}
+    workspace_keys = {e[1] for e in dense.events if e[0] == "alloc" and e[2] == 2 * x_bytes}
+    assert workspace_keys <= frees <= allocs  # freed again
+    for conv in (torch.nn.Conv2d(16, 16, 1), torch.nn.Conv2d(16, 16, 3, padding=1, groups=16)):
+        plain = trace(conv)
+        assert not any(e[0] == "alloc" and e[2] == 2 * x_bytes for e in plain.events)
+        assert plain.peak < dense.peak  # same output and gradient sizes: the difference is the workspace
+
+
 def test_random_traces_keep_the_allocator_consistent() -> None:
     """Blocks tile their segments, free neighbours are always merged, pools hold exactly the free blocks."""
     import numpy as np

@@ -196,6 +196,17 @@ def estimate_from_graph(graph: ModelGraph, batch: int, precision: str = "fp32",
             and set(producers.get(c, [])) == {n.id, *producers.get(n.id, [])}}
 
 
+    def conv_input(n: GraphNode) -> GraphNode | None:
+        """The data input of a dense convolution with a spatial kernel, which takes a cuDNN workspace
+        (``memtrack.conv_workspace_bytes``'s rule); None for other nodes. A node has no weight shape:
+        its FLOPs per output element, 2 x C_in / groups x kernel area, tell (above 2 C_in: dense, k > 1)."""
+        data = [by_id[base(p)] for p in producers.get(n.id, []) if by_id[p].kind != "constant"]
+        if n.kind != "conv" or not data or not data[0].shapes or len(data[0].shapes[0]) < 3:
+            return None
+        outputs = n.output_bytes / dtype_size(n.dtypes[0] if n.dtypes else "float32")
+        per_output = n.flops / max(2.0 * outputs, 1.0)
+        return data[0] if per_output > 1.5 * data[0].shapes[0][1] else None
+
     def saves(n: GraphNode) -> set[int]:  # the tensors autograd keeps for n's backward (each counted once)
         if n.id in silu or attention.get(n.id) == "inside":
             return set()
@@ -244,7 +255,11 @@ def estimate_from_graph(graph: ModelGraph, batch: int, precision: str = "fp32",
             ops.append([FORWARD, OP_CLASSES.index("elementwise"), 1.0, 0.0, 1.5 * n.param_bytes])
         if n.kind == "batchnorm":  # a training batch norm also counts its batches (num_batches_tracked += 1)
             ops.append([FORWARD, OP_CLASSES.index("elementwise"), 0.0, 0.0, 16.0])
+        x = conv_input(n)
+        workspace = alloc(out_bytes(x)) if x is not None else None
         live[n.id] = alloc(out_bytes(n))
+        if workspace is not None:
+            free(workspace)
         if n.kind == "maxpool":
             indices[n.id] = alloc(index_bytes(n))
         for t in [t for t in live if last_use.get(t, i) <= i and t not in first_saver and t != n.id
@@ -271,6 +286,8 @@ def estimate_from_graph(graph: ModelGraph, batch: int, precision: str = "fp32",
                      moved]] * kernels)
         if n.params:
             alloc(n.param_bytes)  # the parameter's gradient, kept until the optimizer step
+        if (x := conv_input(n)) is not None:  # the backward's workspace: output gradient + input
+            free(alloc(out_bytes(n) + out_bytes(x)))
         if n.id in indices:
             free(indices.pop(n.id))
         if n.id in weight_copies:
