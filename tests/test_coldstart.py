@@ -142,6 +142,25 @@ def test_predict_from_an_onnx_file(tmp_path, capsys) -> None:
     assert "corrupt ONNX" in capsys.readouterr().err
 
 
+def test_onnx_convolutions_hold_the_replays_workspace(tmp_path) -> None:
+    """From an ONNX graph too, a dense 3x3 convolution holds a cuDNN workspace while it runs; 1x1 and
+    depthwise ones do not (the graph has no weight shapes: the rule reads FLOPs per output element)."""
+    from dprobe.coldstart.graph_estimate import estimate_from_graph
+    from dprobe.graph.onnx_reader import read_onnx
+
+    def peak(conv: torch.nn.Conv2d) -> float:
+        path = tmp_path / "conv.onnx"
+        torch.onnx.export(conv, (torch.randn(2, 16, 64, 64),), str(path),
+                          dynamo=False, training=torch.onnx.TrainingMode.TRAINING, input_names=["x"],
+                          dynamic_axes={"x": {0: "batch"}})
+        return estimate_from_graph(read_onnx(path, batch=32), 32, "fp32", "sgd").peak_bytes
+
+    x_bytes = 32 * 16 * 64 * 64 * 4
+    dense = peak(torch.nn.Conv2d(16, 16, 3, padding=1))
+    for other in (torch.nn.Conv2d(16, 16, 1), torch.nn.Conv2d(16, 16, 3, padding=1, groups=16)):
+        assert dense - peak(other) >= x_bytes  # the workspace: at least a copy of the input
+
+
 def test_onnx_attention_is_estimated_as_pytorch_runs_it(tmp_path) -> None:
     """An exported attention (MatMul, Softmax, MatMul) is counted as the fused kernel: no probabilities kept."""
     from dprobe.coldstart.graph_estimate import estimate_from_graph, fused_attention

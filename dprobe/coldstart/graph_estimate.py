@@ -198,8 +198,9 @@ def estimate_from_graph(graph: ModelGraph, batch: int, precision: str = "fp32",
 
     def conv_input(n: GraphNode) -> GraphNode | None:
         """The data input of a dense convolution with a spatial kernel, which takes a cuDNN workspace
-        (``memtrack.conv_workspace_bytes``'s rule); None for other nodes. A node has no weight shape:
-        its FLOPs per output element, 2 x C_in / groups x kernel area, tell (above 2 C_in: dense, k > 1)."""
+        (``memtrack.conv_workspace_bytes``'s rule); None for other nodes. A node has no weight shape, so
+        its FLOPs per output element tell: 2 x C_in / groups x kernel area, above 3 C_in when dense with a
+        kernel above 1x1."""
         data = [by_id[base(p)] for p in producers.get(n.id, []) if by_id[p].kind != "constant"]
         if n.kind != "conv" or not data or not data[0].shapes or len(data[0].shapes[0]) < 3:
             return None
