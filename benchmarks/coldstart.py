@@ -93,7 +93,7 @@ def learning_curve(args: argparse.Namespace, sizes: list[int], hp: dict) -> None
     print(f"{'training families':>17s} " + " ".join(f"{label:>13s}" for _, label in keys))
     for k in sizes:
         runs = [cross_validate(args.data, args.cache, max_epochs=args.epochs, seed=args.seed + d, ds=ds,
-                               train_families=k, progress=False, **hp)["learned"] for d in range(args.draws)]
+                               train_families=k, progress=False, calibrate=False, **hp)["learned"] for d in range(args.draws)]
         # the median: a draw that leaves too narrow a set of families to extrapolate from can explode
         print(f"{k:17d} " + " ".join(f"{np.median([r[key] for r in runs]):13.3f}" for key, _ in keys)
               + f"   (median of {args.draws} draws)")

@@ -288,6 +288,22 @@ def test_cross_validation_on_fewer_families(monkeypatch) -> None:
     assert len({tuple(f) for f in seen}) > 1  # drawn, not the same pair each time
 
 
+def test_uncalibrated_cross_validation_keeps_the_p50() -> None:
+    """The learning curve skips the p90 calibration: same p50, p90 without the conformal shift."""
+    from dprobe.coldstart import train as tr
+
+    n = 30
+    feats, base, y = _synthetic_runs(n, 3)
+    ds = tr.make_dataset([None] * n, feats, base, y, [f"f{i % 6}" for i in range(n)], [str(i) for i in range(n)])
+    hp = {"max_epochs": 20, "ds": ds, "progress": False, "ensemble": 1, "hidden": 8}
+    calibrated = tr.cross_validate("unused", "unused", **hp)
+    plain = tr.cross_validate("unused", "unused", calibrate=False, **hp)
+    assert np.allclose(plain["p50"], calibrated["p50"])
+    assert not np.allclose(plain["p90"], calibrated["p90"])
+    assert not tr.fit(ds, np.arange(n), 20, 0, {**tr.DEFAULTS, "ensemble": 1, "hidden": 8},
+                      calibrate=False).p90_shift.any()
+
+
 def test_replay_logs_kernels_by_phase_and_class() -> None:
     from dprobe.coldstart.features import GPUS, roofline_seconds
     from dprobe.coldstart.memtrack import BACKWARD, FORWARD, OP_CLASSES, OPTIMIZER
