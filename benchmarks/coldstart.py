@@ -16,17 +16,9 @@ import time
 
 import numpy as np
 
+from dprobe.coldstart.report import ROWS, format_scores
 from dprobe.coldstart.train import cross_validate
 from dprobe.data import load_h200_profiles
-
-# (key, label, target: (low, high) bounds the learned figure must lie within)
-ROWS = [("peak_mape", "allocator peak MAPE %", (0, 1.5)), ("peak_worst_ape", "allocator peak worst APE %", (0, 8)),
-        ("nvml_mape", "NVML device memory MAPE %", (0, 3)), ("util_mae_points", "GPU util MAE (points)", (0, 8)),
-        ("step_mape", "step time MAPE %", (0, 12)), ("step_spearman", "step time Spearman", (0.9, 1)),
-        ("p90_coverage_peak_memory_bytes", "p90 coverage: peak", (0.85, 0.95)),
-        ("p90_coverage_device_memory_bytes", "p90 coverage: NVML", (0.85, 0.95)),
-        ("p90_coverage_gpu_utilization", "p90 coverage: util", (0.85, 0.95)),
-        ("p90_coverage_step_time_seconds", "p90 coverage: step time", (0.85, 0.95))]
 
 
 def main() -> None:
@@ -52,15 +44,8 @@ def main() -> None:
     cv = cross_validate(args.data, args.cache, max_epochs=args.epochs, seed=args.seed, **hp)
     print(f"leave-model-family-out on {args.data}: {cv['runs']} runs, {cv['families']} families "
           f"({time.time() - t0:.0f} s)")
-    print(f"{'metric':34s} {'learned':>10s} {'analytical':>11s}  target")
-    missed = []
-    for key, label, (low, high) in ROWS:
-        a = cv["analytical"].get(key)
-        value = cv["learned"][key]
-        ok = low <= value <= high
-        missed += [] if ok else [label]
-        print(f"{label:34s} {value:10.3f} {a if a is not None else float('nan'):11.3f}  "
-              f"{low:g}-{high:g} {'PASS' if ok else 'MISS'}")
+    table, missed = format_scores(cv["learned"], cv["analytical"])
+    print(table)
     ds = cv["dataset"]
     # NVML memory and utilisation are scored while the measured steps ran; runs.csv's columns cover the
     # whole run, setup before the steps included (collection 1: FLOP counting, cuDNN autotuning)

@@ -80,6 +80,11 @@ def test_train_and_checkpoint(tmp_path, monkeypatch) -> None:
         assert ckpt["version"] == tr.VERSION and "learned" in result["metrics"]
         assert ckpt["gpus"] == ["h200"]  # the GPUs it learnt from, for predict's note
         assert Path(result["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the leave-family-out picture
+        from dprobe.coldstart.report import ROWS
+
+        rows = [line for line in result["table"].splitlines() if line.endswith((" PASS", " MISS"))]
+        assert len(rows) == len(ROWS) and f"{result['metrics']['learned']['step_mape']:.3f}" in result["table"]
+        assert (tmp_path / f"g{graph_dim}" / "report.txt").read_text().strip() == result["table"]
         res = tr.predict_residuals(model, [g], feats[:1])
         assert res.shape == (1, 4, 2) and (res[..., 1] >= res[..., 0]).all()
     torch.save({"kind": "other"}, tmp_path / "bad.pt")

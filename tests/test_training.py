@@ -48,7 +48,7 @@ def test_every_experiment_composes_and_runs_fast_dev_run(exp, tmp_path, small_al
 
         def fake_train(data_dir, out_dir, **kw):
             calls.append((data_dir, kw))
-            return {"checkpoint": str(Path(out_dir) / "coldstart.pt"), "metrics": {}}
+            return {"checkpoint": str(Path(out_dir) / "coldstart.pt"), "metrics": {}, "table": "cold-start scores"}
 
         monkeypatch.setattr(coldstart, "train_coldstart", fake_train)
     if cfg.jobscale.enabled and cfg.jobscale.use_graph:  # graphs and replays of every run: stand-ins here

@@ -8,9 +8,31 @@ from typing import Any
 import numpy as np
 
 GIB = 2**30
+# the leave-family-out scores as tabulated: (key, label, (low, high) band the learned figure must lie in)
+ROWS = [("peak_mape", "allocator peak MAPE %", (0, 1.5)), ("peak_worst_ape", "allocator peak worst APE %", (0, 8)),
+        ("nvml_mape", "NVML device memory MAPE %", (0, 3)), ("util_mae_points", "GPU util MAE (points)", (0, 8)),
+        ("step_mape", "step time MAPE %", (0, 12)), ("step_spearman", "step time Spearman", (0.9, 1)),
+        ("p90_coverage_peak_memory_bytes", "p90 coverage: peak", (0.85, 0.95)),
+        ("p90_coverage_device_memory_bytes", "p90 coverage: NVML", (0.85, 0.95)),
+        ("p90_coverage_gpu_utilization", "p90 coverage: util", (0.85, 0.95)),
+        ("p90_coverage_step_time_seconds", "p90 coverage: step time", (0.85, 0.95))]
 # target index -> (title, unit factor, unit, log axes)
 PANELS = [(0, "allocator peak", GIB, "GiB", True), (1, "device memory (NVML)", GIB, "GiB", True),
           (2, "GPU utilisation", 0.01, "%", False), (3, "step time", 1e-3, "ms", True)]
+
+
+def format_scores(learned: dict[str, float], analytical: dict[str, float]) -> tuple[str, list[str]]:
+    """The learned and analytical leave-family-out scores side by side with the target band, one row per
+    metric marked PASS or MISS; and the labels of the rows missed."""
+    lines = [f"{'metric':34s} {'learned':>10s} {'analytical':>11s}  target"]
+    missed = []
+    for key, label, (low, high) in ROWS:
+        value = learned[key]
+        ok = low <= value <= high
+        missed += [] if ok else [label]
+        a = f"{analytical[key]:11.3f}" if key in analytical else f"{'-':>11s}"  # no p90 without learning
+        lines.append(f"{label:34s} {value:10.3f} {a}  {low:g}-{high:g} {'PASS' if ok else 'MISS'}")
+    return "\n".join(lines), missed
 
 
 def plot_cross_validation(cv: dict[str, Any], path: str | Path) -> Path:

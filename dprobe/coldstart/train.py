@@ -261,10 +261,11 @@ def cross_validate(data_dir: str, cache_dir: str | Path, max_epochs: int = 400, 
 def train_coldstart(data_dir: str, out_dir: str, max_epochs: int = 400, seed: int = 0, **hparams: Any) -> dict:
     """Fit on every run of ``data_dir`` and save ``out_dir/coldstart.pt`` (loadable with weights_only=True).
 
-    Returns ``{"checkpoint": path, "metrics": {...}, "plot": path}``: leave-family-out metrics (learned and
-    analytical) and ``out_dir/lofo.png``, their picture (predicted against measured, run by run).
+    Returns ``{"checkpoint": path, "metrics": {...}, "table": str, "plot": path}``: leave-family-out
+    metrics (learned and analytical), their table against the targets (also ``out_dir/report.txt``) and
+    ``out_dir/lofo.png``, their picture (predicted against measured, run by run).
     """
-    from dprobe.coldstart.report import plot_cross_validation
+    from dprobe.coldstart.report import format_scores, plot_cross_validation
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -281,7 +282,10 @@ def train_coldstart(data_dir: str, out_dir: str, max_epochs: int = 400, seed: in
     path = out / "coldstart.pt"
     torch.save(ckpt, path)
     plot = plot_cross_validation(cv, out / "lofo.png")
-    return {"checkpoint": str(path), "metrics": ckpt["metrics"], "plot": str(plot)}
+    table = (f"cold start, leave-model-family-out on {data_dir}: {cv['runs']} runs, {cv['families']} families\n"
+             + format_scores(cv["learned"], cv["analytical"])[0])
+    (out / "report.txt").write_text(table + "\n")
+    return {"checkpoint": str(path), "metrics": ckpt["metrics"], "table": table, "plot": str(plot)}
 
 
 def load_checkpoint(path: str | Path) -> tuple[ColdStartEnsemble, dict[str, Any]]:
