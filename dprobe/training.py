@@ -37,8 +37,11 @@ def train_forecaster(cfg: DictConfig, out_dir: Path) -> Path:
     trainer.fit(model, datamodule=datamodule)
     best = getattr(trainer.checkpoint_callback, "best_model_path", "") if trainer.checkpoint_callback else ""
     if best and Path(best).is_file():
-        model = ForecasterModule.load_from_checkpoint(best, weights_only=True)
+        model = ForecasterModule.load_from_checkpoint(best, weights_only=True, map_location="cpu")
         log.info("best epoch checkpoint: %s", best)
+    # point selection, calibration and export run on the CPU, wherever training ran (their batches are CPU
+    # tensors, and a checkpoint must load on a machine without a GPU)
+    model = model.cpu()
     sources = select_point_sources(model, datamodule) if cfg.get("select_point", True) else None
     if sources:
         log.info("point forecast per task and lead (chosen on validation): %s",
