@@ -57,26 +57,27 @@ def test_renumber_follows_the_data_sets_ids() -> None:
         renumber(["run-7"], [])
 
 
-@pytest.mark.parametrize("collection", [1, 2])
+@pytest.mark.parametrize("collection", [1, 2, 3])
 def test_a_session_round_trips_into_the_next_collection(dataset, tmp_path, collection) -> None:
     """Written back as a session and added again, a collection's rows come back cell for cell, renumbered."""
+    nxt = int(pd.read_csv(dataset / "runs.csv")["collection"].max()) + 1
     session = as_session(collection, tmp_path / "session")
     summary = add_collection(session, dataset, note="round trip")
-    assert summary["collection"] == 3 and summary["gpu"] == "NVIDIA H200"
-    env = json.loads((dataset / "env.json").read_text())["collection_3"]
+    assert summary["collection"] == nxt and summary["gpu"] == "NVIDIA H200"
+    env = json.loads((dataset / "env.json").read_text())[f"collection_{nxt}"]
     assert env["note"] == "round trip" and env["source"] == str(session.resolve()) and env["torch"]
     back = {new: old for old, new in env["run_ids"].items()}
     back.update({new[:-1]: old[:-1] for old, new in env["run_ids"].items() if old[-1] in "ab"})  # pair labels
     for name, key in (("runs", "run_id"), ("samples", "label"), ("steps", "run_id")):
         table = pd.read_csv(dataset / f"{name}.csv", dtype=str, keep_default_na=False)
         old = table[table["collection"] == str(collection)].drop(columns="collection").reset_index(drop=True)
-        new = table[table["collection"] == "3"].drop(columns="collection").reset_index(drop=True)
+        new = table[table["collection"] == str(nxt)].drop(columns="collection").reset_index(drop=True)
         assert not set(new[key]) & set(old[key]) - {"idle"}  # every run has an id of its own
         new[key] = new[key].map(lambda v: back.get(v, v))
         pd.testing.assert_frame_equal(old, new)  # the NVML columns derived from the samples included
     loaded = load_h200_profiles(dataset)
     assert loaded.runs["run_id"].is_unique
-    assert (loaded.runs["collection"] == 3).sum() == (loaded.runs["collection"] == collection).sum()
+    assert (loaded.runs["collection"] == nxt).sum() == (loaded.runs["collection"] == collection).sum()
     assert main(["profiles", "list", "--data", str(dataset), "--json"]) == 0
 
 

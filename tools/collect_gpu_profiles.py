@@ -13,12 +13,13 @@ thread samples NVML.  Everything is written incrementally under $OUT:
   env.json     GPU, driver and library versions
   log.txt      progress and errors
 
-Run it on a machine with an NVIDIA GPU, PyTorch, torchvision, transformers and
-nvidia-ml-py, with OUT naming the output folder; edit MODELS / SERVICES / PAIRS
-for what you want to measure. Test with --dry-run on the CPU first. Then add the
+Run it on a machine with an NVIDIA GPU, PyTorch, torchvision, transformers, timm
+and nvidia-ml-py, with OUT naming the output folder; edit MODELS / SERVICES /
+PAIRS, or give --plan FILE (a JSON list of [spec, batch sizes, precisions], as
+tools/plans/*.json), for what you want to measure. Test with --dry-run on the CPU first. Then add the
 session to a profiles data set with `dprobe profiles add OUT --data DIR`.
 
-Usage: python3 collect_gpu_profiles.py [--budget SECONDS] [--dry-run]
+Usage: python3 collect_gpu_profiles.py [--budget SECONDS] [--dry-run] [--plan FILE]
        python3 collect_gpu_profiles.py --single JSON --seconds S --tag T
 """
 import argparse
@@ -125,11 +126,14 @@ def build_model(spec, device):
             model_cls = getattr(tf, spec["arch"])
             m = model_cls(cfg)
             return m
+        if lib == "timm":
+            import timm
+            return timm.create_model(name, pretrained=False)
     raise ValueError(spec)
 
 
 def make_batch(spec, bs, device):
-    if spec["lib"] == "torchvision":
+    if spec["lib"] in ("torchvision", "timm"):
         s = spec.get("image", 224)
         x = torch.randn(bs, 3, s, s, device=device)
         y = torch.randint(0, 1000, (bs,), device=device)
@@ -145,7 +149,7 @@ def make_batch(spec, bs, device):
 
 
 def forward_loss(model, spec, inputs, y):
-    if spec["lib"] == "torchvision":
+    if spec["lib"] in ("torchvision", "timm"):
         out = model(*inputs)
         if isinstance(out, tuple):
             out = out[0]
@@ -434,7 +438,8 @@ def plan(dry):
         rest.extend((spec, b, p) for b, p in sel[1:])
     items = first + rest
     if dry:
-        items = [it for it in items if it[0]["model"] in ("resnet18", "bert-base", "gpt2", "mobilenet_v2")][:4]
+        items = ([it for it in items if it[0]["model"] in ("resnet18", "bert-base", "gpt2", "mobilenet_v2")]
+                 or items)[:4]
         items = [(s, 2, p) for s, _, p in items]
     return items
 
@@ -455,7 +460,11 @@ def main():
     ap.add_argument("--no-flops", action="store_true")
     ap.add_argument("--no-services", action="store_true")
     ap.add_argument("--no-benchmark", action="store_true")
+    ap.add_argument("--plan", help="JSON file of [spec, batch sizes, precisions] items to run instead of MODELS")
     args = ap.parse_args()
+    if args.plan:
+        with open(args.plan) as f:
+            MODELS[:] = [(spec, list(bss), list(precs)) for spec, bss, precs in json.load(f)]
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
     NO_FLOPS = args.no_flops
@@ -478,6 +487,8 @@ def main():
         import torchvision
         import transformers
         env["torchvision"], env["transformers"] = torchvision.__version__, transformers.__version__
+        import timm
+        env["timm"] = timm.__version__
     except Exception as e:
         env["import_error"] = str(e)
     if cuda:
