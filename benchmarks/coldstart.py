@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from dprobe.coldstart.report import ROWS, format_scores
-from dprobe.coldstart.train import cross_validate
+from dprobe.coldstart.train import cross_validate, host_factor_note, metrics
 from dprobe.data import load_h200_profiles
 
 
@@ -44,9 +44,16 @@ def main() -> None:
     cv = cross_validate(args.data, args.cache, max_epochs=args.epochs, seed=args.seed, **hp)
     print(f"leave-model-family-out on {args.data}: {cv['runs']} runs, {cv['families']} families "
           f"({time.time() - t0:.0f} s)")
-    table, missed = format_scores(cv["learned"], cv["analytical"])
+    table, missed = format_scores(cv["learned"], cv["analytical"], cv["typical_machine"])
     print(table)
+    print(host_factor_note(cv))
     ds = cv["dataset"]
+    machines = np.array(ds["machines"])
+    for m in sorted(set(machines)):  # each machine's runs on their own
+        on = machines == m
+        s = metrics(ds["y"][on], cv["p50"][on], cv["p90"][on], ds["valid"][on])
+        print(f"  {m}: {on.sum()} runs: peak {s['peak_mape']:.2f} %, NVML {s['nvml_mape']:.2f} %, "
+              f"util {s['util_mae_points']:.2f} points, step {s['step_mape']:.2f} %")
     # NVML memory and utilisation are scored while the measured steps ran; runs.csv's columns cover the
     # whole run, setup before the steps included (collection 1: FLOP counting, cuDNN autotuning)
     runs = load_h200_profiles(args.data).train_runs()

@@ -388,3 +388,53 @@ def test_loader_derives_stalls(tmp_path) -> None:
     assert phases.any() and (~phases).any()
     assert np.allclose(runs.loc[phases, "host_stall_s"], PHASE_STALL_S / PHASE_EVERY)
     assert (runs.loc[~phases, "host_stall_s"] == 0).all()
+
+
+def test_host_factors_per_machine() -> None:
+    """A machine whose host-bound runs step 1.5 times slower gets a host factor 1.5 times the other's; the
+    factors are centred on the typical machine; one with too few host-bound runs counts as typical."""
+    from dprobe.coldstart import train as tr
+
+    n = 16
+    feats, base, y = _synthetic_runs(n, 1)
+    host, gpu, roof = (tr.FEATURES.index(k) for k in ("log_t_host", "log_t_gpu", "log_t_roof"))
+    feats[:, host] = np.log(0.02)
+    feats[:, gpu] = np.log(0.01)
+    feats[:, roof] = feats[:, host]
+    machines = ["fast"] * 6 + ["slow"] * 6 + ["rare"] * 4
+    y[:, 2] = 0.3  # GPU busy 30 % of each step: host-bound
+    y[:, 3] = 0.02 * np.array([1.0] * 6 + [1.5] * 6 + [3.0] * 4)
+    y[-2:, 2] = 0.9  # "rare" has two host-bound runs only
+    ds = tr.make_dataset([None] * n, feats, base, y, ["f"] * n, [str(i) for i in range(n)], machines=machines)
+    factors = tr.host_factors(ds, np.arange(n))
+    assert factors["slow"] - factors["fast"] == pytest.approx(np.log(1.5))
+    assert factors["fast"] + factors["slow"] == pytest.approx(0.0) and factors["rare"] == 0.0
+    # from the runs given only: without the slow machine's runs it is not known, so typical
+    assert tr.host_factors(ds, np.arange(6))["fast"] == 0.0
+    on = tr.for_machines(ds, factors)
+    slow = 6
+    assert on["feats"][slow, host] == pytest.approx(np.log(0.02) + factors["slow"])
+    assert on["feats"][slow, roof] == pytest.approx(on["feats"][slow, host])  # the host still binds
+    assert on["base"][slow, 3] == pytest.approx(0.02 * np.exp(factors["slow"]))
+    assert on["base"][slow, 2] == pytest.approx(0.01 / (0.02 * np.exp(factors["slow"])))
+    fast = on["feats"][0]
+    assert fast[roof] == pytest.approx(max(fast[gpu], fast[host]))
+    np.testing.assert_array_equal(on["base"][:, :2], ds["base"][:, :2])  # memory does not depend on the host
+
+
+def test_predict_on_a_slower_host() -> None:
+    """``host_factor`` lengthens a host-bound job's step and lowers its utilisation; bad values are refused."""
+    from dprobe.coldstart.predict import predict_job
+
+    job = ("transformers:GPT2Config/GPT2LMHeadModel", 2)
+    kw = {"precision": "bf16", "seq": 32, "config_kwargs": TINY_GPT2}
+    typical = predict_job(*job, **kw)
+    slow = predict_job(*job, **kw, host_factor=2.0)
+    assert slow["host_factor"] == 2.0
+    assert slow["analytical"]["step_time_seconds"] == pytest.approx(2 * typical["analytical"]["step_time_seconds"])
+    assert slow["step_time_seconds"]["p50"] > 1.3 * typical["step_time_seconds"]["p50"]
+    assert slow["gpu_utilization"]["p50"] < typical["gpu_utilization"]["p50"]
+    assert slow["peak_memory_bytes"] == typical["peak_memory_bytes"]
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="--host-factor must be a positive number"):
+            predict_job(*job, **kw, host_factor=bad)

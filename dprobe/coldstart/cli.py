@@ -27,6 +27,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--host-stall", type=float, default=0.0, metavar="SECONDS",
                    help="seconds per step, on average, the GPU waits on the host: data loading, evaluation, "
                    "checkpointing (e.g. 0.25 s every 25 steps = 0.01); lowers utilisation (default 0)")
+    p.add_argument("--host-factor", type=float, default=1.0, metavar="X",
+                   help="how slowly this machine's host (CPU, Python, driver) issues GPU ops against the "
+                   "typical machine the checkpoint learnt from: a host-bound job's measured step time there "
+                   "divided by this prediction of it at 1 (default 1); moves step time and utilisation")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -36,12 +40,14 @@ def run(args: argparse.Namespace) -> int:
 
     result = predict_job(args.model, args.batch, precision=args.precision, optimizer=args.optimizer,
                          image=args.image, seq=args.seq, config_kwargs=args.config_kwargs,
-                         checkpoint=args.checkpoint, gpu=args.gpu, host_stall_s=args.host_stall)
+                         checkpoint=args.checkpoint, gpu=args.gpu, host_stall_s=args.host_stall,
+                         host_factor=args.host_factor)
     if args.json:
         print(json.dumps(result))
         return 0
     gib = 1 << 30
     stall = f", host stall {1000 * args.host_stall:g} ms a step" if args.host_stall else ""
+    stall += f", host factor {args.host_factor:g}" if args.host_factor != 1.0 else ""
     print(f"{args.model} batch {args.batch} {args.precision} {args.optimizer} on {args.gpu}{stall} "
           f"({result['method']})")
     print(f"  allocator peak  {result['peak_memory_bytes']['p50'] / gib:8.2f} GiB (p90 "

@@ -107,6 +107,17 @@ def job_features(est: ReplayEstimate, batch: int, precision: str, optimizer: str
             *(lg(max(t[f"kernels_{p}"], 1.0)) for p in ("forward", "backward", "optimizer"))]
 
 
+def with_host_factor(feats: np.ndarray, log_factor: np.ndarray | float) -> np.ndarray:
+    """Feature rows (order of FEATURES) for a machine whose host issues ops ``exp(log_factor)`` times as
+    slowly as the typical one: the host time scaled, the roofline step (the larger of GPU and host time)
+    taken again. ``log_factor`` is one value, or one per row."""
+    f = np.array(feats, dtype=np.float64, copy=True)
+    host, gpu, roof = (FEATURES.index(k) for k in ("log_t_host", "log_t_gpu", "log_t_roof"))
+    f[..., host] += log_factor
+    f[..., roof] = np.maximum(f[..., gpu], f[..., host])
+    return f
+
+
 def analytical_for(model: str, batch: int, precision: str, optimizer: str, image: int | None = None,
                    seq: int | None = None, config_kwargs: dict | str | None = None,
                    cache_dir: str | Path | None = None) -> ReplayEstimate:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from dprobe.coldstart.features import GPUS, GPUSpec, analytical_for, job_features
+from dprobe.coldstart.features import GPUS, GPUSpec, analytical_for, job_features, with_host_factor
 from dprobe.coldstart.graph_estimate import estimate_from_graph
 from dprobe.coldstart.model import TARGETS
 from dprobe.coldstart.replay import ReplayEstimate
@@ -23,12 +24,14 @@ ONNX_NOTE = ("ONNX file: the step is estimated from the graph's nodes, not repla
 
 def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str = "adamw",
                 image: int | None = None, seq: int | None = None, config_kwargs: dict | str | None = None,
-                checkpoint: str | Path | None = None, gpu: str = "h200", host_stall_s: float = 0.0
-                ) -> dict[str, Any]:
+                checkpoint: str | Path | None = None, gpu: str = "h200", host_stall_s: float = 0.0,
+                host_factor: float = 1.0) -> dict[str, Any]:
     """Predict peak allocator bytes, NVML bytes, GPU utilisation and step time (p50 and p90 each).
 
     ``host_stall_s``: seconds per step, on average, that the GPU waits on the host (data loading,
     evaluation, checkpointing); it lowers utilisation, not the step time (a step's own duration).
+    ``host_factor``: how slowly the machine's host (CPU, Python, driver) issues ops against the typical
+    machine of the training data (1); e.g. 1.4 for a host that takes 40 % longer to launch each kernel.
     """
     from torch_geometric.data import Batch  # noqa: F401 - fail early if PyG is missing
 
@@ -40,6 +43,8 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
         raise ValueError("--batch must be >= 1")
     if not host_stall_s >= 0:
         raise ValueError(f"--host-stall must be >= 0 seconds, not {host_stall_s}")
+    if not 0 < host_factor < float("inf"):
+        raise ValueError(f"--host-factor must be a positive number, not {host_factor}")
     if gpu not in GPUS:
         raise ValueError(f"unknown GPU {gpu!r} ({', '.join(GPUS)})")
     spec = GPUS[gpu]
@@ -47,7 +52,7 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
         graph = read_onnx(model, batch=batch, seq=seq)
         est = estimate_from_graph(graph, batch, precision, optimizer)
         return _predict(model, batch, precision, optimizer, graph, est, spec, gpu, checkpoint, host_stall_s,
-                        note=ONNX_NOTE)
+                        host_factor, note=ONNX_NOTE)
     try:
         est = analytical_for(model, batch, precision, optimizer, image=image, seq=seq,
                              config_kwargs=config_kwargs)
@@ -65,12 +70,12 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
         raise ValueError(f"cannot replay a training step ({precision}) of {model}: {type(exc).__name__}: "
                          f"{first}{hint}") from exc
     graph = build_model_graph(model, batch=batch, image=image, seq=seq, config_kwargs=config_kwargs)
-    return _predict(model, batch, precision, optimizer, graph, est, spec, gpu, checkpoint, host_stall_s)
+    return _predict(model, batch, precision, optimizer, graph, est, spec, gpu, checkpoint, host_stall_s, host_factor)
 
 
 def _predict(model: str, batch: int, precision: str, optimizer: str, graph: ModelGraph, est: ReplayEstimate,
-             spec: GPUSpec, gpu: str, checkpoint: str | Path | None, host_stall_s: float, note: str = ""
-             ) -> dict[str, Any]:
+             spec: GPUSpec, gpu: str, checkpoint: str | Path | None, host_stall_s: float, host_factor: float = 1.0,
+             note: str = "") -> dict[str, Any]:
     from dprobe.coldstart.train import (
         apply_stall,
         baseline,
@@ -81,10 +86,11 @@ def _predict(model: str, batch: int, precision: str, optimizer: str, graph: Mode
     )
     from dprobe.graph.encoder import graph_to_data
 
-    feats = job_features(est, batch, precision, optimizer, spec)
+    feats = with_host_factor(np.array(job_features(est, batch, precision, optimizer, spec)), math.log(host_factor))
     base = baseline(est, feats)
     result: dict[str, Any] = {"model": model, "batch": batch, "precision": precision, "optimizer": optimizer,
-                              "gpu": gpu, "host_stall_s": host_stall_s, "unknown_nodes": graph.unknown_nodes,
+                              "gpu": gpu, "host_stall_s": host_stall_s, "host_factor": host_factor,
+                              "unknown_nodes": graph.unknown_nodes,
                               "graph_nodes": len(graph.nodes)}
     if note:
         result["note"] = note

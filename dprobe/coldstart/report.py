@@ -21,17 +21,23 @@ PANELS = [(0, "allocator peak", GIB, "GiB", True), (1, "device memory (NVML)", G
           (2, "GPU utilisation", 0.01, "%", False), (3, "step time", 1e-3, "ms", True)]
 
 
-def format_scores(learned: dict[str, float], analytical: dict[str, float]) -> tuple[str, list[str]]:
+def format_scores(learned: dict[str, float], analytical: dict[str, float],
+                  typical: dict[str, float] | None = None) -> tuple[str, list[str]]:
     """The learned and analytical leave-family-out scores side by side with the target band, one row per
-    metric marked PASS or MISS; and the labels of the rows missed."""
-    lines = [f"{'metric':34s} {'learned':>10s} {'analytical':>11s}  target"]
+    metric marked PASS or MISS; and the labels of the rows missed. ``typical``: the learned scores when the
+    machine's host factor is not known (a column of their own, not marked)."""
+    def cell(scores: dict[str, float] | None, key: str, width: int) -> str:
+        return f"{scores[key]:{width}.3f}" if scores and key in scores else f"{'-':>{width}s}"  # no p90 there
+
+    lines = [f"{'metric':34s} {'learned':>10s}" + (f" {'host unknown':>12s}" if typical else "")
+             + f" {'analytical':>11s}  target"]
     missed = []
     for key, label, (low, high) in ROWS:
         value = learned[key]
         ok = low <= value <= high
         missed += [] if ok else [label]
-        a = f"{analytical[key]:11.3f}" if key in analytical else f"{'-':>11s}"  # no p90 without learning
-        lines.append(f"{label:34s} {value:10.3f} {a}  {low:g}-{high:g} {'PASS' if ok else 'MISS'}")
+        lines.append(f"{label:34s} {value:10.3f}" + (f" {cell(typical, key, 12)}" if typical else "")
+                     + f" {cell(analytical, key, 11)}  {low:g}-{high:g} {'PASS' if ok else 'MISS'}")
     return "\n".join(lines), missed
 
 

@@ -21,6 +21,7 @@ from dprobe.coldstart.features import (
     gpu_key,
     gpu_spec,
     job_features,
+    with_host_factor,
 )
 from dprobe.coldstart.model import TARGETS, ColdStartEnsemble, ColdStartModel, pinball
 from dprobe.coldstart.replay import ReplayEstimate
@@ -33,11 +34,52 @@ DEFAULTS: dict[str, Any] = {"hidden": 64, "graph_dim": 0, "layers": 2, "dropout"
                             "weight_decay": 1e-3, "target_weights": [1.0, 1.0, 1.0, 1.0], "ensemble": 10}
 
 
-def baseline(est: ReplayEstimate, feats: list[float]) -> np.ndarray:
+def baseline(est: ReplayEstimate, feats: list[float] | np.ndarray) -> np.ndarray:
     """Analytical predictions: peak, NVML, utilisation (GPU busy share of the roofline step), step time."""
-    t_roof = math.exp(feats[FEATURES.index("log_t_roof")])
-    t_busy = math.exp(feats[FEATURES.index("log_t_gpu")])
-    return np.array([est.peak_bytes, est.device_bytes, min(max(t_busy / t_roof, 0.05), 0.95), t_roof])
+    return np.array([est.peak_bytes, est.device_bytes, *roofline_targets(np.asarray(feats, dtype=np.float64))])
+
+
+def roofline_targets(feats: np.ndarray) -> np.ndarray:
+    """Utilisation (GPU busy share of the roofline step, within 5-95 %) and step time from feature rows."""
+    log_roof = feats[..., FEATURES.index("log_t_roof")]
+    busy = np.clip(np.exp(feats[..., FEATURES.index("log_t_gpu")] - log_roof), 0.05, 0.95)
+    return np.stack([busy, np.exp(log_roof)], axis=-1)
+
+
+HOST_BOUND_BUSY = 0.5  # a run whose GPU is busy less than half of each step is host-bound
+MIN_HOST_BOUND_RUNS = 3
+
+
+def machines_of(ds: dict[str, Any]) -> list[str]:
+    """The machine each run was measured on (one for all where the data set does not say)."""
+    return list(ds.get("machines") or ["machine"] * len(ds["feats"]))
+
+
+def host_factors(ds: dict[str, Any], idx: np.ndarray) -> dict[str, float]:
+    """Per machine (a collection of runs measured on one host), the log of how slowly its host issues ops,
+    from the runs ``idx`` only, centred on the mean over machines (0: the typical machine).
+
+    A machine's figure is the median, over its host-bound runs (busy share below ``HOST_BOUND_BUSY``),
+    of the measured step time against the analytical host time; one with fewer than
+    ``MIN_HOST_BOUND_RUNS`` such runs counts as typical (0).
+    """
+    machines = np.asarray(machines_of(ds))[idx]
+    ui, si = TARGETS.index("gpu_utilization"), TARGETS.index("step_time_seconds")
+    ok = ds["valid"][idx, ui] & ds["valid"][idx, si] & (ds["y_fit"][idx, ui] < HOST_BOUND_BUSY)
+    ratio = np.log(np.where(ok, ds["y_fit"][idx, si], 1.0)) - ds["feats"][idx, FEATURES.index("log_t_host")]
+    raw = {m: float(np.median(ratio[ok & (machines == m)])) for m in sorted(set(machines))
+           if np.count_nonzero(ok & (machines == m)) >= MIN_HOST_BOUND_RUNS}
+    centre = float(np.mean(list(raw.values()))) if raw else 0.0
+    return {str(m): raw[m] - centre if m in raw else 0.0 for m in sorted(set(machines))}
+
+
+def for_machines(ds: dict[str, Any], factors: dict[str, float]) -> dict[str, Any]:
+    """``ds`` with every run's features and analytical step / utilisation taken on its machine's host
+    factor (``factors``, log; a machine not in it counts as typical)."""
+    feats = with_host_factor(ds["feats"], np.array([factors.get(m, 0.0) for m in machines_of(ds)]))
+    base = ds["base"].copy()
+    base[:, 2:] = roofline_targets(feats)
+    return {**ds, "feats": feats, "base": base}
 
 
 def to_residual(y: np.ndarray, base: np.ndarray) -> np.ndarray:
@@ -89,7 +131,7 @@ def load_dataset(data_dir: str, cache_dir: str | Path, progress: bool = True) ->
     from dprobe.data import load_h200_profiles
 
     runs = load_h200_profiles(data_dir).train_runs()
-    graphs, feats, bases, ys, fams, ids, gpus = [], [], [], [], [], [], []
+    graphs, feats, bases, ys, fams, ids, gpus, machines = [], [], [], [], [], [], [], []
     t0 = time.time()
     for _, row in tqdm(runs.iterrows(), total=len(runs), desc="replaying training steps", unit="run",
                        leave=False, disable=not progress):
@@ -103,6 +145,7 @@ def load_dataset(data_dir: str, cache_dir: str | Path, progress: bool = True) ->
         except ValueError as exc:
             raise ValueError(f"{data_dir}: run {row['run_id']} (collection {int(row['collection'])}): {exc}") from exc
         gpus.append(gpu_key(str(row["gpu"])))
+        machines.append(f"collection {int(row['collection'])}")  # one session on one machine
         f = job_features(est, spec["batch"], str(row["precision"]), str(row["optimizer"]), gpu,
                          cudnn_benchmark=bool(row["cudnn_benchmark"]))
         feats.append(f)
@@ -114,15 +157,15 @@ def load_dataset(data_dir: str, cache_dir: str | Path, progress: bool = True) ->
     log.info("features of %d runs in %.1f s", len(ids), time.time() - t0)
     return make_dataset(graphs, np.array(feats), np.array(bases), np.array(ys), fams, ids,
                         models=[str(m) for m in runs["model"]], batch=runs["batch"].to_numpy(),
-                        stall=runs["host_stall_s"].to_numpy(dtype=np.float64), gpus=gpus)
+                        stall=runs["host_stall_s"].to_numpy(dtype=np.float64), gpus=gpus, machines=machines)
 
 
 def make_dataset(graphs: list, feats: np.ndarray, base: np.ndarray, y: np.ndarray, families: list[str],
                  run_ids: list[str], models: list[str] | None = None, batch: np.ndarray | None = None,
                  stall: np.ndarray | None = None, valid: np.ndarray | None = None,
-                 gpus: list[str] | None = None) -> dict[str, Any]:
+                 gpus: list[str] | None = None, machines: list[str] | None = None) -> dict[str, Any]:
     """The training set as the functions here take it (see :func:`load_dataset`); no stalls, every
-    target with a positive measurement valid and every run on an H200 unless given."""
+    target with a positive measurement valid and every run on an H200, all on one machine, unless given."""
     n = len(run_ids)
     y = np.asarray(y, dtype=np.float64)
     stall = np.zeros(n) if stall is None else np.asarray(stall, dtype=np.float64)
@@ -133,7 +176,8 @@ def make_dataset(graphs: list, feats: np.ndarray, base: np.ndarray, y: np.ndarra
             "y": y, "y_fit": y_fit, "valid": measured(y) if valid is None else valid,
             "stall": stall, "families": list(families), "run_ids": list(run_ids),
             "models": list(models) if models is not None else ["?"] * n,
-            "batch": np.ones(n) if batch is None else batch, "gpus": list(gpus) if gpus else ["h200"] * n}
+            "batch": np.ones(n) if batch is None else batch, "gpus": list(gpus) if gpus else ["h200"] * n,
+            "machines": list(machines) if machines else ["machine"] * n}
 
 
 def target_groups(features: list[str]) -> list[tuple[list[int], list[int]]]:
@@ -238,6 +282,7 @@ def cross_validate(data_dir: str, cache_dir: str | Path, max_epochs: int = 400, 
     fams = np.array(ds["families"])
     n = len(fams)
     p50, p90 = np.zeros((n, 4)), np.zeros((n, 4))
+    p50_typical = np.zeros((n, 4))  # the same models, told nothing of the machine (host factor of a typical one)
     rng = np.random.default_rng(seed)
     for fam in tqdm(sorted(set(fams)), desc="cold start, leave-family-out", unit="family", leave=False,
                     disable=not progress):
@@ -246,16 +291,25 @@ def cross_validate(data_dir: str, cache_dir: str | Path, max_epochs: int = 400, 
         if train_families is not None:
             others = list(rng.choice(others, size=min(train_families, len(others)), replace=False))
         train = np.where(np.isin(fams, others))[0]
-        model = fit(ds, train, max_epochs, seed, hp, calibrate=calibrate)
-        res = predict_residuals(model, [ds["graphs"][i] for i in test], ds["feats"][test])
-        p50[test] = from_residual(res[..., 0], ds["base"][test])
-        p90[test] = from_residual(res[..., 1], ds["base"][test])
+        # each machine's host factor from the other families' runs on it, as a user would have it
+        # from jobs that ran on that machine before
+        fold = for_machines(ds, host_factors(ds, train))
+        model = fit(fold, train, max_epochs, seed, hp, calibrate=calibrate)
+        graphs = [ds["graphs"][i] for i in test]
+        res = predict_residuals(model, graphs, fold["feats"][test])
+        p50[test] = from_residual(res[..., 0], fold["base"][test])
+        p90[test] = from_residual(res[..., 1], fold["base"][test])
+        p50_typical[test] = from_residual(predict_residuals(model, graphs, ds["feats"][test])[..., 0],
+                                          ds["base"][test])
     apply_stall(p50, p90, ds["stall"])
+    apply_stall(p50_typical, p50_typical.copy(), ds["stall"])
     analytical = ds["base"].copy()
     apply_stall(analytical, analytical.copy(), ds["stall"])
     return {"learned": metrics(ds["y"], p50, p90, ds["valid"]),
+            "typical_machine": metrics(ds["y"], p50_typical, valid=ds["valid"]),
             "analytical": metrics(ds["y"], analytical, valid=ds["valid"]),
-            "families": len(set(fams)), "runs": n, "p50": p50, "p90": p90, "dataset": ds}
+            "families": len(set(fams)), "runs": n, "p50": p50, "p90": p90, "dataset": ds,
+            "host_factors": host_factors(ds, np.arange(n))}
 
 
 def train_coldstart(data_dir: str, out_dir: str, max_epochs: int = 400, seed: int = 0, **hparams: Any) -> dict:
@@ -273,19 +327,31 @@ def train_coldstart(data_dir: str, out_dir: str, max_epochs: int = 400, seed: in
     hp = {**DEFAULTS, **hparams}
     ds = load_dataset(data_dir, cache)
     cv = cross_validate(data_dir, cache, max_epochs=max_epochs, seed=seed, ds=ds, **hp)
-    model = fit(ds, np.arange(len(ds["run_ids"])), max_epochs, seed, hp)
+    factors = host_factors(ds, np.arange(len(ds["run_ids"])))
+    model = fit(for_machines(ds, factors), np.arange(len(ds["run_ids"])), max_epochs, seed, hp)
     ckpt = {"version": VERSION, "kind": "dprobe-coldstart", "features": FEATURES, "targets": TARGETS,
             "gpus": sorted(set(ds["gpus"])),  # the GPUs the model learnt from
+            # the machines it learnt from: how slowly each one's host issued ops (1: typical)
+            "host_factors": {m: round(math.exp(v), 4) for m, v in factors.items()},
             "hparams": {k: v for k, v in hp.items()}, "n_features": len(FEATURES),
             "state_dict": {k: v.detach().clone() for k, v in model.state_dict().items()},
-            "metrics": {"learned": cv["learned"], "analytical": cv["analytical"]}}
+            "metrics": {"learned": cv["learned"], "typical_machine": cv["typical_machine"],
+                        "analytical": cv["analytical"]}}
     path = out / "coldstart.pt"
     torch.save(ckpt, path)
     plot = plot_cross_validation(cv, out / "lofo.png")
     table = (f"cold start, leave-model-family-out on {data_dir}: {cv['runs']} runs, {cv['families']} families\n"
-             + format_scores(cv["learned"], cv["analytical"])[0])
+             + format_scores(cv["learned"], cv["analytical"], cv["typical_machine"])[0]
+             + "\n" + host_factor_note(cv))
     (out / "report.txt").write_text(table + "\n")
     return {"checkpoint": str(path), "metrics": ckpt["metrics"], "table": table, "plot": str(plot)}
+
+
+def host_factor_note(cv: dict[str, Any]) -> str:
+    """A line on the machines' host factors, and what "learned" and "host unknown" mean."""
+    factors = ", ".join(f"{m} {math.exp(v):.2f}" for m, v in cv["host_factors"].items())
+    return ("learned: each run told its machine's host factor, from the other families' runs on it; "
+            f"host unknown: the same models at the typical factor (1). Host factors: {factors}")
 
 
 def load_checkpoint(path: str | Path) -> tuple[ColdStartEnsemble, dict[str, Any]]:
