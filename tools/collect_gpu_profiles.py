@@ -444,6 +444,28 @@ def plan(dry):
     return items
 
 
+def read_plan(path):
+    """MODELS from a JSON file: a list of [spec, batch sizes, precisions] (ValueError naming what is wrong)."""
+    try:
+        with open(path) as f:
+            items = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"--plan {path}: {e}") from e
+    if not isinstance(items, list) or not items:
+        raise ValueError(f"--plan {path}: expected a non-empty JSON list of [spec, batch sizes, precisions]")
+    plan_items = []
+    for i, item in enumerate(items):
+        ok = (isinstance(item, list) and len(item) == 3 and isinstance(item[0], dict)
+              and item[0].get("lib") in ("torchvision", "timm", "transformers") and item[0].get("model")
+              and isinstance(item[1], list) and item[1] and all(isinstance(b, int) and b > 0 for b in item[1])
+              and isinstance(item[2], list) and item[2] and all(p in ("fp32", "bf16") for p in item[2]))
+        if not ok:
+            raise ValueError(f"--plan {path}: item {i} is not [{{\"lib\": torchvision|timm|transformers, "
+                             f"\"model\": ...}}, [batch sizes > 0], [fp32|bf16, ...]]: {json.dumps(item)[:200]}")
+        plan_items.append((item[0], list(item[1]), list(item[2])))
+    return plan_items
+
+
 STEPS = None
 
 
@@ -463,8 +485,10 @@ def main():
     ap.add_argument("--plan", help="JSON file of [spec, batch sizes, precisions] items to run instead of MODELS")
     args = ap.parse_args()
     if args.plan:
-        with open(args.plan) as f:
-            MODELS[:] = [(spec, list(bss), list(precs)) for spec, bss, precs in json.load(f)]
+        try:
+            MODELS[:] = read_plan(args.plan)
+        except ValueError as e:
+            ap.error(str(e))
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
     NO_FLOPS = args.no_flops

@@ -1,0 +1,43 @@
+"""The GPU profile collector's plan files (the collector itself needs a GPU; its --dry-run runs anywhere)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture()
+def collector(tmp_path, monkeypatch):
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))  # the module opens its log there on import
+    spec = importlib.util.spec_from_file_location("collect_gpu_profiles", ROOT / "tools" / "collect_gpu_profiles.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    yield module
+    module.LOG.close()
+
+
+def test_bundled_plans_read(collector) -> None:
+    for path in sorted((ROOT / "tools" / "plans").glob("*.json")):
+        items = collector.read_plan(path)
+        assert items and all(spec["lib"] in ("torchvision", "timm", "transformers") for spec, _, _ in items)
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("{not json", "Expecting property name"),
+    ("[]", "non-empty JSON list"),
+    ('[[{"lib": "keras", "model": "x"}, [8], ["fp32"]]]', "item 0 is not"),
+    ('[[{"lib": "timm", "model": "dla34"}, [0], ["fp32"]]]', "item 0 is not"),
+    ('[[{"lib": "timm", "model": "dla34"}, [8], ["fp32"]], [{"lib": "timm", "model": "x"}, [8], ["int8"]]]',
+     "item 1 is not"),
+])
+def test_bad_plans_are_refused_by_item(collector, tmp_path, content, message) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        collector.read_plan(path)
+    with pytest.raises(ValueError, match="plan.json"):  # and names the file
+        collector.read_plan(path)
