@@ -46,7 +46,7 @@ def roofline_targets(feats: np.ndarray) -> np.ndarray:
     return np.stack([busy, np.exp(log_roof)], axis=-1)
 
 
-HOST_BOUND_BUSY = 0.5  # a run whose GPU is busy less than half of each step is host-bound
+HOST_BOUND_BUSY = 0.7  # a run whose GPU is idle more than 30 % of each step counts as host-bound
 MIN_HOST_BOUND_RUNS = 3
 
 
