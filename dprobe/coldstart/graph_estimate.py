@@ -247,6 +247,7 @@ def estimate_from_graph(graph: ModelGraph, batch: int, precision: str = "fp32",
     # autocast keeps a half-width copy of each weight of a matrix product from its forward to its backward
     copied = [n for n in compute if low and n.kind in TENSOR_CORE_KINDS and n.params]
     weight_copies = {n.id: alloc(n.param_bytes / 2) for n in copied}
+    workspace_of = {n.id: x for n in compute if (x := conv_input(n)) is not None}  # convolution -> its input
     for n in compute:
         i = position[n.id]
         tc = n.kind in TENSOR_CORE_KINDS
@@ -256,7 +257,7 @@ def estimate_from_graph(graph: ModelGraph, batch: int, precision: str = "fp32",
             ops.append([FORWARD, OP_CLASSES.index("elementwise"), 1.0, 0.0, 1.5 * n.param_bytes])
         if n.kind == "batchnorm":  # a training batch norm also counts its batches (num_batches_tracked += 1)
             ops.append([FORWARD, OP_CLASSES.index("elementwise"), 0.0, 0.0, 16.0])
-        x = conv_input(n)
+        x = workspace_of.get(n.id)
         workspace = alloc(out_bytes(x)) if x is not None else None
         live[n.id] = alloc(out_bytes(n))
         if workspace is not None:
@@ -287,7 +288,7 @@ def estimate_from_graph(graph: ModelGraph, batch: int, precision: str = "fp32",
                      moved]] * kernels)
         if n.params:
             alloc(n.param_bytes)  # the parameter's gradient, kept until the optimizer step
-        if (x := conv_input(n)) is not None:  # the backward's workspace: output gradient + input
+        if (x := workspace_of.get(n.id)) is not None:  # the backward's workspace: output gradient + input
             free(alloc(out_bytes(n) + out_bytes(x)))
         if n.id in indices:
             free(indices.pop(n.id))

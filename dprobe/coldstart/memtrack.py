@@ -86,26 +86,23 @@ class MemoryTracker(TorchDispatchMode):
         storage = t.untyped_storage()
         if storage in self.live:
             return
-        size = round_alloc(storage.nbytes())
+        size, key = self._alloc(storage.nbytes())
         self.live[storage] = size
-        self.current += size
-        self.peak = max(self.peak, self.current)
         self.sizes.append(size)
-        key = len(self.events)
-        self.events.append(("alloc", key, int(storage.nbytes())))
         weakref.finalize(storage, self._free, size, key)
 
-    def _free(self, size: int, key: int) -> None:
-        self.current -= size
-        self.events.append(("free", key, 0))
-
-    def _temporary(self, nbytes: int) -> tuple[int, int]:
-        """Allocate a scratch buffer (a kernel's workspace) in the trace; free it with ``_free(*handle)``."""
+    def _alloc(self, nbytes: int) -> tuple[int, int]:
+        """Allocate ``nbytes`` in the trace (a tensor's storage, or a kernel's scratch workspace); the
+        handle ``(rounded size, key)`` frees it with ``_free(*handle)``."""
         size, key = round_alloc(nbytes), len(self.events)
         self.current += size
         self.peak = max(self.peak, self.current)
         self.events.append(("alloc", key, int(nbytes)))
         return size, key
+
+    def _free(self, size: int, key: int) -> None:
+        self.current -= size
+        self.events.append(("free", key, 0))
 
     def reset_peak(self) -> None:
         """Start measuring a new step: peak from the live bytes now, no kernels yet."""
@@ -133,7 +130,7 @@ class MemoryTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         workspace = conv_workspace_bytes(func, args)
-        scratch = self._temporary(workspace) if workspace else None
+        scratch = self._alloc(workspace) if workspace else None
         out = func(*args, **kwargs)
         outs = tensors_of(out)
         for t in outs:

@@ -327,7 +327,7 @@ def train_coldstart(data_dir: str, out_dir: str, max_epochs: int = 400, seed: in
     hp = {**DEFAULTS, **hparams}
     ds = load_dataset(data_dir, cache)
     cv = cross_validate(data_dir, cache, max_epochs=max_epochs, seed=seed, ds=ds, **hp)
-    factors = host_factors(ds, np.arange(len(ds["run_ids"])))
+    factors = cv["host_factors"]  # learnt from every run
     model = fit(for_machines(ds, factors), np.arange(len(ds["run_ids"])), max_epochs, seed, hp)
     ckpt = {"version": VERSION, "kind": "dprobe-coldstart", "features": FEATURES, "targets": TARGETS,
             "gpus": sorted(set(ds["gpus"])),  # the GPUs the model learnt from
