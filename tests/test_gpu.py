@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -108,11 +109,11 @@ def _measure_training(model_name: str, batch: int, precision: str, steps: int = 
     return result
 
 
-@pytest.mark.parametrize(("model", "batch", "precision"), [
-    ("torchvision:resnet50", 64, "fp32"),
-    ("transformers:GPT2Config/GPT2LMHeadModel", 8, "bf16"),
+@pytest.mark.parametrize(("model", "batch", "precision", "step_rel"), [
+    ("torchvision:resnet50", 64, "fp32", 0.5),  # mostly GPU-bound: the host's speed matters little
+    ("transformers:GPT2Config/GPT2LMHeadModel", 8, "bf16", None),  # host-bound: see the host-factor test
 ])
-def test_cold_start_prediction_matches_a_real_training_step(model, batch, precision):
+def test_cold_start_prediction_matches_a_real_training_step(model, batch, precision, step_rel):
     """``dprobe predict`` (no GPU needed) against the same job trained here for real."""
     from dprobe.coldstart.predict import predict_job
 
@@ -124,4 +125,40 @@ def test_cold_start_prediction_matches_a_real_training_step(model, batch, precis
           f"{real['step'] * 1e3:.1f} ms")
     assert pred["peak_memory_bytes"]["p50"] == pytest.approx(real["peak"], rel=0.10)
     assert pred["device_memory_bytes"]["p50"] == pytest.approx(real["nvml"], rel=0.15)
-    assert pred["step_time_seconds"]["p50"] == pytest.approx(real["step"], rel=0.5)
+    if step_rel is not None:
+        assert pred["step_time_seconds"]["p50"] == pytest.approx(real["step"], rel=step_rel)
+
+
+def test_host_factor_from_one_host_bound_job_carries_to_another():
+    """The documented recipe for a host of unknown speed: one host-bound job's measured step over its
+    prediction at factor 1 gives ``--host-factor``, which then predicts another host-bound job's step."""
+    from dprobe.coldstart.predict import predict_job
+
+    calibration = ("transformers:GPT2Config/GPT2LMHeadModel", 8, "bf16")
+    target = ("transformers:BertConfig/BertForSequenceClassification", 32, "bf16")
+    at_one = predict_job(*calibration, "adamw")["step_time_seconds"]["p50"]
+    factor = _measure_training(*calibration)["step"] / at_one
+    uncalibrated = predict_job(*target, "adamw")["step_time_seconds"]["p50"]
+    pred = predict_job(*target, "adamw", host_factor=factor)["step_time_seconds"]["p50"]
+    real = _measure_training(*target)["step"]
+    print(f"host factor {factor:.2f}: BERT-base b32 bf16 step {pred * 1e3:.1f} ms "
+          f"(at factor 1: {uncalibrated * 1e3:.1f}) vs {real * 1e3:.1f} ms")
+    assert pred == pytest.approx(real, rel=0.3)
+    assert abs(pred / real - 1) <= abs(uncalibrated / real - 1) + 0.05  # calibrating does not make it worse
+
+
+def test_collector_host_benchmark_times_kernel_launches(tmp_path, monkeypatch):
+    """The collector records how fast the host issues kernels, to tell hosts of the same GPU apart."""
+    import importlib.util
+
+    monkeypatch.setenv("OUT", str(tmp_path))
+    spec = importlib.util.spec_from_file_location("collect_gpu_profiles",
+                                                  Path(__file__).resolve().parent.parent / "tools" / "collect_gpu_profiles.py")
+    collector = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(collector)
+    bench = collector.host_benchmark(cuda=True, n=2000)
+    collector.LOG.close()
+    print("host benchmark", bench, collector.host_cpu())
+    assert set(bench) == {"host_launch_us", "host_linear_us", "host_sync_us"}
+    assert all(0 < v < 1000 for v in bench.values())
+    assert bench["host_sync_us"] > bench["host_launch_us"]  # a round trip costs more than a queued launch

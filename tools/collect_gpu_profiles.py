@@ -10,13 +10,15 @@ thread samples NVML.  Everything is written incrementally under $OUT:
   samples.csv  NVML samples (device util, memory-controller util, used bytes,
                power, SM clock, temperature, per-process used memory)
   steps.csv    one row per training / inference step (timing, torch memory)
-  env.json     GPU, driver and library versions
+  env.json     GPU, driver and library versions; the host's CPU and how fast it
+               launches kernels (host_benchmark_start / _end, microseconds)
   log.txt      progress and errors
 
 Run it on a machine with an NVIDIA GPU, PyTorch, torchvision, transformers, timm
 and nvidia-ml-py, with OUT naming the output folder; edit MODELS / SERVICES /
 PAIRS, or give --plan FILE (a JSON list of [spec, batch sizes, precisions], as
-tools/plans/*.json), for what you want to measure. Test with --dry-run on the CPU first. Then add the
+tools/plans/*.json; a spec may fix "phases", e.g. for control runs that repeat
+an earlier collection's), for what you want to measure. Test with --dry-run on the CPU first. Then add the
 session to a profiles data set with `dprobe profiles add OUT --data DIR`.
 
 Usage: python3 collect_gpu_profiles.py [--budget SECONDS] [--dry-run] [--plan FILE]
@@ -458,15 +460,57 @@ def read_plan(path):
         ok = (isinstance(item, list) and len(item) == 3 and isinstance(item[0], dict)
               and item[0].get("lib") in ("torchvision", "timm", "transformers") and item[0].get("model")
               and isinstance(item[1], list) and item[1] and all(isinstance(b, int) and b > 0 for b in item[1])
-              and isinstance(item[2], list) and item[2] and all(p in ("fp32", "bf16") for p in item[2]))
+              and isinstance(item[2], list) and item[2] and all(p in ("fp32", "bf16") for p in item[2])
+              and isinstance(item[0].get("phases", False), bool))
         if not ok:
             raise ValueError(f"--plan {path}: item {i} is not [{{\"lib\": torchvision|timm|transformers, "
-                             f"\"model\": ...}}, [batch sizes > 0], [fp32|bf16, ...]]: {json.dumps(item)[:200]}")
+                             f"\"model\": ..., \"phases\": true|false (optional)}}, [batch sizes > 0], [fp32|bf16, ...]]: "
+                             f"{json.dumps(item)[:200]}")
         plan_items.append((item[0], list(item[1]), list(item[2])))
     return plan_items
 
 
 STEPS = None
+
+
+def host_benchmark(cuda, n=4000):
+    """How fast this host issues work: microseconds per tiny kernel launch (queued, no sync) and per
+    synchronised round trip. Step times of small, host-bound jobs scale with the first."""
+    if not cuda:
+        return {}
+    x = torch.zeros(16, device="cuda")
+    w = torch.zeros(16, 16, device="cuda")
+    for _ in range(200):
+        x.add_(1.0)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        x.add_(1.0)
+    torch.cuda.synchronize()
+    launch = (time.perf_counter() - t) / n
+    t = time.perf_counter()
+    for _ in range(n // 4):
+        torch.nn.functional.linear(x, w)
+    torch.cuda.synchronize()
+    linear = (time.perf_counter() - t) / (n // 4)
+    t = time.perf_counter()
+    for _ in range(n // 8):
+        x.add_(1.0)
+        torch.cuda.synchronize()
+    sync = (time.perf_counter() - t) / (n // 8)
+    return {"host_launch_us": round(launch * 1e6, 2), "host_linear_us": round(linear * 1e6, 2),
+            "host_sync_us": round(sync * 1e6, 2)}
+
+
+def host_cpu():
+    """The host's CPU model and core count (hosts of the same GPU can differ)."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"cpu_model": model, "cpu_count": os.cpu_count()}
 
 
 def main():
@@ -525,6 +569,8 @@ def main():
                  "--format=csv"], capture_output=True, text=True, timeout=10).stdout
         except Exception as e:
             env["nvidia_smi"] = str(e)
+    env.update(host_cpu())
+    env["host_benchmark_start"] = host_benchmark(cuda)
     with open(os.path.join(OUT, "env.json"), "w") as f:
         json.dump(env, f, indent=1)
     log("env", env)
@@ -544,7 +590,7 @@ def main():
             log("budget reached before", spec["model"], bs, prec)
             break
         run_id = f"r{n:03d}"
-        phases = (n % 4 == 3)
+        phases = spec.get("phases", n % 4 == 3)  # a plan item may fix it (controls repeat earlier runs)
         sampler.label = run_id
         train_run(run_id, spec, bs, prec, args.run_seconds, 2 if args.dry_run else 0, device, phases)
         sampler.label = "idle"
@@ -588,7 +634,10 @@ def main():
     time.sleep(0.5)
     sampler.stop.set()
     sampler.join(timeout=2)
-    log("done", n, "training runs")
+    env["host_benchmark_end"] = host_benchmark(cuda)
+    with open(os.path.join(OUT, "env.json"), "w") as f:
+        json.dump(env, f, indent=1)
+    log("done", n, "training runs", env["host_benchmark_end"])
 
 
 if __name__ == "__main__":
