@@ -49,6 +49,32 @@ def test_replay_bf16_autocast_saves_memory() -> None:
         replay_training_step(spec, batch=8, precision="int3", seq=64)
 
 
+@pytest.mark.parametrize(("kv_heads", "enable_gqa", "fused"), [(12, False, True), (1, False, False), (4, True, True)])
+def test_attention_replays_the_kernel_cuda_would_pick(kv_heads, enable_gqa, fused) -> None:
+    """SDPA's fused kernels keep q, k, v and the output; a key and value broadcast over the heads (multi-query
+    attention passed as is) fall back to the math kernel, which keeps the fp32 attention matrix."""
+    from dprobe.coldstart.autocast import AutocastEmulation, fused_attention_applies
+    from dprobe.coldstart.memtrack import MemoryTracker
+
+    b, h, n, d = 2, 12, 1024, 64
+    with torch.device("meta"):
+        q = torch.randn(b, h, n, d, requires_grad=True)
+        k, v = (torch.randn(b, kv_heads, n, d, requires_grad=True) for _ in range(2))
+        mask = torch.zeros(b, 1, n, n)
+    assert fused_attention_applies(q, k, v, enable_gqa) is fused
+    tracker = MemoryTracker()
+    for t in (q, k, v, mask):
+        tracker.track(t)
+    before = tracker.current
+    with tracker, AutocastEmulation(torch.bfloat16):
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=enable_gqa)
+    kept = tracker.current - before
+    assert out.shape == (b, h, n, d) and out.dtype == torch.bfloat16
+    attention_matrix = b * h * n * n * 4
+    assert (kept >= attention_matrix) is not fused
+    assert kept < attention_matrix / 4 or not fused
+
+
 def _synthetic_runs(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Features, analytical baselines and measurements of ``n`` made-up runs (5 % off the baseline)."""
     from dprobe.coldstart import train as tr
@@ -291,6 +317,31 @@ def test_cross_validation_on_fewer_families(monkeypatch) -> None:
     for held_out, trained_on in zip(sorted(set(family)), seen, strict=True):
         assert len(trained_on) == 2 and held_out not in trained_on
     assert len({tuple(f) for f in seen}) > 1  # drawn, not the same pair each time
+
+
+def test_cross_validation_in_grouped_folds(monkeypatch) -> None:
+    """``folds``: the families dealt into groups, each group held out once and never trained on."""
+    from dprobe.coldstart import train as tr
+
+    n = 24
+    feats, base, y = _synthetic_runs(n, 3)
+    family = [f"f{i % 6}" for i in range(n)]
+    ds = tr.make_dataset([None] * n, feats, base, y, family, [str(i) for i in range(n)])
+    seen: list[set[str]] = []
+    fit = tr.fit
+
+    def recording_fit(ds_, idx, *args, **kwargs):
+        seen.append({ds_["families"][i] for i in idx})
+        return fit(ds_, idx, *args, **kwargs)
+
+    monkeypatch.setattr(tr, "fit", recording_fit)
+    cv = tr.cross_validate("unused", "unused", max_epochs=5, ds=ds, progress=False, folds=3, ensemble=1, hidden=8)
+    assert cv["folds"] == 3 and len(seen) == 3 and np.isfinite(cv["p50"]).all()
+    held_out = [set(family) - trained_on for trained_on in seen]
+    assert all(len(h) == 2 for h in held_out)  # 6 families in 3 groups
+    assert set().union(*held_out) == set(family)  # every family scored once
+    with pytest.raises(ValueError, match="folds"):
+        tr.cross_validate("unused", "unused", max_epochs=5, ds=ds, progress=False, folds=1)
 
 
 def test_uncalibrated_cross_validation_keeps_the_p50() -> None:

@@ -107,9 +107,49 @@ class AutocastEmulation(TorchFunctionMode):
         return torch.native_dropout(x, p, True)[0]
 
     def _attention(self, args: tuple, kwargs: dict) -> torch.Tensor:
-        q, k, v = (list(args) + [kwargs.get(n) for n in ("query", "key", "value")][len(args):])[:3]
+        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
+        call = {**dict(zip(names, args, strict=False)), **kwargs}
+        q, k, v = call["query"], call["key"], call["value"]
         if self.dtype is not None:
             q, k, v = self._cast((q, k, v), self.dtype)
+        if not fused_attention_applies(q, k, v, bool(call.get("enable_gqa", False))):
+            with torch._C.DisableTorchFunction():  # one aten kernel on the GPU: no autocast inside it
+                    return math_attention(q, k, v, call.get("attn_mask"), float(call.get("dropout_p", 0.0) or 0.0),
+                                      bool(call.get("is_causal", False)), call.get("scale"))
         b = q.numel() // (q.shape[-1] * q.shape[-2])
         self.attention_flops += 4.0 * b * q.shape[-2] * k.shape[-2] * q.shape[-1]
         return FusedAttention.apply(q, k, v)
+
+
+def fused_attention_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enable_gqa: bool) -> bool:
+    """Whether CUDA's SDPA would pick a fused kernel (flash or memory-efficient): both need q, k and v
+    of one shape outside the sequence and head dimensions, and the same number of heads unless
+    ``enable_gqa``; a key and value broadcast over the heads (multi-query attention passed as is)
+    fall back to the math kernel."""
+    if q.dim() != k.dim() or k.shape != v.shape[:-1] + k.shape[-1:]:
+        return False
+    if q.shape[:-3] != k.shape[:-3]:
+        return False
+    if q.dim() >= 3 and q.shape[-3] != k.shape[-3]:
+        return enable_gqa and k.shape[-3] > 0 and q.shape[-3] % k.shape[-3] == 0
+    return True
+
+
+def math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                   dropout_p: float, is_causal: bool, scale: float | None) -> torch.Tensor:
+    """SDPA's math kernel as CUDA runs it: bf16 / fp16 inputs upcast to fp32 (the default, without
+    ``allow_fp16_bf16_reduction_math_sdp``), the full attention matrix materialised and kept for backward."""
+    dtype = q.dtype
+    if dtype in (torch.bfloat16, torch.float16):
+        q, k, v = q.float(), k.float(), v.float()
+    s = (scale if scale is not None else q.shape[-1] ** -0.5) ** 0.5
+    attn = (q * s) @ (k.transpose(-2, -1) * s)
+    if is_causal:
+        causal = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+        attn = attn.masked_fill(~causal, float("-inf"))
+    if mask is not None:
+        attn = attn.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else attn + mask
+    attn = torch.softmax(attn, dim=-1)
+    if dropout_p > 0:
+        attn = torch.nn.functional.dropout(attn, dropout_p)
+    return (attn @ v).to(dtype)

@@ -124,7 +124,7 @@ def analytical_for(model: str, batch: int, precision: str, optimizer: str, image
     """The replay estimate, cached as JSON under ``cache_dir`` keyed by the job's spec hash."""
     spec = parse_spec(model, config_kwargs)
     key = spec_key({"model": model, "kw": spec.config_kwargs, "batch": batch, "precision": precision,
-                    "optimizer": optimizer, "image": image, "seq": seq}, extra="replay-v5")
+                    "optimizer": optimizer, "image": image, "seq": seq}, extra="replay-v6")
     path = Path(cache_dir) / f"replay-{key}.json" if cache_dir else None
     if path is not None and path.is_file():
         return ReplayEstimate(**json.loads(path.read_text()))

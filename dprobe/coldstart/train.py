@@ -272,11 +272,13 @@ def metrics(y: np.ndarray, p50: np.ndarray, p90: np.ndarray | None = None,
 
 def cross_validate(data_dir: str, cache_dir: str | Path, max_epochs: int = 400, seed: int = 0,
                    ds: dict[str, Any] | None = None, progress: bool = True, train_families: int | None = None,
-                   calibrate: bool = True, **hparams: Any) -> dict[str, Any]:
+                   calibrate: bool = True, folds: int | None = None, **hparams: Any) -> dict[str, Any]:
     """Leave-model-family-out: each family is scored by a model trained on the other families only
-    (``progress``: a bar over the families). ``train_families``: on that many of the others, drawn at
-    random (seeded by ``seed``), to see how the errors fall with more families. ``calibrate=False`` skips
-    the p90 calibration (its p90 coverage is then not meaningful; the p50 is the same, and quicker)."""
+    (``progress``: a bar over the families). ``folds``: deal the families at random (seeded by ``seed``)
+    into that many groups and leave out one group at a time instead, which is quicker with many families
+    and still never scores a family that was in training. ``train_families``: train on that many of the
+    other families, drawn at random, to see how the errors fall with more families. ``calibrate=False``
+    skips the p90 calibration (its p90 coverage is then not meaningful; the p50 is the same, and quicker)."""
     hp = {**DEFAULTS, **hparams}
     ds = ds or load_dataset(data_dir, cache_dir)
     fams = np.array(ds["families"])
@@ -284,10 +286,16 @@ def cross_validate(data_dir: str, cache_dir: str | Path, max_epochs: int = 400, 
     p50, p90 = np.zeros((n, 4)), np.zeros((n, 4))
     p50_typical = np.zeros((n, 4))  # the same models, told nothing of the machine (host factor of a typical one)
     rng = np.random.default_rng(seed)
-    for fam in tqdm(sorted(set(fams)), desc="cold start, leave-family-out", unit="family", leave=False,
-                    disable=not progress):
-        test = np.where(fams == fam)[0]
-        others = sorted(set(fams) - {fam})
+    groups = [[f] for f in sorted(set(fams))]
+    if folds is not None and folds < len(groups):
+        if folds < 2:
+            raise ValueError(f"folds must be at least 2, not {folds}")
+        order = rng.permutation(len(groups))
+        groups = [[groups[i][0] for i in order[k::folds]] for k in range(folds)]
+    for held_out in tqdm(groups, desc="cold start, leave-family-out", unit="fold", leave=False,
+                         disable=not progress):
+        test = np.where(np.isin(fams, held_out))[0]
+        others = sorted(set(fams) - set(held_out))
         if train_families is not None:
             others = list(rng.choice(others, size=min(train_families, len(others)), replace=False))
         train = np.where(np.isin(fams, others))[0]
@@ -308,7 +316,7 @@ def cross_validate(data_dir: str, cache_dir: str | Path, max_epochs: int = 400, 
     return {"learned": metrics(ds["y"], p50, p90, ds["valid"]),
             "typical_machine": metrics(ds["y"], p50_typical, valid=ds["valid"]),
             "analytical": metrics(ds["y"], analytical, valid=ds["valid"]),
-            "families": len(set(fams)), "runs": n, "p50": p50, "p90": p90, "dataset": ds,
+            "families": len(set(fams)), "folds": len(groups), "runs": n, "p50": p50, "p90": p90, "dataset": ds,
             "host_factors": host_factors(ds, np.arange(n))}
 
 
