@@ -29,7 +29,7 @@ from torch import nn
 from torch_geometric.data import Batch
 from tqdm.auto import tqdm
 
-from dprobe.conformal import conformal_shift, family_folds
+from dprobe.conformal import conformal_shift, family_folds, held_out_groups
 from dprobe.graph.encoder import GraphEncoder
 
 log = logging.getLogger(__name__)
@@ -252,17 +252,18 @@ def scores(y: np.ndarray, q: np.ndarray) -> dict[str, float]:
 
 
 def cross_validate_predictions(ds: dict[str, Any], epochs: int = 300, seed: int = 0, graph_dim: int = 0,
-                               progress: bool = True) -> dict[str, np.ndarray]:
+                               progress: bool = True, folds: int | None = None) -> dict[str, np.ndarray]:
     """Leave-model-family-out predictions ``(runs, 2, len(LEVELS))`` of every variant: a family is
-    never in its own training set (``progress``: a bar over the families)."""
+    never in its own training set (``progress``: a bar over the folds; ``folds``: families dealt into
+    that many held-out groups instead of one fold per family)."""
     fams = np.array(ds["families"])
     n = len(fams)
     variants = [v for v in VARIANTS if v != "graph" or ds["graph_feats"] is not None]
     preds = {v: np.zeros((n, 2, len(LEVELS))) for v in variants}
     preds["persist"] = np.repeat(persist(ds["obs"])[:, :, None], len(LEVELS), axis=2)
-    for fam in tqdm(sorted(set(fams)), desc="job scale, leave-family-out", unit="family", leave=False,
-                    disable=not progress):
-        test, train = np.flatnonzero(fams == fam), np.flatnonzero(fams != fam)
+    for test in tqdm(held_out_groups(fams, folds, seed), desc="job scale, leave-family-out", unit="fold",
+                     leave=False, disable=not progress):
+        train = np.flatnonzero(~np.isin(fams, fams[test]))
         for variant in variants[1:]:
             net = fit(ds, train, variant, epochs, seed, graph_dim=graph_dim)
             shifts = calibrate_upper(ds, train, variant, epochs, seed, graph_dim=graph_dim)
@@ -281,10 +282,10 @@ def score_variants(ds: dict[str, Any], preds: dict[str, np.ndarray]) -> dict[str
     return result
 
 
-def cross_validate(ds: dict[str, Any], epochs: int = 300, seed: int = 0,
-                   graph_dim: int = 0) -> dict[str, dict[str, float]]:
+def cross_validate(ds: dict[str, Any], epochs: int = 300, seed: int = 0, graph_dim: int = 0,
+                   folds: int | None = None) -> dict[str, dict[str, float]]:
     """Leave-model-family-out scores of every variant (:func:`cross_validate_predictions`)."""
-    return score_variants(ds, cross_validate_predictions(ds, epochs, seed, graph_dim))
+    return score_variants(ds, cross_validate_predictions(ds, epochs, seed, graph_dim, folds=folds))
 
 
 def plot_cross_validation(ds: dict[str, Any], preds: dict[str, np.ndarray], variant: str,
@@ -303,8 +304,9 @@ def plot_cross_validation(ds: dict[str, Any], preds: dict[str, np.ndarray], vari
     return save_figure(fig, path)
 
 
-def format_table(result: dict[str, dict[str, float]], n_runs: int, n_families: int) -> str:
-    lines = [f"### job scale: h200-profiles, {n_runs} runs, {n_families} families, leave-family-out",
+def format_table(result: dict[str, dict[str, float]], n_runs: int, n_families: int, folds: int | None = None) -> str:
+    grouped = f" in {folds} folds" if folds is not None and folds < n_families else ""
+    lines = [f"### job scale: h200-profiles, {n_runs} runs, {n_families} families, leave-family-out{grouped}",
              "", "| method | plateau MAPE | worst APE | util MAE (points) | p90 cover | p99 cover |",
              "|---|---:|---:|---:|---:|---:|"]
     for v, m in result.items():
@@ -316,8 +318,10 @@ def format_table(result: dict[str, dict[str, float]], n_runs: int, n_families: i
 
 
 def train_jobscale(data_dir: str, out_dir: str, use_graph: bool = True, epochs: int = 300, seed: int = 0,
-                   graph_dim: int = 0, cache_dir: str | Path | None = None) -> dict[str, Any]:
+                   graph_dim: int = 0, cache_dir: str | Path | None = None,
+                   folds: int | None = None) -> dict[str, Any]:
     """Cross-validate every variant, fit the chosen one on all runs, save ``jobscale.pt`` and a report.
+    ``folds``: leave out that many groups of families in turn, not one family at a time.
 
     ``graph_dim > 0`` adds a GNN embedding of the model graph to the graph-derived features
     (slow on a CPU: about a second an epoch over all graphs).
@@ -325,9 +329,9 @@ def train_jobscale(data_dir: str, out_dir: str, use_graph: bool = True, epochs: 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ds = load_job_dataset(data_dir, cache_dir or out / "cache", with_graphs=use_graph)
-    preds = cross_validate_predictions(ds, epochs, seed, graph_dim=graph_dim)
+    preds = cross_validate_predictions(ds, epochs, seed, graph_dim=graph_dim, folds=folds)
     result = score_variants(ds, preds)
-    table = format_table(result, len(ds["run_ids"]), len(set(ds["families"])))
+    table = format_table(result, len(ds["run_ids"]), len(set(ds["families"])), folds)
     variant = "graph" if use_graph else "no_graph"
     plot = plot_cross_validation(ds, preds, variant, out / "lofo.png")
     (out / "report.md").write_text(table + f"\n![{variant} against persist, run by run]({plot.name})\n")

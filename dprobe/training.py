@@ -110,7 +110,8 @@ def run(cfg: DictConfig) -> dict:
         from dprobe.coldstart import train_coldstart
 
         cs = train_coldstart(str(cfg.coldstart.data_dir), str(out_dir / "coldstart"),
-                             max_epochs=cfg.coldstart.max_epochs, seed=cfg.seed, cache_dir=cache)
+                             max_epochs=cfg.coldstart.max_epochs, seed=cfg.seed, cache_dir=cache,
+                             folds=cfg.coldstart.get("folds"))
         print(cs["table"])
         summary["coldstart_checkpoint"] = str(cs["checkpoint"])
         summary["coldstart_metrics"] = cs.get("metrics", {})
@@ -120,7 +121,7 @@ def run(cfg: DictConfig) -> dict:
 
         js = train_jobscale(str(cfg.jobscale.data_dir), str(out_dir / "jobscale"),
                             use_graph=cfg.jobscale.use_graph, epochs=cfg.jobscale.epochs, seed=cfg.seed,
-                            graph_dim=cfg.jobscale.graph_dim, cache_dir=cache)
+                            graph_dim=cfg.jobscale.graph_dim, cache_dir=cache, folds=cfg.jobscale.get("folds"))
         print(js["table"])
         summary["jobscale_checkpoint"] = js["checkpoint"]
         summary["jobscale_report"] = js["report"]

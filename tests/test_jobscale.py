@@ -53,14 +53,14 @@ def test_residuals_round_trip_and_persist_is_zero():
 def test_cross_validation_without_graphs_on_the_bundled_runs():
     ds = js.load_job_dataset("datasets/h200-profiles", cache_dir="unused", with_graphs=False)
     assert ds["graph_feats"] is None and len(ds["run_ids"]) >= 20
-    result = js.cross_validate(ds, epochs=20)
+    result = js.cross_validate(ds, epochs=20, folds=4)  # families held out in 4 groups
     assert set(result) == {"persist", "no_graph"}
     anchor = js.persist(ds["obs"])
     by_hand = np.mean(np.abs(anchor[:, 0] - ds["y"][:, 0]) / ds["y"][:, 0]) * 100
     assert result["persist"]["plateau_mape"] == pytest.approx(by_hand)
     assert 0 <= result["no_graph"]["p90_coverage"] <= 1
-    table = js.format_table(result, len(ds["run_ids"]), len(set(ds["families"])))
-    assert "| persist |" in table and "| no_graph |" in table
+    table = js.format_table(result, len(ds["run_ids"]), len(set(ds["families"])), folds=4)
+    assert "| persist |" in table and "| no_graph |" in table and "in 4 folds" in table
 
 
 def test_graph_variant_with_gnn_trains_and_saves(tmp_path, monkeypatch):
@@ -126,7 +126,7 @@ def test_graph_memory_rule_by_hand():
 
 
 def test_conformal_shift_and_family_folds():
-    from dprobe.conformal import conformal_shift, family_folds
+    from dprobe.conformal import conformal_shift, family_folds, held_out_groups
 
     scores = np.array([np.nan, *range(1, 20)], dtype=float)  # 19 scores, NaN ignored
     # level ceil(0.9 * (19 + 1)) / 19: between the 18th and 19th smallest, so at least 90 % of 20 covered
@@ -137,3 +137,12 @@ def test_conformal_shift_and_family_folds():
     assert fold is not None and set(fold) == {0, 1, 2}
     assert fold[0] == fold[2] and fold[1] == fold[5]  # a family stays in one fold
     assert family_folds(["a", "b"], 3, seed=0) is None
+    fams = ["a", "b", "a", "c", "d", "b"]
+    groups = held_out_groups(fams, 3, seed=0)
+    assert len(groups) == 3 and sorted(np.concatenate(groups)) == list(range(6))  # each run held out once
+    group_of = {i: k for k, g in enumerate(groups) for i in g}
+    assert group_of[0] == group_of[2] and group_of[1] == group_of[5]  # a family is never split
+    assert {frozenset(fams[i] for i in g) for g in held_out_groups(fams, None, seed=0)} == {
+        frozenset({f}) for f in "abcd"}  # one family at a time
+    with pytest.raises(ValueError, match="folds"):
+        held_out_groups(fams, 1, seed=0)

@@ -25,7 +25,7 @@ from dprobe.coldstart.features import (
 )
 from dprobe.coldstart.model import TARGETS, ColdStartEnsemble, ColdStartModel, pinball
 from dprobe.coldstart.replay import ReplayEstimate
-from dprobe.conformal import conformal_shift, family_folds
+from dprobe.conformal import conformal_shift, family_folds, held_out_groups
 from dprobe.graph.encoder import graph_for_run, graph_to_data, run_spec
 
 log = logging.getLogger(__name__)
@@ -286,16 +286,9 @@ def cross_validate(data_dir: str, cache_dir: str | Path, max_epochs: int = 400, 
     p50, p90 = np.zeros((n, 4)), np.zeros((n, 4))
     p50_typical = np.zeros((n, 4))  # the same models, told nothing of the machine (host factor of a typical one)
     rng = np.random.default_rng(seed)
-    groups = [[f] for f in sorted(set(fams))]
-    if folds is not None and folds < len(groups):
-        if folds < 2:
-            raise ValueError(f"folds must be at least 2, not {folds}")
-        order = rng.permutation(len(groups))
-        groups = [[groups[i][0] for i in order[k::folds]] for k in range(folds)]
-    for held_out in tqdm(groups, desc="cold start, leave-family-out", unit="fold", leave=False,
-                         disable=not progress):
-        test = np.where(np.isin(fams, held_out))[0]
-        others = sorted(set(fams) - set(held_out))
+    groups = held_out_groups(fams, folds, seed)
+    for test in tqdm(groups, desc="cold start, leave-family-out", unit="fold", leave=False, disable=not progress):
+        others = sorted(set(fams) - set(fams[test]))
         if train_families is not None:
             others = list(rng.choice(others, size=min(train_families, len(others)), replace=False))
         train = np.where(np.isin(fams, others))[0]
@@ -320,8 +313,10 @@ def cross_validate(data_dir: str, cache_dir: str | Path, max_epochs: int = 400, 
             "host_factors": host_factors(ds, np.arange(n))}
 
 
-def train_coldstart(data_dir: str, out_dir: str, max_epochs: int = 400, seed: int = 0, **hparams: Any) -> dict:
+def train_coldstart(data_dir: str, out_dir: str, max_epochs: int = 400, seed: int = 0, folds: int | None = None,
+                    **hparams: Any) -> dict:
     """Fit on every run of ``data_dir`` and save ``out_dir/coldstart.pt`` (loadable with weights_only=True).
+    ``folds``: the leave-family-out scores in that many groups of families (:func:`cross_validate`).
 
     Returns ``{"checkpoint": path, "metrics": {...}, "table": str, "plot": path}``: leave-family-out
     metrics (learned and analytical), their table against the targets (also ``out_dir/report.txt``) and
@@ -334,7 +329,7 @@ def train_coldstart(data_dir: str, out_dir: str, max_epochs: int = 400, seed: in
     cache = Path(hparams.pop("cache_dir", out / "cache"))
     hp = {**DEFAULTS, **hparams}
     ds = load_dataset(data_dir, cache)
-    cv = cross_validate(data_dir, cache, max_epochs=max_epochs, seed=seed, ds=ds, **hp)
+    cv = cross_validate(data_dir, cache, max_epochs=max_epochs, seed=seed, ds=ds, folds=folds, **hp)
     factors = cv["host_factors"]  # learnt from every run
     model = fit(for_machines(ds, factors), np.arange(len(ds["run_ids"])), max_epochs, seed, hp)
     ckpt = {"version": VERSION, "kind": "dprobe-coldstart", "features": FEATURES, "targets": TARGETS,
@@ -348,7 +343,9 @@ def train_coldstart(data_dir: str, out_dir: str, max_epochs: int = 400, seed: in
     path = out / "coldstart.pt"
     torch.save(ckpt, path)
     plot = plot_cross_validation(cv, out / "lofo.png")
-    table = (f"cold start, leave-model-family-out on {data_dir}: {cv['runs']} runs, {cv['families']} families\n"
+    folds = f" in {cv['folds']} folds" if cv["folds"] < cv["families"] else ""
+    table = (f"cold start, leave-model-family-out on {data_dir}: {cv['runs']} runs, {cv['families']} families"
+             f"{folds}\n"
              + format_scores(cv["learned"], cv["analytical"], cv["typical_machine"])[0]
              + "\n" + host_factor_note(cv))
     (out / "report.txt").write_text(table + "\n")
