@@ -1,7 +1,7 @@
 """Leave-model-family-out benchmark of the cold-start predictor on h200-profiles.
 
     .venv/bin/python benchmarks/coldstart.py [--data datasets/h200-profiles] [--epochs 400] [--cache DIR]
-                                             [--plot lofo.png]
+                                             [--plot lofo.png] [--folds K]
     .venv/bin/python benchmarks/coldstart.py --families 9,12,15 [--draws 3] [--ensemble 3]
 
 ``--families``: how the errors fall with more training families (each family scored by models
@@ -22,7 +22,7 @@ from dprobe.data import load_h200_profiles
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default="datasets/h200-profiles",
                     help="a directory laid out like h200-profiles (default: %(default)s)")
     ap.add_argument("--epochs", type=int, default=400, help="training epochs of each member (default: %(default)s)")
@@ -30,6 +30,8 @@ def main() -> None:
                     help="where replays and graphs are cached (default: %(default)s)")
     ap.add_argument("--seed", type=int, default=0, help="first member's seed (default: %(default)s)")
     ap.add_argument("--plot", metavar="PNG", help="also draw predicted against measured, run by run")
+    ap.add_argument("--folds", type=int, default=None,
+                    help="hold families out in K random groups (as train.py does) instead of one at a time")
     ap.add_argument("--families", metavar="K,K,...",
                     help="instead: the learning curve, training on K of the other families for each K")
     ap.add_argument("--draws", type=int, default=3, help="random draws of families per K (default: %(default)s)")
@@ -41,9 +43,9 @@ def main() -> None:
         learning_curve(args, [int(k) for k in args.families.split(",")], hp)
         return
     t0 = time.time()
-    cv = cross_validate(args.data, args.cache, max_epochs=args.epochs, seed=args.seed, **hp)
-    print(f"leave-model-family-out on {args.data}: {cv['runs']} runs, {cv['families']} families "
-          f"({time.time() - t0:.0f} s)")
+    cv = cross_validate(args.data, args.cache, max_epochs=args.epochs, seed=args.seed, folds=args.folds, **hp)
+    print(f"leave-model-family-out on {args.data}: {cv['runs']} runs, {cv['families']} families in "
+          f"{cv['folds']} folds ({time.time() - t0:.0f} s)")
     table, missed = format_scores(cv["learned"], cv["analytical"], cv["typical_machine"])
     print(table)
     print(host_factor_note(cv))
