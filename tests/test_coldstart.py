@@ -295,36 +295,12 @@ def test_p90_calibration_moves_coverage_towards_90_percent(monkeypatch) -> None:
     assert calibrated < miss()
 
 
-def test_cross_validation_on_fewer_families(monkeypatch) -> None:
-    """The learning curve's folds: K other families drawn per held-out family, never the family itself."""
+def _six_families_recording_fits(monkeypatch, seed: int) -> tuple[dict, list[str], list[set[str]]]:
+    """24 made-up runs of 6 families, and the families each ``fit`` of a cross-validation trains on."""
     from dprobe.coldstart import train as tr
 
     n = 24
-    feats, base, y = _synthetic_runs(n, 2)
-    family = [f"f{i % 6}" for i in range(n)]
-    ds = tr.make_dataset([None] * n, feats, base, y, family, [str(i) for i in range(n)])
-    seen: list[list[str]] = []
-    fit = tr.fit
-
-    def recording_fit(ds_, idx, *args, **kwargs):
-        seen.append(sorted({ds_["families"][i] for i in idx}))
-        return fit(ds_, idx, *args, **kwargs)
-
-    monkeypatch.setattr(tr, "fit", recording_fit)
-    cv = tr.cross_validate("unused", "unused", max_epochs=5, ds=ds, progress=False, train_families=2,
-                           ensemble=1, hidden=8)
-    assert np.isfinite(cv["p50"]).all() and len(seen) == 6
-    for held_out, trained_on in zip(sorted(set(family)), seen, strict=True):
-        assert len(trained_on) == 2 and held_out not in trained_on
-    assert len({tuple(f) for f in seen}) > 1  # drawn, not the same pair each time
-
-
-def test_cross_validation_in_grouped_folds(monkeypatch) -> None:
-    """``folds``: the families dealt into groups, each group held out once and never trained on."""
-    from dprobe.coldstart import train as tr
-
-    n = 24
-    feats, base, y = _synthetic_runs(n, 3)
+    feats, base, y = _synthetic_runs(n, seed)
     family = [f"f{i % 6}" for i in range(n)]
     ds = tr.make_dataset([None] * n, feats, base, y, family, [str(i) for i in range(n)])
     seen: list[set[str]] = []
@@ -335,6 +311,27 @@ def test_cross_validation_in_grouped_folds(monkeypatch) -> None:
         return fit(ds_, idx, *args, **kwargs)
 
     monkeypatch.setattr(tr, "fit", recording_fit)
+    return ds, family, seen
+
+
+def test_cross_validation_on_fewer_families(monkeypatch) -> None:
+    """The learning curve's folds: K other families drawn per held-out family, never the family itself."""
+    from dprobe.coldstart import train as tr
+
+    ds, family, seen = _six_families_recording_fits(monkeypatch, 2)
+    cv = tr.cross_validate("unused", "unused", max_epochs=5, ds=ds, progress=False, train_families=2,
+                           ensemble=1, hidden=8)
+    assert np.isfinite(cv["p50"]).all() and len(seen) == 6
+    for held_out, trained_on in zip(sorted(set(family)), seen, strict=True):
+        assert len(trained_on) == 2 and held_out not in trained_on
+    assert len({tuple(sorted(f)) for f in seen}) > 1  # drawn, not the same pair each time
+
+
+def test_cross_validation_in_grouped_folds(monkeypatch) -> None:
+    """``folds``: the families dealt into groups, each group held out once and never trained on."""
+    from dprobe.coldstart import train as tr
+
+    ds, family, seen = _six_families_recording_fits(monkeypatch, 3)
     cv = tr.cross_validate("unused", "unused", max_epochs=5, ds=ds, progress=False, folds=3, ensemble=1, hidden=8)
     assert cv["folds"] == 3 and len(seen) == 3 and np.isfinite(cv["p50"]).all()
     held_out = [set(family) - trained_on for trained_on in seen]
