@@ -114,7 +114,7 @@ class AutocastEmulation(TorchFunctionMode):
             q, k, v = self._cast((q, k, v), self.dtype)
         if not fused_attention_applies(q, k, v, bool(call.get("enable_gqa", False))):
             with torch._C.DisableTorchFunction():  # one aten kernel on the GPU: no autocast inside it
-                    return math_attention(q, k, v, call.get("attn_mask"), float(call.get("dropout_p", 0.0) or 0.0),
+                return math_attention(q, k, v, call.get("attn_mask"), float(call.get("dropout_p", 0.0) or 0.0),
                                       bool(call.get("is_causal", False)), call.get("scale"))
         b = q.numel() // (q.shape[-1] * q.shape[-2])
         self.attention_flops += 4.0 * b * q.shape[-2] * k.shape[-2] * q.shape[-1]

@@ -274,7 +274,7 @@ def cross_validate(data_dir: str, cache_dir: str | Path, max_epochs: int = 400, 
                    ds: dict[str, Any] | None = None, progress: bool = True, train_families: int | None = None,
                    calibrate: bool = True, folds: int | None = None, **hparams: Any) -> dict[str, Any]:
     """Leave-model-family-out: each family is scored by a model trained on the other families only
-    (``progress``: a bar over the families). ``folds``: deal the families at random (seeded by ``seed``)
+    (``progress``: a bar over the folds). ``folds``: deal the families at random (seeded by ``seed``)
     into that many groups and leave out one group at a time instead, which is quicker with many families
     and still never scores a family that was in training. ``train_families``: train on that many of the
     other families, drawn at random, to see how the errors fall with more families. ``calibrate=False``
