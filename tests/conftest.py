@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -65,3 +66,14 @@ def write_alibaba_layout(directory: Path, pods: AlibabaRows) -> Path:
 def alibaba_layout() -> Callable[[Path, AlibabaRows], Path]:
     """Writes a small alibaba-genai-2026 directory from per-pod rows (see :func:`write_alibaba_layout`)."""
     return write_alibaba_layout
+
+
+@pytest.fixture()
+def collector(tmp_path, monkeypatch):
+    """tools/collect_gpu_profiles.py as a module, its log and output under ``tmp_path/out``."""
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))  # the module opens its log there on import
+    spec = importlib.util.spec_from_file_location("collect_gpu_profiles", ROOT / "tools" / "collect_gpu_profiles.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    yield module
+    module.LOG.close()

@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture()
-def collector(tmp_path, monkeypatch):
-    monkeypatch.setenv("OUT", str(tmp_path / "out"))  # the module opens its log there on import
-    spec = importlib.util.spec_from_file_location("collect_gpu_profiles", ROOT / "tools" / "collect_gpu_profiles.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
-    module.LOG.close()
 
 
 def test_bundled_plans_read(collector) -> None:

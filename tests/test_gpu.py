@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -147,17 +146,9 @@ def test_host_factor_from_one_host_bound_job_carries_to_another():
     assert abs(pred / real - 1) <= abs(uncalibrated / real - 1) + 0.05  # calibrating does not make it worse
 
 
-def test_collector_host_benchmark_times_kernel_launches(tmp_path, monkeypatch):
+def test_collector_host_benchmark_times_kernel_launches(collector):
     """The collector records how fast the host issues kernels, to tell hosts of the same GPU apart."""
-    import importlib.util
-
-    monkeypatch.setenv("OUT", str(tmp_path))
-    spec = importlib.util.spec_from_file_location("collect_gpu_profiles",
-                                                  Path(__file__).resolve().parent.parent / "tools" / "collect_gpu_profiles.py")
-    collector = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(collector)
     bench = collector.host_benchmark(cuda=True, n=2000)
-    collector.LOG.close()
     print("host benchmark", bench, collector.host_cpu())
     assert set(bench) == {"host_launch_us", "host_linear_us", "host_sync_us"}
     assert all(0 < v < 1000 for v in bench.values())

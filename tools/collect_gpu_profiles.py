@@ -474,32 +474,30 @@ STEPS = None
 
 
 def host_benchmark(cuda, n=4000):
-    """How fast this host issues work: microseconds per tiny kernel launch (queued, no sync) and per
-    synchronised round trip. Step times of small, host-bound jobs scale with the first."""
+    """How fast this host issues work: microseconds per tiny kernel launch (queued, no sync), per small
+    linear layer and per synchronised round trip. Step times of small, host-bound jobs scale with these."""
     if not cuda:
         return {}
     x = torch.zeros(16, device="cuda")
     w = torch.zeros(16, 16, device="cuda")
-    for _ in range(200):
-        x.add_(1.0)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        x.add_(1.0)
-    torch.cuda.synchronize()
-    launch = (time.perf_counter() - t) / n
-    t = time.perf_counter()
-    for _ in range(n // 4):
-        torch.nn.functional.linear(x, w)
-    torch.cuda.synchronize()
-    linear = (time.perf_counter() - t) / (n // 4)
-    t = time.perf_counter()
-    for _ in range(n // 8):
-        x.add_(1.0)
+
+    def per_call_us(fn, calls):
         torch.cuda.synchronize()
-    sync = (time.perf_counter() - t) / (n // 8)
-    return {"host_launch_us": round(launch * 1e6, 2), "host_linear_us": round(linear * 1e6, 2),
-            "host_sync_us": round(sync * 1e6, 2)}
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        return round((time.perf_counter() - t) / calls * 1e6, 2)
+
+    per_call_us(lambda: x.add_(1.0), 200)  # warm-up
+    return {"host_launch_us": per_call_us(lambda: x.add_(1.0), n),
+            "host_linear_us": per_call_us(lambda: torch.nn.functional.linear(x, w), n // 4),
+            "host_sync_us": per_call_us(lambda: (x.add_(1.0), torch.cuda.synchronize()), n // 8)}
+
+
+def write_env(env):
+    with open(os.path.join(OUT, "env.json"), "w") as f:
+        json.dump(env, f, indent=1)
 
 
 def host_cpu():
@@ -571,8 +569,7 @@ def main():
             env["nvidia_smi"] = str(e)
     env.update(host_cpu())
     env["host_benchmark_start"] = host_benchmark(cuda)
-    with open(os.path.join(OUT, "env.json"), "w") as f:
-        json.dump(env, f, indent=1)
+    write_env(env)
     log("env", env)
 
     sampler = Sampler(os.path.join(OUT, "samples.csv"), period=0.1)
@@ -635,8 +632,7 @@ def main():
     sampler.stop.set()
     sampler.join(timeout=2)
     env["host_benchmark_end"] = host_benchmark(cuda)
-    with open(os.path.join(OUT, "env.json"), "w") as f:
-        json.dump(env, f, indent=1)
+    write_env(env)
     log("done", n, "training runs", env["host_benchmark_end"])
 
 

@@ -343,9 +343,9 @@ def train_coldstart(data_dir: str, out_dir: str, max_epochs: int = 400, seed: in
     path = out / "coldstart.pt"
     torch.save(ckpt, path)
     plot = plot_cross_validation(cv, out / "lofo.png")
-    folds = f" in {cv['folds']} folds" if cv["folds"] < cv["families"] else ""
+    grouped = f" in {cv['folds']} folds" if cv["folds"] < cv["families"] else ""
     table = (f"cold start, leave-model-family-out on {data_dir}: {cv['runs']} runs, {cv['families']} families"
-             f"{folds}\n"
+             f"{grouped}\n"
              + format_scores(cv["learned"], cv["analytical"], cv["typical_machine"])[0]
              + "\n" + host_factor_note(cv))
     (out / "report.txt").write_text(table + "\n")
