@@ -1,4 +1,5 @@
-"""Split-conformal calibration over model families, shared by the cold-start and job-scale models.
+"""Split-conformal calibration: over model families for the cold-start and job-scale models, and the
+finite-sample quantile (:func:`conformal_shift`) the series forecaster's shifts use as well.
 
 Quantiles learnt from a few dozen runs cover the runs they were fitted on better than a new
 architecture. Dealing the training families into folds, fitting without each fold and scoring on it

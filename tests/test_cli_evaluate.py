@@ -122,3 +122,6 @@ def test_console_script_help() -> None:
     assert proc.returncode == 0, proc.stderr
     for option in ("--data", "--checkpoint", "--json", "--plot"):
         assert option in proc.stdout
+    text = " ".join(proc.stdout.split())  # argparse wraps lines
+    assert "%%" not in text and "default: None" not in text
+    assert "share of each series used as test span (default: 0.3)" in text

@@ -120,11 +120,16 @@ def test_time_split_never_leaks_the_test_span(small_helios_dir):
     assert len(dm.task_weights) == 1 and dm.task_weights[0] == pytest.approx(1.0)
 
 
+# p99 of _trained_like in window units: 1 + 2 softplus(0)
+P99 = 1 + 2 * np.log(2.0)
+
+
 def _trained_like(tmp_path) -> ModelForecaster:
-    """A model whose heads give a fixed, non-trivial answer (bias only), to check the plumbing."""
+    """A model whose heads give a fixed, non-trivial answer (bias only), to check the plumbing: in
+    window units p50 = 1 (served as the last value in a flat window), p90 = 1 + log 2, p99 = P99."""
     module = ForecasterModule(n_tasks=2, context_length=32, d_model=16, n_heads=2, n_layers=1)
     for head in module.net.heads:
-        head.proj.bias.data = torch.tensor([1.0, 0.0, 0.0] * 3)  # p50 = last + 1 * scale at every lead
+        head.proj.bias.data = torch.tensor([1.0, 0.0, 0.0] * 3)
     specs = [TaskSpec("gpu_demand", "helios-earth-vc", (6, 12, 24), 300.0, (), 1.0),
              TaskSpec("gpu_duty_cycle_pct", "alibaba-genai-2026", (5, 15, 30), 60.0, (), 1.0)]
     return ModelForecaster(torch.load(export_checkpoint(module, specs, tmp_path / "m.pt"), weights_only=True))
@@ -132,9 +137,10 @@ def _trained_like(tmp_path) -> ModelForecaster:
 
 def test_leads_between_trained_ones_are_interpolated(tmp_path):
     model = _trained_like(tmp_path)
-    values = np.full((1, 40), 10.0)  # scale 10, last 10: trained leads forecast 20
+    values = np.full((1, 40), 10.0)  # scale 10, last 10: the p99 at trained leads is 10 + 10 * P99
     f = model.predict(ForecastInput(values=values, metric="gpu_demand", leads=(3, 6, 18), step_seconds=300))
-    np.testing.assert_allclose(f.point, [[15.0, 20.0, 20.0]])
+    np.testing.assert_allclose(f.quantiles[..., 2], [[10 + 5 * P99, 10 + 10 * P99, 10 + 10 * P99]])
+    np.testing.assert_allclose(f.point, [[10.0, 10.0, 10.0]])  # a flat window: the point is its last value
     with pytest.raises(ValueError, match="up to 24 steps"):
         model.predict(ForecastInput(values=values, metric="gpu_demand", leads=(25,), step_seconds=300))
 
@@ -144,7 +150,7 @@ def test_finer_windows_are_averaged_to_the_trained_step(tmp_path):
     # sampled every 60 s; the model's step is 300 s: blocks of 5 are averaged, lead 30 steps = 6 model steps
     values = np.tile([8.0, 12.0, 10.0, 10.0, 10.0], 40)[None, :]
     f = model.predict(ForecastInput(values=values, metric="gpu_demand", leads=(30,), step_seconds=60))
-    np.testing.assert_allclose(f.point, [[20.0]])
+    np.testing.assert_allclose(f.quantiles[..., 2], [[10 + 10 * P99]])
     with pytest.raises(ValueError, match="coarser"):
         model.predict(ForecastInput(values=values, metric="gpu_demand", leads=(1,), step_seconds=3600))
 
@@ -153,7 +159,7 @@ def test_utilization_ratio_is_served_by_the_duty_cycle_task(tmp_path):
     model = _trained_like(tmp_path)
     ratio = np.full((1, 40), 0.2)  # 20 %
     f = model.predict(ForecastInput(values=ratio, metric="gpu_utilization_ratio", leads=(5,), step_seconds=60))
-    np.testing.assert_allclose(f.point, [[0.4]])  # 20 % + one scale (20 %) = 40 % = 0.4
+    np.testing.assert_allclose(f.quantiles[..., 2], [[0.2 + 0.2 * P99]])  # 20 % + P99 scales of 20 %
     assert model.max_horizon_seconds("gpu_utilization_ratio") == 30 * 60
 
 
@@ -292,6 +298,61 @@ def test_point_candidates_match_the_moving_median_baseline_across_gaps():
     cands = candidate_points(values, last, scale)
     median_30 = last + scale * cands[:, list(POINT_CANDIDATES).index("median_30") - 1]
     np.testing.assert_allclose(median_30, moving_median_path(values, [1], 30)[:, -1, 0])
+
+
+def test_served_model_point_stays_within_the_simple_forecasts():
+    """A flat window's point is its last value whatever the network says; elsewhere the network's
+    p50 is kept between the lowest and highest simple forecast (the last value counts, at 0)."""
+    from dprobe.models.features import POINT_CANDIDATES, served_point
+
+    n_cands = len(POINT_CANDIDATES) - 1
+    cands = np.zeros((3, n_cands))
+    cands[1] = np.linspace(0.2, 1.0, n_cands)  # a window whose recent medians and means sit above its last value
+    cands[2] = -np.linspace(0.2, 1.0, n_cands)
+    p50 = np.array([[0.3, -0.2], [1.5, 0.5], [0.4, -2.0]])
+    point = served_point(p50, cands, ["model", "model"])
+    np.testing.assert_allclose(point, [[0.0, 0.0], [1.0, 0.5], [0.0, -1.0]])
+    median_5 = served_point(p50, cands, ["median_5", "model"])[:, 0]
+    np.testing.assert_allclose(median_5, cands[:, list(POINT_CANDIDATES).index("median_5") - 1])
+
+
+def test_busy_windows_weigh_less_in_training_only(small_alibaba_dir):
+    from dprobe.models.features import change_factor, window_change
+
+    x = np.array([[0.0, 1.0, 1.0, 3.0], [2.0, 2.0, 0.0, 0.0]])
+    np.testing.assert_allclose(window_change(x, np.array([[1, 1, 1, 1], [1, 1, 0, 1]])), [1.0, 0.0])
+    np.testing.assert_allclose(change_factor(np.array([0.0, 0.05, 0.5, 1.0, 2.0]), 1.0, 4.0), [4, 4, 2, 1, 0.5])
+
+    kwargs = dict(context_length=32, batch_size=256, samples_per_epoch=256, val_samples=128)
+    plain = SeriesDataModule([str(small_alibaba_dir)], **kwargs)
+    plain.setup()
+    assert plain.change_weighting is None  # off by default: every window weighs its task's weight
+    plain_batch = next(iter(plain.train_dataloader()))
+    torch.testing.assert_close(plain_batch["w"], torch.tensor(plain.task_weights)[plain_batch["task"]])
+
+    dm = SeriesDataModule([str(small_alibaba_dir)], calm_weight=5.0, **kwargs)
+    dm.setup()
+    assert dm.task_weights == plain.task_weights
+    typical, mean, calm = dm.change_weighting
+    assert calm == 5.0 and all(m > 0 for m in mean)
+    batch = next(iter(dm.train_dataloader()))
+    change = window_change(batch["x"][..., 0].numpy(), batch["x"][..., 1].numpy())
+    task = batch["task"].numpy()
+    task_w = np.array(dm.task_weights)[task]
+    expected = np.empty(len(task))
+    for k in set(task):
+        rows = task == k
+        expected[rows] = task_w[rows] * change_factor(change[rows], typical[k], 5.0) / mean[k]
+    np.testing.assert_allclose(batch["w"].numpy(), expected, rtol=1e-4)
+    busy = change > 2 * np.array(typical)[task]
+    calm = change < np.array(typical)[task] / 5.0
+    assert busy.any() and calm.any()
+    relative = batch["w"].numpy() / task_w
+    assert relative[busy].max() < relative[calm].min()  # busy windows count less than calm ones
+    val = next(iter(dm.val_dataloader()))
+    torch.testing.assert_close(val["w"], torch.tensor(dm.task_weights)[val["task"]])  # training only
+    with pytest.raises(ValueError, match="calm_weight must be at least 1"):
+        SeriesDataModule([str(small_alibaba_dir)], calm_weight=0.5)
 
 
 def test_covariate_dropout_blanks_whole_windows_in_training_only(small_alibaba_dir):

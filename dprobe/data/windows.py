@@ -20,7 +20,14 @@ from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
 from dprobe.data.registry import load_series_dataset
 from dprobe.data.workloads import workload_vectors
 from dprobe.forecasting.tasks import TaskSpec
-from dprobe.models.features import candidate_points, make_features, normalise_targets, window_scale
+from dprobe.models.features import (
+    candidate_points,
+    change_factor,
+    make_features,
+    normalise_targets,
+    window_change,
+    window_scale,
+)
 
 
 @dataclass
@@ -50,9 +57,11 @@ class WindowCollate:
     """Gather the windows and future targets of a batch of (task, series, origin) rows."""
 
     def __init__(self, tasks: list[TaskSeries], context_length: int, task_weights: list[float],
-                 covariate_dropout: float = 0.0, seed: int = 0) -> None:
+                 covariate_dropout: float = 0.0, seed: int = 0,
+                 change_weighting: tuple[list[float], list[float], float] | None = None) -> None:
         self.tasks, self.context, self.task_weights = tasks, context_length, task_weights
         self.covariate_dropout = covariate_dropout
+        self.change_weighting = change_weighting  # per task: typical change, mean factor; and calm_weight
         self.rng = np.random.default_rng(seed)
 
     def __call__(self, rows: list[np.ndarray]) -> dict[str, torch.Tensor]:
@@ -79,7 +88,12 @@ class WindowCollate:
             points.append(candidate_points(vals, last, scale))
             scales.append(scale)
             series.append(s)
-            weights.append(np.full(len(sel), self.task_weights[k], dtype=np.float32))
+            w = np.full(len(sel), self.task_weights[k], dtype=np.float32)
+            if self.change_weighting is not None:
+                typical, mean, calm = self.change_weighting
+                factor = change_factor(window_change(x[..., 0], x[..., 1]), typical[k], calm) / mean[k]
+                w = (w * factor).astype(np.float32)
+            weights.append(w)
             targets.append(normalise_targets(fut, last, scale))
             task_ids.append(np.full(len(sel), k))
             cond.append(ts.workload[s])
@@ -104,12 +118,17 @@ class SeriesDataModule(pl.LightningDataModule):
     def __init__(self, datasets: list[str], context_length: int = 128, batch_size: int = 256,
                  samples_per_epoch: int = 20000, val_samples: int = 4000, val_start: float = 0.6,
                  test_start: float = 0.7, min_history: int = 16, num_workers: int = 0, seed: int = 0,
-                 workload_cache: str | None = None, covariate_dropout: float = 0.0) -> None:
+                 workload_cache: str | None = None, covariate_dropout: float = 0.0,
+                 calm_weight: float | None = None) -> None:
         super().__init__()
+        if calm_weight is not None and not calm_weight >= 1:
+            raise ValueError(f"calm_weight must be at least 1 (how many times a calm window may count, relative "
+                             f"to a typical one), or null to weigh every window alike; got {calm_weight!r}")
         self.save_hyperparameters()
         self.tasks: list[TaskSeries] = []
         self._train_rows = self._val_rows = None
         self.task_weights: list[float] = []
+        self.change_weighting: tuple[list[float], list[float], float] | None = None
 
     @property
     def task_specs(self) -> list[TaskSpec]:
@@ -164,34 +183,47 @@ class SeriesDataModule(pl.LightningDataModule):
         if len(val) > hp.val_samples:
             val = val[rng.choice(len(val), hp.val_samples, replace=False)]
         self._val_rows = val
-        self.task_weights = self._balance_tasks(rng)
+        self.task_weights, self.change_weighting = self._balance_tasks(rng)
         if not len(self._train_rows):
             raise ValueError(f"no training windows in {hp.datasets}: series too short for the lead times")
 
-    def _balance_tasks(self, rng: np.random.Generator, n: int = 2000) -> list[float]:
-        """Per-task loss weights: 1 / the last-value forecast's mean error in window units.
+    def _balance_tasks(self, rng: np.random.Generator, n: int = 2000
+                       ) -> tuple[list[float], tuple[list[float], list[float], float] | None]:
+        """Per-task loss weights: 1 / the last-value forecast's mean error in window units; and, with
+        ``calm_weight``, what :func:`change_factor` needs per task (its windows' median change and
+        the factor's mean, so that the task's share of the loss stays as it was).
 
-        Without it the task with the noisiest windows (duty cycle spikes) would
-        dominate the loss and the smooth ones (memory) would be ignored.
+        Without the task weights the task with the noisiest windows (duty cycle spikes) would
+        dominate the loss and the smooth ones (memory) would be ignored. Within a task, a window's
+        errors in window units grow with how busy it is, so busy windows would drown out the calm
+        ones, where the last value is hard to beat; ``calm_weight`` evens that out.
         """
         rows = self._train_rows
+        calm = self.hparams.calm_weight
         collate = WindowCollate(self.tasks, self.hparams.context_length, [1.0] * len(self.tasks))
-        weights = []
+        weights, typical, mean = [], [], []
         for k in range(len(self.tasks)):
             sel = rows[rows[:, 0] == k]
             sel = sel[rng.choice(len(sel), min(n, len(sel)), replace=False)]
-            y = collate(list(sel))["y"].numpy()
+            batch = collate(list(sel))
+            y = batch["y"].numpy()
             err = float(np.nanmean(np.abs(y))) if np.isfinite(y).any() else 1.0
             weights.append(1.0 / max(err, 1e-3))
-        mean = float(np.mean(weights))
-        return [w / mean for w in weights]
+            if calm is not None:
+                x = batch["x"].numpy()
+                change = window_change(x[..., 0], x[..., 1])
+                typical.append(max(float(np.median(change)), 1e-6))
+                mean.append(float(change_factor(change, typical[-1], calm).mean()))
+        total = float(np.mean(weights))
+        return [w / total for w in weights], ((typical, mean, float(calm)) if calm is not None else None)
 
-    def _loader(self, rows: np.ndarray, sampler=None, shuffle: bool = False, dropout: float = 0.0) -> DataLoader:
-        collate = WindowCollate(self.tasks, self.hparams.context_length, self.task_weights, dropout, self.hparams.seed)
-        return DataLoader(_Origins(rows), batch_size=self.hparams.batch_size, sampler=sampler, shuffle=shuffle,
-                          collate_fn=collate,
-                          num_workers=self.hparams.num_workers,
-                          persistent_workers=self.hparams.num_workers > 0)
+    def _loader(self, rows: np.ndarray, sampler=None, shuffle: bool = False, train: bool = False) -> DataLoader:
+        hp = self.hparams
+        collate = WindowCollate(self.tasks, hp.context_length, self.task_weights,
+                                hp.covariate_dropout if train else 0.0, hp.seed,
+                                self.change_weighting if train else None)
+        return DataLoader(_Origins(rows), batch_size=hp.batch_size, sampler=sampler, shuffle=shuffle,
+                          collate_fn=collate, num_workers=hp.num_workers, persistent_workers=hp.num_workers > 0)
 
     def train_dataloader(self) -> DataLoader:
         rows = self._train_rows
@@ -200,7 +232,7 @@ class SeriesDataModule(pl.LightningDataModule):
         n = min(self.hparams.samples_per_epoch, len(rows) * 4)
         gen = torch.Generator().manual_seed(self.hparams.seed)
         sampler = WeightedRandomSampler(torch.as_tensor(weights), num_samples=n, replacement=True, generator=gen)
-        return self._loader(rows, sampler=sampler, dropout=self.hparams.covariate_dropout)
+        return self._loader(rows, sampler=sampler, train=True)
 
     def val_dataloader(self) -> DataLoader:
         """``val_samples`` windows drawn from the validation span, for early stopping each epoch."""

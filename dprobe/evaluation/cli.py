@@ -13,18 +13,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "evaluate",
         help="score forecasts against the baselines on a data directory",
-        description="Rolling-origin evaluation over the last 30%% of each series at the data set's lead "
+        description="Rolling-origin evaluation over the last part of each series (--test-fraction, 30 % by "
+        "default) at the data set's lead "
         "times (alibaba-genai-2026: 5/15/30 steps of 57 s; helios-earth-vc: 30/60/120 min). Every "
         "baseline always runs; with --checkpoint the model's rows are added as method 'dprobe'. DIR is "
         "laid out like one of the bundled data sets (same file names and columns; any pods or VCs).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--data", required=True, metavar="DIR", help="data directory, e.g. datasets/helios-earth-vc")
     p.add_argument("--checkpoint", metavar="CKPT", help="a trained dprobe checkpoint to score beside the baselines")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a Markdown table")
     p.add_argument("--plot", metavar="FILE.png", help="also draw forecasts against actuals for a few series")
-    p.add_argument("--baselines", default=",".join(BASELINES), help="comma-separated baselines to run")
-    p.add_argument("--test-fraction", type=float, default=0.3, help="share of each series used as test span")
+    p.add_argument("--baselines", default=",".join(BASELINES), help="comma-separated baselines to run (default: all of them: %(default)s)")
+    p.add_argument("--test-fraction", type=float, default=0.3, help="share of each series used as test span (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=run)
 

@@ -32,16 +32,17 @@ def select_point_sources(module, datamodule, confidence: float = 0.9, n_boot: in
                          seed: int = 0) -> list[list[str]]:
     """For each task and lead, the point forecast to serve, chosen on the validation windows.
 
-    Candidates: the model's p50 and the simple forecasts of the window (last value, recent
-    medians and means, EWMA; :data:`~dprobe.models.features.POINT_CANDIDATES`). Errors are
-    in the metric's own units, as the evaluation counts them. The last value is the default;
+    Candidates: the model's p50 (held within the simple forecasts, as served:
+    :func:`~dprobe.models.features.within_candidates`) and the simple forecasts of the window (last
+    value, recent medians and means, EWMA; :data:`~dprobe.models.features.POINT_CANDIDATES`). Errors
+    are in the metric's own units, as the evaluation counts them. The last value is the default;
     another candidate replaces it only if its MAE is lower in at least ``confidence`` of
     ``n_boot`` bootstrap resamples of the validation *series* (whole series are resampled, so
     a gain that comes from a few series does not count), and among those the lowest MAE wins.
     The choice is stored in the checkpoint; the quantiles stay the model's (raised where
     needed to at least the chosen point, which is kept as chosen).
     """
-    from dprobe.models.features import POINT_CANDIDATES
+    from dprobe.models.features import POINT_CANDIDATES, within_candidates
 
     names = list(POINT_CANDIDATES)
     module.eval()
@@ -50,6 +51,7 @@ def select_point_sources(module, datamodule, confidence: float = 0.9, n_boot: in
     for batch in datamodule.calibration_dataloader():
         p50 = module(batch["x"], batch["s"], batch["task"], batch.get("c"), batch.get("k"))[..., 0].numpy()  # (B, H)
         cands = batch["p"].numpy()  # (B, C)
+        p50 = within_candidates(p50, cands)  # as served
         points = np.concatenate([p50[:, None, :], np.repeat(cands[:, :, None], p50.shape[1], axis=2)], 1)
         err = np.abs(points - batch["y"].numpy()[:, None, :]) * batch["scale"].numpy()[:, None, None]  # (B, 1+C, H)
         task = batch["task"].numpy()
@@ -92,12 +94,13 @@ def conformal_shifts(module, datamodule, point_sources: list[list[str]] | None =
     """Per task, lead and quantile: the shift (window units) that makes validation coverage nominal.
 
     Conformalised quantile regression, one-sided: for level a, the shift is the
-    a-quantile (finite-sample corrected) of ``y - q_a`` over the validation
-    windows, so ``q_a + shift`` covers a share a of them. The p50 gets no shift.
+    a-quantile (finite-sample corrected: :func:`dprobe.conformal.conformal_shift`) of ``y - q_a``
+    over the validation windows, so ``q_a + shift`` covers a share a of them. The p50 gets no shift.
     With ``point_sources``, coverage is that of what is served: an upper quantile
     is raised to at least the chosen point, so windows at or below the point are
     covered whatever the shift, and the shift is calibrated on the others.
     """
+    from dprobe.conformal import conformal_shift
     from dprobe.models.features import served_point
 
     levels = np.asarray(module.hparams.quantiles, dtype=float)
@@ -127,9 +130,7 @@ def conformal_shifts(module, datamodule, point_sources: list[list[str]] | None =
                     if len(col) >= 50:
                         # windows the point covers (-inf) need no shift: count them at the lowest one needed
                         finite = col[np.isfinite(col)]
-                        col = np.maximum(col, finite.min() if len(finite) else 0.0)
-                        level = min(1.0, a * (len(col) + 1) / len(col))
-                        out[j, i] = float(np.quantile(col, level, method="higher"))
+                        out[j, i] = conformal_shift(np.maximum(col, finite.min() if len(finite) else 0.0), a)
         shifts.append(out.tolist())
     return shifts
 

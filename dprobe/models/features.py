@@ -96,11 +96,25 @@ def candidate_points(values: np.ndarray, last: np.ndarray, scale: np.ndarray) ->
     return np.nan_to_num(np.stack(cols, axis=1), nan=0.0)
 
 
+def within_candidates(p50: np.ndarray, cands: np.ndarray) -> np.ndarray:
+    """The model's ``p50`` ``(B, H)`` held within the range of the simple forecasts ``(B, C)`` of the
+    same window (the last value is 0 in window units).
+
+    In a flat window every simple forecast is the last value, and so is the model's point; elsewhere
+    the network picks a level between them but does not invent one beyond them. On the bundled
+    series this lowers the network's p50 error at every lead, on validation and on test.
+    """
+    lo = np.minimum(cands.min(axis=1), 0.0)[:, None]
+    hi = np.maximum(cands.max(axis=1), 0.0)[:, None]
+    return np.clip(p50, lo, hi)
+
+
 def served_point(p50: np.ndarray, cands: np.ndarray, sources: list[str]) -> np.ndarray:
-    """The point forecast served per lead: the model's ``p50`` ``(B, H)`` or, where ``sources`` names
-    another candidate, that column of ``cands`` ``(B, C)`` (:func:`candidate_points`)."""
+    """The point forecast served per lead: the model's ``p50`` ``(B, H)`` held within the simple
+    forecasts (:func:`within_candidates`) or, where ``sources`` names another candidate, that column
+    of ``cands`` ``(B, C)`` (:func:`candidate_points`)."""
     names = list(POINT_CANDIDATES)
-    point = np.array(p50, dtype=np.float64, copy=True)
+    point = within_candidates(np.asarray(p50, dtype=np.float64), cands)
     for j, source in enumerate(sources):
         if source != "model":
             point[:, j] = cands[:, names.index(source) - 1]  # cands have no "model" column
@@ -127,6 +141,20 @@ def make_features(values: np.ndarray, covariates: np.ndarray | None, floor: floa
         c = np.asarray(covariates, dtype=np.float64)[..., :N_COVARIATES]
         feats[..., 2 : 2 + c.shape[-1]] = np.nan_to_num(np.sign(c) * np.log1p(np.abs(c)), nan=0.0)
     return feats, window_stats(x, last, scale), last, scale
+
+
+def window_change(x: np.ndarray, observed: np.ndarray) -> np.ndarray:
+    """Mean absolute step-to-step change of each normalised window ``(B, L)`` over its observed
+    neighbours (``observed`` ``(B, L)``, 0 / 1): how busy the window is, in window units (0 if flat)."""
+    both = (observed[:, 1:] > 0) & (observed[:, :-1] > 0)
+    steps = np.abs(np.diff(x, axis=1)) * both
+    return steps.sum(axis=1) / np.maximum(both.sum(axis=1), 1)
+
+
+def change_factor(change: np.ndarray, typical: float, calm_weight: float) -> np.ndarray:
+    """Loss weight of windows by their :func:`window_change`: ``typical / change``, so a window twice as
+    busy as the typical one counts half, capped at ``calm_weight`` for calm and flat windows."""
+    return typical / np.maximum(change, typical / calm_weight)
 
 
 def normalise_targets(targets: np.ndarray, last: np.ndarray, scale: np.ndarray) -> np.ndarray:
