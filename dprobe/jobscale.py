@@ -12,9 +12,12 @@ utilisation). Three ways to predict are compared, leave-model-family-out:
 - ``graph``: memory from the model graph: the plateau is the larger of what the first second
   showed and the cold-start profiler's device-memory estimate (the training step replayed on
   the graph, plus the CUDA context; :mod:`dprobe.coldstart`), with quantiles from the same
-  rule's errors on the training runs; utilisation from the learned model given the
-  graph-derived features too (the roofline's GPU and host time of a step; optionally a GNN
-  embedding of the graph).
+  rule's errors on the training runs; utilisation as a learned correction to the cold-start
+  profiler's prediction of the job's utilisation while it trains (most runs are past their first,
+  slow step after a second, so that is where they are heading), given the graph-derived
+  features too (the roofline's GPU and host time of a step, the cold-start prediction;
+  optionally a GNN embedding of the graph). The cold-start predictions the model learns from are
+  leave-family-out ones, as it will meet them for a new architecture.
 """
 
 from __future__ import annotations
@@ -41,8 +44,10 @@ OBS_FEATURES = ["log_mem_last", "log_mem_max", "util_mean", "util_last", "util_b
                 "log_batch", "bf16", "fp16", "adamw", "util_max", "util_recent", "util_trend", "busy_onset",
                 "host_stall_ms"]
 # the cold-start profiler's graph-derived features used for utilisation: the per-kernel roofline's GPU
-# busy time and host issue time of one step (more overfit on the few runs there are)
+# busy time and host issue time of one step (more overfit on the few runs there are); the graph
+# variant's inputs add the logit of the cold-start utilisation prediction (COLDSTART_FEATURE)
 GRAPH_FEATURES = ["log_t_gpu", "log_t_host"]
+COLDSTART_FEATURE = "logit_coldstart_util"
 VARIANTS = ("persist", "no_graph", "graph")
 KIND = "dprobe-jobscale"
 
@@ -76,9 +81,14 @@ def observe_run(samples: Any, batch: int, precision: str, optimizer: str, host_s
     return obs, target
 
 
-def load_job_dataset(data_dir: str, cache_dir: str | Path, with_graphs: bool = True) -> dict[str, Any]:
+def load_job_dataset(data_dir: str, cache_dir: str | Path, with_graphs: bool = True,
+                     coldstart_util: dict[str, float] | None = None, seed: int = 0, folds: int | None = None,
+                     progress: bool = True) -> dict[str, Any]:
     """First-second observations and horizon targets of every run; with ``with_graphs`` also each run's
-    model graph and the cold-start profiler's graph-derived features."""
+    model graph, the cold-start profiler's graph-derived features and its leave-family-out prediction
+    of the run's utilisation (``coldstart_util``, by run id, where the caller has them, e.g. from
+    :func:`dprobe.coldstart.train_coldstart`; else cross-validated here, in ``folds`` groups of
+    families)."""
     from dprobe.coldstart.features import family_of
     from dprobe.data import load_h200_profiles
 
@@ -106,15 +116,35 @@ def load_job_dataset(data_dir: str, cache_dir: str | Path, with_graphs: bool = T
     if not ids:
         raise ValueError(f"{data_dir}: no run has {FIRST_SECONDS:g} s of samples and more after it")
     out = {"obs": np.array(obs), "y": np.array(ys), "families": fams, "run_ids": ids,
-           "graphs": None, "graph_feats": None, "device_estimate": None}
+           "graphs": None, "graph_feats": None, "device_estimate": None, "coldstart_util": None}
     if graph_ds is not None:
         from dprobe.coldstart.features import FEATURES
 
+        if coldstart_util is None:
+            coldstart_util = coldstart_utilisation(data_dir, cache_dir, graph_ds, seed, folds, progress)
+        missing = [rid for rid in ids if rid not in coldstart_util]
+        if missing:
+            raise ValueError(f"{data_dir}: no cold-start utilisation prediction for runs {missing[:5]}")
         cols = [FEATURES.index(f) for f in GRAPH_FEATURES]
         out["graphs"] = [graph_ds["graphs"][i] for i in keep]
-        out["graph_feats"] = graph_ds["feats"][keep][:, cols]
+        out["coldstart_util"] = np.array([coldstart_util[rid] for rid in ids], dtype=np.float64)
+        out["graph_feats"] = np.concatenate([graph_ds["feats"][keep][:, cols],
+                                             _logit(out["coldstart_util"])[:, None]], axis=1)
         out["device_estimate"] = graph_ds["base"][keep, 1]  # replayed reserved memory + CUDA context
     return out
+
+
+def coldstart_utilisation(data_dir: str, cache_dir: str | Path, graph_ds: dict[str, Any], seed: int = 0,
+                          folds: int | None = None, progress: bool = True) -> dict[str, float]:
+    """The cold-start profiler's leave-family-out utilisation prediction of every run, by run id."""
+    from dprobe.coldstart.model import TARGETS
+    from dprobe.coldstart.train import cross_validate
+
+    log.info("cold-start utilisation of %d runs, leave-family-out", len(graph_ds["run_ids"]))
+    cv = cross_validate(data_dir, cache_dir, seed=seed, ds=graph_ds, progress=progress, calibrate=False,
+                        folds=folds)
+    util = cv["p50"][:, TARGETS.index("gpu_utilization")]
+    return {rid: float(u) for rid, u in zip(graph_ds["run_ids"], util, strict=True)}
 
 
 def persist(obs: np.ndarray) -> np.ndarray:
@@ -134,14 +164,23 @@ def fit_memory_quantiles(ds: dict[str, Any], idx: np.ndarray) -> np.ndarray:
     return np.quantile(r, LEVELS)
 
 
-def to_residual(y: np.ndarray, obs: np.ndarray) -> np.ndarray:
-    anchor = persist(obs)
+def anchors(ds: dict[str, Any], idx: np.ndarray, variant: str) -> np.ndarray:
+    """``(N, 2)``: what the network's residuals are taken from: :func:`persist`, but with the graph
+    the cold-start profiler's utilisation prediction for utilisation (where the dataset has one)."""
+    out = persist(ds["obs"][idx])
+    if variant == "graph" and ds.get("coldstart_util") is not None:
+        out[:, 1] = ds["coldstart_util"][idx]
+    return out
+
+
+def to_residual(y: np.ndarray, anchor: np.ndarray) -> np.ndarray:
+    """``y`` ``(N, 2)`` against ``anchor`` ``(N, 2)`` (:func:`anchors`): log ratio of memory, logit
+    difference of utilisation."""
     return np.stack([np.log(y[:, 0] / anchor[:, 0]), _logit(y[:, 1]) - _logit(anchor[:, 1])], axis=1)
 
 
-def from_residual(r: np.ndarray, obs: np.ndarray) -> np.ndarray:
+def from_residual(r: np.ndarray, anchor: np.ndarray) -> np.ndarray:
     """``r`` ``(N, 2, Q)`` -> bytes and utilisation ratio ``(N, 2, Q)``."""
-    anchor = persist(obs)
     mem = anchor[:, 0, None] * np.exp(r[:, 0])
     util = 1 / (1 + np.exp(-(_logit(anchor[:, 1])[:, None] + r[:, 1])))
     return np.stack([mem, util], axis=1)
@@ -178,7 +217,7 @@ def fit(ds: dict[str, Any], idx: np.ndarray, variant: str, epochs: int = 300, se
         graph_dim: int = 0) -> JobScaleNet:
     torch.manual_seed(seed)
     x = torch.tensor(_inputs(ds, idx, variant), dtype=torch.float32)
-    r = torch.tensor(to_residual(ds["y"][idx], ds["obs"][idx]), dtype=torch.float32)
+    r = torch.tensor(to_residual(ds["y"][idx], anchors(ds, idx, variant)), dtype=torch.float32)
     use_gnn = variant == "graph" and graph_dim > 0
     graphs = Batch.from_data_list([ds["graphs"][i] for i in idx]) if use_gnn else None
     net = JobScaleNet(x.shape[1], graph_dim=graph_dim if use_gnn else 0)
@@ -213,7 +252,7 @@ def predict(net: JobScaleNet, ds: dict[str, Any], idx: np.ndarray, variant: str,
     r = residual_quantiles(net, ds, idx, variant)
     if shifts is not None:
         r = np.maximum.accumulate(r + np.asarray(shifts)[None], axis=-1)
-    return from_residual(r, ds["obs"][idx])
+    return from_residual(r, anchors(ds, idx, variant))
 
 
 def calibrate_upper(ds: dict[str, Any], idx: np.ndarray, variant: str, epochs: int = 300, seed: int = 0,
@@ -231,7 +270,7 @@ def calibrate_upper(ds: dict[str, Any], idx: np.ndarray, variant: str, epochs: i
     for g in range(folds):
         held = fold == g
         net = fit(ds, idx[~held], variant, epochs, seed, graph_dim=graph_dim)
-        r = to_residual(ds["y"][idx[held]], ds["obs"][idx[held]])
+        r = to_residual(ds["y"][idx[held]], anchors(ds, idx[held], variant))
         scores.append(r[:, :, None] - residual_quantiles(net, ds, idx[held], variant))
     s = np.concatenate(scores)  # (N, 2, Q)
     for t in range(2):
@@ -319,16 +358,20 @@ def format_table(result: dict[str, dict[str, float]], n_runs: int, n_families: i
 
 def train_jobscale(data_dir: str, out_dir: str, use_graph: bool = True, epochs: int = 300, seed: int = 0,
                    graph_dim: int = 0, cache_dir: str | Path | None = None,
-                   folds: int | None = None) -> dict[str, Any]:
+                   folds: int | None = None, coldstart_util: dict[str, float] | None = None) -> dict[str, Any]:
     """Cross-validate every variant, fit the chosen one on all runs, save ``jobscale.pt`` and a report.
     ``folds``: leave out that many groups of families in turn, not one family at a time.
 
     ``graph_dim > 0`` adds a GNN embedding of the model graph to the graph-derived features
-    (slow on a CPU: about a second an epoch over all graphs).
+    (slow on a CPU: about a second an epoch over all graphs). ``coldstart_util``: the cold-start
+    profiler's leave-family-out utilisation predictions by run id (:func:`load_job_dataset`).
+    At inference the graph variant's utilisation anchor and input is the cold-start profiler's
+    prediction for the job (``dprobe predict``), as the checkpoint records (``util_anchor``).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    ds = load_job_dataset(data_dir, cache_dir or out / "cache", with_graphs=use_graph)
+    ds = load_job_dataset(data_dir, cache_dir or out / "cache", with_graphs=use_graph,
+                          coldstart_util=coldstart_util, seed=seed, folds=folds)
     preds = cross_validate_predictions(ds, epochs, seed, graph_dim=graph_dim, folds=folds)
     result = score_variants(ds, preds)
     table = format_table(result, len(ds["run_ids"]), len(set(ds["families"])), folds)
@@ -339,6 +382,9 @@ def train_jobscale(data_dir: str, out_dir: str, use_graph: bool = True, epochs: 
     net = fit(ds, every, variant, epochs, seed, graph_dim=graph_dim)
     shifts = calibrate_upper(ds, every, variant, epochs, seed, graph_dim=graph_dim)
     ckpt = {"kind": KIND, "format": 1, "variant": variant, "obs_features": OBS_FEATURES,
+            "graph_features": [*GRAPH_FEATURES, COLDSTART_FEATURE] if variant == "graph" else [],
+            # utilisation residuals are taken from this: the first second's mean, or the cold-start prediction
+            "util_anchor": "coldstart_util" if variant == "graph" else "util_mean",
             "n_features": int(_inputs(ds, np.arange(1), variant).shape[1]),
             "graph_dim": int(net.encoder.out.out_features) if net.encoder is not None else 0,
             "state_dict": {k: v.detach().clone() for k, v in net.state_dict().items()}, "cv": result,

@@ -106,6 +106,7 @@ def run(cfg: DictConfig) -> dict:
         if cfg.evaluate.enabled:
             summary["evaluation"] = evaluate_checkpoint(cfg, checkpoint, out_dir)["report"]
     cache = out_dir / "cache"  # model graphs and replays, shared by the two h200-profiles models
+    cs: dict = {}
     if cfg.coldstart.enabled:
         from dprobe.coldstart import train_coldstart
 
@@ -121,7 +122,10 @@ def run(cfg: DictConfig) -> dict:
 
         js = train_jobscale(str(cfg.jobscale.data_dir), str(out_dir / "jobscale"),
                             use_graph=cfg.jobscale.use_graph, epochs=cfg.jobscale.epochs, seed=cfg.seed,
-                            graph_dim=cfg.jobscale.graph_dim, cache_dir=cache, folds=cfg.jobscale.get("folds"))
+                            graph_dim=cfg.jobscale.graph_dim, cache_dir=cache, folds=cfg.jobscale.get("folds"),
+                            # the cold-start profiler's leave-family-out predictions, where it scored the same runs
+                            coldstart_util=cs.get("cv_util") if cfg.coldstart.data_dir == cfg.jobscale.data_dir
+                            else None)
         print(js["table"])
         summary["jobscale_checkpoint"] = js["checkpoint"]
         summary["jobscale_report"] = js["report"]

@@ -44,10 +44,16 @@ def test_residuals_round_trip_and_persist_is_zero():
     obs[:, 1] = np.log(rng.uniform(1, 10, 5) * GIB)
     obs[:, 2] = rng.uniform(0.05, 0.9, 5)
     y = np.stack([rng.uniform(1, 20, 5) * GIB, rng.uniform(0.05, 0.95, 5)], axis=1)
-    r = js.to_residual(y, obs)
-    back = js.from_residual(r[:, :, None], obs)[:, :, 0]
-    np.testing.assert_allclose(back, y, rtol=1e-9)
-    np.testing.assert_allclose(js.from_residual(np.zeros((5, 2, 1)), obs)[:, :, 0], js.persist(obs), rtol=1e-9)
+    ds = {"obs": obs, "coldstart_util": rng.uniform(0.05, 0.95, 5)}
+    idx = np.arange(5)
+    np.testing.assert_allclose(js.anchors(ds, idx, "no_graph"), js.persist(obs))
+    graph = js.anchors(ds, idx, "graph")  # utilisation from the cold-start prediction, memory as seen
+    np.testing.assert_allclose(graph, np.stack([js.persist(obs)[:, 0], ds["coldstart_util"]], axis=1))
+    for anchor in (js.persist(obs), graph):
+        r = js.to_residual(y, anchor)
+        back = js.from_residual(r[:, :, None], anchor)[:, :, 0]
+        np.testing.assert_allclose(back, y, rtol=1e-9)
+        np.testing.assert_allclose(js.from_residual(np.zeros((5, 2, 1)), anchor)[:, :, 0], anchor, rtol=1e-9)
 
 
 def test_cross_validation_without_graphs_on_the_bundled_runs():
@@ -75,7 +81,7 @@ def test_graph_variant_with_gnn_trains_and_saves(tmp_path, monkeypatch):
     obs[:, 2] = rng.uniform(0.1, 0.9, n)
     ds = {"obs": obs, "y": np.stack([np.exp(obs[:, 1]) * 1.2, obs[:, 2]], axis=1),
           "families": [f"f{i % 3}" for i in range(n)], "run_ids": [str(i) for i in range(n)],
-          "graphs": [g] * n, "graph_feats": rng.normal(size=(n, 5)),
+          "graphs": [g] * n, "graph_feats": rng.normal(size=(n, 3)), "coldstart_util": rng.uniform(0.2, 0.9, n),
           "device_estimate": np.exp(obs[:, 1]) * rng.uniform(0.8, 1.4, n)}
     monkeypatch.setattr(js, "load_job_dataset", lambda *a, **k: ds)
     out = js.train_jobscale("unused", str(tmp_path), use_graph=True, epochs=5, graph_dim=4)
@@ -84,6 +90,7 @@ def test_graph_variant_with_gnn_trains_and_saves(tmp_path, monkeypatch):
     assert "(lofo.png)" in Path(out["report"]).read_text()  # the report shows it
     ckpt = torch.load(out["checkpoint"], weights_only=True)
     assert ckpt["kind"] == js.KIND and ckpt["variant"] == "graph" and ckpt["graph_dim"] == 4
+    assert ckpt["util_anchor"] == "coldstart_util" and ckpt["graph_features"][-1] == js.COLDSTART_FEATURE
     assert len(ckpt["memory_log_offsets"]) == len(js.LEVELS)
     net = js.JobScaleNet(ckpt["n_features"], graph_dim=ckpt["graph_dim"])
     net.load_state_dict(ckpt["state_dict"])
@@ -146,3 +153,30 @@ def test_conformal_shift_and_family_folds():
         frozenset({f}) for f in "abcd"}  # one family at a time
     with pytest.raises(ValueError, match="folds"):
         held_out_groups(fams, 1, seed=0)
+
+
+def test_graph_dataset_carries_the_coldstart_utilisation(monkeypatch):
+    """With graphs, each run gets the cold-start profiler's utilisation prediction (given, or cross-validated
+    when not), as the graph variant's anchor and as an input; a run without one is refused by name."""
+    import dprobe.coldstart.train as cs_train
+    from dprobe.coldstart.features import FEATURES
+
+    plain = js.load_job_dataset("datasets/h200-profiles", cache_dir="unused", with_graphs=False)
+    ids = plain["run_ids"]
+    rng = np.random.default_rng(0)
+    fake = {"run_ids": ids, "graphs": [None] * len(ids), "feats": rng.normal(size=(len(ids), len(FEATURES))),
+            "base": rng.uniform(1, 2, size=(len(ids), 4)) * GIB}
+    monkeypatch.setattr(cs_train, "load_dataset", lambda *a, **k: fake)
+    util = {rid: float(u) for rid, u in zip(ids, rng.uniform(0.1, 0.9, len(ids)), strict=True)}
+    ds = js.load_job_dataset("datasets/h200-profiles", cache_dir="unused", coldstart_util=util)
+    np.testing.assert_allclose(ds["coldstart_util"], [util[r] for r in ds["run_ids"]])
+    assert ds["graph_feats"].shape == (len(ids), len(js.GRAPH_FEATURES) + 1)
+    np.testing.assert_allclose(ds["graph_feats"][:, -1], js._logit(ds["coldstart_util"]))
+    np.testing.assert_allclose(js.anchors(ds, np.arange(3), "graph")[:, 1], ds["coldstart_util"][:3])
+
+    calls = []
+    monkeypatch.setattr(js, "coldstart_utilisation", lambda *a, **k: calls.append(a) or util)
+    js.load_job_dataset("datasets/h200-profiles", cache_dir="unused", folds=4)
+    assert len(calls) == 1 and calls[0][2] is fake  # cross-validated on the replayed runs when not given
+    with pytest.raises(ValueError, match="no cold-start utilisation prediction for runs"):
+        js.load_job_dataset("datasets/h200-profiles", cache_dir="unused", coldstart_util={ids[0]: 0.5})

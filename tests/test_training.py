@@ -45,12 +45,21 @@ def test_every_experiment_composes_and_runs_fast_dev_run(exp, tmp_path, small_al
     calls = []
     if cfg.coldstart.enabled:  # the profiler's own tests cover its training; here only the wiring
         import dprobe.coldstart as coldstart
+        from dprobe.data import load_h200_profiles
 
         def fake_train(data_dir, out_dir, **kw):
             calls.append((data_dir, kw))
-            return {"checkpoint": str(Path(out_dir) / "coldstart.pt"), "metrics": {}, "table": "cold-start scores"}
+            ids = load_h200_profiles(data_dir).train_runs()["run_id"]
+            return {"checkpoint": str(Path(out_dir) / "coldstart.pt"), "metrics": {}, "table": "cold-start scores",
+                    "cv_util": dict.fromkeys(ids, 0.5)}  # leave-family-out utilisation, for job scale
 
         monkeypatch.setattr(coldstart, "train_coldstart", fake_train)
+        import dprobe.jobscale as jobscale
+
+        def no_second_cross_validation(*a, **k):
+            raise AssertionError("job scale cross-validated the cold-start profiler again")
+
+        monkeypatch.setattr(jobscale, "coldstart_utilisation", no_second_cross_validation)
     if cfg.jobscale.enabled and cfg.jobscale.use_graph:  # graphs and replays of every run: stand-ins here
         import dprobe.coldstart.train as cs_train
         from dprobe.coldstart.features import FEATURES

@@ -318,9 +318,10 @@ def train_coldstart(data_dir: str, out_dir: str, max_epochs: int = 400, seed: in
     """Fit on every run of ``data_dir`` and save ``out_dir/coldstart.pt`` (loadable with weights_only=True).
     ``folds``: the leave-family-out scores in that many groups of families (:func:`cross_validate`).
 
-    Returns ``{"checkpoint": path, "metrics": {...}, "table": str, "plot": path}``: leave-family-out
-    metrics (learned and analytical), their table against the targets (also ``out_dir/report.txt``) and
-    ``out_dir/lofo.png``, their picture (predicted against measured, run by run).
+    Returns ``{"checkpoint": path, "metrics": {...}, "table": str, "plot": path, "cv_util": {...}}``:
+    leave-family-out metrics (learned and analytical), their table against the targets (also
+    ``out_dir/report.txt``), ``out_dir/lofo.png``, their picture (predicted against measured, run by
+    run), and the leave-family-out utilisation prediction of each run by run id (for the job-scale model).
     """
     from dprobe.coldstart.report import format_scores, plot_cross_validation
 
@@ -349,7 +350,9 @@ def train_coldstart(data_dir: str, out_dir: str, max_epochs: int = 400, seed: in
              + format_scores(cv["learned"], cv["analytical"], cv["typical_machine"])[0]
              + "\n" + host_factor_note(cv))
     (out / "report.txt").write_text(table + "\n")
-    return {"checkpoint": str(path), "metrics": ckpt["metrics"], "table": table, "plot": str(plot)}
+    util = cv["p50"][:, TARGETS.index("gpu_utilization")]
+    return {"checkpoint": str(path), "metrics": ckpt["metrics"], "table": table, "plot": str(plot),
+            "cv_util": {rid: float(u) for rid, u in zip(ds["run_ids"], util, strict=True)}}
 
 
 def host_factor_note(cv: dict[str, Any]) -> str:
