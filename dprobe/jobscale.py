@@ -3,8 +3,9 @@ utilisation are heading over the next ten seconds (the allocator's ramp to its p
 
 Targets per run of h200-profiles: the memory plateau (90th percentile of NVML used memory over
 the horizon) and the mean GPU utilisation over the horizon. Predictions are p50 / p90 / p99 of
-residuals to what the first second shows (log-ratio for memory, logit difference for
-utilisation). Three ways to predict are compared, leave-model-family-out:
+residuals to an anchor (:func:`anchors`: what the first second shows, or for the graph variant's
+utilisation the cold-start prediction; log-ratio for memory, logit difference for utilisation).
+Three ways to predict are compared, leave-model-family-out:
 
 - ``persist``: the plateau is the largest memory seen so far, utilisation stays at its mean;
 - ``no_graph``: a learned model of the first second and the job's static features
