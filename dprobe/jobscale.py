@@ -138,14 +138,11 @@ def load_job_dataset(data_dir: str, cache_dir: str | Path, with_graphs: bool = T
 def coldstart_utilisation(data_dir: str, cache_dir: str | Path, graph_ds: dict[str, Any], seed: int = 0,
                           folds: int | None = None, progress: bool = True) -> dict[str, float]:
     """The cold-start profiler's leave-family-out utilisation prediction of every run, by run id."""
-    from dprobe.coldstart.model import TARGETS
-    from dprobe.coldstart.train import cross_validate
+    from dprobe.coldstart.train import cross_validate, utilisation_by_run
 
     log.info("cold-start utilisation of %d runs, leave-family-out", len(graph_ds["run_ids"]))
-    cv = cross_validate(data_dir, cache_dir, seed=seed, ds=graph_ds, progress=progress, calibrate=False,
-                        folds=folds)
-    util = cv["p50"][:, TARGETS.index("gpu_utilization")]
-    return {rid: float(u) for rid, u in zip(graph_ds["run_ids"], util, strict=True)}
+    return utilisation_by_run(cross_validate(data_dir, cache_dir, seed=seed, ds=graph_ds, progress=progress,
+                                             calibrate=False, folds=folds))
 
 
 def persist(obs: np.ndarray) -> np.ndarray:

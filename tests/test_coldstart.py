@@ -111,6 +111,8 @@ def test_train_and_checkpoint(tmp_path, monkeypatch) -> None:
         rows = [line for line in result["table"].splitlines() if line.endswith((" PASS", " MISS"))]
         assert len(rows) == len(ROWS) and f"{result['metrics']['learned']['step_mape']:.3f}" in result["table"]
         assert (tmp_path / f"g{graph_dim}" / "report.txt").read_text().strip() == result["table"]
+        assert sorted(result["cv_util"]) == sorted(ds["run_ids"])  # each run's held-out utilisation, for job scale
+        assert all(0 < u < 1 for u in result["cv_util"].values())
         res = tr.predict_residuals(model, [g], feats[:1])
         assert res.shape == (1, 4, 2) and (res[..., 1] >= res[..., 0]).all()
     torch.save({"kind": "other"}, tmp_path / "bad.pt")

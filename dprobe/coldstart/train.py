@@ -350,9 +350,14 @@ def train_coldstart(data_dir: str, out_dir: str, max_epochs: int = 400, seed: in
              + format_scores(cv["learned"], cv["analytical"], cv["typical_machine"])[0]
              + "\n" + host_factor_note(cv))
     (out / "report.txt").write_text(table + "\n")
-    util = cv["p50"][:, TARGETS.index("gpu_utilization")]
     return {"checkpoint": str(path), "metrics": ckpt["metrics"], "table": table, "plot": str(plot),
-            "cv_util": {rid: float(u) for rid, u in zip(ds["run_ids"], util, strict=True)}}
+            "cv_util": utilisation_by_run(cv)}
+
+
+def utilisation_by_run(cv: dict[str, Any]) -> dict[str, float]:
+    """The leave-family-out utilisation prediction of each run of a :func:`cross_validate` result, by run id."""
+    util = cv["p50"][:, TARGETS.index("gpu_utilization")]
+    return {rid: float(u) for rid, u in zip(cv["dataset"]["run_ids"], util, strict=True)}
 
 
 def host_factor_note(cv: dict[str, Any]) -> str:

@@ -23,8 +23,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", metavar="CKPT", help="a trained dprobe checkpoint to score beside the baselines")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a Markdown table")
     p.add_argument("--plot", metavar="FILE.png", help="also draw forecasts against actuals for a few series")
-    p.add_argument("--baselines", default=",".join(BASELINES), help="comma-separated baselines to run (default: all of them: %(default)s)")
-    p.add_argument("--test-fraction", type=float, default=0.3, help="share of each series used as test span (default: %(default)s)")
+    p.add_argument("--baselines", default=",".join(BASELINES),
+                   help="comma-separated baselines to run (default: all of them: %(default)s)")
+    p.add_argument("--test-fraction", type=float, default=0.3,
+                   help="share of each series used as test span (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=run)
 
