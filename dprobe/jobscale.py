@@ -51,6 +51,7 @@ GRAPH_FEATURES = ["log_t_gpu", "log_t_host"]
 COLDSTART_FEATURE = "logit_coldstart_util"
 VARIANTS = ("persist", "no_graph", "graph")
 KIND = "dprobe-jobscale"
+DEFAULT_CHECKPOINT = Path(__file__).with_name("default_jobscale.pt")  # shipped: `python train.py +exp=gnn`
 
 
 def _logit(u: np.ndarray) -> np.ndarray:
@@ -58,26 +59,34 @@ def _logit(u: np.ndarray) -> np.ndarray:
     return np.log(u / (1 - u))
 
 
-def observe_run(samples: Any, batch: int, precision: str, optimizer: str, host_stall_s: float = 0.0
-                ) -> tuple[list[float], list[float]] | None:
-    """First-second features and horizon targets of one run's NVML samples (None if too short).
+def first_second_features(first: Any, batch: int, precision: str, optimizer: str, host_stall_s: float = 0.0
+                          ) -> list[float]:
+    """The ``OBS_FEATURES`` of a job's NVML samples from its first second (``mem_used_bytes``,
+    ``mem_total_bytes``, ``gpu_util_pct``; at least one row).
 
     ``host_stall_s``: seconds per step the job waits on the host (data loading, evaluation), as known.
     """
+    mem = first["mem_used_bytes"].to_numpy(dtype=float)
+    util = first["gpu_util_pct"].to_numpy(dtype=float) / 100
+    return [np.log(mem[-1]), np.log(mem.max()), util.mean(), util[-1], float((util > 0).mean()),
+            np.log(float(first["mem_total_bytes"].iloc[0])), np.log(batch), float(precision == "bf16"),
+            float(precision == "fp16"), float(optimizer == "adamw"),
+            # how far the job has got: its busiest sample, the last three, their rise over the earlier
+            # ones, and when (share of the second) utilisation first passed 50 %
+            util.max(), util[-3:].mean(), util[-3:].mean() - util[:-3].mean(),
+            float(np.argmax(util > 0.5)) / len(util) if (util > 0.5).any() else 1.0, 1000.0 * host_stall_s]
+
+
+def observe_run(samples: Any, batch: int, precision: str, optimizer: str, host_stall_s: float = 0.0
+                ) -> tuple[list[float], list[float]] | None:
+    """First-second features (:func:`first_second_features`) and horizon targets of one run's NVML
+    samples (``t_rel``: seconds since the first), or None if too short."""
     t = samples["t_rel"].to_numpy()
     first = samples[t <= FIRST_SECONDS]
     later = samples[(t > FIRST_SECONDS) & (t <= FIRST_SECONDS + HORIZON_SECONDS)]
     if len(first) < 3 or len(later) < 3:
         return None
-    mem = first["mem_used_bytes"].to_numpy(dtype=float)
-    util = first["gpu_util_pct"].to_numpy(dtype=float) / 100
-    obs = [np.log(mem[-1]), np.log(mem.max()), util.mean(), util[-1], float((util > 0).mean()),
-           np.log(float(first["mem_total_bytes"].iloc[0])), np.log(batch), float(precision == "bf16"),
-           float(precision == "fp16"), float(optimizer == "adamw"),
-           # how far the job has got: its busiest sample, the last three, their rise over the earlier
-           # ones, and when (share of the second) utilisation first passed 50 %
-           util.max(), util[-3:].mean(), util[-3:].mean() - util[:-3].mean(),
-           float(np.argmax(util > 0.5)) / len(util) if (util > 0.5).any() else 1.0, 1000.0 * host_stall_s]
+    obs = first_second_features(first, batch, precision, optimizer, host_stall_s)
     target = [float(np.quantile(later["mem_used_bytes"], 0.9)), float(later["gpu_util_pct"].mean() / 100)]
     return obs, target
 
@@ -392,3 +401,67 @@ def train_jobscale(data_dir: str, out_dir: str, use_graph: bool = True, epochs: 
     torch.save(ckpt, out / "jobscale.pt")
     return {"checkpoint": str(out / "jobscale.pt"), "report": str(out / "report.md"), "table": table,
             "metrics": result, "plot": str(plot)}
+
+
+def first_second(samples: Any) -> Any:
+    """The rows of ``samples`` (``t_rel``: seconds since the job's first sample) in its first second;
+    a ValueError if they do not cover it with at least 3 samples."""
+    t = samples["t_rel"].to_numpy(dtype=float)
+    first = samples[t <= FIRST_SECONDS]
+    if len(first) < 3 or len(t) == 0 or t.max() < 0.9 * FIRST_SECONDS:
+        span = min(float(t.max()), FIRST_SECONDS) if len(t) else 0.0
+        raise ValueError(f"job scale needs the job's first {FIRST_SECONDS:g} s of samples, at least 3 of them "
+                         f"(it learnt from one every 0.1 s); got {len(first)} over {span:.2f} s")
+    return first
+
+
+def load_jobscale(path: str | Path) -> tuple[JobScaleNet, dict[str, Any]]:
+    """A ``jobscale.pt`` from :func:`train_jobscale` (loaded with ``weights_only=True``) and its network."""
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(ckpt, dict) or ckpt.get("kind") != KIND:
+        raise ValueError(f"{path}: not a dprobe job-scale checkpoint (train one with `python train.py +exp=gnn`)")
+    if ckpt.get("format") != 1 or ckpt.get("obs_features") != OBS_FEATURES:
+        raise ValueError(f"{path}: job-scale checkpoint format {ckpt.get('format')} or its features differ "
+                         "from this dprobe's; retrain it with `python train.py +exp=gnn`")
+    net = JobScaleNet(ckpt["n_features"], graph_dim=ckpt["graph_dim"])
+    net.load_state_dict(ckpt["state_dict"])
+    return net.eval(), ckpt
+
+
+def predict_next(checkpoint: str | Path, samples: Any, batch: int, precision: str, optimizer: str,
+                 coldstart: dict[str, float] | None = None, host_stall_s: float = 0.0,
+                 graph: Any = None) -> dict[str, Any]:
+    """Where a job that has just started is heading over the next ``HORIZON_SECONDS``: its memory
+    plateau (bytes) and mean GPU utilisation (0-1), p50 / p90 / p99, from its first second of samples.
+
+    ``samples``: a frame with ``t_rel`` (seconds since the job's first sample), ``mem_used_bytes``,
+    ``mem_total_bytes`` and ``gpu_util_pct`` (:func:`dprobe.data.gpu_samples.read_gpu_samples`); rows
+    after the first second are not used. ``coldstart``: what the graph variant needs from the cold-start
+    profiler (:func:`dprobe.coldstart.predict.predict_job`): ``gpu_seconds`` and ``host_seconds`` (the
+    roofline's GPU busy and host issue time of a step), ``gpu_utilization`` (its p50) and
+    ``device_memory_bytes`` (the replayed estimate); ``graph``: the model graph as PyG ``Data``, for a
+    checkpoint with a GNN embedding.
+    """
+    net, ckpt = load_jobscale(checkpoint)
+    first = first_second(samples)
+    obs = np.array([first_second_features(first, batch, precision, optimizer, host_stall_s)])
+    ds: dict[str, Any] = {"obs": obs}
+    variant = ckpt["variant"]
+    if variant == "graph":
+        if coldstart is None:
+            raise ValueError(f"{checkpoint}: the graph variant needs the cold-start prediction of the job")
+        util = np.array([coldstart["gpu_utilization"]], dtype=np.float64)
+        graph_feats = [np.log(max(coldstart["gpu_seconds"], 1e-7)), np.log(max(coldstart["host_seconds"], 1e-7))]
+        ds.update(coldstart_util=util, graph_feats=np.array([[*graph_feats, *_logit(util)]]),
+                  device_estimate=np.array([coldstart["device_memory_bytes"]], dtype=np.float64),
+                  graphs=[graph])
+        if net.encoder is not None and graph is None:
+            raise ValueError(f"{checkpoint}: this checkpoint embeds the model graph; give the graph")
+    q = predict(net, ds, np.arange(1), variant, np.array(ckpt["quantile_shifts"]))[0]  # (2, Q)
+    if variant == "graph":  # memory: the graph rule (see cross_validate_predictions)
+        q[0] = graph_anchor(ds, np.arange(1))[0] * np.exp(np.asarray(ckpt["memory_log_offsets"]))
+    names = [f"p{round(100 * level)}" for level in LEVELS]
+    return {"after_seconds": FIRST_SECONDS, "horizon_seconds": HORIZON_SECONDS, "variant": variant,
+            "samples_used": int(len(first)), "checkpoint": str(checkpoint),
+            "memory_plateau_bytes": {k: int(v) for k, v in zip(names, q[0], strict=True)},
+            "gpu_utilization": {k: round(float(np.clip(v, 0, 1)), 4) for k, v in zip(names, q[1], strict=True)}}

@@ -180,3 +180,83 @@ def test_graph_dataset_carries_the_coldstart_utilisation(monkeypatch):
     assert len(calls) == 1 and calls[0][2] is fake  # cross-validated on the replayed runs when not given
     with pytest.raises(ValueError, match="no cold-start utilisation prediction for runs"):
         js.load_job_dataset("datasets/h200-profiles", cache_dir="unused", coldstart_util={ids[0]: 0.5})
+
+
+def test_predict_next_reproduces_the_training_path(tmp_path, monkeypatch):
+    """Inference from a job's samples gives what the leave-family-out path gives for the same inputs:
+    the first second's features, the cold-start anchor, the calibrated shifts and the graph memory rule."""
+    rng = np.random.default_rng(2)
+    mem = [1.0, 1.5, 2.0, 2.5, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0] + [3.2] * 5
+    util = [0, 0, 20, 60, 90, 95, 95, 95, 95, 95, 95] + [95] * 5
+    samples = _samples(mem, util)
+    n = 8
+    obs = np.tile(js.first_second_features(samples[samples["t_rel"] <= 1.0], 64, "bf16", "sgd"), (n, 1))
+    obs[1:, 1] += rng.normal(0, 0.3, n - 1)
+    obs[1:, 2] = rng.uniform(0.1, 0.9, n - 1)
+    cold = {"gpu_seconds": 0.02, "host_seconds": 0.008, "gpu_utilization": 0.85, "device_memory_bytes": 3.4 * GIB}
+    util_cs = np.r_[cold["gpu_utilization"], rng.uniform(0.3, 0.9, n - 1)]
+    graph_feats = np.c_[rng.normal(-4, 1, (n, 2)), js._logit(util_cs)]
+    graph_feats[0, :2] = np.log([cold["gpu_seconds"], cold["host_seconds"]])
+    ds = {"obs": obs, "y": np.stack([np.exp(obs[:, 1]) * 1.1, np.clip(obs[:, 2] + 0.1, 0, 1)], axis=1),
+          "families": [f"f{i % 4}" for i in range(n)], "run_ids": [str(i) for i in range(n)],
+          "graphs": None, "graph_feats": graph_feats, "coldstart_util": util_cs,
+          "device_estimate": np.r_[cold["device_memory_bytes"], np.exp(obs[1:, 1]) * rng.uniform(0.8, 1.4, n - 1)]}
+    monkeypatch.setattr(js, "load_job_dataset", lambda *a, **k: ds)
+    ckpt = js.train_jobscale("unused", str(tmp_path), use_graph=True, epochs=20, folds=None)["checkpoint"]
+    net, saved = js.load_jobscale(ckpt)
+    out = js.predict_next(ckpt, samples, 64, "bf16", "sgd", coldstart=cold)
+    expected = js.predict(net, ds, np.arange(1), "graph", np.array(saved["quantile_shifts"]))[0]
+    memory = js.graph_anchor(ds, np.arange(1))[0] * np.exp(saved["memory_log_offsets"])
+    assert out["samples_used"] == 11 and out["variant"] == "graph"
+    assert list(out["memory_plateau_bytes"].values()) == [int(v) for v in memory]
+    np.testing.assert_allclose(list(out["gpu_utilization"].values()), expected[1], atol=1e-4)
+    assert max(3.0 * GIB, cold["device_memory_bytes"]) == pytest.approx(js.graph_anchor(ds, np.arange(1))[0])
+    with pytest.raises(ValueError, match="needs the cold-start prediction"):
+        js.predict_next(ckpt, samples, 64, "bf16", "sgd")
+
+
+def test_predict_next_refuses_too_few_samples_and_other_checkpoints(tmp_path):
+    with pytest.raises(ValueError, match="first 1 s of samples, at least 3 of them.*got 2 over 0.10 s"):
+        js.first_second(_samples([1.0, 1.0], [0, 0]))
+    sparse = _samples([1.0, 1.0, 1.0], [0, 0, 0], dt=1.0)  # one sample a second, as DCGM's default
+    with pytest.raises(ValueError, match="got 2 over 1.00 s"):
+        js.first_second(sparse)
+    torch.save({"kind": "something-else"}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match="not a dprobe job-scale checkpoint"):
+        js.load_jobscale(tmp_path / "other.pt")
+
+
+def test_cli_predict_with_samples_of_a_bundled_run(tmp_path, capsys):
+    """`dprobe predict --samples` on a bundled run's first second (as nvidia-smi logs it, in MiB and %),
+    with the shipped checkpoints: the next ten seconds as measured."""
+    import json
+
+    from dprobe.cli import main
+    from dprobe.data import load_h200_profiles
+
+    profiles = load_h200_profiles("datasets/h200-profiles")
+    run = profiles.train_runs().set_index("run_id").loc["r149"]  # resnet18, batch 64, bf16, sgd
+    samples = profiles.run_samples("r149")
+    measured = js.observe_run(samples, int(run["batch"]), run["precision"], run["optimizer"],
+                              float(run["host_stall_s"]))[1]
+    first = samples[samples["t_rel"] <= 1.2]
+    stamps = pd.Timestamp("2026-12-01 05:20:00") + pd.to_timedelta(first["t_rel"], unit="s")
+    log = tmp_path / "nvidia-smi.csv"
+    log.write_text("timestamp, index, utilization.gpu [%], memory.used [MiB], memory.total [MiB]\n" + "".join(
+        f"{t:%Y/%m/%d %H:%M:%S.%f}, 0, {u:.0f} %, {m / 2**20:.0f} MiB, {tot / 2**20:.0f} MiB\n"
+        for t, u, m, tot in zip(stamps, first["gpu_util_pct"], first["mem_used_bytes"], first["mem_total_bytes"],
+                                strict=True)))
+    args = ["predict", "torchvision:resnet18", "--batch", "64", "--precision", "bf16", "--optimizer", "sgd",
+            "--host-stall", str(run["host_stall_s"]), "--samples", str(log)]
+    assert main([*args, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["job_scale"]
+    mem, util = got["memory_plateau_bytes"], got["gpu_utilization"]
+    assert mem["p50"] <= mem["p90"] <= mem["p99"] and util["p50"] <= util["p90"] <= util["p99"] <= 1
+    assert mem["p50"] == pytest.approx(measured[0], rel=0.05)  # the run was in training: within 5 %
+    assert abs(util["p50"] - measured[1]) < 0.08
+    assert main(args) == 0
+    assert "next 10 s, from the first 1 s of samples" in capsys.readouterr().out
+    # too few samples: refused before the (seconds-long) replay, and said why
+    log.write_text("\n".join(log.read_text().splitlines()[:3]) + "\n")
+    assert main(args) == 2
+    assert "at least 3 of them" in capsys.readouterr().err

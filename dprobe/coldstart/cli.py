@@ -31,17 +31,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="how slowly this machine's host (CPU, Python, driver) issues GPU ops against the "
                    "typical machine the checkpoint learnt from: a host-bound job's measured step time there "
                    "divided by this prediction of it at 1 (default 1); moves step time and utilisation")
+    p.add_argument("--samples", default=None, metavar="CSV",
+                   help="the job's GPU samples since it started, one every ~0.1 s (dprobe's samples.csv "
+                   "columns, or an nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used,memory.total "
+                   "--format=csv -lms 100 log): adds where its memory and utilisation are heading over the "
+                   "next 10 s, from its first second (job_scale)")
+    p.add_argument("--jobscale-checkpoint", default=None, metavar="CKPT",
+                   help="job-scale checkpoint for --samples (default: the one shipped with dprobe; "
+                   "train.py writes jobscale/jobscale.pt)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from dprobe.coldstart.predict import predict_job
+    from dprobe.data.gpu_samples import read_gpu_samples
 
+    samples = read_gpu_samples(args.samples) if args.samples else None
     result = predict_job(args.model, args.batch, precision=args.precision, optimizer=args.optimizer,
                          image=args.image, seq=args.seq, config_kwargs=args.config_kwargs,
                          checkpoint=args.checkpoint, gpu=args.gpu, host_stall_s=args.host_stall,
-                         host_factor=args.host_factor)
+                         host_factor=args.host_factor, samples=samples,
+                         jobscale_checkpoint=args.jobscale_checkpoint)
     if args.json:
         print(json.dumps(result))
         return 0
@@ -58,6 +69,14 @@ def run(args: argparse.Namespace) -> int:
           f"{100 * result['gpu_utilization']['p90']:.1f})")
     print(f"  step time       {1000 * result['step_time_seconds']['p50']:8.1f} ms  (p90 "
           f"{1000 * result['step_time_seconds']['p90']:.1f})")
+    if "job_scale" in result:
+        js = result["job_scale"]
+        mem, util = js["memory_plateau_bytes"], js["gpu_utilization"]
+        print(f"  next {js['horizon_seconds']:g} s, from the first {js['after_seconds']:g} s of samples "
+              f"({js['samples_used']}):")
+        print(f"  memory plateau  {mem['p50'] / gib:8.2f} GiB (p90 {mem['p90'] / gib:.2f}, p99 {mem['p99'] / gib:.2f})")
+        print(f"  GPU utilisation {100 * util['p50']:8.1f} %   (p90 {100 * util['p90']:.1f}, "
+              f"p99 {100 * util['p99']:.1f})")
     if result["unknown_nodes"]:
         print(f"  note: {result['unknown_nodes']} graph node(s) had unknown ops", file=sys.stderr)
     return 0

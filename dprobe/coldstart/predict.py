@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from dprobe.coldstart.features import GPUS, GPUSpec, analytical_for, job_features, with_host_factor
+from dprobe.coldstart.features import FEATURES, GPUS, GPUSpec, analytical_for, job_features, with_host_factor
 from dprobe.coldstart.graph_estimate import estimate_from_graph
 from dprobe.coldstart.model import TARGETS
 from dprobe.coldstart.replay import ReplayEstimate
@@ -25,13 +25,18 @@ ONNX_NOTE = ("ONNX file: the step is estimated from the graph's nodes, not repla
 def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str = "adamw",
                 image: int | None = None, seq: int | None = None, config_kwargs: dict | str | None = None,
                 checkpoint: str | Path | None = None, gpu: str = "h200", host_stall_s: float = 0.0,
-                host_factor: float = 1.0) -> dict[str, Any]:
+                host_factor: float = 1.0, samples: Any = None,
+                jobscale_checkpoint: str | Path | None = None) -> dict[str, Any]:
     """Predict peak allocator bytes, NVML bytes, GPU utilisation and step time (p50 and p90 each).
 
     ``host_stall_s``: seconds per step, on average, that the GPU waits on the host (data loading,
     evaluation, checkpointing); it lowers utilisation, not the step time (a step's own duration).
     ``host_factor``: how slowly the machine's host (CPU, Python, driver) issues ops against the typical
     machine of the training data (1); e.g. 1.4 for a host that takes 40 % longer to launch each kernel.
+    ``samples``: the job's first second of GPU samples, once it has started
+    (:func:`dprobe.data.gpu_samples.read_gpu_samples`): the result then has ``job_scale``, where its memory
+    and utilisation are heading over the next ten seconds (:func:`dprobe.jobscale.predict_next`), from
+    ``jobscale_checkpoint`` (default: the one shipped with dprobe).
     """
     from torch_geometric.data import Batch  # noqa: F401 - fail early if PyG is missing
 
@@ -47,12 +52,20 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
         raise ValueError(f"--host-factor must be a positive number, not {host_factor}")
     if gpu not in GPUS:
         raise ValueError(f"unknown GPU {gpu!r} ({', '.join(GPUS)})")
+    if samples is not None:  # check them before the replay (seconds)
+        from dprobe.jobscale import DEFAULT_CHECKPOINT, first_second
+
+        first_second(samples)
+        if not Path(jobscale_checkpoint or DEFAULT_CHECKPOINT).is_file():
+            raise ValueError(f"{jobscale_checkpoint or DEFAULT_CHECKPOINT}: no job-scale checkpoint "
+                             "(train one with `python train.py +exp=gnn`)")
     spec = GPUS[gpu]
     if parse_spec(model, config_kwargs).lib == "onnx":  # a graph, no module to replay: estimate from its nodes
         graph = read_onnx(model, batch=batch, seq=seq)
         est = estimate_from_graph(graph, batch, precision, optimizer)
-        return _predict(model, batch, precision, optimizer, graph, est, spec, gpu, checkpoint, host_stall_s,
-                        host_factor, note=ONNX_NOTE)
+        result = _predict(model, batch, precision, optimizer, graph, est, spec, gpu, checkpoint, host_stall_s,
+                          host_factor, note=ONNX_NOTE)
+        return _with_job_scale(result, graph, samples, jobscale_checkpoint)
     try:
         est = analytical_for(model, batch, precision, optimizer, image=image, seq=seq,
                              config_kwargs=config_kwargs)
@@ -70,7 +83,26 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
         raise ValueError(f"cannot replay a training step ({precision}) of {model}: {type(exc).__name__}: "
                          f"{first}{hint}") from exc
     graph = build_model_graph(model, batch=batch, image=image, seq=seq, config_kwargs=config_kwargs)
-    return _predict(model, batch, precision, optimizer, graph, est, spec, gpu, checkpoint, host_stall_s, host_factor)
+    result = _predict(model, batch, precision, optimizer, graph, est, spec, gpu, checkpoint, host_stall_s, host_factor)
+    return _with_job_scale(result, graph, samples, jobscale_checkpoint)
+
+
+def _with_job_scale(result: dict[str, Any], graph: ModelGraph, samples: Any,
+                    checkpoint: str | Path | None) -> dict[str, Any]:
+    """``result`` with ``job_scale`` added where the job's first samples are given."""
+    if samples is None:
+        return result
+    from dprobe.graph.encoder import graph_to_data
+    from dprobe.jobscale import DEFAULT_CHECKPOINT, predict_next
+
+    path = checkpoint or DEFAULT_CHECKPOINT
+    analytical = result["analytical"]
+    coldstart = {"gpu_seconds": analytical["gpu_seconds_per_step"], "host_seconds": analytical["host_seconds_per_step"],
+                 "gpu_utilization": result["gpu_utilization"]["p50"],
+                 "device_memory_bytes": analytical["device_memory_bytes"]}
+    result["job_scale"] = predict_next(path, samples, result["batch"], result["precision"], result["optimizer"],
+                                       coldstart, host_stall_s=result["host_stall_s"], graph=graph_to_data(graph))
+    return result
 
 
 def _predict(model: str, batch: int, precision: str, optimizer: str, graph: ModelGraph, est: ReplayEstimate,
@@ -125,5 +157,8 @@ def _predict(model: str, batch: int, precision: str, optimizer: str, graph: Mode
                             "step_time_seconds": float(base[3]),
                             "param_bytes": int(est.param_bytes), "optimizer_state_bytes": int(est.state_bytes),
                             "activation_bytes": int(est.activation_bytes), "flops_per_step": est.flops,
-                            "kernels_per_step": int(est.kernels)}
+                            "kernels_per_step": int(est.kernels),
+                            # the per-kernel roofline of a step: GPU busy time, host time to issue its ops
+                            "gpu_seconds_per_step": math.exp(feats[FEATURES.index("log_t_gpu")]),
+                            "host_seconds_per_step": math.exp(feats[FEATURES.index("log_t_host")])}
     return result
