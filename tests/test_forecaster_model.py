@@ -291,21 +291,21 @@ def test_point_choice_needs_a_gain_across_series_not_in_one():
 
 def test_point_candidates_match_the_moving_median_baseline_across_gaps():
     from dprobe.forecasting.baselines import moving_median_path
-    from dprobe.models.features import POINT_CANDIDATES, candidate_points, last_observed, window_scale
+    from dprobe.models.features import SIMPLE_POINTS, candidate_points, last_observed, window_scale
 
     values = np.array([[5.0, np.nan, 7.0, 1.0, np.nan, np.nan, 9.0, np.nan]])
     last, scale = last_observed(values), window_scale(values, 1.0)
     cands = candidate_points(values, last, scale)
-    median_30 = last + scale * cands[:, list(POINT_CANDIDATES).index("median_30") - 1]
+    median_30 = last + scale * cands[:, SIMPLE_POINTS.index("median_30")]
     np.testing.assert_allclose(median_30, moving_median_path(values, [1], 30)[:, -1, 0])
 
 
 def test_served_model_point_stays_within_the_simple_forecasts():
     """A flat window's point is its last value whatever the network says; elsewhere the network's
     p50 is kept between the lowest and highest simple forecast (the last value counts, at 0)."""
-    from dprobe.models.features import POINT_CANDIDATES, served_point
+    from dprobe.models.features import SIMPLE_POINTS, served_point
 
-    n_cands = len(POINT_CANDIDATES) - 1
+    n_cands = len(SIMPLE_POINTS)
     cands = np.zeros((3, n_cands))
     cands[1] = np.linspace(0.2, 1.0, n_cands)  # a window whose recent medians and means sit above its last value
     cands[2] = -np.linspace(0.2, 1.0, n_cands)
@@ -313,7 +313,40 @@ def test_served_model_point_stays_within_the_simple_forecasts():
     point = served_point(p50, cands, ["model", "model"])
     np.testing.assert_allclose(point, [[0.0, 0.0], [1.0, 0.5], [0.0, -1.0]])
     median_5 = served_point(p50, cands, ["median_5", "model"])[:, 0]
-    np.testing.assert_allclose(median_5, cands[:, list(POINT_CANDIDATES).index("median_5") - 1])
+    np.testing.assert_allclose(median_5, cands[:, SIMPLE_POINTS.index("median_5")])
+    # model_recent: within the last value, the 5-step median and the EWMA only (not the 30-step median or mean)
+    cands[1] = [0.0, 0.2, 1.0, 0.9, 0.4]  # last, median_5, median_30, mean_30, ewma
+    recent = served_point(p50, cands, ["model_recent", "model"])
+    np.testing.assert_allclose(recent[:, 0], [0.0, 0.4, 0.0])
+    np.testing.assert_allclose(recent[:, 1], point[:, 1])
+
+
+def test_point_choice_prefers_the_cautious_model_point_unless_the_other_beats_it():
+    """The last value is the default; the lowest-MAE candidate that beats it in 90 % of series
+    resamples replaces it, and ``model`` must also beat ``model_recent`` to be chosen over it."""
+    from dprobe.forecasting.model import _robust_choice
+    from dprobe.models.features import POINT_CANDIDATES
+
+    names = list(POINT_CANDIDATES)
+    rng = np.random.default_rng(0)
+    n_series, per = 40, 25
+    series = np.repeat(np.arange(n_series), per)
+    err = np.full((len(series), len(names), 3), 2.0) + rng.uniform(0, 0.2, (len(series), len(names), 3))
+    m, r = names.index("model"), names.index("model_recent")
+    err[:, m, 0], err[:, r, 0] = 1.0, 1.5  # lead 0: model clearly best
+    # lead 1: model a hair lower on average than model_recent, but better on only half the series
+    err[:, r, 1] = 1.0
+    err[:, m, 1] = 1.0 + np.where(series % 2 == 0, 0.3, -0.32)
+    # lead 2: median_5 lower on average than the last value, but only thanks to 3 series
+    err[:, :, 2] = 2.5
+    err[:, names.index("median_5"), 2] = np.where(series < 3, 0.0, 2.25)
+    err[:, names.index("last_value"), 2] = 2.1
+    assert err[:, m, 1].mean() < err[:, r, 1].mean() and err[:, names.index("median_5"), 2].mean() < 2.1
+    choice = _robust_choice(err, series, names, 0.9, 500, np.random.default_rng(1))
+    assert choice == ["model", "model_recent", "last_value"]
+    keep = [i for i, n in enumerate(names) if n != "model_recent"]  # the candidates before model_recent
+    assert _robust_choice(err[:, keep], series, [names[i] for i in keep], 0.9, 500,
+                          np.random.default_rng(1))[:2] == ["model", "model"]
 
 
 def test_busy_windows_weigh_less_in_training_only(small_alibaba_dir):
@@ -375,13 +408,13 @@ def test_conformal_shifts_calibrate_what_is_served_after_the_point_choice():
     from types import SimpleNamespace
 
     from dprobe.forecasting.model import conformal_shifts
-    from dprobe.models.features import POINT_CANDIDATES
+    from dprobe.models.features import SIMPLE_POINTS
 
     rng = np.random.default_rng(0)
     n = 4000
     y = rng.uniform(0, 2, size=(n, 1))
-    cands = np.zeros((n, len(POINT_CANDIDATES) - 1), dtype=np.float32)
-    cands[: n // 2, list(POINT_CANDIDATES).index("median_30") - 1] = 3.0  # half the points above every y
+    cands = np.zeros((n, len(SIMPLE_POINTS)), dtype=np.float32)
+    cands[: n // 2, SIMPLE_POINTS.index("median_30")] = 3.0  # half the points above every y
     batch = {"x": torch.zeros(n, 1), "s": torch.zeros(n, 1), "task": torch.zeros(n, dtype=torch.long),
              "y": torch.from_numpy(y).float(), "p": torch.from_numpy(cands)}
 
@@ -396,7 +429,7 @@ def test_conformal_shifts_calibrate_what_is_served_after_the_point_choice():
     served = np.asarray(conformal_shifts(Fixed(), dm, [["median_30"]])[0])
     assert abs(plain[0, 1] - 1.8) < 0.05  # 90 % of y below it
     assert abs(served[0, 1] - 1.6) < 0.05  # half covered by the point: 80 % of the rest suffice
-    point = cands[:, list(POINT_CANDIDATES).index("median_30") - 1]
+    point = cands[:, SIMPLE_POINTS.index("median_30")]
     for shift, expected in ((plain[0, 1], 0.95), (served[0, 1], 0.90)):
         cover = (y[:, 0] <= np.maximum(shift, point)).mean()
         assert abs(cover - expected) < 0.01

@@ -32,15 +32,16 @@ def select_point_sources(module, datamodule, confidence: float = 0.9, n_boot: in
                          seed: int = 0) -> list[list[str]]:
     """For each task and lead, the point forecast to serve, chosen on the validation windows.
 
-    Candidates: the model's p50 (held within the simple forecasts, as served:
-    :func:`~dprobe.models.features.within_candidates`) and the simple forecasts of the window (last
-    value, recent medians and means, EWMA; :data:`~dprobe.models.features.POINT_CANDIDATES`). Errors
-    are in the metric's own units, as the evaluation counts them. The last value is the default;
-    another candidate replaces it only if its MAE is lower in at least ``confidence`` of
-    ``n_boot`` bootstrap resamples of the validation *series* (whole series are resampled, so
-    a gain that comes from a few series does not count), and among those the lowest MAE wins.
-    The choice is stored in the checkpoint; the quantiles stay the model's (raised where
-    needed to at least the chosen point, which is kept as chosen).
+    Candidates: the model's p50 held within the simple forecasts, as served (``model``: within all of
+    them; ``model_recent``: within the recent ones; :func:`~dprobe.models.features.within_candidates`),
+    and the simple forecasts of the window (last value, recent medians and means, EWMA;
+    :data:`~dprobe.models.features.SIMPLE_POINTS`). Errors are in the metric's own units, as the
+    evaluation counts them. A candidate must beat what it would replace in at least ``confidence`` of
+    ``n_boot`` bootstrap resamples of the validation *series* (whole series are resampled, so a gain
+    that comes from a few series does not count): the last value is the default, the lowest-MAE
+    candidate that beats it is chosen, and ``model`` must also beat ``model_recent``, the more
+    cautious version of itself. The choice is stored in the checkpoint; the quantiles stay the
+    model's (raised where needed to at least the chosen point, which is kept as chosen).
     """
     from dprobe.models.features import POINT_CANDIDATES, within_candidates
 
@@ -51,9 +52,10 @@ def select_point_sources(module, datamodule, confidence: float = 0.9, n_boot: in
     for batch in datamodule.calibration_dataloader():
         p50 = module(batch["x"], batch["s"], batch["task"], batch.get("c"), batch.get("k"))[..., 0].numpy()  # (B, H)
         cands = batch["p"].numpy()  # (B, C)
-        p50 = within_candidates(p50, cands)  # as served
-        points = np.concatenate([p50[:, None, :], np.repeat(cands[:, :, None], p50.shape[1], axis=2)], 1)
-        err = np.abs(points - batch["y"].numpy()[:, None, :]) * batch["scale"].numpy()[:, None, None]  # (B, 1+C, H)
+        model_points = [within_candidates(p50, cands), within_candidates(p50, cands, recent=True)]  # as served
+        points = np.concatenate([np.stack(model_points, axis=1), np.repeat(cands[:, :, None], p50.shape[1], axis=2)],
+                                axis=1)
+        err = np.abs(points - batch["y"].numpy()[:, None, :]) * batch["scale"].numpy()[:, None, None]  # (B, 2+C, H)
         task = batch["task"].numpy()
         for k in np.unique(task):
             errs.setdefault(int(k), []).append(err[task == k])
@@ -81,11 +83,16 @@ def _robust_choice(err: np.ndarray, series: np.ndarray, names: list[str], confid
     boot = sums[draws].sum(1) / np.maximum(counts[draws].sum(1), 1)  # (n_boot, C, H) MAE per resample
     mae = sums.sum(0) / np.maximum(counts.sum(0), 1)  # (C, H)
     base = names.index("last_value")
+    # a candidate and the more cautious one it must also beat
+    cautious = {names.index("model"): names.index("model_recent")} if "model_recent" in names else {}
     out = []
     for h in range(err.shape[2]):
-        wins = (boot[:, :, h] < boot[:, base : base + 1, h]).mean(0)  # share of resamples beating last value
-        ok = [c for c in range(len(names)) if c == base or wins[c] >= confidence]
-        out.append(names[min(ok, key=lambda c: mae[c, h])])
+        beats = (boot[:, :, None, h] < boot[:, None, :, h]).mean(0) >= confidence  # (C, C): row beats column
+        ok = [c for c in range(len(names)) if c == base or beats[c, base]]
+        best = min(ok, key=lambda c: mae[c, h])
+        if best in cautious and cautious[best] in ok and not beats[best, cautious[best]]:
+            best = cautious[best]
+        out.append(names[best])
     return out
 
 

@@ -15,8 +15,13 @@ import numpy as np
 
 N_COVARIATES = 4  # covariates are zero-padded (or cut) to this many channels
 N_STATS = 12  # summary statistics of the window, see window_stats
-# the point forecasts chosen between per task and lead on validation (see candidate_points)
-POINT_CANDIDATES = ("model", "last_value", "median_5", "median_30", "mean_30", "ewma")
+# the point forecasts chosen between per task and lead on validation: the network's p50 held within the
+# simple forecasts (all of them, or only the recent ones: see within_candidates), or a simple forecast
+# itself (the columns of candidate_points)
+SIMPLE_POINTS = ("last_value", "median_5", "median_30", "mean_30", "ewma")
+RECENT_POINTS = ("last_value", "median_5", "ewma")
+MODEL_POINTS = ("model", "model_recent")
+POINT_CANDIDATES = MODEL_POINTS + SIMPLE_POINTS
 
 
 def last_observed(values: np.ndarray) -> np.ndarray:
@@ -81,8 +86,8 @@ def window_stats(x: np.ndarray, last: np.ndarray, scale: np.ndarray) -> np.ndarr
 
 
 def candidate_points(values: np.ndarray, last: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """``(B, L)`` raw window -> ``(B, C)``: the simple point forecasts of :data:`POINT_CANDIDATES` but the
-    model, in window units and *unclipped* (a median is a median, however far from the last value).
+    """``(B, L)`` raw window -> ``(B, C)``: the simple point forecasts of :data:`SIMPLE_POINTS`, in
+    window units and *unclipped* (a median is a median, however far from the last value).
 
     Gaps are forward-filled first, as the baselines of :mod:`dprobe.forecasting.baselines` do, so that
     a chosen ``median_30`` is exactly the 30-step moving median the evaluation compares against.
@@ -91,19 +96,21 @@ def candidate_points(values: np.ndarray, last: np.ndarray, scale: np.ndarray) ->
 
     x = (ffill(values) - last[:, None]) / scale[:, None]
     simple = dict(zip(["median_5", "median_30", "mean_30", "ewma"], _recent_forecasts(x), strict=True))
-    cols = [np.zeros(len(x)) if name == "last_value" else simple[name]
-            for name in POINT_CANDIDATES if name != "model"]
+    cols = [np.zeros(len(x)) if name == "last_value" else simple[name] for name in SIMPLE_POINTS]
     return np.nan_to_num(np.stack(cols, axis=1), nan=0.0)
 
 
-def within_candidates(p50: np.ndarray, cands: np.ndarray) -> np.ndarray:
+def within_candidates(p50: np.ndarray, cands: np.ndarray, recent: bool = False) -> np.ndarray:
     """The model's ``p50`` ``(B, H)`` held within the range of the simple forecasts ``(B, C)`` of the
-    same window (the last value is 0 in window units).
+    same window (:func:`candidate_points`; the last value is 0 in window units); with ``recent``,
+    of the recent ones only (:data:`RECENT_POINTS`: last value, 5-step median, EWMA).
 
     In a flat window every simple forecast is the last value, and so is the model's point; elsewhere
     the network picks a level between them but does not invent one beyond them. On the bundled
     series this lowers the network's p50 error at every lead, on validation and on test.
     """
+    if recent:
+        cands = cands[:, [SIMPLE_POINTS.index(name) for name in RECENT_POINTS]]
     lo = np.minimum(cands.min(axis=1), 0.0)[:, None]
     hi = np.maximum(cands.max(axis=1), 0.0)[:, None]
     return np.clip(p50, lo, hi)
@@ -111,13 +118,16 @@ def within_candidates(p50: np.ndarray, cands: np.ndarray) -> np.ndarray:
 
 def served_point(p50: np.ndarray, cands: np.ndarray, sources: list[str]) -> np.ndarray:
     """The point forecast served per lead: the model's ``p50`` ``(B, H)`` held within the simple
-    forecasts (:func:`within_candidates`) or, where ``sources`` names another candidate, that column
-    of ``cands`` ``(B, C)`` (:func:`candidate_points`)."""
-    names = list(POINT_CANDIDATES)
-    point = within_candidates(np.asarray(p50, dtype=np.float64), cands)
+    forecasts (:func:`within_candidates`; within the recent ones where ``sources`` says
+    ``model_recent``) or, where ``sources`` names a simple forecast, that column of ``cands``
+    ``(B, C)`` (:func:`candidate_points`)."""
+    p50 = np.asarray(p50, dtype=np.float64)
+    point = within_candidates(p50, cands)
     for j, source in enumerate(sources):
-        if source != "model":
-            point[:, j] = cands[:, names.index(source) - 1]  # cands have no "model" column
+        if source == "model_recent":
+            point[:, j] = within_candidates(p50[:, j : j + 1], cands, recent=True)[:, 0]
+        elif source != "model":
+            point[:, j] = cands[:, SIMPLE_POINTS.index(source)]
     return point
 
 
