@@ -485,6 +485,20 @@ def test_predict_on_a_slower_host() -> None:
     assert slow["step_time_seconds"]["p50"] > 1.3 * typical["step_time_seconds"]["p50"]
     assert slow["gpu_utilization"]["p50"] < typical["gpu_utilization"]["p50"]
     assert slow["peak_memory_bytes"] == typical["peak_memory_bytes"]
+    assert slow["device_memory_bytes"] == typical["device_memory_bytes"]  # the memory head sees no host timing
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="--host-factor must be a positive number"):
             predict_job(*job, **kw, host_factor=bad)
+
+
+def test_memory_head_sees_the_op_mix_but_no_timing() -> None:
+    """Memory residuals may depend on the job's shape and op mix (convolution and matmul libraries keep
+    workspaces), never on host or roofline time; utilisation and step time see every feature."""
+    from dprobe.coldstart.features import FEATURES
+    from dprobe.coldstart.train import target_groups
+
+    (memory_targets, memory), (timing_targets, timing) = target_groups(FEATURES)
+    assert memory_targets == [0, 1] and timing_targets == [2, 3] and timing == list(range(len(FEATURES)))
+    names = {FEATURES[i] for i in memory}
+    assert {"share_conv", "share_conv_grouped", "share_matmul", "log_peak", "bf16"} <= names
+    assert not names & {"log_t_compute", "log_t_memory", "log_t_gpu", "log_t_host", "log_t_roof"}

@@ -60,9 +60,11 @@ FEATURES = ["log_peak", "log_reserved", "log_params", "log_state", "log_act", "l
             "share_conv", "share_conv_grouped", "share_matmul", "share_norm",
             "log_kernels_forward", "log_kernels_backward", "log_kernels_optimizer"]
 
-# what the memory residuals may depend on (the job's shape, not its timing)
+# what the memory residuals may depend on: the job's shape and its op mix (the roofline's GPU-time shares
+# of convolutions and matmuls, whose libraries keep workspaces of their own), not its host timing
 MEMORY_FEATURES = ["log_peak", "log_reserved", "log_params", "log_state", "log_act", "log_batch", "bf16", "fp16",
-                   "adamw", "cudnn_benchmark", "log_kernels", "act_share", "log_gpu_mem"]
+                   "adamw", "cudnn_benchmark", "log_kernels", "act_share", "log_gpu_mem",
+                   "share_conv", "share_conv_grouped", "share_matmul"]
 
 
 def roofline_seconds(est: ReplayEstimate, precision: str, gpu: GPUSpec, tf32: bool = True) -> dict[str, float]:

@@ -29,7 +29,7 @@ from dprobe.conformal import conformal_shift, family_folds, held_out_groups
 from dprobe.graph.encoder import graph_for_run, graph_to_data, run_spec
 
 log = logging.getLogger(__name__)
-VERSION = 3
+VERSION = 4  # 4: the memory head sees the op-mix shares
 DEFAULTS: dict[str, Any] = {"hidden": 64, "graph_dim": 0, "layers": 2, "dropout": 0.3, "lr": 3e-3,
                             "weight_decay": 1e-3, "target_weights": [1.0, 1.0, 1.0, 1.0], "ensemble": 10}
 
