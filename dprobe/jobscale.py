@@ -417,8 +417,10 @@ def first_second(samples: Any) -> Any:
 
 def load_jobscale(path: str | Path) -> tuple[JobScaleNet, dict[str, Any]]:
     """A ``jobscale.pt`` from :func:`train_jobscale` (loaded with ``weights_only=True``) and its network."""
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(ckpt, dict) or ckpt.get("kind") != KIND:
+    from dprobe.forecasting.loading import load_torch_dict
+
+    ckpt = load_torch_dict(path)
+    if ckpt.get("kind") != KIND:
         raise ValueError(f"{path}: not a dprobe job-scale checkpoint (train one with `python train.py +exp=gnn`)")
     if ckpt.get("format") != 1 or ckpt.get("obs_features") != OBS_FEATURES:
         raise ValueError(f"{path}: job-scale checkpoint format {ckpt.get('format')} or its features differ "

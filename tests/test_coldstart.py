@@ -120,7 +120,7 @@ def test_train_and_checkpoint(tmp_path, monkeypatch) -> None:
         tr.load_checkpoint(tmp_path / "bad.pt")
 
 
-def test_cli_predict(capsys) -> None:
+def test_cli_predict(capsys, tmp_path) -> None:
     from dprobe.cli import main
 
     args = ["predict", "transformers:GPT2Config/GPT2LMHeadModel", "--config-kwargs", TINY_GPT2, "--seq", "32",
@@ -140,6 +140,12 @@ def test_cli_predict(capsys) -> None:
     # batch norm after global pooling cannot train on one sample: said plainly, with what to do
     assert main(["predict", "timm:rexnet_100", "--batch", "1", "--json"]) == 2
     assert "cannot train at batch 1" in capsys.readouterr().err
+    # a damaged checkpoint is named, with no traceback
+    damaged = tmp_path / "damaged.pt"
+    damaged.write_bytes(b"not a torch file" * 10)
+    assert main([*args, "--checkpoint", str(damaged)]) == 2
+    err = capsys.readouterr().err
+    assert f"checkpoint {damaged}: cannot be read" in err and "Traceback" not in err
 
 
 def test_predict_from_an_onnx_file(tmp_path, capsys) -> None:

@@ -256,7 +256,13 @@ def test_cli_predict_with_samples_of_a_bundled_run(tmp_path, capsys):
     assert abs(util["p50"] - measured[1]) < 0.08
     assert main(args) == 0
     assert "next 10 s, from the first 1 s of samples" in capsys.readouterr().out
-    # too few samples: refused before the (seconds-long) replay, and said why
+    # another kind of checkpoint, a damaged one, too few samples: refused and said why
+    assert main([*args, "--jobscale-checkpoint", "dprobe/coldstart/default_coldstart.pt"]) == 2
+    assert "not a dprobe job-scale checkpoint" in capsys.readouterr().err
+    damaged = tmp_path / "damaged.pt"
+    damaged.write_bytes(Path(js.DEFAULT_CHECKPOINT).read_bytes()[:500])
+    assert main([*args, "--jobscale-checkpoint", str(damaged)]) == 2
+    assert "cannot be read (corrupt, truncated" in capsys.readouterr().err
     log.write_text("\n".join(log.read_text().splitlines()[:3]) + "\n")
     assert main(args) == 2
     assert "at least 3 of them" in capsys.readouterr().err

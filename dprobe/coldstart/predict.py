@@ -52,13 +52,11 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
         raise ValueError(f"--host-factor must be a positive number, not {host_factor}")
     if gpu not in GPUS:
         raise ValueError(f"unknown GPU {gpu!r} ({', '.join(GPUS)})")
-    if samples is not None:  # check them before the replay (seconds)
-        from dprobe.jobscale import DEFAULT_CHECKPOINT, first_second
+    if samples is not None:  # check them and the checkpoint before the replay (seconds)
+        from dprobe.jobscale import DEFAULT_CHECKPOINT, first_second, load_jobscale
 
         first_second(samples)
-        if not Path(jobscale_checkpoint or DEFAULT_CHECKPOINT).is_file():
-            raise ValueError(f"{jobscale_checkpoint or DEFAULT_CHECKPOINT}: no job-scale checkpoint "
-                             "(train one with `python train.py +exp=gnn`)")
+        load_jobscale(jobscale_checkpoint or DEFAULT_CHECKPOINT)
     spec = GPUS[gpu]
     if parse_spec(model, config_kwargs).lib == "onnx":  # a graph, no module to replay: estimate from its nodes
         graph = read_onnx(model, batch=batch, seq=seq)

@@ -368,8 +368,10 @@ def host_factor_note(cv: dict[str, Any]) -> str:
 
 
 def load_checkpoint(path: str | Path) -> tuple[ColdStartEnsemble, dict[str, Any]]:
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(ckpt, dict) or ckpt.get("kind") != "dprobe-coldstart":
+    from dprobe.forecasting.loading import load_torch_dict
+
+    ckpt = load_torch_dict(path)
+    if ckpt.get("kind") != "dprobe-coldstart":
         raise ValueError(f"{path}: not a dprobe cold-start checkpoint")
     if ckpt.get("version") != VERSION or ckpt.get("features") != FEATURES:
         raise ValueError(f"{path}: cold-start checkpoint version {ckpt.get('version')} (this dprobe reads "

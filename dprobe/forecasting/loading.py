@@ -64,8 +64,9 @@ def _major(version: str) -> str:
     return str(version).split(".")[0]
 
 
-def read_checkpoint(path: str | Path) -> dict:
-    """The checkpoint dict at ``path``, checked for the keys every checkpoint carries."""
+def load_torch_dict(path: str | Path) -> dict:
+    """``torch.load(path, weights_only=True)`` of a checkpoint dict (any dprobe model's), with a
+    :class:`CheckpointError` naming the file when it is missing, damaged or holds something else."""
     import torch
 
     path = Path(path)
@@ -80,6 +81,12 @@ def read_checkpoint(path: str | Path) -> dict:
         ) from exc
     if not isinstance(ckpt, dict):
         raise CheckpointError(f"checkpoint {path}: holds a {type(ckpt).__name__}, not a dprobe checkpoint dict")
+    return ckpt
+
+
+def read_checkpoint(path: str | Path) -> dict:
+    """The forecaster checkpoint dict at ``path``, checked for the keys every checkpoint carries."""
+    ckpt = load_torch_dict(path)
     missing = [k for k in REQUIRED_KEYS if k not in ckpt]
     if missing:
         raise CheckpointError(f"checkpoint {path}: not a dprobe checkpoint (missing key(s) {', '.join(missing)})")
