@@ -12,7 +12,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser("predict", help="cold-start prediction of a training job from its model",
                               description="Predict the training peak of the PyTorch allocator, device memory "
-                              "(NVML), GPU utilisation and step time, each p50 and p90, from MODEL alone.")
+                              "(NVML), GPU utilisation and step time, each p50 and p90, from MODEL alone; with --samples, "
+                              "once the job has started, also where its memory and utilisation are heading over "
+                              "the next 10 s.")
     add_model_args(p)
     p.add_argument("--batch", type=int, required=True, help="training batch size")
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
@@ -32,10 +34,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "typical machine the checkpoint learnt from: a host-bound job's measured step time there "
                    "divided by this prediction of it at 1 (default 1); moves step time and utilisation")
     p.add_argument("--samples", default=None, metavar="CSV",
-                   help="the job's GPU samples since it started, one every ~0.1 s (dprobe's samples.csv "
-                   "columns, or an nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used,memory.total "
-                   "--format=csv -lms 100 log): adds where its memory and utilisation are heading over the "
-                   "next 10 s, from its first second (job_scale)")
+                   help="the job's GPU samples since it started, one every ~0.1 s: nvidia-smi's CSV of "
+                   "timestamp, utilization.gpu, memory.used and memory.total (nvidia-smi --query-gpu=... "
+                   "--format=csv -lms 100), or dprobe's samples.csv columns; adds where its memory and "
+                   "utilisation are heading over the next 10 s, from its first second (job_scale)")
     p.add_argument("--jobscale-checkpoint", default=None, metavar="CKPT",
                    help="job-scale checkpoint for --samples (default: the one shipped with dprobe; "
                    "train.py writes jobscale/jobscale.pt)")
