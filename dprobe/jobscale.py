@@ -432,7 +432,7 @@ def load_jobscale(path: str | Path) -> tuple[JobScaleNet, dict[str, Any]]:
 
 def predict_next(checkpoint: str | Path, samples: Any, batch: int, precision: str, optimizer: str,
                  coldstart: dict[str, float] | None = None, host_stall_s: float = 0.0,
-                 graph: Any = None) -> dict[str, Any]:
+                 graph: Any = None, loaded: tuple[JobScaleNet, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Where a job that has just started is heading over the next ``HORIZON_SECONDS``: its memory
     plateau (bytes) and mean GPU utilisation (0-1), p50 / p90 / p99, from its first second of samples.
 
@@ -442,9 +442,9 @@ def predict_next(checkpoint: str | Path, samples: Any, batch: int, precision: st
     profiler (:func:`dprobe.coldstart.predict.predict_job`): ``gpu_seconds`` and ``host_seconds`` (the
     roofline's GPU busy and host issue time of a step), ``gpu_utilization`` (its p50) and
     ``device_memory_bytes`` (the replayed estimate); ``graph``: the model graph as PyG ``Data``, for a
-    checkpoint with a GNN embedding.
+    checkpoint with a GNN embedding. ``loaded``: ``checkpoint`` as :func:`load_jobscale` already read it.
     """
-    net, ckpt = load_jobscale(checkpoint)
+    net, ckpt = loaded or load_jobscale(checkpoint)
     first = first_second(samples)
     obs = np.array([first_second_features(first, batch, precision, optimizer, host_stall_s)])
     ds: dict[str, Any] = {"obs": obs}

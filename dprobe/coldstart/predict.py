@@ -56,14 +56,17 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
         from dprobe.jobscale import DEFAULT_CHECKPOINT, first_second, load_jobscale
 
         first_second(samples)
-        load_jobscale(jobscale_checkpoint or DEFAULT_CHECKPOINT)
+        jobscale_checkpoint = jobscale_checkpoint or DEFAULT_CHECKPOINT
+        jobscale = load_jobscale(jobscale_checkpoint)
+    else:
+        jobscale = None
     spec = GPUS[gpu]
     if parse_spec(model, config_kwargs).lib == "onnx":  # a graph, no module to replay: estimate from its nodes
         graph = read_onnx(model, batch=batch, seq=seq)
         est = estimate_from_graph(graph, batch, precision, optimizer)
         result = _predict(model, batch, precision, optimizer, graph, est, spec, gpu, checkpoint, host_stall_s,
                           host_factor, note=ONNX_NOTE)
-        return _with_job_scale(result, graph, samples, jobscale_checkpoint)
+        return _with_job_scale(result, graph, samples, jobscale_checkpoint, jobscale)
     try:
         est = analytical_for(model, batch, precision, optimizer, image=image, seq=seq,
                              config_kwargs=config_kwargs)
@@ -82,24 +85,25 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
                          f"{first}{hint}") from exc
     graph = build_model_graph(model, batch=batch, image=image, seq=seq, config_kwargs=config_kwargs)
     result = _predict(model, batch, precision, optimizer, graph, est, spec, gpu, checkpoint, host_stall_s, host_factor)
-    return _with_job_scale(result, graph, samples, jobscale_checkpoint)
+    return _with_job_scale(result, graph, samples, jobscale_checkpoint, jobscale)
 
 
-def _with_job_scale(result: dict[str, Any], graph: ModelGraph, samples: Any,
-                    checkpoint: str | Path | None) -> dict[str, Any]:
-    """``result`` with ``job_scale`` added where the job's first samples are given."""
+def _with_job_scale(result: dict[str, Any], graph: ModelGraph, samples: Any, checkpoint: str | Path | None,
+                    loaded: tuple | None) -> dict[str, Any]:
+    """``result`` with ``job_scale`` added where the job's first samples are given (``loaded``: the
+    job-scale checkpoint as :func:`dprobe.jobscale.load_jobscale` read it)."""
     if samples is None:
         return result
     from dprobe.graph.encoder import graph_to_data
-    from dprobe.jobscale import DEFAULT_CHECKPOINT, predict_next
+    from dprobe.jobscale import predict_next
 
-    path = checkpoint or DEFAULT_CHECKPOINT
     analytical = result["analytical"]
     coldstart = {"gpu_seconds": analytical["gpu_seconds_per_step"], "host_seconds": analytical["host_seconds_per_step"],
                  "gpu_utilization": result["gpu_utilization"]["p50"],
                  "device_memory_bytes": analytical["device_memory_bytes"]}
-    result["job_scale"] = predict_next(path, samples, result["batch"], result["precision"], result["optimizer"],
-                                       coldstart, host_stall_s=result["host_stall_s"], graph=graph_to_data(graph))
+    result["job_scale"] = predict_next(checkpoint, samples, result["batch"], result["precision"], result["optimizer"],
+                                       coldstart, host_stall_s=result["host_stall_s"], graph=graph_to_data(graph),
+                                       loaded=loaded)
     return result
 
 

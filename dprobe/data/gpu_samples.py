@@ -58,9 +58,9 @@ def read_gpu_samples(path: str | Path) -> pd.DataFrame:
         frame[["mem_used_bytes", "mem_total_bytes"]] *= MIB
     else:
         frame = raw[COLUMNS].apply(pd.to_numeric, errors="coerce")
-    bad = frame.isna().any(axis=1) | ~np.isfinite(frame.to_numpy(dtype=float)).all(axis=1)
+    bad = ~np.isfinite(frame.to_numpy(dtype=float)).all(axis=1)  # NaN where a cell was missing or not a number
     if bad.any():
-        row = int(np.flatnonzero(bad.to_numpy())[0])
+        row = int(np.flatnonzero(bad)[0])
         raise DatasetError(f"{path}: row {row + 2} has a missing or non-numeric value "
                            f"({', '.join(f'{k}={raw.iloc[row][k]!r}' for k in raw.columns[:6])})")
     if len(frame) == 0:
