@@ -33,6 +33,7 @@ from torch import nn
 from torch_geometric.data import Batch
 from tqdm.auto import tqdm
 
+from dprobe.coldstart.model import fit_standardisation, standardise
 from dprobe.conformal import conformal_shift, family_folds, held_out_groups
 from dprobe.graph.encoder import GraphEncoder
 
@@ -206,7 +207,7 @@ class JobScaleNet(nn.Module):
         self.linear = nn.Linear(n_features, 2)  # a linear path keeps extrapolation tame
 
     def forward(self, feats: torch.Tensor, graphs: Batch | None = None) -> torch.Tensor:
-        f = (feats - self.mu) / self.sd
+        f = standardise(feats, self.mu, self.sd)
         z = self.encoder(graphs) if self.encoder is not None and graphs is not None else f[:, :0]
         out = self.mlp(torch.cat([f, z], dim=1)).view(-1, 2, len(LEVELS))
         p50 = out[..., :1] + self.linear(f).unsqueeze(-1)
@@ -228,8 +229,9 @@ def fit(ds: dict[str, Any], idx: np.ndarray, variant: str, epochs: int = 300, se
     use_gnn = variant == "graph" and graph_dim > 0
     graphs = Batch.from_data_list([ds["graphs"][i] for i in idx]) if use_gnn else None
     net = JobScaleNet(x.shape[1], graph_dim=graph_dim if use_gnn else 0)
-    net.mu.copy_(x.mean(0))
-    net.sd.copy_(x.std(0).clamp_min(1e-3))
+    mu, sd = fit_standardisation(x)
+    net.mu.copy_(mu)
+    net.sd.copy_(sd)
     levels = torch.tensor(LEVELS)
     opt = torch.optim.AdamW(net.parameters(), lr=3e-3, weight_decay=1e-3)
     net.train()

@@ -21,6 +21,21 @@ def test_round_alloc() -> None:
     assert round_alloc(1) == 512 and round_alloc(512) == 512 and round_alloc(513) == 1024 and round_alloc(0) == 0
 
 
+def test_features_constant_in_training_are_held_at_their_training_value() -> None:
+    from dprobe.coldstart.model import ColdStartModel, constant_features, fit_standardisation
+
+    x = torch.tensor([[1.0, 0.0, 5.0], [3.0, 0.0, 5.0], [2.0, 0.0, 5.0]])  # features 1 and 2 never vary
+    model = ColdStartModel(3, graph_dim=0).eval()
+    mu, sd = fit_standardisation(x)
+    model.mu.copy_(mu)
+    model.sd.copy_(sd)
+    assert constant_features(model) == [1, 2]
+    seen = torch.tensor([[2.5, 0.0, 5.0]])
+    unseen = torch.tensor([[2.5, 1.0, 9.0]])  # e.g. fp16, or another GPU's memory
+    torch.testing.assert_close(model(None, unseen), model(None, seen))
+    assert not torch.equal(model(None, torch.tensor([[1.5, 0.0, 5.0]])), model(None, seen))
+
+
 def test_family_rule() -> None:
     assert family_of("resnet50") == family_of("resnet18") == "resnet"
     assert family_of("bert-large") == family_of("bert-base") == "bert"
@@ -135,6 +150,13 @@ def test_cli_predict(capsys, tmp_path) -> None:
     assert main([*args, "--gpu", "a100"]) == 0
     on_a100 = json.loads(capsys.readouterr().out)
     assert "trained on h200 measurements only, not a100" in on_a100["note"]
+    # no training run was on an A100 or in fp16: the corrections stay those learnt, never extrapolated
+    assert main([*args[:-2], "fp16", "--json"]) == 0
+    in_fp16 = json.loads(capsys.readouterr().out)
+    assert "learnt from no fp16 run" in in_fp16["note"]
+    for unseen in (on_a100, in_fp16):
+        for key in ("peak_memory_bytes", "device_memory_bytes", "step_time_seconds"):
+            assert 1 / 3 < unseen[key]["p50"] / out[key]["p50"] < 3, (key, unseen[key], out[key])
     assert main(["predict", "torchvision:nope", "--batch", "2", "--json"]) == 2
     assert "unknown torchvision model" in capsys.readouterr().err
     # batch norm after global pooling cannot train on one sample: said plainly, with what to do

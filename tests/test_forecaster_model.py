@@ -366,8 +366,8 @@ def test_busy_windows_weigh_less_in_training_only(small_alibaba_dir):
     dm = SeriesDataModule([str(small_alibaba_dir)], calm_weight=5.0, **kwargs)
     dm.setup()
     assert dm.task_weights == plain.task_weights
-    typical, mean, calm = dm.change_weighting
-    assert calm == 5.0 and all(m > 0 for m in mean)
+    typical, mean = dm.change_weighting.typical, dm.change_weighting.mean
+    assert dm.change_weighting.calm_weight == 5.0 and all(m > 0 for m in mean)
     batch = next(iter(dm.train_dataloader()))
     change = window_change(batch["x"][..., 0].numpy(), batch["x"][..., 1].numpy())
     task = batch["task"].numpy()

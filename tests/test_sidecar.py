@@ -305,6 +305,11 @@ def test_bad_checkpoints_name_the_file_and_why(tmp_path: Path) -> None:
         with pytest.raises(CheckpointError, match=why) as err:
             load_forecaster(path, "ewma")
         assert str(path) in str(err.value)
+    # a file of objects a weights-only load refuses: the finding, not torch's advice to load it unsafely
+    objects = _save(tmp_path / "objects.pt", {"kind": "nope", "dprobe_version": "0.1.0", "where": Path("/x")})
+    with pytest.raises(CheckpointError, match="weights-only load refuses it .*Unsupported global") as err:
+        load_forecaster(objects, "ewma")
+    assert "weights_only" not in str(err.value)
     fallback = open_forecaster(truncated, "moving_median", fallback_on_error=True)
     assert fallback.forecaster.name == "moving_median" and "truncated.pt" in fallback.fallback_reason
 

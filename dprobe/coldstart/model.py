@@ -10,6 +10,24 @@ from dprobe.graph.encoder import GraphEncoder
 
 TARGETS = ["peak_memory_bytes", "device_memory_bytes", "gpu_utilization", "step_time_seconds"]
 QUANTILES = (0.5, 0.9)
+SD_FLOOR = 1e-3  # a feature whose spread over the training runs is at most this is taken as constant
+
+
+def fit_standardisation(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-feature mean and spread of the training rows ``x`` ``[n, F]`` (spread floored at ``SD_FLOOR``)."""
+    return x.mean(0), x.std(0).clamp_min(SD_FLOOR)
+
+
+def standardise(feats: torch.Tensor, mu: torch.Tensor, sd: torch.Tensor) -> torch.Tensor:
+    """``(feats - mu) / sd``; a feature that was constant in training is held at its training value
+    (0), since the network learnt nothing of it: a GPU or precision no training run had (the one value
+    of a constant feature divided by the floor would be a thousandfold extrapolation)."""
+    return torch.where(sd > SD_FLOOR, (feats - mu) / sd, torch.zeros_like(feats))
+
+
+def constant_features(mu_sd_holder: nn.Module) -> list[int]:
+    """Indices of the features that were constant over a model's training runs (see :func:`standardise`)."""
+    return torch.nonzero(mu_sd_holder.sd <= SD_FLOOR).flatten().tolist()
 
 
 class ResidualHead(nn.Module):
@@ -49,7 +67,7 @@ class ColdStartModel(nn.Module):
         self.heads = nn.ModuleList(ResidualHead(fs, len(ts), hidden, graph_dim, dropout) for ts, fs in groups)
 
     def forward(self, graphs: Batch | None, feats: torch.Tensor) -> torch.Tensor:
-        f = (feats - self.mu) / self.sd  # [n, n_features]
+        f = standardise(feats, self.mu, self.sd)  # [n, n_features]
         z = self.encoder(graphs) if self.encoder is not None else f[:, :0]  # [n, graph_dim]
         out = torch.cat([head(f, z) for head in self.heads], dim=1)  # [n, 4, 2], targets in self.targets order
         out = out[:, torch.tensor(self.targets).argsort()]

@@ -107,6 +107,22 @@ def _with_job_scale(result: dict[str, Any], graph: ModelGraph, samples: Any, che
     return result
 
 
+def _as_seen(feats: np.ndarray, precision: str, net: Any, result: dict[str, Any]) -> np.ndarray:
+    """The network's input: an fp16 job is shown as bf16 where the checkpoint learnt from no fp16 run
+    (the same autocast rules and tensor-core peak; the replay behind the analytical estimate is fp16's
+    own), and ``result`` gets a note saying so."""
+    from dprobe.coldstart.model import constant_features
+
+    never_varied = {FEATURES[i] for i in constant_features(net.members[0])}
+    if precision != "fp16" or "fp16" not in never_varied or "bf16" in never_varied:
+        return feats
+    shown = feats.copy()
+    shown[FEATURES.index("bf16")], shown[FEATURES.index("fp16")] = 1.0, 0.0
+    result["note"] = (result.get("note", "") + "; the checkpoint learnt from no fp16 run: its corrections "
+                      "for bf16 are applied to the fp16 replay").lstrip("; ")
+    return shown
+
+
 def _predict(model: str, batch: int, precision: str, optimizer: str, graph: ModelGraph, est: ReplayEstimate,
              spec: GPUSpec, gpu: str, checkpoint: str | Path | None, host_stall_s: float, host_factor: float = 1.0,
              note: str = "") -> dict[str, Any]:
@@ -132,7 +148,7 @@ def _predict(model: str, batch: int, precision: str, optimizer: str, graph: Mode
     if ckpt_path is not None:
         net, ckpt = load_checkpoint(ckpt_path)
         trained_on = ckpt.get("gpus", ["h200"])  # checkpoints before it was recorded: h200-profiles
-        res = predict_residuals(net, [graph_to_data(graph)], np.array([feats]))[0]
+        res = predict_residuals(net, [graph_to_data(graph)], np.array([_as_seen(feats, precision, net, result)]))[0]
         p50, p90 = from_residual(res[:, 0], base), from_residual(res[:, 1], base)
         result["method"] = "learned"
         result["checkpoint"] = str(ckpt_path)

@@ -23,7 +23,7 @@ from dprobe.coldstart.features import (
     job_features,
     with_host_factor,
 )
-from dprobe.coldstart.model import TARGETS, ColdStartEnsemble, ColdStartModel, pinball
+from dprobe.coldstart.model import TARGETS, ColdStartEnsemble, ColdStartModel, fit_standardisation, pinball
 from dprobe.coldstart.replay import ReplayEstimate
 from dprobe.conformal import conformal_shift, family_folds, held_out_groups
 from dprobe.graph.encoder import graph_for_run, graph_to_data, run_spec
@@ -232,8 +232,9 @@ def _fit_member(ds: dict[str, Any], idx: np.ndarray, max_epochs: int, seed: int,
                      dtype=torch.float32)
     batch = Batch.from_data_list([ds["graphs"][i] for i in idx]) if hp["graph_dim"] > 0 else None
     model = _member(hp, x.shape[1])
-    model.mu.copy_(x.mean(0))
-    model.sd.copy_(x.std(0).clamp_min(1e-3))
+    mu, sd = fit_standardisation(x)
+    model.mu.copy_(mu)
+    model.sd.copy_(sd)
     w = torch.tensor(hp["target_weights"], dtype=torch.float32) * torch.tensor(ds["valid"][idx], dtype=torch.float32)
     opt = torch.optim.AdamW(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
     model.train()

@@ -40,6 +40,15 @@ class TaskSeries:
     known: np.ndarray  # (S,) bool: the series' workload is known
 
 
+@dataclass(frozen=True)
+class ChangeWeighting:
+    """What :func:`change_factor` needs to weigh a window by how busy it is, per task."""
+
+    typical: list[float]  # per task: the median change of its training windows
+    mean: list[float]  # per task: the factor's mean there (divided out, so the task's share stays)
+    calm_weight: float  # the most a calm or flat window counts, relative to a typical one
+
+
 class _Origins(Dataset):
     """Rows (task, series, origin); windows are gathered in ``WindowCollate``."""
 
@@ -58,10 +67,10 @@ class WindowCollate:
 
     def __init__(self, tasks: list[TaskSeries], context_length: int, task_weights: list[float],
                  covariate_dropout: float = 0.0, seed: int = 0,
-                 change_weighting: tuple[list[float], list[float], float] | None = None) -> None:
+                 change_weighting: ChangeWeighting | None = None) -> None:
         self.tasks, self.context, self.task_weights = tasks, context_length, task_weights
         self.covariate_dropout = covariate_dropout
-        self.change_weighting = change_weighting  # per task: typical change, mean factor; and calm_weight
+        self.change_weighting = change_weighting
         self.rng = np.random.default_rng(seed)
 
     def __call__(self, rows: list[np.ndarray]) -> dict[str, torch.Tensor]:
@@ -90,8 +99,8 @@ class WindowCollate:
             series.append(s)
             w = np.full(len(sel), self.task_weights[k], dtype=np.float32)
             if self.change_weighting is not None:
-                typical, mean, calm = self.change_weighting
-                factor = change_factor(window_change(x[..., 0], x[..., 1]), typical[k], calm) / mean[k]
+                cw = self.change_weighting
+                factor = change_factor(window_change(x[..., 0], x[..., 1]), cw.typical[k], cw.calm_weight) / cw.mean[k]
                 w = (w * factor).astype(np.float32)
             weights.append(w)
             targets.append(normalise_targets(fut, last, scale))
@@ -188,7 +197,7 @@ class SeriesDataModule(pl.LightningDataModule):
             raise ValueError(f"no training windows in {hp.datasets}: series too short for the lead times")
 
     def _balance_tasks(self, rng: np.random.Generator, n: int = 2000
-                       ) -> tuple[list[float], tuple[list[float], list[float], float] | None]:
+                       ) -> tuple[list[float], ChangeWeighting | None]:
         """Per-task loss weights: 1 / the last-value forecast's mean error in window units; and, with
         ``calm_weight``, what :func:`change_factor` needs per task (its windows' median change and
         the factor's mean, so that the task's share of the loss stays as it was).
@@ -215,7 +224,7 @@ class SeriesDataModule(pl.LightningDataModule):
                 typical.append(max(float(np.median(change)), 1e-6))
                 mean.append(float(change_factor(change, typical[-1], calm).mean()))
         total = float(np.mean(weights))
-        return [w / total for w in weights], ((typical, mean, float(calm)) if calm is not None else None)
+        return [w / total for w in weights], (ChangeWeighting(typical, mean, float(calm)) if calm is not None else None)
 
     def _loader(self, rows: np.ndarray, sampler=None, shuffle: bool = False, train: bool = False) -> DataLoader:
         hp = self.hparams

@@ -64,6 +64,20 @@ def _major(version: str) -> str:
     return str(version).split(".")[0]
 
 
+def _load_failure(exc: Exception) -> str:
+    """The part of a ``torch.load`` error that says what is wrong with the file.
+
+    A weights-only load that meets bytes it does not accept (random bytes, a pickle of arbitrary
+    objects) opens with advice to load with ``weights_only=False``; dprobe never does that, so only
+    the unpickler's own finding is kept ("Unsupported operand 149", "Unsupported global: ...").
+    """
+    text = str(exc)
+    if "WeightsUnpickler error:" in text:
+        detail = [ln.strip() for ln in text.split("WeightsUnpickler error:", 1)[1].splitlines() if ln.strip()]
+        return f"a weights-only load refuses it ({detail[0] if detail else type(exc).__name__})"
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
 def load_torch_dict(path: str | Path) -> dict:
     """``torch.load(path, weights_only=True)`` of a checkpoint dict (any dprobe model's), with a
     :class:`CheckpointError` naming the file when it is missing, damaged or holds something else."""
@@ -75,10 +89,8 @@ def load_torch_dict(path: str | Path) -> dict:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for a damaged file (RuntimeError, EOFError, pickle errors)
-        raise CheckpointError(
-            f"checkpoint {path}: cannot be read (corrupt, truncated or not a torch file): "
-            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
-        ) from exc
+        raise CheckpointError(f"checkpoint {path}: cannot be read (corrupt, truncated or not a torch file): "
+                              f"{_load_failure(exc)}".rstrip(": ")) from exc
     if not isinstance(ckpt, dict):
         raise CheckpointError(f"checkpoint {path}: holds a {type(ckpt).__name__}, not a dprobe checkpoint dict")
     return ckpt
