@@ -272,9 +272,10 @@ def test_predict_names_a_step_that_cannot_be_replayed(monkeypatch, capsys) -> No
     assert main(["predict", "torchvision:resnet18", "--batch", "2", "--precision", "bf16"]) == 2
     err = capsys.readouterr().err
     assert "cannot replay a training step (bf16) of torchvision:resnet18: RuntimeError: Expected mat_a" in err
-    # a model whose forward wants other inputs (RAFT: two images) gets a hint at what to do
+    # a model whose forward wants other inputs (two tensors) gets a hint at what to do
     monkeypatch.undo()
-    assert main(["predict", "torchvision:raft_small", "--batch", "2"]) == 2
+    bilinear = '{"in1_features": 4, "in2_features": 4, "out_features": 2}'
+    assert main(["predict", "module:torch.nn:Bilinear", "--config-kwargs", bilinear, "--batch", "2"]) == 2
     assert "TypeError" in (err := capsys.readouterr().err) and "example_inputs(batch)" in err
 
 

@@ -142,6 +142,60 @@ def test_model_that_reads_its_mask_values() -> None:
     assert not masking.is_tracing(torch.zeros(1))  # transformers is left as it was
 
 
+TINY_VIT = json.dumps({"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+                       "image_size": 32, "patch_size": 8, "num_labels": 5})
+TINY_WHISPER = json.dumps({"d_model": 32, "encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 2,
+                           "decoder_attention_heads": 2, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
+                           "num_mel_bins": 8, "max_source_positions": 16})
+TINY_CLIP = json.dumps({"text_config": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                        "intermediate_size": 64, "vocab_size": 100, "max_position_embeddings": 16},
+                        "vision_config": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                          "intermediate_size": 64, "image_size": 32, "patch_size": 8},
+                        "projection_dim": 16})
+TINY_T5 = json.dumps({"d_model": 32, "d_kv": 16, "d_ff": 64, "num_layers": 1, "num_heads": 2, "vocab_size": 100})
+
+
+@pytest.mark.parametrize(("spec", "kwargs", "inputs", "loss"), [
+    ("transformers:ViTConfig/ViTForImageClassification", TINY_VIT, {"pixel_values": [2, 3, 32, 32]}, "output"),
+    # decoder labels of the default length, log-mel frames of its 30 s window (2 x max_source_positions)
+    ("transformers:WhisperConfig/WhisperForConditionalGeneration", TINY_WHISPER,
+     {"input_features": [2, 8, 32], "labels": [2, 128]}, "output"),
+    # text ids only as long as its positions go (16 < 128), an image beside them, its contrastive loss
+    ("transformers:CLIPConfig/CLIPModel", TINY_CLIP, {"input_ids": [2, 16], "pixel_values": [2, 3, 32, 32]},
+     "output"),
+    # T5 keeps decoder_start_token_id out of its config; training shifts the labels right with it
+    ("transformers:T5Config/T5ForConditionalGeneration", TINY_T5, {"input_ids": [2, 128], "labels": [2, 128]},
+     "output"),
+    ("torchvision:r3d_18", None, {"0": [2, 3, 16, 112, 112]}, "ce"),  # a clip: [B, C, T, H, W]
+    ("torchvision:lraspp_mobilenet_v3_large", None, {"0": [2, 3, 520, 520]}, "ce"),  # a class per pixel
+])
+def test_example_inputs_beyond_images_and_token_ids(spec: str, kwargs: str | None, inputs: dict,
+                                                    loss: str) -> None:
+    from dprobe.coldstart.replay import replay_training_step
+    from dprobe.graph.zoo import build_module, example_inputs, parse_spec
+
+    parsed = parse_spec(spec, kwargs)
+    ex = example_inputs(parsed, build_module(parsed), 2, labels=True)
+    given = {**{str(i): a for i, a in enumerate(ex.args)}, **ex.kwargs}
+    assert {k: list(given[k].shape) for k in inputs} == inputs and ex.loss == loss
+    if spec.startswith("torchvision"):  # small images for the replay (the defaults are checked above)
+        est = replay_training_step(parsed, 2, image=64)
+    else:
+        est = replay_training_step(parsed, 2)
+    assert est.peak_bytes > est.param_bytes > 0 and est.flops > 0
+
+
+@pytest.mark.parametrize(("spec", "pattern"), [
+    ("torchvision:fasterrcnn_mobilenet_v3_large_fpn", "trains on lists of images with target boxes"),
+    ("torchvision:raft_small", "pairs of frames"),
+    ("torchvision:quantized_resnet18", "int8 model for inference"),
+    ("transformers:Speech2TextConfig/Speech2TextForConditionalGeneration", "takes 'input_features'"),
+])
+def test_models_whose_training_inputs_dprobe_does_not_make(spec: str, pattern: str) -> None:
+    with pytest.raises(GraphError, match=pattern):
+        build_model_graph(spec, batch=2)
+
+
 def test_untraceable_module() -> None:
     with pytest.raises(GraphError, match="cannot trace model 'Branchy'.*torch.fx"):
         trace_module(Branchy().to("meta"), (torch.randn(2, 8, device="meta"),))

@@ -45,16 +45,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def predict_from_args(args: argparse.Namespace) -> dict:
+    """The prediction ``dprobe predict`` prints, for its parsed arguments."""
     from dprobe.coldstart.predict import predict_job
     from dprobe.data.gpu_samples import read_gpu_samples
 
     samples = read_gpu_samples(args.samples) if args.samples else None
-    result = predict_job(args.model, args.batch, precision=args.precision, optimizer=args.optimizer,
-                         image=args.image, seq=args.seq, config_kwargs=args.config_kwargs,
-                         checkpoint=args.checkpoint, gpu=args.gpu, host_stall_s=args.host_stall,
-                         host_factor=args.host_factor, samples=samples,
-                         jobscale_checkpoint=args.jobscale_checkpoint)
+    return predict_job(args.model, args.batch, precision=args.precision, optimizer=args.optimizer,
+                       image=args.image, seq=args.seq, config_kwargs=args.config_kwargs,
+                       checkpoint=args.checkpoint, gpu=args.gpu, host_stall_s=args.host_stall,
+                       host_factor=args.host_factor, samples=samples, jobscale_checkpoint=args.jobscale_checkpoint)
+
+
+def run(args: argparse.Namespace) -> int:
+    result = predict_from_args(args)
     if args.json:
         print(json.dumps(result))
         return 0

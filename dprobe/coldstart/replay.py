@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -54,9 +55,11 @@ class ReplayEstimate:
 def _loss(model_out: Any, ex: ExampleInputs) -> torch.Tensor:
     if ex.loss == "output":
         return model_out.loss
+    if isinstance(model_out, Mapping):  # e.g. torchvision segmentation: {"out": [B, C, H, W]}
+        model_out = model_out.get("out", next(iter(model_out.values())))
     logits = model_out if isinstance(model_out, torch.Tensor) else model_out[0]
-    if ex.loss == "ce" and logits.dim() == 2:
-        target = torch.randint(0, logits.shape[1], (logits.shape[0],), device=logits.device)
+    if ex.loss == "ce" and logits.dim() in (2, 4):  # [B, C] classes, or [B, C, H, W] a class per pixel
+        target = torch.randint(0, logits.shape[1], (logits.shape[0], *logits.shape[2:]), device=logits.device)
         return F.cross_entropy(logits, target)
     return logits.float().mean()
 

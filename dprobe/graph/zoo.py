@@ -20,6 +20,7 @@ from dprobe.graph.schema import GraphError
 T = TypeVar("T")
 LM_SUFFIXES = ("LMHeadModel", "ForCausalLM", "ForMaskedLM", "ForConditionalGeneration", "WithLMHead")
 CLS_SUFFIXES = ("ForSequenceClassification", "ForImageClassification", "ForTokenClassification")
+AUDIO_SAMPLES = 16000  # default length of a raw-audio input (input_values): one second at 16 kHz
 
 
 @dataclass
@@ -75,18 +76,46 @@ def parse_spec(text: str, config_kwargs: str | dict | None = None) -> ModelSpec:
     raise GraphError(f"model spec {text!r}: unknown source {lib!r} (torchvision, timm, transformers, module, .onnx)")
 
 
+# torchvision model groups whose training inputs are not a batch of tensors, or that do not train
+TORCHVISION_UNSUPPORTED = {
+    "detection": "trains on lists of images with target boxes",
+    "optical_flow": "trains on pairs of frames with flow targets",
+    "quantization": "is an int8 model for inference, not training",
+}
+
+
+def torchvision_group(name: str) -> str:
+    """The ``torchvision.models`` subpackage a builder lives in ("resnet", "video", "segmentation", ...)."""
+    import torchvision
+
+    parts = torchvision.models.get_model_builder(name).__module__.split(".")
+    return parts[2] if len(parts) > 2 else ""
+
+
 def _torchvision(name: str) -> nn.Module:
     import torchvision
 
     if name not in torchvision.models.list_models():
         raise GraphError(f"unknown torchvision model {name!r} (see torchvision.models.list_models())")
-    # auxiliary heads change the training output; rebuild without them, skipping slow weight init
+    group = torchvision_group(name)
+    if group in TORCHVISION_UNSUPPORTED:
+        raise GraphError(f"torchvision:{name} {TORCHVISION_UNSUPPORTED[group]}, which dprobe does not replay; for "
+                         "a model whose training step takes tensors, give a module:pkg.mod:factory whose model has "
+                         "an example_inputs(batch) method")
+    params = inspect.signature(torchvision.models.get_model_builder(name)).parameters
+    # no weights of any part (segmentation and detection builders default to an ImageNet backbone, a
+    # download), no auxiliary heads (they change the training output), no slow weight init
+    kwargs: dict[str, Any] = {"weights": None}
+    if "weights_backbone" in params:
+        kwargs["weights_backbone"] = None
+    if "aux_loss" in params:
+        kwargs["aux_loss"] = False
     for extra in ({"aux_logits": False, "init_weights": False}, {"init_weights": False}, {"aux_logits": False}):
         try:
-            return torchvision.models.get_model(name, weights=None, **extra)
+            return torchvision.models.get_model(name, **kwargs, **extra)
         except TypeError:
             continue
-    return torchvision.models.get_model(name, weights=None)
+    return torchvision.models.get_model(name, **kwargs)
 
 
 def _timm(name: str) -> nn.Module:
@@ -106,12 +135,17 @@ def _transformers(spec: ModelSpec) -> nn.Module:
     arch_cls = getattr(transformers, spec.arch, None)
     if arch_cls is None or not isinstance(arch_cls, type):
         raise GraphError(f"transformers has no model class {spec.arch!r}")
-    known = set(config_cls().to_dict()) | set(inspect.signature(config_cls.__init__).parameters)
+    known = (set(config_cls().to_dict()) | set(inspect.signature(config_cls.__init__).parameters)
+             | set(inspect.signature(transformers.PretrainedConfig.__init__).parameters)
+             | {n for n, v in inspect.getmembers(config_cls) if isinstance(v, property) and v.fset})  # num_labels
     unknown = sorted(k for k in spec.config_kwargs if k not in known)
     if unknown:
         raise GraphError(f"config kwargs not accepted by {spec.config}: {', '.join(unknown)}")
     try:
         config = config_cls(**spec.config_kwargs)
+        if getattr(config, "is_encoder_decoder", False) and getattr(config, "decoder_start_token_id", None) is None:
+            # T5-likes keep it in their generation config; training shifts labels right with it
+            config.decoder_start_token_id = getattr(config, "pad_token_id", None) or 0
         return arch_cls(config)
     except Exception as exc:  # noqa: BLE001 - any construction failure is a spec problem
         raise GraphError(f"cannot build {spec.arch} from {spec.config}(**{spec.config_kwargs}): {exc}") from exc
@@ -209,9 +243,14 @@ def with_masks_from_shapes_if_needed(spec: ModelSpec, attempt: Callable[[], T]) 
         return attempt(), True
 
 
-def default_image_size(model: nn.Module) -> int:
+def default_image_size(model: nn.Module, spec: ModelSpec | None = None) -> int:
     """The input size a vision model is built for: timm's ``pretrained_cfg["input_size"]``,
-    torchvision's ``image_size`` (ViT), else 224."""
+    torchvision's ``image_size`` (ViT), a torchvision segmentation model's training resize (520),
+    else 224."""
+    if spec is not None and spec.lib == "torchvision" and torchvision_group(spec.name) == "segmentation":
+        import torchvision
+
+        return int(torchvision.models.get_model_weights(spec.name).DEFAULT.transforms().resize_size[0])
     cfg = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None)
     size = cfg.get("input_size") if isinstance(cfg, dict) else None
     if isinstance(size, (tuple, list)) and len(size) == 3 and int(size[1]) > 0:
@@ -225,10 +264,32 @@ def example_inputs(spec: ModelSpec, model: nn.Module, batch: int, image: int | N
     """Random inputs of the right shape (images ``3 x image x image``; token ids of length ``seq``)."""
     if spec.lib == "transformers":
         config = model.config
-        seq = int(seq or 128)
+        main = getattr(model, "main_input_name", "input_ids")
+        # token ids: the text input, and the labels / decoder input of a model whose main input is not text
+        # default 128 tokens, or fewer where the text positions end sooner (CLIP's 77)
+        text = getattr(config, "text_config", None) or config
+        seq = int(seq or (AUDIO_SAMPLES if main == "input_values"
+                          else min(128, int(getattr(text, "max_position_embeddings", None) or 128))))
         vocab = int(getattr(config, "vocab_size", 30522) or 30522)
-        ids = torch.randint(0, vocab, (batch, seq), device=device)
-        kwargs: dict[str, Any] = {"input_ids": ids}
+        ids = torch.randint(0, vocab, (batch, 128 if main == "input_values" else seq), device=device)
+        kwargs: dict[str, Any] = {"input_ids": ids} if main == "input_ids" else {}
+        meta: dict[str, Any] = {"batch": batch, "seq": seq, "vocab": vocab}
+        if main == "pixel_values" or ("pixel_values" in inspect.signature(model.forward).parameters
+                                      and hasattr(config, "vision_config")):  # image models; CLIP-like pairs
+            vision = getattr(config, "vision_config", None) or config
+            image = int(image or getattr(vision, "image_size", 224) or 224)
+            channels = int(getattr(vision, "num_channels", 3) or 3)
+            kwargs["pixel_values"] = torch.randn(batch, channels, image, image, device=device)
+            meta["image"] = image
+        elif main == "input_features" and getattr(config, "num_mel_bins", None) and getattr(
+                config, "max_source_positions", None):  # Whisper-like: log-mel frames of a 30 s window
+            frames = 2 * int(config.max_source_positions)
+            kwargs["input_features"] = torch.randn(batch, int(config.num_mel_bins), frames, device=device)
+        elif main == "input_values":  # wav2vec2-like: raw audio samples
+            kwargs["input_values"] = torch.randn(batch, seq, device=device)
+        elif main != "input_ids":
+            raise GraphError(f"{spec.arch} takes {main!r}, for which dprobe makes no example input; give a "
+                             "module:pkg.mod:factory whose model has an example_inputs(batch) method")
         loss = "mean"
         if labels and spec.arch.endswith(LM_SUFFIXES):
             kwargs["labels"] = ids
@@ -236,14 +297,32 @@ def example_inputs(spec: ModelSpec, model: nn.Module, batch: int, image: int | N
         elif labels and spec.arch.endswith(CLS_SUFFIXES):
             kwargs["labels"] = torch.randint(0, int(getattr(config, "num_labels", 2)), (batch,), device=device)
             loss = "output"
+        elif labels and "return_loss" in inspect.signature(model.forward).parameters:  # contrastive (CLIP)
+            kwargs["return_loss"] = True
+            loss = "output"
         elif getattr(config, "is_encoder_decoder", False):
             kwargs["decoder_input_ids"] = ids
-        return ExampleInputs((), kwargs, loss, {"batch": batch, "seq": seq, "vocab": vocab})
+        return ExampleInputs((), kwargs, loss, meta)
     factory_inputs = getattr(model, "example_inputs", None)
     if callable(factory_inputs):
         args = factory_inputs(batch)
         args = args if isinstance(args, tuple) else (args,)
         return ExampleInputs(tuple(a.to(device) for a in args), {}, "mean", {"batch": batch})
-    image = int(image or default_image_size(model))
+    if spec.lib == "torchvision" and torchvision_group(spec.name) == "video":
+        frames, side = _video_clip(spec.name)
+        image = int(image or side)
+        x = torch.randn(batch, 3, frames, image, image, device=device)  # [B, C, T, H, W]
+        return ExampleInputs((x,), {}, "ce", {"batch": batch, "image": image, "frames": frames})
+    image = int(image or default_image_size(model, spec))
     x = torch.randn(batch, 3, image, image, device=device)
     return ExampleInputs((x,), {}, "ce", {"batch": batch, "image": image})
+
+
+def _video_clip(name: str) -> tuple[int, int]:
+    """Frames and side of a torchvision video model's training clip: its weights' crop and at least 16
+    frames (the Kinetics recipes' clip length, or the model's minimum where that is longer)."""
+    import torchvision
+
+    weights = torchvision.models.get_model_weights(name).DEFAULT
+    frames = max(16, int(weights.meta.get("min_temporal_size") or 0))
+    return frames, int(weights.transforms().crop_size[0])
