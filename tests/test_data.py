@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import logging
 import shutil
 from pathlib import Path
 
@@ -367,13 +368,20 @@ def _set_cell(path: Path, row: int, column: str, value: str) -> None:
     _edit_csv(path, edit)
 
 
-def test_missing_file(tmp_path: Path) -> None:
+def test_missing_file(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     d = write_alibaba_subset(tmp_path / "a", longest_pods(1))
+    full = load_alibaba(d)
+    # one metric file is enough; without qps the request rates are unknown (NaN), not zero
     (d / "pod_gpu_memory_used_bytes_anon.csv.gz").unlink()
-    with pytest.raises(DatasetError, match="pod_gpu_memory_used_bytes_anon"):
-        load_alibaba(d)
     (d / "qps.csv.gz").unlink()
-    with pytest.raises(DatasetError, match=str(d)):
+    with caplog.at_level(logging.WARNING):
+        duty_only = load_alibaba(d)
+    assert "forecasting without request rates" in caplog.text
+    assert duty_only.targets == ["gpu_duty_cycle_pct"] and duty_only.covariates == ["qps", "qps_api"]
+    assert duty_only.frame[["qps", "qps_api"]].isna().all().all()
+    pd.testing.assert_series_equal(duty_only.frame["gpu_duty_cycle_pct"], full.frame["gpu_duty_cycle_pct"])
+    (d / "pod_gpu_duty_cycle_anon.csv.gz").unlink()
+    with pytest.raises(DatasetError, match="missing both pod_gpu_duty_cycle_anon.*pod_gpu_memory_used_bytes_anon"):
         load_alibaba(d)
     h = tmp_path / "h200"
     h.mkdir()

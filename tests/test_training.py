@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -137,6 +138,16 @@ def test_evaluate_cli_scores_a_checkpoint(tmp_path, small_alibaba_dir, small_hel
     dprobe_rows = [r for r in rows if r["method"] == "dprobe"]
     assert {r["lead_steps"] for r in dprobe_rows} == {5, 15, 30}
     assert {r["target"] for r in dprobe_rows} == {"gpu_duty_cycle_pct", "gpu_memory_bytes"}
+    # a cluster that exports memory only and scrapes no request rates: its one target, no covariates
+    partial = tmp_path / "memory-only"
+    partial.mkdir()
+    shutil.copy(small_alibaba_dir / "pod_gpu_memory_used_bytes_anon.csv.gz", partial)
+    assert main(["evaluate", "--data", str(partial), "--checkpoint", summary["checkpoint"], "--json",
+                 "--baselines", "last_value"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert {r["target"] for r in rows} == {"gpu_memory_bytes"} and {r["method"] for r in rows} == {"dprobe",
+                                                                                                   "last_value"}
+    assert all(np.isfinite(r["mae"]) and r["n_forecasts"] > 0 for r in rows)
 
 
 def test_bad_checkpoint_is_refused_by_name(tmp_path, small_helios_dir, capsys):

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pandas as pd
 
 from dprobe.data.common import DatasetError, SeriesDataset, find_file, read_csv, snap_to_grid, to_regular_grid
+
+log = logging.getLogger(__name__)
 
 NAME = "alibaba-genai-2026"
 DUTY_FILE = "pod_gpu_duty_cycle_anon"
@@ -33,20 +36,28 @@ def load_alibaba(directory: str | Path) -> SeriesDataset:
     """Load a directory laid out like ``datasets/alibaba-genai-2026``.
 
     Targets: ``gpu_duty_cycle_pct`` (GPU duty cycle, percent 0-100) and
-    ``gpu_memory_bytes``. Covariates: ``qps`` (the pod's generative request
-    rate; no row in ``qps`` means no request, i.e. 0) and ``qps_api`` (the
-    cluster-wide API request rate, same for every pod).
+    ``gpu_memory_bytes``, each where its file is there (one is enough).
+    Covariates: ``qps`` (the pod's generative request rate; no row in ``qps``
+    means no request, i.e. 0) and ``qps_api`` (the cluster-wide API request
+    rate, same for every pod); both unknown (NaN) without a ``qps`` file.
     """
     directory = Path(directory)
-    duty = _read_metric(find_file(directory, DUTY_FILE), "gpu_duty_cycle_pct")
-    mem = _read_metric(find_file(directory, MEMORY_FILE), "gpu_memory_bytes")
-    metrics = pd.concat([duty, mem], ignore_index=True)
+    files = {target: _optional_file(directory, stem) for target, stem in
+             (("gpu_duty_cycle_pct", DUTY_FILE), ("gpu_memory_bytes", MEMORY_FILE))}
+    targets = [t for t, path in files.items() if path is not None]
+    if not targets:
+        raise DatasetError(f"{directory}: missing both {DUTY_FILE}.csv.gz and {MEMORY_FILE}.csv.gz (or .csv)")
+    metrics = pd.concat([_read_metric(files[t], t) for t in targets], ignore_index=True)
     if metrics.empty:
-        raise DatasetError(f"{directory}: no pod rows in {DUTY_FILE} or {MEMORY_FILE}")
+        raise DatasetError(f"{directory}: no pod rows in {' or '.join(files[t].name for t in targets)}")
     origin = metrics["ds"].min()
-    frame = to_regular_grid(metrics, FREQ, ["gpu_duty_cycle_pct", "gpu_memory_bytes"], origin=origin)
+    frame = to_regular_grid(metrics, FREQ, targets, origin=origin)
 
-    qps_path = find_file(directory, QPS_FILE)
+    qps_path = _optional_file(directory, QPS_FILE)
+    if qps_path is None:  # request rates not scraped: unknown (NaN), as the forecaster is trained to expect
+        log.warning("%s: no %s.csv.gz: forecasting without request rates", directory, QPS_FILE)
+        frame["qps"] = frame["qps_api"] = float("nan")
+        return _dataset(frame, targets)
     qps = read_csv(qps_path, ["timestamp_anon", "value", "container_ip", "request_type"],
                    numeric=["value", "timestamp_anon"])
     qps["ds"] = snap_to_grid(pd.to_datetime(qps["timestamp_anon"], unit="s"), origin, FREQ)
@@ -58,11 +69,22 @@ def load_alibaba(directory: str | Path) -> SeriesDataset:
     api_qps = qps[qps["container_ip"].isna()].groupby("ds")["value"].sum().rename("qps_api").reset_index()
     frame = frame.merge(pod_qps, on=["unique_id", "ds"], how="left").merge(api_qps, on="ds", how="left")
     frame[["qps", "qps_api"]] = frame[["qps", "qps_api"]].fillna(0.0)
+    return _dataset(frame, targets)
+
+
+def _optional_file(directory: Path, stem: str) -> Path | None:
+    try:
+        return find_file(directory, stem)
+    except DatasetError:
+        return None
+
+
+def _dataset(frame: pd.DataFrame, targets: list[str]) -> SeriesDataset:
     frame = frame.sort_values(["unique_id", "ds"], ignore_index=True)
     return SeriesDataset(
         name=NAME,
-        frame=frame[["unique_id", "ds", "gpu_duty_cycle_pct", "gpu_memory_bytes", "qps", "qps_api", "gap"]],
-        targets=["gpu_duty_cycle_pct", "gpu_memory_bytes"],
+        frame=frame[["unique_id", "ds", *targets, "qps", "qps_api", "gap"]],
+        targets=targets,
         covariates=["qps", "qps_api"],
         freq=FREQ,
         lead_steps=LEAD_STEPS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from dprobe.data.alibaba import DUTY_FILE, load_alibaba
+from dprobe.data.alibaba import DUTY_FILE, MEMORY_FILE, load_alibaba
 from dprobe.data.alibaba import NAME as ALIBABA
 from dprobe.data.common import DatasetError, SeriesDataset
 from dprobe.data.helios import NAME as HELIOS
@@ -19,7 +19,7 @@ def detect_dataset(directory: str | Path) -> str:
     directory = Path(directory)
     if not directory.is_dir():
         raise DatasetError(f"{directory}: not a directory")
-    if any((directory / f"{DUTY_FILE}{s}").is_file() for s in (".csv.gz", ".csv")):
+    if any((directory / f"{stem}{s}").is_file() for stem in (DUTY_FILE, MEMORY_FILE) for s in (".csv.gz", ".csv")):
         return ALIBABA
     if vc_files(directory):
         return HELIOS
@@ -30,8 +30,8 @@ def detect_dataset(directory: str | Path) -> str:
     if any(directory.glob("cluster*.csv.gz")) or any(directory.glob("cluster*.csv")):
         return "itp-elasticflow"
     raise DatasetError(
-        f"{directory}: not laid out like a known data set: expected {DUTY_FILE}.csv.gz "
-        f"({ALIBABA}), vc*.csv.gz ({HELIOS}), runs.csv + samples.csv (h200-profiles), "
+        f"{directory}: not laid out like a known data set: expected {DUTY_FILE}.csv.gz and / or "
+        f"{MEMORY_FILE}.csv.gz ({ALIBABA}), vc*.csv.gz ({HELIOS}), runs.csv + samples.csv (h200-profiles), "
         "philly.csv.gz (philly-jobs) or cluster*.csv.gz (itp-elasticflow)"
     )
 
