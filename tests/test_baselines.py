@@ -220,3 +220,18 @@ def test_make_baseline_and_input_checks() -> None:
         ForecastInput(values=np.zeros(5), metric="gpu_demand", leads=(1,), step_seconds=1.0)
     with pytest.raises(ValueError, match="leads"):
         ForecastInput(values=np.zeros((1, 5)), metric="gpu_demand", leads=(0,), step_seconds=1.0)
+
+
+def test_infinite_values_are_gaps_and_empty_windows_are_refused() -> None:
+    """A broken exporter's +Inf is a missing sample, not a level to forecast from."""
+    y = np.array([[1.0, 2.0, 3.0, 4.0, 5.0]])
+    broken = np.array([[1.0, 2.0, 3.0, 4.0, np.inf]])
+    gap = np.array([[1.0, 2.0, 3.0, 4.0, np.nan]])
+    f = make_baseline("last_value")
+    forecast = f.predict(ForecastInput(values=broken, metric="gpu_memory_bytes", leads=(1,), step_seconds=60))
+    assert forecast.point[0, 0] == 4.0 == f.predict(ForecastInput(values=gap, metric="gpu_memory_bytes",
+                                                                  leads=(1,), step_seconds=60)).point[0, 0]
+    cov = ForecastInput(values=y, metric="m", leads=(1,), step_seconds=60, covariates=np.full((1, 5, 1), -np.inf))
+    assert np.isnan(cov.covariates).all()
+    with pytest.raises(ValueError, match="at least one time step"):
+        ForecastInput(values=np.zeros((2, 0)), metric="gpu_memory_bytes", leads=(1,), step_seconds=60)

@@ -22,7 +22,8 @@ METRICS = ("gpu_memory_bytes", "gpu_utilization_ratio", "gpu_duty_cycle_pct", "g
 class ForecastInput:
     """A batch of histories of one metric.
 
-    values: ``(B, L)`` float, oldest first, most recent last; NaN marks a gap.
+    values: ``(B, L)`` float, oldest first, most recent last; NaN (or an infinity, which no
+    metric can take: a broken exporter's value) marks a gap.
     covariates: optional ``(B, L, C)`` past covariates aligned with ``values``.
     graphs: optional per-row model graph (``dprobe.graph.ModelGraph`` or None).
     """
@@ -38,6 +39,13 @@ class ForecastInput:
         self.values = np.asarray(self.values, dtype=np.float64)
         if self.values.ndim != 2:
             raise ValueError(f"values must be (batch, length), got shape {self.values.shape}")
+        if self.values.shape[1] == 0:
+            raise ValueError("values must hold at least one time step, got an empty window")
+        if not np.isfinite(self.values).all():
+            self.values = np.where(np.isinf(self.values), np.nan, self.values)
+        if self.covariates is not None:
+            self.covariates = np.asarray(self.covariates, dtype=np.float64)
+            self.covariates = np.where(np.isinf(self.covariates), np.nan, self.covariates)
         if not self.leads or min(self.leads) < 1:
             raise ValueError(f"leads must be positive step counts, got {self.leads}")
         self.leads = tuple(int(h) for h in self.leads)
