@@ -531,3 +531,26 @@ def test_memory_head_sees_the_op_mix_but_no_timing() -> None:
     names = {FEATURES[i] for i in memory}
     assert {"share_conv", "share_conv_grouped", "share_matmul", "log_peak", "bf16"} <= names
     assert not names & {"log_t_compute", "log_t_memory", "log_t_gpu", "log_t_host", "log_t_roof"}
+
+
+def test_predict_says_when_a_job_will_not_fit(monkeypatch, capsys) -> None:
+    from dataclasses import replace
+
+    from dprobe.cli import main
+    from dprobe.coldstart import features
+    from dprobe.coldstart.predict import fits_on_gpu
+    from dprobe.coldstart.replay import CUDA_CONTEXT_BYTES
+
+    gib = 1 << 30
+    assert fits_on_gpu(10 * gib, 12 * gib, 80 * gib) == "yes"
+    assert fits_on_gpu(70 * gib, 82 * gib, 80 * gib) == "maybe"  # only the p90 is over
+    assert fits_on_gpu(80 * gib - CUDA_CONTEXT_BYTES + 1, 90 * gib, 80 * gib) == "no"
+    args = ["predict", "transformers:GPT2Config/GPT2LMHeadModel", "--config-kwargs", TINY_GPT2, "--seq", "32",
+            "--batch", "4"]
+    assert main([*args, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fits"] == "yes" and out["gpu_memory_bytes"] == features.GPUS["h200"].memory_bytes
+    # the same job on a GPU smaller than its CUDA context alone
+    monkeypatch.setitem(features.GPUS, "h200", replace(features.GPUS["h200"], memory_bytes=gib))
+    assert main(args) == 0
+    assert "will not fit on the H200 at batch 4" in capsys.readouterr().out

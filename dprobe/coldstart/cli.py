@@ -75,6 +75,12 @@ def run(args: argparse.Namespace) -> int:
           f"{100 * result['gpu_utilization']['p90']:.1f})")
     print(f"  step time       {1000 * result['step_time_seconds']['p50']:8.1f} ms  (p90 "
           f"{1000 * result['step_time_seconds']['p90']:.1f})")
+    if result["fits"] != "yes":
+        why = ("out of memory: the allocator peak alone is more" if result["fits"] == "no"
+               else "the device memory's p90 is more")
+        print(f"  {'will not fit' if result['fits'] == 'no' else 'may not fit'} on the {args.gpu.upper()} at batch "
+              f"{args.batch} ({why} than its {result['gpu_memory_bytes'] / gib:.1f} GiB); try a smaller --batch, "
+              "bf16 or sgd")
     if "job_scale" in result:
         js = result["job_scale"]
         mem, util = js["memory_plateau_bytes"], js["gpu_utilization"]

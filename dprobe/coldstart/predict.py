@@ -107,6 +107,17 @@ def _with_job_scale(result: dict[str, Any], graph: ModelGraph, samples: Any, che
     return result
 
 
+def fits_on_gpu(peak_p50: float, device_p90: float, gpu_bytes: float) -> str:
+    """"no" when the allocator's predicted peak and the CUDA context exceed the GPU's memory (the step
+    runs out of memory), "maybe" when the device memory's p90 does (the caching allocator, short of
+    memory, frees its cache and retries, so a job near the limit can still fit), else "yes"."""
+    from dprobe.coldstart.replay import CUDA_CONTEXT_BYTES
+
+    if peak_p50 + CUDA_CONTEXT_BYTES > gpu_bytes:
+        return "no"
+    return "maybe" if device_p90 > gpu_bytes else "yes"
+
+
 def _as_seen(feats: np.ndarray, precision: str, net: Any, result: dict[str, Any]) -> np.ndarray:
     """The network's input: an fp16 job is shown as bf16 where the checkpoint learnt from no fp16 run
     (the same autocast rules and tensor-core peak; the replay behind the analytical estimate is fp16's
@@ -170,6 +181,9 @@ def _predict(model: str, batch: int, precision: str, optimizer: str, graph: Mode
             result[t] = {"p50": float(p50[i]), "p90": hi}
         else:
             result[t] = {"p50": int(p50[i]), "p90": int(hi)}
+    result["gpu_memory_bytes"] = int(spec.memory_bytes)
+    result["fits"] = fits_on_gpu(result["peak_memory_bytes"]["p50"], result["device_memory_bytes"]["p90"],
+                                 spec.memory_bytes)
     result["analytical"] = {"peak_memory_bytes": int(base[0]), "device_memory_bytes": int(base[1]),
                             "gpu_utilization": round(float(with_stall(base[2], base[3], host_stall_s)), 4),
                             "step_time_seconds": float(base[3]),
