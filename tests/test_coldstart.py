@@ -272,6 +272,7 @@ def test_predict_names_a_step_that_cannot_be_replayed(monkeypatch, capsys) -> No
     assert main(["predict", "torchvision:resnet18", "--batch", "2", "--precision", "bf16"]) == 2
     err = capsys.readouterr().err
     assert "cannot replay a training step (bf16) of torchvision:resnet18: RuntimeError: Expected mat_a" in err
+    assert '"experts_implementation": "batched_mm"' in err  # and what to change
     # a model whose forward wants other inputs (two tensors) gets a hint at what to do
     monkeypatch.undo()
     bilinear = '{"in1_features": 4, "in2_features": 4, "out_features": 2}'

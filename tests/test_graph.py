@@ -185,6 +185,23 @@ def test_example_inputs_beyond_images_and_token_ids(spec: str, kwargs: str | Non
     assert est.peak_bytes > est.param_bytes > 0 and est.flops > 0
 
 
+def test_moe_experts_replay_with_batched_matmuls() -> None:
+    """Mixtral's experts default to grouped GEMMs that refuse fp32 weights; the error says what to pass,
+    and with it the model traces and replays."""
+    from dprobe.coldstart.replay import replay_training_step
+    from dprobe.graph.zoo import parse_spec
+
+    tiny = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "num_key_value_heads": 1, "num_local_experts": 4, "vocab_size": 100}
+    spec = "transformers:MixtralConfig/MixtralForCausalLM"
+    with pytest.raises(GraphError, match='add "experts_implementation": "batched_mm" to --config-kwargs'):
+        build_model_graph(spec, batch=2, seq=8, config_kwargs=tiny)
+    batched = {**tiny, "experts_implementation": "batched_mm"}
+    assert build_model_graph(spec, batch=2, seq=8, config_kwargs=batched).unknown_nodes == 0
+    est = replay_training_step(parse_spec(spec, batched), 2, "bf16", seq=8)
+    assert est.peak_bytes > est.param_bytes > 0
+
+
 @pytest.mark.parametrize(("spec", "pattern"), [
     ("torchvision:fasterrcnn_mobilenet_v3_large_fpn", "trains on lists of images with target boxes"),
     ("torchvision:raft_small", "pairs of frames"),

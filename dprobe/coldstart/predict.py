@@ -43,6 +43,7 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
     from dprobe.graph.build import build_model_graph
     from dprobe.graph.schema import GraphError
     from dprobe.graph.trace import SINGLE_VALUE_BATCHNORM
+    from dprobe.graph.zoo import remedy
 
     if batch < 1:
         raise ValueError("--batch must be >= 1")
@@ -82,7 +83,7 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
         hint = (" (for a model with other inputs, give a module:pkg.mod:factory whose model has an "
                 "example_inputs(batch) method)" if isinstance(exc, TypeError) else "")
         raise ValueError(f"cannot replay a training step ({precision}) of {model}: {type(exc).__name__}: "
-                         f"{first}{hint}") from exc
+                         f"{first}{hint}{remedy(exc)}") from exc
     graph = build_model_graph(model, batch=batch, image=image, seq=seq, config_kwargs=config_kwargs)
     result = _predict(model, batch, precision, optimizer, graph, est, spec, gpu, checkpoint, host_stall_s, host_factor)
     return _with_job_scale(result, graph, samples, jobscale_checkpoint, jobscale)

@@ -14,6 +14,7 @@ from torch.utils.module_tracker import ModuleTracker
 from dprobe.graph.ops import normalise_op
 from dprobe.graph.recorder import OpEvent, OpRecorder, tensors_of
 from dprobe.graph.schema import GraphError, GraphNode, ModelGraph
+from dprobe.graph.zoo import remedy
 
 log = logging.getLogger(__name__)
 SINGLE_VALUE_BATCHNORM = "more than 1 value per channel"  # PyTorch's words for batch norm over one value
@@ -174,7 +175,7 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, name: str, tracer: str) 
         try:
             return trace_dispatch(model, args, kwargs, name)
         except Exception as exc:  # noqa: BLE001
-            errors.append(f"dispatch tracing: {type(exc).__name__}: {_first_line(exc)}")
+            errors.append(f"dispatch tracing: {type(exc).__name__}: {_first_line(exc)}{remedy(exc)}")
     if not errors:
         raise GraphError(f"unknown tracer {tracer!r} (auto, fx, dispatch)")
     raise GraphError(f"cannot trace model {name!r}: " + "; ".join(errors))

@@ -20,6 +20,8 @@ from dprobe.graph.schema import GraphError
 T = TypeVar("T")
 LM_SUFFIXES = ("LMHeadModel", "ForCausalLM", "ForMaskedLM", "ForConditionalGeneration", "WithLMHead")
 CLS_SUFFIXES = ("ForSequenceClassification", "ForImageClassification", "ForTokenClassification")
+# kwargs every transformers config takes (and pops) that choose kernels: "eager", "sdpa", "batched_mm", ...
+CONFIG_IMPLEMENTATION_KWARGS = {"attn_implementation", "experts_implementation"}
 AUDIO_SAMPLES = 16000  # default length of a raw-audio input (input_values): one second at 16 kHz
 
 
@@ -137,7 +139,8 @@ def _transformers(spec: ModelSpec) -> nn.Module:
         raise GraphError(f"transformers has no model class {spec.arch!r}")
     known = (set(config_cls().to_dict()) | set(inspect.signature(config_cls.__init__).parameters)
              | set(inspect.signature(transformers.PretrainedConfig.__init__).parameters)
-             | {n for n, v in inspect.getmembers(config_cls) if isinstance(v, property) and v.fset})  # num_labels
+             | {n for n, v in inspect.getmembers(config_cls) if isinstance(v, property) and v.fset}  # num_labels
+             | CONFIG_IMPLEMENTATION_KWARGS)
     unknown = sorted(k for k in spec.config_kwargs if k not in known)
     if unknown:
         raise GraphError(f"config kwargs not accepted by {spec.config}: {', '.join(unknown)}")
@@ -229,6 +232,17 @@ def transformers_masks_from_shapes() -> Iterator[None]:
         yield
     finally:
         masking.is_tracing = original
+
+
+def remedy(exc: BaseException) -> str:
+    """What to do about a known reason a model cannot be replayed on meta tensors ("" if none is known)."""
+    text = str(exc)
+    if "Expected mat_a to be BFloat16" in text:  # transformers' MoE experts on torch's grouped GEMM
+        return ("; grouped expert GEMMs take bf16 weights only (on the GPU too), and dprobe keeps weights in "
+                "fp32: add \"experts_implementation\": \"batched_mm\" to --config-kwargs")
+    if META_VALUE_ERROR in text or "register_meta function for torch.nonzero" in text:
+        return "; the forward reads tensor values (data-dependent shapes), which a replay on meta tensors cannot"
+    return ""
 
 
 def with_masks_from_shapes_if_needed(spec: ModelSpec, attempt: Callable[[], T]) -> tuple[T, bool]:
