@@ -13,7 +13,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    "module:pkg.mod:factory, or a path to an .onnx file")
     p.add_argument("--image", type=int, default=None, help="image side for vision models (default: the size the model is built for, "
                    "from timm's or torchvision's metadata, else 224)")
-    p.add_argument("--seq", type=int, default=None, help="sequence length for text models (default 128)")
+    p.add_argument("--seq", type=int, default=None,
+                   help="tokens for text models (default 128, or the model's positions if fewer); audio samples "
+                   "for raw-audio transformers models (default 16000)")
     p.add_argument("--config-kwargs", default=None, metavar="JSON",
                    help="JSON object of config kwargs (transformers config class, or module factory)")
 

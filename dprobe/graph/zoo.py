@@ -275,48 +275,10 @@ def default_image_size(model: nn.Module, spec: ModelSpec | None = None) -> int:
 
 def example_inputs(spec: ModelSpec, model: nn.Module, batch: int, image: int | None = None,
                    seq: int | None = None, labels: bool = False, device: str = "meta") -> ExampleInputs:
-    """Random inputs of the right shape (images ``3 x image x image``; token ids of length ``seq``)."""
+    """Random inputs of the right shape: images ``3 x image x image`` (video: clips of frames), token
+    ids of length ``seq``, or what a ``transformers`` model's ``main_input_name`` asks for."""
     if spec.lib == "transformers":
-        config = model.config
-        main = getattr(model, "main_input_name", "input_ids")
-        # token ids: the text input, and the labels / decoder input of a model whose main input is not text
-        # default 128 tokens, or fewer where the text positions end sooner (CLIP's 77)
-        text = getattr(config, "text_config", None) or config
-        seq = int(seq or (AUDIO_SAMPLES if main == "input_values"
-                          else min(128, int(getattr(text, "max_position_embeddings", None) or 128))))
-        vocab = int(getattr(config, "vocab_size", 30522) or 30522)
-        ids = torch.randint(0, vocab, (batch, 128 if main == "input_values" else seq), device=device)
-        kwargs: dict[str, Any] = {"input_ids": ids} if main == "input_ids" else {}
-        meta: dict[str, Any] = {"batch": batch, "seq": seq, "vocab": vocab}
-        if main == "pixel_values" or ("pixel_values" in inspect.signature(model.forward).parameters
-                                      and hasattr(config, "vision_config")):  # image models; CLIP-like pairs
-            vision = getattr(config, "vision_config", None) or config
-            image = int(image or getattr(vision, "image_size", 224) or 224)
-            channels = int(getattr(vision, "num_channels", 3) or 3)
-            kwargs["pixel_values"] = torch.randn(batch, channels, image, image, device=device)
-            meta["image"] = image
-        elif main == "input_features" and getattr(config, "num_mel_bins", None) and getattr(
-                config, "max_source_positions", None):  # Whisper-like: log-mel frames of a 30 s window
-            frames = 2 * int(config.max_source_positions)
-            kwargs["input_features"] = torch.randn(batch, int(config.num_mel_bins), frames, device=device)
-        elif main == "input_values":  # wav2vec2-like: raw audio samples
-            kwargs["input_values"] = torch.randn(batch, seq, device=device)
-        elif main != "input_ids":
-            raise GraphError(f"{spec.arch} takes {main!r}, for which dprobe makes no example input; give a "
-                             "module:pkg.mod:factory whose model has an example_inputs(batch) method")
-        loss = "mean"
-        if labels and spec.arch.endswith(LM_SUFFIXES):
-            kwargs["labels"] = ids
-            loss = "output"
-        elif labels and spec.arch.endswith(CLS_SUFFIXES):
-            kwargs["labels"] = torch.randint(0, int(getattr(config, "num_labels", 2)), (batch,), device=device)
-            loss = "output"
-        elif labels and "return_loss" in inspect.signature(model.forward).parameters:  # contrastive (CLIP)
-            kwargs["return_loss"] = True
-            loss = "output"
-        elif getattr(config, "is_encoder_decoder", False):
-            kwargs["decoder_input_ids"] = ids
-        return ExampleInputs((), kwargs, loss, meta)
+        return _transformers_inputs(spec, model, batch, image, seq, labels, device)
     factory_inputs = getattr(model, "example_inputs", None)
     if callable(factory_inputs):
         args = factory_inputs(batch)
@@ -330,6 +292,53 @@ def example_inputs(spec: ModelSpec, model: nn.Module, batch: int, image: int | N
     image = int(image or default_image_size(model, spec))
     x = torch.randn(batch, 3, image, image, device=device)
     return ExampleInputs((x,), {}, "ce", {"batch": batch, "image": image})
+
+
+def _transformers_inputs(spec: ModelSpec, model: nn.Module, batch: int, image: int | None, seq: int | None,
+                         labels: bool, device: str) -> ExampleInputs:
+    """Token ids, pixel values or audio by the model's ``main_input_name``, and labels for its own loss."""
+    config = model.config
+    main = getattr(model, "main_input_name", "input_ids")
+    params = inspect.signature(model.forward).parameters
+    # token ids: the text input, or the labels / decoder input of a model whose main input is not text;
+    # 128 of them, or fewer where the text positions end sooner (CLIP's 77); --seq counts them, or audio
+    # samples for a raw-audio model
+    text = getattr(config, "text_config", None) or config
+    tokens = min(128, int(getattr(text, "max_position_embeddings", None) or 128))
+    if main != "input_values":
+        tokens = int(seq or tokens)
+    vocab = int(getattr(config, "vocab_size", 30522) or 30522)
+    ids = torch.randint(0, vocab, (batch, tokens), device=device)
+    kwargs: dict[str, Any] = {"input_ids": ids} if main == "input_ids" else {}
+    meta: dict[str, Any] = {"batch": batch, "seq": tokens, "vocab": vocab}
+    if main == "pixel_values" or ("pixel_values" in params and hasattr(config, "vision_config")):  # + CLIP-likes
+        vision = getattr(config, "vision_config", None) or config
+        meta["image"] = int(image or getattr(vision, "image_size", 224) or 224)
+        channels = int(getattr(vision, "num_channels", 3) or 3)
+        kwargs["pixel_values"] = torch.randn(batch, channels, meta["image"], meta["image"], device=device)
+    elif main == "input_features" and getattr(config, "num_mel_bins", None) and getattr(
+            config, "max_source_positions", None):  # Whisper-likes: log-mel frames of a 30 s window
+        frames = 2 * int(config.max_source_positions)
+        kwargs["input_features"] = torch.randn(batch, int(config.num_mel_bins), frames, device=device)
+    elif main == "input_values":  # wav2vec2-likes: raw audio
+        meta["samples"] = int(seq or AUDIO_SAMPLES)
+        kwargs["input_values"] = torch.randn(batch, meta["samples"], device=device)
+    elif main != "input_ids":
+        raise GraphError(f"{spec.arch} takes {main!r}, for which dprobe makes no example input; give a "
+                         "module:pkg.mod:factory whose model has an example_inputs(batch) method")
+    loss = "mean"
+    if labels and spec.arch.endswith(LM_SUFFIXES):
+        kwargs["labels"] = ids
+        loss = "output"
+    elif labels and spec.arch.endswith(CLS_SUFFIXES):
+        kwargs["labels"] = torch.randint(0, int(getattr(config, "num_labels", 2)), (batch,), device=device)
+        loss = "output"
+    elif labels and "return_loss" in params:  # contrastive (CLIP)
+        kwargs["return_loss"] = True
+        loss = "output"
+    elif getattr(config, "is_encoder_decoder", False):
+        kwargs["decoder_input_ids"] = ids
+    return ExampleInputs((), kwargs, loss, meta)
 
 
 def _video_clip(name: str) -> tuple[int, int]:
