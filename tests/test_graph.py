@@ -213,6 +213,36 @@ def test_models_whose_training_inputs_dprobe_does_not_make(spec: str, pattern: s
         build_model_graph(spec, batch=2)
 
 
+class Gated(nn.Module):
+    """A model with keyword inputs, as a ``module:`` factory would give it."""
+
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor, *, mask: torch.Tensor, scale: float) -> torch.Tensor:
+        return self.proj(x) * mask * scale
+
+    def example_inputs(self, batch: int) -> dict:
+        return {"x": torch.randn(batch, 8), "mask": torch.ones(batch, 8), "scale": 0.5}
+
+
+def make_gated(width: int = 8) -> Gated:
+    return Gated(width)
+
+
+def test_module_factory_with_keyword_example_inputs() -> None:
+    from dprobe.coldstart.replay import replay_training_step
+    from dprobe.graph.zoo import parse_spec
+
+    spec = "module:tests.test_graph:make_gated"
+    g = build_model_graph(spec, batch=4)
+    assert g.unknown_nodes == 0 and [n.kind for n in g.nodes if n.kind not in ("input", "output")] == [
+        "linear", "elementwise", "elementwise"]  # the keyword inputs reached the forward
+    est = replay_training_step(parse_spec(spec), 4)
+    assert est.matmul_flops == 2 * (2 * 4 * 8 * 8)  # forward, and the weight gradient (inputs need none)
+
+
 def test_untraceable_module() -> None:
     with pytest.raises(GraphError, match="cannot trace model 'Branchy'.*torch.fx"):
         trace_module(Branchy().to("meta"), (torch.randn(2, 8, device="meta"),))

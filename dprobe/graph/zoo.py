@@ -280,10 +280,12 @@ def example_inputs(spec: ModelSpec, model: nn.Module, batch: int, image: int | N
     if spec.lib == "transformers":
         return _transformers_inputs(spec, model, batch, image, seq, labels, device)
     factory_inputs = getattr(model, "example_inputs", None)
-    if callable(factory_inputs):
-        args = factory_inputs(batch)
-        args = args if isinstance(args, tuple) else (args,)
-        return ExampleInputs(tuple(a.to(device) for a in args), {}, "mean", {"batch": batch})
+    if callable(factory_inputs):  # a tensor, a tuple of positional inputs, or a dict of keyword inputs
+        given = factory_inputs(batch)
+        if isinstance(given, dict):
+            return ExampleInputs((), {k: _on(device, v) for k, v in given.items()}, "mean", {"batch": batch})
+        args = given if isinstance(given, tuple) else (given,)
+        return ExampleInputs(tuple(_on(device, a) for a in args), {}, "mean", {"batch": batch})
     if spec.lib == "torchvision" and torchvision_group(spec.name) == "video":
         frames, side = _video_clip(spec.name)
         image = int(image or side)
@@ -292,6 +294,11 @@ def example_inputs(spec: ModelSpec, model: nn.Module, batch: int, image: int | N
     image = int(image or default_image_size(model, spec))
     x = torch.randn(batch, 3, image, image, device=device)
     return ExampleInputs((x,), {}, "ce", {"batch": batch, "image": image})
+
+
+def _on(device: str, value: Any) -> Any:
+    """A tensor moved to ``device``; anything else as it is."""
+    return value.to(device) if isinstance(value, torch.Tensor) else value
 
 
 def _transformers_inputs(spec: ModelSpec, model: nn.Module, batch: int, image: int | None, seq: int | None,
