@@ -154,6 +154,10 @@ def test_cli_predict(capsys, tmp_path) -> None:
     assert main([*args[:-2], "fp16", "--json"]) == 0
     in_fp16 = json.loads(capsys.readouterr().out)
     assert "learnt from no fp16 run" in in_fp16["note"]
+    assert main([*args, "--optimizer", "adam"]) == 0  # Adam keeps AdamW's two states per parameter
+    with_adam = json.loads(capsys.readouterr().out)
+    assert with_adam["analytical"]["optimizer_state_bytes"] == out["analytical"]["optimizer_state_bytes"]
+    assert with_adam["peak_memory_bytes"]["p50"] == pytest.approx(out["peak_memory_bytes"]["p50"], rel=0.01)
     for unseen in (on_a100, in_fp16):
         for key in ("peak_memory_bytes", "device_memory_bytes", "step_time_seconds"):
             assert 1 / 3 < unseen[key]["p50"] / out[key]["p50"] < 3, (key, unseen[key], out[key])

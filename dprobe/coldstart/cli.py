@@ -19,8 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, required=True, help="training batch size")
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
                    help="fp32, or bf16/fp16 autocast (weights stay fp32)")
-    p.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw",
-                   help="adamw keeps two states per parameter, sgd (with momentum) one (default adamw)")
+    p.add_argument("--optimizer", choices=["adamw", "adam", "sgd"], default="adamw",  # replay.OPTIMIZERS
+                   help="adamw and adam keep two states per parameter, sgd (with momentum) one (default adamw)")
     p.add_argument("--checkpoint", default=None, metavar="CKPT",
                    help="cold-start checkpoint (default: the one shipped with dprobe)")
     p.add_argument("--gpu", choices=["h200", "h100", "a100"], default="h200",

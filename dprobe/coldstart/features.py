@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from dprobe.coldstart.memtrack import BACKWARD, FORWARD, OP_CLASSES, OPTIMIZER, TENSOR_CORE_CLASSES
-from dprobe.coldstart.replay import ReplayEstimate, replay_training_step
+from dprobe.coldstart.replay import TWO_STATE_OPTIMIZERS, ReplayEstimate, replay_training_step
 from dprobe.graph.encoder import spec_key
 from dprobe.graph.zoo import parse_spec
 
@@ -102,7 +102,7 @@ def job_features(est: ReplayEstimate, batch: int, precision: str, optimizer: str
     lg = math.log
     return [lg(est.peak_bytes), lg(est.reserved_bytes), lg(est.param_bytes), lg(max(est.state_bytes, 1.0)),
             lg(max(est.activation_bytes, 1.0)), lg(batch), float(precision == "bf16"), float(precision == "fp16"),
-            float(optimizer == "adamw"), float(cudnn_benchmark), lg(max(est.flops, 1.0)),
+            float(optimizer in TWO_STATE_OPTIMIZERS), float(cudnn_benchmark), lg(max(est.flops, 1.0)),
             *(lg(max(t[k], 1e-7)) for k in ("compute", "memory", "gpu", "host", "roof")), lg(max(est.kernels, 1.0)),
             est.activation_bytes / max(est.peak_bytes, 1.0), lg(gpu.memory_bytes), lg(gpu.peak_flops_bf16),
             t["share_conv"], t["share_conv_grouped"], t["share_matmul"], t["share_norm"],

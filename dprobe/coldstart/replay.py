@@ -22,6 +22,8 @@ from dprobe.graph.zoo import (
 )
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+OPTIMIZERS = ("adamw", "adam", "sgd")
+TWO_STATE_OPTIMIZERS = ("adamw", "adam")  # Adam's moments: what the learned models' "adamw" feature marks
 SMALL_LIMIT = 1 << 20  # allocations above 1 MiB come from the allocator's large pool
 STEPS = 2  # more steps change nothing: the allocator's segments are settled after the second
 CUDA_CONTEXT_BYTES = int(1.37 * (1 << 30))  # NVML used - allocator reserved, h200-profiles collection 2
@@ -65,13 +67,16 @@ def _loss(model_out: Any, ex: ExampleInputs) -> torch.Tensor:
 
 
 def make_optimizer(model: nn.Module, name: str) -> torch.optim.Optimizer:
-    """The optimizer of h200-profiles' runs: AdamW(lr=1e-4) or SGD(lr=0.01, momentum=0.9), foreach."""
+    """The optimizer of h200-profiles' runs: AdamW(lr=1e-4) or SGD(lr=0.01, momentum=0.9), foreach; or
+    Adam, which keeps AdamW's two states per parameter."""
     params = [p for p in model.parameters() if p.requires_grad]
     if name == "sgd":
         return torch.optim.SGD(params, lr=0.01, momentum=0.9, foreach=True)
     if name == "adamw":
         return torch.optim.AdamW(params, lr=1e-4, foreach=True)
-    raise ValueError(f"unknown optimizer {name!r} (adamw, sgd)")
+    if name == "adam":
+        return torch.optim.Adam(params, lr=1e-4, foreach=True)
+    raise ValueError(f"unknown optimizer {name!r} ({', '.join(OPTIMIZERS)})")
 
 
 def replay_training_step(spec: ModelSpec, batch: int, precision: str = "fp32", optimizer: str = "adamw",
