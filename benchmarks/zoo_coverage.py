@@ -50,6 +50,7 @@ transformers:ViTConfig/ViTForImageClassification --batch 32 --precision bf16
 transformers:SwinConfig/SwinForImageClassification --batch 16
 transformers:CLIPConfig/CLIPModel --batch 16
 transformers:WhisperConfig/WhisperForConditionalGeneration --batch 4 --config-kwargs '{"d_model":256,"encoder_layers":2,"decoder_layers":2,"encoder_attention_heads":4,"decoder_attention_heads":4}'
+transformers:MixtralConfig/MixtralForCausalLM --batch 8 --precision bf16 --optimizer adam --config-kwargs '{"hidden_size":256,"intermediate_size":512,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"num_local_experts":4,"vocab_size":8000,"experts_implementation":"batched_mm"}'
 transformers:MambaConfig/MambaForCausalLM --batch 8 --config-kwargs '{"hidden_size":256,"num_hidden_layers":4,"vocab_size":8000}'
 transformers:Wav2Vec2Config/Wav2Vec2ForCTC --batch 4
 """
