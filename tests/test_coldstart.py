@@ -150,6 +150,8 @@ def test_cli_predict(capsys, tmp_path) -> None:
     assert main([*args, "--gpu", "a100"]) == 0
     on_a100 = json.loads(capsys.readouterr().out)
     assert "trained on h200 measurements only, not a100" in on_a100["note"]
+    assert main([*args[:-1], "--gpu", "a100"]) == 0  # the report says it too
+    assert "note: trained on h200 measurements only, not a100" in capsys.readouterr().err
     # no training run was on an A100 or in fp16: the corrections stay those learnt, never extrapolated
     assert main([*args[:-2], "fp16", "--json"]) == 0
     in_fp16 = json.loads(capsys.readouterr().out)

@@ -91,4 +91,6 @@ def run(args: argparse.Namespace) -> int:
               f"p99 {100 * util['p99']:.1f})")
     if result["unknown_nodes"]:
         print(f"  note: {result['unknown_nodes']} graph node(s) had unknown ops", file=sys.stderr)
+    for note in filter(None, result.get("note", "").split("; ")):
+        print(f"  note: {note}", file=sys.stderr)
     return 0
