@@ -213,29 +213,37 @@ def test_models_whose_training_inputs_dprobe_does_not_make(spec: str, pattern: s
         build_model_graph(spec, batch=2)
 
 
-class Gated(nn.Module):
-    """A model with keyword inputs, as a ``module:`` factory would give it."""
+GATED_MODULE = '''
+import torch
+from torch import nn
 
-    def __init__(self, width: int = 8) -> None:
+
+class Gated(nn.Module):
+    """A model with keyword inputs, as a module: factory would give it."""
+
+    def __init__(self, width=8):
         super().__init__()
         self.proj = nn.Linear(width, width)
 
-    def forward(self, x: torch.Tensor, *, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    def forward(self, x, *, mask, scale):
         return self.proj(x) * mask * scale
 
-    def example_inputs(self, batch: int) -> dict:
+    def example_inputs(self, batch):
         return {"x": torch.randn(batch, 8), "mask": torch.ones(batch, 8), "scale": 0.5}
 
 
-def make_gated(width: int = 8) -> Gated:
+def make_gated(width=8):
     return Gated(width)
+'''
 
 
-def test_module_factory_with_keyword_example_inputs() -> None:
+def test_module_factory_with_keyword_example_inputs(tmp_path, monkeypatch) -> None:
     from dprobe.coldstart.replay import replay_training_step
     from dprobe.graph.zoo import parse_spec
 
-    spec = "module:tests.test_graph:make_gated"
+    (tmp_path / "gated_model.py").write_text(GATED_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = "module:gated_model:make_gated"
     g = build_model_graph(spec, batch=4)
     assert g.unknown_nodes == 0 and [n.kind for n in g.nodes if n.kind not in ("input", "output")] == [
         "linear", "elementwise", "elementwise"]  # the keyword inputs reached the forward
