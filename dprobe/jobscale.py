@@ -33,6 +33,7 @@ from torch import nn
 from torch_geometric.data import Batch
 from tqdm.auto import tqdm
 
+from dprobe.coldstart.features import BF16
 from dprobe.coldstart.model import fit_standardisation, standardise
 from dprobe.coldstart.replay import TWO_STATE_OPTIMIZERS
 from dprobe.conformal import conformal_shift, family_folds, held_out_groups
@@ -71,7 +72,7 @@ def first_second_features(first: Any, batch: int, precision: str, optimizer: str
     mem = first["mem_used_bytes"].to_numpy(dtype=float)
     util = first["gpu_util_pct"].to_numpy(dtype=float) / 100
     return [np.log(mem[-1]), np.log(mem.max()), util.mean(), util[-1], float((util > 0).mean()),
-            np.log(float(first["mem_total_bytes"].iloc[0])), np.log(batch), float(precision == "bf16"),
+            np.log(float(first["mem_total_bytes"].iloc[0])), np.log(batch), float(precision in BF16),
             float(precision == "fp16"), float(optimizer in TWO_STATE_OPTIMIZERS),
             # how far the job has got: its busiest sample, the last three, their rise over the earlier
             # ones, and when (share of the second) utilisation first passed 50 %

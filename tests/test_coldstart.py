@@ -64,6 +64,28 @@ def test_replay_bf16_autocast_saves_memory() -> None:
         replay_training_step(spec, batch=8, precision="int3", seq=64)
 
 
+def test_bf16_pure_holds_weights_gradients_and_states_in_bf16(tmp_path, capsys) -> None:
+    from dprobe.cli import main
+
+    spec = parse_spec("torchvision:resnet18")
+    mixed = replay_training_step(spec, batch=8, precision="bf16", image=64)
+    pure = replay_training_step(spec, batch=8, precision="bf16-pure", image=64)
+    params = 11_689_512  # resnet18's parameters, in bytes per dtype below
+    assert mixed.param_bytes == pytest.approx(4 * params, rel=0.02) and pure.param_bytes == pytest.approx(
+        2 * params, rel=0.02)  # (with buffers and the input batch)
+    assert pure.state_bytes == pytest.approx(mixed.state_bytes / 2, rel=0.02)  # AdamW's moments follow the weights
+    assert pure.kernels < mixed.kernels  # no casts of fp32 weights to bf16
+    assert pure.flops == mixed.flops
+    assert main(["predict", "torchvision:resnet18", "--batch", "8", "--image", "64", "--precision", "bf16-pure",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "bf16-pure" in out["note"] and out["analytical"]["param_bytes"] == int(pure.param_bytes)
+    onnx = tmp_path / "m.onnx"
+    torch.onnx.export(torch.nn.Linear(4, 2), (torch.randn(1, 4),), str(onnx), dynamo=False)
+    assert main(["predict", str(onnx), "--batch", "8", "--precision", "bf16-pure"]) == 2
+    assert "needs the model as a module" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("kv_heads", "enable_gqa", "fused"), [(12, False, True), (1, False, False), (4, True, True)])
 def test_attention_replays_the_kernel_cuda_would_pick(kv_heads, enable_gqa, fused) -> None:
     """SDPA's fused kernels keep q, k, v and the output; a key and value broadcast over the heads (multi-query

@@ -17,8 +17,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               "the next 10 s.")
     add_model_args(p)
     p.add_argument("--batch", type=int, required=True, help="training batch size")
-    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
-                   help="fp32, or bf16/fp16 autocast (weights stay fp32)")
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16", "bf16-pure"], default="fp32",
+                   help="fp32; bf16 or fp16 autocast, weights in fp32; bf16-pure: the model in bf16 "
+                   "(model.to(torch.bfloat16): weights, gradients and optimizer states) with bf16 autocast "
+                   "(default fp32)")
     p.add_argument("--optimizer", choices=["adamw", "adam", "sgd"], default="adamw",  # replay.OPTIMIZERS
                    help="adamw and adam keep two states per parameter, sgd (with momentum) one (default adamw)")
     p.add_argument("--checkpoint", default=None, metavar="CKPT",

@@ -50,6 +50,7 @@ def gpu_spec(device_name: str, memory_bytes: float | None = None) -> GPUSpec:
     if memory_bytes is not None and math.isfinite(memory_bytes) and memory_bytes > 0:
         spec = replace(spec, memory_bytes=float(memory_bytes))
     return spec
+BF16 = ("bf16", "bf16-pure")  # the precisions the "bf16" feature marks: bf16 kernels (the replay has the bytes)
 LAUNCH_S = 4e-6  # GPU-side cost of one kernel (launch latency, tail)
 # host time to issue one op from eager PyTorch: forward ops (Python, autograd recording), backward ops
 # (C++ autograd engine), optimizer ops (foreach)
@@ -101,7 +102,7 @@ def job_features(est: ReplayEstimate, batch: int, precision: str, optimizer: str
     t = roofline_seconds(est, precision, gpu)
     lg = math.log
     return [lg(est.peak_bytes), lg(est.reserved_bytes), lg(est.param_bytes), lg(max(est.state_bytes, 1.0)),
-            lg(max(est.activation_bytes, 1.0)), lg(batch), float(precision == "bf16"), float(precision == "fp16"),
+            lg(max(est.activation_bytes, 1.0)), lg(batch), float(precision in BF16), float(precision == "fp16"),
             float(optimizer in TWO_STATE_OPTIMIZERS), float(cudnn_benchmark), lg(max(est.flops, 1.0)),
             *(lg(max(t[k], 1e-7)) for k in ("compute", "memory", "gpu", "host", "roof")), lg(max(est.kernels, 1.0)),
             est.activation_bytes / max(est.peak_bytes, 1.0), lg(gpu.memory_bytes), lg(gpu.peak_flops_bf16),

@@ -40,6 +40,7 @@ from dprobe.coldstart.replay import (
     CUDA_CONTEXT_BYTES,
     PRECISIONS,
     SMALL_LIMIT,
+    WEIGHT_DTYPES,
     ReplayEstimate,
     make_optimizer,
 )
@@ -149,8 +150,11 @@ def _optimizer_step(graph: ModelGraph, optimizer: str) -> tuple[float, list[list
 def estimate_from_graph(graph: ModelGraph, batch: int, precision: str = "fp32",
                         optimizer: str = "adamw") -> ReplayEstimate:
     """A :class:`ReplayEstimate` of one training step of ``graph`` at ``batch`` (see the module's text)."""
+    if precision in WEIGHT_DTYPES:
+        raise ValueError(f"--precision {precision} needs the model as a module (it is replayed with the weights "
+                         "cast); for an ONNX file, predict with bf16 (autocast, fp32 weights)")
     if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r} (fp32, bf16, fp16)")
+        raise ValueError(f"unknown precision {precision!r} ({', '.join(PRECISIONS)})")
     low = precision != "fp32"
     scale = batch / graph_batch(graph)
     by_id = {n.id: n for n in graph.nodes}

@@ -122,10 +122,13 @@ def fits_on_gpu(peak_p50: float, device_p90: float, gpu_bytes: float) -> str:
 def _as_seen(feats: np.ndarray, precision: str, net: Any, result: dict[str, Any]) -> np.ndarray:
     """The network's input: an fp16 job is shown as bf16 where the checkpoint learnt from no fp16 run
     (the same autocast rules and tensor-core peak; the replay behind the analytical estimate is fp16's
-    own), and ``result`` gets a note saying so."""
+    own), and ``result`` gets a note saying so (and one for bf16-pure, which the features mark as bf16)."""
     from dprobe.coldstart.model import constant_features
 
     never_varied = {FEATURES[i] for i in constant_features(net.members[0])}
+    if precision == "bf16-pure":
+        result["note"] = (result.get("note", "") + "; bf16-pure: the replay holds weights, gradients and optimizer "
+                          "states in bf16, the learned corrections are those of the bf16 autocast runs").lstrip("; ")
     if precision != "fp16" or "fp16" not in never_varied or "bf16" in never_varied:
         return feats
     shown = feats.copy()

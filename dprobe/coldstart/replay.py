@@ -21,7 +21,10 @@ from dprobe.graph.zoo import (
     with_masks_from_shapes_if_needed,
 )
 
-PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+# precision -> autocast dtype (None: off); the weights stay fp32 except where WEIGHT_DTYPES says otherwise
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16, "bf16-pure": torch.bfloat16}
+# model.to(dtype) before training: weights, gradients and optimizer states in that dtype
+WEIGHT_DTYPES = {"bf16-pure": torch.bfloat16}
 OPTIMIZERS = ("adamw", "adam", "sgd")
 TWO_STATE_OPTIMIZERS = ("adamw", "adam")  # Adam's moments: what the learned models' "adamw" feature marks
 SMALL_LIMIT = 1 << 20  # allocations above 1 MiB come from the allocator's large pool
@@ -66,6 +69,11 @@ def _loss(model_out: Any, ex: ExampleInputs) -> torch.Tensor:
     return logits.float().mean()
 
 
+def _floating_to(value: Any, dtype: torch.dtype) -> Any:
+    """A floating-point tensor in ``dtype``; token ids, labels and non-tensors as they are."""
+    return value.to(dtype) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+
 def make_optimizer(model: nn.Module, name: str) -> torch.optim.Optimizer:
     """The optimizer of h200-profiles' runs: AdamW(lr=1e-4) or SGD(lr=0.01, momentum=0.9), foreach; or
     Adam, which keeps AdamW's two states per parameter."""
@@ -83,7 +91,7 @@ def replay_training_step(spec: ModelSpec, batch: int, precision: str = "fp32", o
                          image: int | None = None, seq: int | None = None) -> ReplayEstimate:
     """Run two training steps on meta tensors and measure the second (optimizer states exist by then)."""
     if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r} (fp32, bf16, fp16)")
+        raise ValueError(f"unknown precision {precision!r} ({', '.join(PRECISIONS)})")
     # e.g. BART reads its mask's values, which meta tensors cannot answer
     return with_masks_from_shapes_if_needed(spec, lambda: _replay(spec, batch, precision, optimizer, image, seq))[0]
 
@@ -92,6 +100,11 @@ def _replay(spec: ModelSpec, batch: int, precision: str, optimizer: str, image: 
             seq: int | None) -> ReplayEstimate:
     model = build_module(spec)
     ex = example_inputs(spec, model, batch, image=image, seq=seq, labels=True)
+    if precision in WEIGHT_DTYPES:  # the model and its floating inputs in that dtype, as model.to(dtype) leaves them
+        dtype = WEIGHT_DTYPES[precision]
+        model.to(dtype)
+        ex = ExampleInputs(tuple(_floating_to(a, dtype) for a in ex.args),
+                           {k: _floating_to(v, dtype) for k, v in ex.kwargs.items()}, ex.loss, ex.meta)
     opt = make_optimizer(model, optimizer)
     tracker = MemoryTracker()
     for t in [*model.parameters(), *model.buffers(), *ex.args, *ex.kwargs.values()]:

@@ -238,8 +238,8 @@ def remedy(exc: BaseException) -> str:
     """What to do about a known reason a model cannot be replayed on meta tensors ("" if none is known)."""
     text = str(exc)
     if "Expected mat_a to be BFloat16" in text:  # transformers' MoE experts on torch's grouped GEMM
-        return ("; grouped expert GEMMs take bf16 weights only (on the GPU too), and dprobe keeps weights in "
-                "fp32: add \"experts_implementation\": \"batched_mm\" to --config-kwargs")
+        return ("; grouped expert GEMMs take bf16 weights only (on the GPU too), and dprobe's graphs hold weights "
+                "in fp32: add \"experts_implementation\": \"batched_mm\" to --config-kwargs")
     if META_VALUE_ERROR in text or "register_meta function for torch.nonzero" in text:
         return "; the forward reads tensor values (data-dependent shapes), which a replay on meta tensors cannot"
     return ""
