@@ -45,7 +45,7 @@ torchvision:fasterrcnn_mobilenet_v3_large_fpn --batch 4
 transformers:T5Config/T5ForConditionalGeneration --batch 16 --config-kwargs '{"d_model":256,"num_layers":4,"num_heads":4,"d_ff":1024}'
 transformers:BartConfig/BartForConditionalGeneration --batch 16 --precision bf16
 transformers:LlamaConfig/LlamaForCausalLM --batch 8 --precision bf16 --config-kwargs '{"hidden_size":512,"intermediate_size":1408,"num_hidden_layers":4,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":32000}'
-transformers:Qwen2Config/Qwen2ForCausalLM --batch 4 --precision bf16-pure --seq 1024 --config-kwargs '{"hidden_size":896,"intermediate_size":4864,"num_hidden_layers":24,"num_attention_heads":14,"num_key_value_heads":2}'
+transformers:Qwen2Config/Qwen2ForCausalLM --batch 4 --precision bf16-pure --grad-checkpointing --seq 1024 --config-kwargs '{"hidden_size":896,"intermediate_size":4864,"num_hidden_layers":24,"num_attention_heads":14,"num_key_value_heads":2}'
 transformers:Qwen3Config/Qwen3ForCausalLM --batch 8 --precision bf16 --config-kwargs '{"hidden_size":256,"intermediate_size":768,"num_hidden_layers":4,"num_attention_heads":4,"num_key_value_heads":2,"vocab_size":8000}'
 transformers:ViTConfig/ViTForImageClassification --batch 32 --precision bf16
 transformers:SwinConfig/SwinForImageClassification --batch 16

@@ -86,6 +86,30 @@ def test_bf16_pure_holds_weights_gradients_and_states_in_bf16(tmp_path, capsys) 
     assert "needs the model as a module" in capsys.readouterr().err
 
 
+def test_grad_checkpointing_keeps_layer_inputs_and_recomputes(capsys) -> None:
+    from dprobe.cli import main
+
+    spec = parse_spec("transformers:GPT2Config/GPT2LMHeadModel", TINY_GPT2)
+    for precision in ("fp32", "bf16"):  # bf16: autocast is re-entered for the recomputation
+        plain = replay_training_step(spec, batch=8, precision=precision, seq=64)
+        gc = replay_training_step(spec, batch=8, precision=precision, seq=64, grad_checkpointing=True)
+        assert gc.activation_bytes < plain.activation_bytes / 2 and gc.peak_bytes < plain.peak_bytes
+        assert plain.flops < gc.flops < 1.5 * plain.flops  # the layers' forward once more
+        assert gc.param_bytes == plain.param_bytes and gc.state_bytes == plain.state_bytes
+    args = ["predict", "transformers:GPT2Config/GPT2LMHeadModel", "--config-kwargs", TINY_GPT2, "--seq", "64",
+            "--batch", "8", "--precision", "bf16", "--json"]
+    assert main(args) == 0
+    without = json.loads(capsys.readouterr().out)
+    assert main([*args, "--grad-checkpointing"]) == 0
+    with_gc = json.loads(capsys.readouterr().out)
+    assert with_gc["grad_checkpointing"] and "gradient checkpointing" in with_gc["note"]
+    assert with_gc["analytical"]["activation_bytes"] < without["analytical"]["activation_bytes"]
+    assert with_gc["step_time_seconds"]["p50"] > without["step_time_seconds"]["p50"]  # never faster
+    assert with_gc["gpu_utilization"] == without["gpu_utilization"]
+    assert main(["predict", "torchvision:resnet18", "--batch", "8", "--grad-checkpointing"]) == 2
+    assert "gradient checkpointing is replayed for transformers models" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("kv_heads", "enable_gqa", "fused"), [(12, False, True), (1, False, False), (4, True, True)])
 def test_attention_replays_the_kernel_cuda_would_pick(kv_heads, enable_gqa, fused) -> None:
     """SDPA's fused kernels keep q, k, v and the output; a key and value broadcast over the heads (multi-query

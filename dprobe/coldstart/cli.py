@@ -23,6 +23,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "(default fp32)")
     p.add_argument("--optimizer", choices=["adamw", "adam", "sgd"], default="adamw",  # replay.OPTIMIZERS
                    help="adamw and adam keep two states per parameter, sgd (with momentum) one (default adamw)")
+    p.add_argument("--grad-checkpointing", action="store_true",
+                   help="the job turns on gradient (activation) checkpointing of a transformers model "
+                   "(model.gradient_checkpointing_enable()): layers keep their inputs only and recompute in backward")
     p.add_argument("--checkpoint", default=None, metavar="CKPT",
                    help="cold-start checkpoint (default: the one shipped with dprobe)")
     p.add_argument("--gpu", choices=["h200", "h100", "a100"], default="h200",
@@ -56,7 +59,8 @@ def predict_from_args(args: argparse.Namespace) -> dict:
     return predict_job(args.model, args.batch, precision=args.precision, optimizer=args.optimizer,
                        image=args.image, seq=args.seq, config_kwargs=args.config_kwargs,
                        checkpoint=args.checkpoint, gpu=args.gpu, host_stall_s=args.host_stall,
-                       host_factor=args.host_factor, samples=samples, jobscale_checkpoint=args.jobscale_checkpoint)
+                       host_factor=args.host_factor, samples=samples, jobscale_checkpoint=args.jobscale_checkpoint,
+                       grad_checkpointing=args.grad_checkpointing)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -123,15 +123,17 @@ def with_host_factor(feats: np.ndarray, log_factor: np.ndarray | float) -> np.nd
 
 def analytical_for(model: str, batch: int, precision: str, optimizer: str, image: int | None = None,
                    seq: int | None = None, config_kwargs: dict | str | None = None,
-                   cache_dir: str | Path | None = None) -> ReplayEstimate:
+                   cache_dir: str | Path | None = None, grad_checkpointing: bool = False) -> ReplayEstimate:
     """The replay estimate, cached as JSON under ``cache_dir`` keyed by the job's spec hash."""
     spec = parse_spec(model, config_kwargs)
-    key = spec_key({"model": model, "kw": spec.config_kwargs, "batch": batch, "precision": precision,
-                    "optimizer": optimizer, "image": image, "seq": seq}, extra="replay-v6")
+    job = {"model": model, "kw": spec.config_kwargs, "batch": batch, "precision": precision, "optimizer": optimizer,
+           "image": image, "seq": seq}
+    key = spec_key({**job, "grad_checkpointing": True} if grad_checkpointing else job, extra="replay-v6")
     path = Path(cache_dir) / f"replay-{key}.json" if cache_dir else None
     if path is not None and path.is_file():
         return ReplayEstimate(**json.loads(path.read_text()))
-    est = replay_training_step(spec, batch, precision, optimizer, image=image, seq=seq)
+    est = replay_training_step(spec, batch, precision, optimizer, image=image, seq=seq,
+                               grad_checkpointing=grad_checkpointing)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(est.to_dict()))

@@ -26,7 +26,7 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
                 image: int | None = None, seq: int | None = None, config_kwargs: dict | str | None = None,
                 checkpoint: str | Path | None = None, gpu: str = "h200", host_stall_s: float = 0.0,
                 host_factor: float = 1.0, samples: Any = None,
-                jobscale_checkpoint: str | Path | None = None) -> dict[str, Any]:
+                jobscale_checkpoint: str | Path | None = None, grad_checkpointing: bool = False) -> dict[str, Any]:
     """Predict peak allocator bytes, NVML bytes, GPU utilisation and step time (p50 and p90 each).
 
     ``host_stall_s``: seconds per step, on average, that the GPU waits on the host (data loading,
@@ -37,6 +37,8 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
     (:func:`dprobe.data.gpu_samples.read_gpu_samples`): the result then has ``job_scale``, where its memory
     and utilisation are heading over the next ten seconds (:func:`dprobe.jobscale.predict_next`), from
     ``jobscale_checkpoint`` (default: the one shipped with dprobe).
+    ``grad_checkpointing``: the job runs a ``transformers`` model with gradient checkpointing on
+    (``model.gradient_checkpointing_enable()``): its layers keep their inputs only and recompute.
     """
     from torch_geometric.data import Batch  # noqa: F401 - fail early if PyG is missing
 
@@ -63,6 +65,8 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
         jobscale = None
     spec = GPUS[gpu]
     if parse_spec(model, config_kwargs).lib == "onnx":  # a graph, no module to replay: estimate from its nodes
+        if grad_checkpointing:
+            raise ValueError("--grad-checkpointing needs the model as a transformers module, not an ONNX file")
         graph = read_onnx(model, batch=batch, seq=seq)
         est = estimate_from_graph(graph, batch, precision, optimizer)
         result = _predict(model, batch, precision, optimizer, graph, est, spec, gpu, checkpoint, host_stall_s,
@@ -70,9 +74,9 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
         return _with_job_scale(result, graph, samples, jobscale_checkpoint, jobscale)
     try:
         est = analytical_for(model, batch, precision, optimizer, image=image, seq=seq,
-                             config_kwargs=config_kwargs)
+                             config_kwargs=config_kwargs, grad_checkpointing=grad_checkpointing)
     except Exception as exc:  # noqa: BLE001 - a model's forward can fail in any way; name it, no traceback
-        if isinstance(exc, GraphError):
+        if isinstance(exc, GraphError) or "gradient checkpointing is replayed" in str(exc):
             raise
         if SINGLE_VALUE_BATCHNORM in str(exc):
             raise ValueError(f"{model} cannot train at batch {batch}: a batch norm layer sees one value per "
@@ -86,7 +90,25 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
                          f"{first}{hint}{remedy(exc)}") from exc
     graph = build_model_graph(model, batch=batch, image=image, seq=seq, config_kwargs=config_kwargs)
     result = _predict(model, batch, precision, optimizer, graph, est, spec, gpu, checkpoint, host_stall_s, host_factor)
+    if grad_checkpointing:
+        plain = analytical_for(model, batch, precision, optimizer, image=image, seq=seq, config_kwargs=config_kwargs)
+        _with_recompute_timing(result, _predict(model, batch, precision, optimizer, graph, plain, spec, gpu,
+                                                checkpoint, host_stall_s, host_factor))
     return _with_job_scale(result, graph, samples, jobscale_checkpoint, jobscale)
+
+
+def _with_recompute_timing(result: dict[str, Any], plain: dict[str, Any]) -> None:
+    """A gradient-checkpointed job's prediction: memory from its own replay, step time from the same job
+    without checkpointing (what the learned corrections know) scaled by the replays' step ratio (the
+    recomputed forwards), utilisation as without it. The learned model saw no checkpointed run, and
+    on its own would let the smaller activations bend the timing."""
+    ratio = result["analytical"]["step_time_seconds"] / plain["analytical"]["step_time_seconds"]
+    result["step_time_seconds"] = {q: v * ratio for q, v in plain["step_time_seconds"].items()}
+    result["gpu_utilization"] = plain["gpu_utilization"]
+    result["grad_checkpointing"] = True
+    result["note"] = (result.get("note", "") + "; gradient checkpointing: memory replayed with it (layers keep "
+                      f"their inputs and recompute in backward), step time {ratio:.2f}x that of the same job "
+                      "without it").lstrip("; ")
 
 
 def _with_job_scale(result: dict[str, Any], graph: ModelGraph, samples: Any, checkpoint: str | Path | None,

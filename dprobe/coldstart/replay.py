@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -88,17 +89,44 @@ def make_optimizer(model: nn.Module, name: str) -> torch.optim.Optimizer:
 
 
 def replay_training_step(spec: ModelSpec, batch: int, precision: str = "fp32", optimizer: str = "adamw",
-                         image: int | None = None, seq: int | None = None) -> ReplayEstimate:
-    """Run two training steps on meta tensors and measure the second (optimizer states exist by then)."""
+                         image: int | None = None, seq: int | None = None,
+                         grad_checkpointing: bool = False) -> ReplayEstimate:
+    """Run two training steps on meta tensors and measure the second (optimizer states exist by then).
+
+    ``grad_checkpointing``: with a ``transformers`` model's activation checkpointing on (see
+    :func:`enable_grad_checkpointing`): its layers keep their inputs only and run their forward again
+    in backward."""
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r} ({', '.join(PRECISIONS)})")
     # e.g. BART reads its mask's values, which meta tensors cannot answer
-    return with_masks_from_shapes_if_needed(spec, lambda: _replay(spec, batch, precision, optimizer, image, seq))[0]
+    return with_masks_from_shapes_if_needed(
+        spec, lambda: _replay(spec, batch, precision, optimizer, image, seq, grad_checkpointing))[0]
+
+
+def enable_grad_checkpointing(model: nn.Module, spec: ModelSpec, context_fn: Callable[[], tuple]) -> None:
+    """Turn on a ``transformers`` model's activation checkpointing (non-reentrant, as recommended), with
+    ``context_fn`` giving the contexts of the forward and of its recomputation in backward (autocast's
+    emulation must be re-entered there: the autograd engine runs with no torch-function mode)."""
+    kwargs = {"use_reentrant": False, "context_fn": context_fn}
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ValueError(f"{spec.text}: gradient checkpointing is replayed for transformers models that "
+                         "support it (gradient_checkpointing_enable)")
+    if callable(getattr(model, "activation_checkpointing_enable", None)):  # its name since transformers 5.x
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def _replay(spec: ModelSpec, batch: int, precision: str, optimizer: str, image: int | None,
-            seq: int | None) -> ReplayEstimate:
+            seq: int | None, grad_checkpointing: bool = False) -> ReplayEstimate:
     model = build_module(spec)
+    recomputed: list[AutocastEmulation] = []  # one emulation per block recomputed in backward
+    if grad_checkpointing:
+        def contexts() -> tuple:
+            recomputed.append(AutocastEmulation(PRECISIONS[precision]))
+            return contextlib.nullcontext(), recomputed[-1]
+
+        enable_grad_checkpointing(model, spec, contexts)
     ex = example_inputs(spec, model, batch, image=image, seq=seq, labels=True)
     if precision in WEIGHT_DTYPES:  # the model and its floating inputs in that dtype, as model.to(dtype) leaves them
         dtype = WEIGHT_DTYPES[precision]
@@ -126,17 +154,21 @@ def _replay(spec: ModelSpec, batch: int, precision: str, optimizer: str, image: 
             emul.cache.clear()
             activation = float(tracker.current) - steady
             tracker.phase = BACKWARD
+            recomputed.clear()
             loss.backward()
             tracker.phase = OPTIMIZER
             opt.step()
             del loss
     peak = float(tracker.peak)
-    flops = tracker.flops + 3.0 * emul.attention_flops
+    # fused attention: forward + backward ~ 3 forwards (its kernels do not dispatch on meta), and once more
+    # for a forward that checkpointing runs again in backward
+    attention = 3.0 * emul.attention_flops + sum(e.attention_flops for e in recomputed)
+    flops = tracker.flops + attention
     reserved = float(replay_reserved(tracker.events)[1])
     return ReplayEstimate(
         peak_bytes=peak, reserved_bytes=reserved, device_bytes=reserved + CUDA_CONTEXT_BYTES,
         param_bytes=param_bytes, state_bytes=state, steady_bytes=steady, activation_bytes=activation,
-        flops=flops, matmul_flops=tracker.matmul_flops + 3.0 * emul.attention_flops,
+        flops=flops, matmul_flops=tracker.matmul_flops + attention,
         bytes_moved=tracker.bytes_moved, kernels=float(tracker.kernels),
         large_allocs=float(sum(1 for s in tracker.sizes if s > SMALL_LIMIT)),
         attention_flops=float(emul.attention_flops),
