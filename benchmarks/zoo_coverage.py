@@ -35,6 +35,7 @@ timm:eva02_tiny_patch14_224 --batch 64 --precision bf16
 timm:crossvit_9_240 --batch 64
 timm:mambaout_femto --batch 64
 timm:ghostnetv2_100 --batch 64
+timm:vit_base_patch16_224 --batch 128 --precision bf16 --grad-checkpointing
 torchvision:efficientnet_v2_s --batch 32 --precision fp16
 torchvision:swin_v2_t --batch 32 --precision bf16
 torchvision:resnet50 --batch 64 --gpu a100

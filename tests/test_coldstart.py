@@ -106,8 +106,17 @@ def test_grad_checkpointing_keeps_layer_inputs_and_recomputes(capsys) -> None:
     assert with_gc["analytical"]["activation_bytes"] < without["analytical"]["activation_bytes"]
     assert with_gc["step_time_seconds"]["p50"] > without["step_time_seconds"]["p50"]  # never faster
     assert with_gc["gpu_utilization"] == without["gpu_utilization"]
+    # timm's switch: its checkpoint calls get the same arguments for the replay, and are left as they were
+    import torch.utils.checkpoint
+
+    original = torch.utils.checkpoint.checkpoint
+    timm_spec = parse_spec("timm:resnet18")
+    plain = replay_training_step(timm_spec, batch=8, precision="bf16", image=64)
+    gc = replay_training_step(timm_spec, batch=8, precision="bf16", image=64, grad_checkpointing=True)
+    assert gc.activation_bytes < plain.activation_bytes and plain.flops < gc.flops < 1.5 * plain.flops
+    assert torch.utils.checkpoint.checkpoint is original
     assert main(["predict", "torchvision:resnet18", "--batch", "8", "--grad-checkpointing"]) == 2
-    assert "gradient checkpointing is replayed for transformers models" in capsys.readouterr().err
+    assert "gradient checkpointing is replayed for transformers and timm models" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("kv_heads", "enable_gqa", "fused"), [(12, False, True), (1, False, False), (4, True, True)])

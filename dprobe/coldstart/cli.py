@@ -24,8 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--optimizer", choices=["adamw", "adam", "sgd"], default="adamw",  # replay.OPTIMIZERS
                    help="adamw and adam keep two states per parameter, sgd (with momentum) one (default adamw)")
     p.add_argument("--grad-checkpointing", action="store_true",
-                   help="the job turns on gradient (activation) checkpointing of a transformers model "
-                   "(model.gradient_checkpointing_enable()): layers keep their inputs only and recompute in backward")
+                   help="the job turns on gradient (activation) checkpointing of a transformers or timm model "
+                   "(gradient_checkpointing_enable(), set_grad_checkpointing()): blocks keep their inputs only "
+                   "and recompute in backward")
     p.add_argument("--checkpoint", default=None, metavar="CKPT",
                    help="cold-start checkpoint (default: the one shipped with dprobe)")
     p.add_argument("--gpu", choices=["h200", "h100", "a100"], default="h200",

@@ -37,8 +37,9 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
     (:func:`dprobe.data.gpu_samples.read_gpu_samples`): the result then has ``job_scale``, where its memory
     and utilisation are heading over the next ten seconds (:func:`dprobe.jobscale.predict_next`), from
     ``jobscale_checkpoint`` (default: the one shipped with dprobe).
-    ``grad_checkpointing``: the job runs a ``transformers`` model with gradient checkpointing on
-    (``model.gradient_checkpointing_enable()``): its layers keep their inputs only and recompute.
+    ``grad_checkpointing``: the job turns a ``transformers`` or timm model's gradient checkpointing on
+    (``gradient_checkpointing_enable()``, ``set_grad_checkpointing()``): its blocks keep their inputs
+    only and recompute.
     """
     from torch_geometric.data import Batch  # noqa: F401 - fail early if PyG is missing
 
@@ -66,7 +67,7 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
     spec = GPUS[gpu]
     if parse_spec(model, config_kwargs).lib == "onnx":  # a graph, no module to replay: estimate from its nodes
         if grad_checkpointing:
-            raise ValueError("--grad-checkpointing needs the model as a transformers module, not an ONNX file")
+            raise ValueError("--grad-checkpointing needs the model as a transformers or timm module, not an ONNX file")
         graph = read_onnx(model, batch=batch, seq=seq)
         est = estimate_from_graph(graph, batch, precision, optimizer)
         result = _predict(model, batch, precision, optimizer, graph, est, spec, gpu, checkpoint, host_stall_s,
@@ -76,7 +77,7 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
         est = analytical_for(model, batch, precision, optimizer, image=image, seq=seq,
                              config_kwargs=config_kwargs, grad_checkpointing=grad_checkpointing)
     except Exception as exc:  # noqa: BLE001 - a model's forward can fail in any way; name it, no traceback
-        if isinstance(exc, GraphError) or "gradient checkpointing is replayed" in str(exc):
+        if isinstance(exc, GraphError) or "gradient checkpointing" in str(exc):
             raise
         if SINGLE_VALUE_BATCHNORM in str(exc):
             raise ValueError(f"{model} cannot train at batch {batch}: a batch norm layer sees one value per "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -93,8 +93,8 @@ def replay_training_step(spec: ModelSpec, batch: int, precision: str = "fp32", o
                          grad_checkpointing: bool = False) -> ReplayEstimate:
     """Run two training steps on meta tensors and measure the second (optimizer states exist by then).
 
-    ``grad_checkpointing``: with a ``transformers`` model's activation checkpointing on (see
-    :func:`enable_grad_checkpointing`): its layers keep their inputs only and run their forward again
+    ``grad_checkpointing``: with the model's activation checkpointing on (``transformers`` and timm; see
+    :func:`enable_grad_checkpointing`): its blocks keep their inputs only and run their forward again
     in backward."""
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r} ({', '.join(PRECISIONS)})")
@@ -103,30 +103,61 @@ def replay_training_step(spec: ModelSpec, batch: int, precision: str = "fp32", o
         spec, lambda: _replay(spec, batch, precision, optimizer, image, seq, grad_checkpointing))[0]
 
 
-def enable_grad_checkpointing(model: nn.Module, spec: ModelSpec, context_fn: Callable[[], tuple]) -> None:
-    """Turn on a ``transformers`` model's activation checkpointing (non-reentrant, as recommended), with
+def enable_grad_checkpointing(model: nn.Module, spec: ModelSpec,
+                              context_fn: Callable[[], tuple]) -> contextlib.AbstractContextManager:
+    """Turn on a model's activation checkpointing by its library's switch, non-reentrant, with
     ``context_fn`` giving the contexts of the forward and of its recomputation in backward (autocast's
-    emulation must be re-entered there: the autograd engine runs with no torch-function mode)."""
+    emulation must be re-entered there: the autograd engine runs with no torch-function mode).
+
+    ``transformers`` (``activation_checkpointing_enable``, formerly ``gradient_checkpointing_enable``)
+    takes the checkpoint's arguments; timm (``set_grad_checkpointing``) looks
+    ``torch.utils.checkpoint.checkpoint`` up at each call, so the returned context, entered around the
+    training steps, gives it them."""
     kwargs = {"use_reentrant": False, "context_fn": context_fn}
-    if not getattr(model, "supports_gradient_checkpointing", False):
-        raise ValueError(f"{spec.text}: gradient checkpointing is replayed for transformers models that "
-                         "support it (gradient_checkpointing_enable)")
-    if callable(getattr(model, "activation_checkpointing_enable", None)):  # its name since transformers 5.x
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if getattr(model, "supports_gradient_checkpointing", False):
+        if callable(getattr(model, "activation_checkpointing_enable", None)):  # its name since transformers 5.x
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        return contextlib.nullcontext()
+    if callable(getattr(model, "set_grad_checkpointing", None)):
+        try:
+            model.set_grad_checkpointing(True)
+        except (AssertionError, NotImplementedError) as exc:
+            raise ValueError(f"{spec.text}: timm has no gradient checkpointing for it ({exc})") from exc
+        return _checkpoint_arguments(kwargs)
+    raise ValueError(f"{spec.text}: gradient checkpointing is replayed for transformers and timm models that "
+                     "support it (gradient_checkpointing_enable, set_grad_checkpointing)")
+
+
+@contextlib.contextmanager
+def _checkpoint_arguments(kwargs: dict) -> Iterator[None]:
+    """``torch.utils.checkpoint.checkpoint`` called with ``kwargs`` in place of its caller's choices."""
+    import torch.utils.checkpoint as ckpt
+
+    original = ckpt.checkpoint
+
+    def checkpoint(function: Callable, *args: Any, **given: Any) -> Any:
+        return original(function, *args, **{**given, **kwargs})
+
+    ckpt.checkpoint = checkpoint
+    try:
+        yield
+    finally:
+        ckpt.checkpoint = original
 
 
 def _replay(spec: ModelSpec, batch: int, precision: str, optimizer: str, image: int | None,
             seq: int | None, grad_checkpointing: bool = False) -> ReplayEstimate:
     model = build_module(spec)
     recomputed: list[AutocastEmulation] = []  # one emulation per block recomputed in backward
+    checkpointing: contextlib.AbstractContextManager = contextlib.nullcontext()
     if grad_checkpointing:
         def contexts() -> tuple:
             recomputed.append(AutocastEmulation(PRECISIONS[precision]))
             return contextlib.nullcontext(), recomputed[-1]
 
-        enable_grad_checkpointing(model, spec, contexts)
+        checkpointing = enable_grad_checkpointing(model, spec, contexts)
     ex = example_inputs(spec, model, batch, image=image, seq=seq, labels=True)
     if precision in WEIGHT_DTYPES:  # the model and its floating inputs in that dtype, as model.to(dtype) leaves them
         dtype = WEIGHT_DTYPES[precision]
@@ -140,7 +171,7 @@ def _replay(spec: ModelSpec, batch: int, precision: str, optimizer: str, image: 
             tracker.track(t)
     param_bytes = float(tracker.current)
     activation = state = steady = 0.0
-    with tracker:
+    with tracker, checkpointing:
         for step in range(STEPS):
             opt.zero_grad(set_to_none=True)
             if step == STEPS - 1:
