@@ -100,7 +100,7 @@ def main() -> None:
             result = predict_from_args(ns)
             detail = sane(result)
             status = "FAIL" if detail else "OK"
-        except (ValueError, KeyError) as exc:  # dprobe's own refusals: GraphError and bad input are ValueErrors
+        except ValueError as exc:  # dprobe's own refusals: GraphError, DatasetError and bad input are ValueErrors
             status, detail = "REFUSED", str(exc).splitlines()[0][:160]
         except Exception as exc:  # noqa: BLE001 - a coverage report lists every failure and goes on
             status, detail = "FAIL", f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"

@@ -412,7 +412,7 @@ def first_second(samples: Any) -> Any:
     a ValueError if they do not cover it with at least 3 samples."""
     t = samples["t_rel"].to_numpy(dtype=float)
     first = samples[t <= FIRST_SECONDS]
-    if len(first) < 3 or len(t) == 0 or t.max() < 0.9 * FIRST_SECONDS:
+    if len(first) < 3 or t.max() < 0.9 * FIRST_SECONDS:
         span = min(float(t.max()), FIRST_SECONDS) if len(t) else 0.0
         raise ValueError(f"job scale needs the job's first {FIRST_SECONDS:g} s of samples, at least 3 of them "
                          f"(it learnt from one every 0.1 s); got {len(first)} over {span:.2f} s")

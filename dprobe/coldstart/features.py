@@ -50,6 +50,8 @@ def gpu_spec(device_name: str, memory_bytes: float | None = None) -> GPUSpec:
     if memory_bytes is not None and math.isfinite(memory_bytes) and memory_bytes > 0:
         spec = replace(spec, memory_bytes=float(memory_bytes))
     return spec
+
+
 BF16 = ("bf16", "bf16-pure")  # the precisions the "bf16" feature marks: bf16 kernels (the replay has the bytes)
 LAUNCH_S = 4e-6  # GPU-side cost of one kernel (launch latency, tail)
 # host time to issue one op from eager PyTorch: forward ops (Python, autograd recording), backward ops

@@ -41,14 +41,18 @@ class ForecastInput:
             raise ValueError(f"values must be (batch, length), got shape {self.values.shape}")
         if self.values.shape[1] == 0:
             raise ValueError("values must hold at least one time step, got an empty window")
-        if not np.isfinite(self.values).all():
-            self.values = np.where(np.isinf(self.values), np.nan, self.values)
+        self.values = _infinities_as_gaps(self.values)
         if self.covariates is not None:
-            self.covariates = np.asarray(self.covariates, dtype=np.float64)
-            self.covariates = np.where(np.isinf(self.covariates), np.nan, self.covariates)
+            self.covariates = _infinities_as_gaps(np.asarray(self.covariates))
         if not self.leads or min(self.leads) < 1:
             raise ValueError(f"leads must be positive step counts, got {self.leads}")
         self.leads = tuple(int(h) for h in self.leads)
+
+
+def _infinities_as_gaps(x: np.ndarray) -> np.ndarray:
+    """``x`` with its infinities made NaN (gaps); ``x`` itself, uncopied, when it has none."""
+    inf = np.isinf(x)
+    return np.where(inf, np.nan, x) if inf.any() else x
 
 
 @dataclass
