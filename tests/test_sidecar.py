@@ -416,3 +416,26 @@ def test_engine_runs_a_trained_model_checkpoint(tmp_path: Path) -> None:
     too_far = ForecastEngine(store, loaded.forecaster, horizons=[7200], stale_after=30, drop_after=60,
                              clock=lambda: 3995.0)
     assert too_far.cycle() is None and too_far.errors_total == 1  # beyond the trained leads: refused, counted
+
+
+def test_window_defaults_to_what_the_forecaster_reads(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """window_seconds 0: a checkpoint's context at its step (not a fixed hour that would leave half of it
+    gaps); a baseline keeps an hour; a window set shorter than the checkpoint reads is kept, with a warning."""
+    from dprobe.forecasting.model import export_checkpoint
+    from dprobe.forecasting.tasks import TaskSpec
+    from dprobe.models.lightning_module import ForecasterModule
+    from dprobe.sidecar.service import BASELINE_WINDOW_SECONDS
+
+    module = ForecasterModule(n_tasks=2, context_length=32, d_model=16, n_heads=2, n_layers=1)
+    specs = [TaskSpec("gpu_duty_cycle_pct", "alibaba-genai-2026", (5, 15, 30), 57.0, (), 4.0),
+             TaskSpec("gpu_memory_bytes", "alibaba-genai-2026", (5, 15, 30), 120.0, (), 1e9)]
+    trained = open_forecaster(str(export_checkpoint(module, specs, tmp_path / "dprobe.pt")))
+    sc = Sidecar(_fast_config(window_seconds=0, step_seconds=10.0), sources=[Flaky()], model=trained)
+    assert sc.config.window_seconds == 32 * 120.0 and sc.store.length == 384  # the longer of the two tasks
+    sc = Sidecar(_fast_config(window_seconds=0), sources=[Flaky()], model=open_forecaster(None, "last_value"))
+    assert sc.config.window_seconds == BASELINE_WINDOW_SECONDS
+    with caplog.at_level(logging.WARNING, logger="dprobe.sidecar.service"):
+        sc = Sidecar(_fast_config(window_seconds=600, step_seconds=10.0), sources=[Flaky()], model=trained)
+    assert sc.store.length == 60 and any("shorter than the 3840 s" in r.getMessage() for r in caplog.records)
+    with pytest.raises(ValueError, match="window_seconds must be positive"):
+        _fast_config(window_seconds=-1).validate()

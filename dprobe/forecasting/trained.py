@@ -76,6 +76,11 @@ class TrainedForecaster:
                 return k, t, factor
         raise ValueError(f"this checkpoint forecasts {sorted({t.name for t in self.tasks})}, not {metric!r}")
 
+    def window_seconds(self, metric: str) -> float:
+        """Seconds of history a forecast of ``metric`` reads: the network's context at its task's step."""
+        _, spec, _ = self.task_for(metric)
+        return self.context_length * spec.step_seconds
+
     def max_horizon_seconds(self, metric: str) -> float:
         _, spec, _ = self.task_for(metric)
         return max(spec.leads) * spec.step_seconds

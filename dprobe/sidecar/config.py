@@ -32,7 +32,8 @@ class SidecarConfig:
     sample_interval: float = _opt(1.0, "seconds between samples")
     forecast_interval: float = _opt(10.0, "seconds between forecast cycles (all targets in one batch)")
     step_seconds: float = _opt(10.0, "grid step of the forecast windows: samples are averaged per step")
-    window_seconds: float = _opt(3600.0, "history kept per target")
+    window_seconds: float = _opt(0.0, "history kept per target; 0 = what the forecaster reads (a checkpoint's "
+                                      "context at its step, about 2 h for the bundled model; 1 h for a baseline)")
     horizons: list[int] = _opt([60, 300, 900], "forecast horizons in seconds (a small fixed set)")
     min_points: int = _opt(3, "steps of history a target needs before it is forecast")
     stale_after: float = _opt(30.0, "a target whose last sample is older than this is stale: no forecast shown")
@@ -68,11 +69,13 @@ class SidecarConfig:
     def validate(self) -> SidecarConfig:
         if not self.horizons or any(h <= 0 for h in self.horizons):
             raise ValueError(f"horizons must be positive seconds, got {self.horizons}")
-        for name in ("sample_interval", "forecast_interval", "step_seconds", "window_seconds", "stale_after",
+        for name in ("sample_interval", "forecast_interval", "step_seconds", "stale_after",
                      "drop_after", "http_timeout", "max_backoff"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.window_seconds < 2 * self.step_seconds:
+        if self.window_seconds < 0:
+            raise ValueError(f"window_seconds must be positive, or 0 for the forecaster's own, got {self.window_seconds}")
+        if self.window_seconds and self.window_seconds < 2 * self.step_seconds:
             raise ValueError("window_seconds must span at least two steps")
         if self.drop_after < self.stale_after:
             raise ValueError("drop_after must not be shorter than stale_after")
@@ -83,6 +86,9 @@ class SidecarConfig:
 
     @property
     def window_length(self) -> int:
+        """Steps of history kept per target (``window_seconds`` must have been resolved: not 0)."""
+        if not self.window_seconds:
+            raise ValueError("window_seconds is 0 (the forecaster's own) until the sidecar resolves it")
         return max(2, int(round(self.window_seconds / self.step_seconds)))
 
 

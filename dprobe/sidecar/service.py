@@ -23,7 +23,39 @@ from dprobe.sidecar.window import WindowStore
 from dprobe.sources.base import Sample, Source
 
 log = logging.getLogger(__name__)
+BASELINE_WINDOW_SECONDS = 3600.0  # history kept for a baseline forecaster (window_seconds: 0)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def forecaster_window_seconds(forecaster: object) -> float | None:
+    """Seconds of history the forecaster reads for the sidecar's metrics (the longest of them), or None
+    when it does not say (baselines)."""
+    from dprobe.sidecar.window import METRICS
+
+    reads = getattr(forecaster, "window_seconds", None)
+    if reads is None:
+        return None
+    spans = []
+    for metric in METRICS:
+        try:
+            spans.append(float(reads(metric)))
+        except ValueError:  # a metric the checkpoint does not forecast
+            continue
+    return max(spans) if spans else None
+
+
+def resolve_window(config: SidecarConfig, forecaster: object) -> float:
+    """``window_seconds`` to use: the configured one (with a warning if shorter than the forecaster
+    reads: the older part of its input would be gaps, and its forecasts worse), or with 0 what the
+    forecaster reads (:data:`BASELINE_WINDOW_SECONDS` for a baseline)."""
+    needed = forecaster_window_seconds(forecaster)
+    if not config.window_seconds:
+        return max(needed or BASELINE_WINDOW_SECONDS, 2 * config.step_seconds)
+    if needed and config.window_seconds < 0.99 * needed:
+        log.warning("window_seconds %g is shorter than the %g s the forecaster reads: the rest of its input is "
+                    "gaps, and its forecasts are less accurate (set 0 to keep what it reads)",
+                    config.window_seconds, needed)
+    return config.window_seconds
 
 
 def build_sources(config: SidecarConfig) -> list[Source]:
@@ -82,6 +114,7 @@ class Sidecar:
                  model: LoadedModel | None = None):
         self.config = config.validate()
         self.model = model or open_forecaster(config.checkpoint, config.model, config.fallback_on_bad_checkpoint)
+        self.config.window_seconds = resolve_window(self.config, self.model.forecaster)
         self.sources = build_sources(config) if sources is None else sources
         self.store = WindowStore(config.step_seconds, config.window_length, config.max_targets)
         self.registry = CollectorRegistry(auto_describe=False)
