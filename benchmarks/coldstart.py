@@ -50,6 +50,8 @@ def main() -> None:
     print(table)
     print(host_factor_note(cv))
     ds = cv["dataset"]
+    for reason in ds.get("skipped", []):
+        print(f"left out (its model could not be built or replayed here): {reason}")
     machines = np.array(ds["machines"])
     for m in sorted(set(machines)):  # each machine's runs on their own
         on = machines == m
@@ -59,6 +61,7 @@ def main() -> None:
     # NVML memory and utilisation are scored while the measured steps ran; runs.csv's columns cover the
     # whole run, setup before the steps included (collection 1: FLOP counting, cuDNN autotuning)
     runs = load_h200_profiles(args.data).train_runs()
+    runs = runs.set_index(runs["run_id"].astype(str)).loc[ds["run_ids"]]  # the runs scored, in their order
     peak, util = runs["nvml_peak_used_bytes"].to_numpy(), runs["nvml_gpu_util_pct_mean_2nd_half"].to_numpy() / 100
     print(f"{'  NVML MAPE vs whole-run peak':34s} {100 * np.mean(np.abs(cv['p50'][:, 1] / peak - 1)):10.3f} "
           f"{100 * np.mean(np.abs(ds['base'][:, 1] / peak - 1)):11.3f}   (runs.csv's columns)")

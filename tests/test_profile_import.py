@@ -151,6 +151,31 @@ def test_training_uses_each_collections_gpu(dataset, tmp_path) -> None:
 
 
 @pytest.mark.slow
+def test_a_run_whose_model_cannot_be_replayed_is_left_out_by_name(dataset, tmp_path, caplog) -> None:
+    """One run of a model this install cannot build does not stop training on the others: it is left
+    out, logged and listed with its reason; with no run left, the refusal names one."""
+    from dprobe.coldstart.train import load_dataset
+
+    small = tmp_path / "small"
+    small.mkdir()
+    runs = pd.read_csv(dataset / "runs.csv", dtype=str, keep_default_na=False)
+    keep = runs[(runs["collection"] == "2") & runs["model"].isin(["squeezenet1_1", "alexnet"])].head(2).copy()
+    keep.iloc[0, keep.columns.get_loc("model")] = "no_such_net"
+    keep.to_csv(small / "runs.csv", index=False)
+    for name in ("samples", "steps", "env"):
+        shutil.copy(dataset / f"{name}.{'json' if name == 'env' else 'csv'}", small)
+    with caplog.at_level("WARNING", logger="dprobe.coldstart.train"):
+        ds = load_dataset(str(small), tmp_path / "cache", progress=False)
+    bad, good = keep["run_id"].tolist()
+    assert ds["run_ids"] == [good] and ds["models"] == [keep["model"].iloc[1]] and len(ds["feats"]) == 1
+    assert len(ds["skipped"]) == 1 and ds["skipped"][0].startswith(f"run {bad} (torchvision:no_such_net): GraphError: unknown")
+    assert any("1 of 2 runs" in r.getMessage() for r in caplog.records)
+    keep.iloc[1, keep.columns.get_loc("model")] = "no_such_net"
+    keep.to_csv(small / "runs.csv", index=False)
+    with pytest.raises(ValueError, match=rf"no run could be replayed, e.g. run {bad} \(torchvision:no_such_net\)"):
+        load_dataset(str(small), tmp_path / "cache", progress=False)
+
+
 def test_the_collectors_own_output_is_read(dataset, tmp_path, capsys) -> None:
     """tools/collect_gpu_profiles.py --dry-run (on the CPU: no NVML, no allocator) writes the real format."""
     import os

@@ -131,15 +131,22 @@ def load_dataset(data_dir: str, cache_dir: str | Path, progress: bool = True) ->
     from dprobe.data import load_h200_profiles
 
     runs = load_h200_profiles(data_dir).train_runs()
-    graphs, feats, bases, ys, fams, ids, gpus, machines = [], [], [], [], [], [], [], []
+    graphs, feats, bases, ys, fams, ids, gpus, machines, skipped = [], [], [], [], [], [], [], [], []
     t0 = time.time()
     for _, row in tqdm(runs.iterrows(), total=len(runs), desc="replaying training steps", unit="run",
                        leave=False, disable=not progress):
         spec = run_spec(row)
-        est = analytical_for(spec["model"], spec["batch"], str(row["precision"]), str(row["optimizer"]),
-                             image=spec["image"], seq=spec["seq"], config_kwargs=spec["config_kwargs"],
-                             cache_dir=cache_dir)
-        graphs.append(graph_to_data(graph_for_run(row, cache_dir)))
+        try:
+            est = analytical_for(spec["model"], spec["batch"], str(row["precision"]), str(row["optimizer"]),
+                                 image=spec["image"], seq=spec["seq"], config_kwargs=spec["config_kwargs"],
+                                 cache_dir=cache_dir)
+            graph = graph_to_data(graph_for_run(row, cache_dir))
+        except Exception as exc:  # a model this install cannot build or replay: leave its run out
+            reason = (str(exc).splitlines() or [""])[0][:200]
+            skipped.append(f"run {row['run_id']} ({spec['model']}): {type(exc).__name__}: {reason}")
+            log.warning("left out: %s", skipped[-1])
+            continue
+        graphs.append(graph)
         try:
             gpu = gpu_spec(str(row["gpu"]), float(row["gpu_total_bytes"]))
         except ValueError as exc:
@@ -155,9 +162,17 @@ def load_dataset(data_dir: str, cache_dir: str | Path, progress: bool = True) ->
         fams.append(family_of(str(row["model"])))
         ids.append(str(row["run_id"]))
     log.info("features of %d runs in %.1f s", len(ids), time.time() - t0)
-    return make_dataset(graphs, np.array(feats), np.array(bases), np.array(ys), fams, ids,
-                        models=[str(m) for m in runs["model"]], batch=runs["batch"].to_numpy(),
-                        stall=runs["host_stall_s"].to_numpy(dtype=np.float64), gpus=gpus, machines=machines)
+    if not ids:
+        raise ValueError(f"{data_dir}: no run could be replayed" + (f", e.g. {skipped[0]}" if skipped else ""))
+    if skipped:
+        log.warning("%d of %d runs of %s left out: their models could not be built or replayed here",
+                    len(skipped), len(runs), data_dir)
+    kept = runs.set_index(runs["run_id"].astype(str)).loc[ids]  # the replayed runs, in order
+    ds = make_dataset(graphs, np.array(feats), np.array(bases), np.array(ys), fams, ids,
+                      models=[str(m) for m in kept["model"]], batch=kept["batch"].to_numpy(),
+                      stall=kept["host_stall_s"].to_numpy(dtype=np.float64), gpus=gpus, machines=machines)
+    ds["skipped"] = skipped
+    return ds
 
 
 def make_dataset(graphs: list, feats: np.ndarray, base: np.ndarray, y: np.ndarray, families: list[str],
@@ -349,7 +364,8 @@ def train_coldstart(data_dir: str, out_dir: str, max_epochs: int = 400, seed: in
     table = (f"cold start, leave-model-family-out on {data_dir}: {cv['runs']} runs, {cv['families']} families"
              f"{grouped}\n"
              + format_scores(cv["learned"], cv["analytical"], cv["typical_machine"])[0]
-             + "\n" + host_factor_note(cv))
+             + "\n" + host_factor_note(cv)
+             + "".join(f"\nleft out (its model could not be built or replayed here): {r}" for r in ds.get("skipped", [])))
     (out / "report.txt").write_text(table + "\n")
     return {"checkpoint": str(path), "metrics": ckpt["metrics"], "table": table, "plot": str(plot),
             "cv_util": utilisation_by_run(cv)}
