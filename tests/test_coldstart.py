@@ -168,6 +168,7 @@ def test_train_and_checkpoint(tmp_path, monkeypatch) -> None:
 
     g = graph_to_data(build_model_graph("torchvision:resnet18", batch=2, image=64))
     ds = tr.make_dataset([g] * n, feats, base, y, [f"f{i % 3}" for i in range(n)], [str(i) for i in range(n)])
+    ds["skipped"] = ["run r999 (timm:gone): RuntimeError: cannot replay"]
     monkeypatch.setattr(tr, "load_dataset", lambda *a, **k: ds)
     for graph_dim in (0, 4):
         result = tr.train_coldstart("unused", str(tmp_path / f"g{graph_dim}"), max_epochs=5, graph_dim=graph_dim,
@@ -181,6 +182,7 @@ def test_train_and_checkpoint(tmp_path, monkeypatch) -> None:
         rows = [line for line in result["table"].splitlines() if line.endswith((" PASS", " MISS"))]
         assert len(rows) == len(ROWS) and f"{result['metrics']['learned']['step_mape']:.3f}" in result["table"]
         assert (tmp_path / f"g{graph_dim}" / "report.txt").read_text().strip() == result["table"]
+        assert result["table"].endswith("left out (its model could not be built or replayed here): " + ds["skipped"][0])
         assert sorted(result["cv_util"]) == sorted(ds["run_ids"])  # each run's held-out utilisation, for job scale
         assert all(0 < u < 1 for u in result["cv_util"].values())
         res = tr.predict_residuals(model, [g], feats[:1])
