@@ -50,7 +50,10 @@ def resolve_window(config: SidecarConfig, forecaster: object) -> float:
     forecaster reads (:data:`BASELINE_WINDOW_SECONDS` for a baseline)."""
     needed = forecaster_window_seconds(forecaster)
     if not config.window_seconds:
-        return max(needed or BASELINE_WINDOW_SECONDS, 2 * config.step_seconds)
+        window = max(needed or BASELINE_WINDOW_SECONDS, 2 * config.step_seconds)
+        log.info("window: %g s of history per target (%s)", window,
+                 "what the forecaster reads" if needed else "a baseline's default")
+        return window
     if needed and config.window_seconds < 0.99 * needed:
         log.warning("window_seconds %g is shorter than the %g s the forecaster reads: the rest of its input is "
                     "gaps, and its forecasts are less accurate (set 0 to keep what it reads)",
