@@ -302,6 +302,21 @@ class ChannelShuffle(nn.Module):
         return y.view(b, 2, c // 2, h, w).transpose(1, 2).reshape(b, c, h, w).relu()
 
 
+def test_onnx_external_data(tmp_path) -> None:
+    """Weights saved beside the file (large exports) are read; without their data file, the error says so."""
+    import onnx
+
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+    _export_onnx(model, tmp_path / "m.onnx", torch.randn(1, 64))
+    onnx.save_model(onnx.load(str(tmp_path / "m.onnx")), str(tmp_path / "ext.onnx"), save_as_external_data=True,
+                    location="ext.data", size_threshold=0)
+    g = build_model_graph(str(tmp_path / "ext.onnx"))
+    assert g.num_params == sum(p.numel() for p in model.parameters())
+    (tmp_path / "ext.data").unlink()
+    with pytest.raises(GraphError, match=r"ext.onnx: its weights are stored in external data that cannot be read"):
+        build_model_graph(str(tmp_path / "ext.onnx"))
+
+
 def test_onnx_shapes_at_the_requested_batch(tmp_path) -> None:
     """Dims inference leaves unknown are learnt by running the model at batch 1 and 2, not taken as the batch."""
     path = tmp_path / "shuffle.onnx"

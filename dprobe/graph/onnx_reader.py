@@ -111,6 +111,9 @@ def read_onnx(path: str | Path, batch: int = 1, seq: int | None = None) -> Model
         raise GraphError(f"{path}: no such ONNX file")
     try:
         model = onnx.load(str(path))
+    except onnx.checker.ValidationError as exc:  # weights saved as external data that is not there
+        raise GraphError(f"{path}: its weights are stored in external data that cannot be read ({exc}); keep "
+                         "the data file(s) beside the .onnx file, as it was saved") from exc
     except (DecodeError, ValueError, RuntimeError, OSError) as exc:
         raise GraphError(f"{path}: corrupt ONNX file ({type(exc).__name__}: {exc})") from exc
     if not model.graph.node:
