@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -182,7 +183,7 @@ def test_train_and_checkpoint(tmp_path, monkeypatch) -> None:
         rows = [line for line in result["table"].splitlines() if line.endswith((" PASS", " MISS"))]
         assert len(rows) == len(ROWS) and f"{result['metrics']['learned']['step_mape']:.3f}" in result["table"]
         assert (tmp_path / f"g{graph_dim}" / "report.txt").read_text().strip() == result["table"]
-        assert result["table"].endswith("left out (its model could not be built or replayed here): " + ds["skipped"][0])
+        assert result["table"].endswith("left out: " + ds["skipped"][0])
         assert sorted(result["cv_util"]) == sorted(ds["run_ids"])  # each run's held-out utilisation, for job scale
         assert all(0 < u < 1 for u in result["cv_util"].values())
         res = tr.predict_residuals(model, [g], feats[:1])
@@ -190,6 +191,23 @@ def test_train_and_checkpoint(tmp_path, monkeypatch) -> None:
     torch.save({"kind": "other"}, tmp_path / "bad.pt")
     with pytest.raises(ValueError, match="not a dprobe cold-start checkpoint"):
         tr.load_checkpoint(tmp_path / "bad.pt")
+
+
+def test_every_gpu_spec_is_a_predict_choice(capsys) -> None:
+    """--gpu offers exactly the GPUs dprobe has a spec for; a slower GPU gives a slower step and may not fit."""
+    from dprobe.cli import build_parser, main
+    from dprobe.coldstart.features import GPUS
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    gpu = next(a for a in sub.choices["predict"]._actions if a.dest == "gpu")
+    assert sorted(gpu.choices) == sorted(GPUS)
+    args = ["predict", "torchvision:resnet18", "--batch", "64", "--precision", "bf16", "--json"]
+    by_gpu = {}
+    for name in ("h200", "l4"):
+        assert main([*args, "--gpu", name]) == 0
+        by_gpu[name] = json.loads(capsys.readouterr().out)
+    assert by_gpu["l4"]["step_time_seconds"]["p50"] > 2 * by_gpu["h200"]["step_time_seconds"]["p50"]
+    assert by_gpu["l4"]["gpu_memory_bytes"] == GPUS["l4"].memory_bytes < GPUS["h200"].memory_bytes
 
 
 def test_cli_predict(capsys, tmp_path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -144,10 +145,12 @@ def test_training_uses_each_collections_gpu(dataset, tmp_path) -> None:
     assert (ds["base"][2:, 3] > 2 * ds["base"][:2, 3]).all()  # slower GPU, longer roofline step
 
     env = json.loads((small / "env.json").read_text())
-    env["collection_3"]["gpu"] = "NVIDIA L4"
+    env["collection_3"]["gpu"] = "NVIDIA RTX 9000"  # a GPU without a spec: its runs are left out, by name
     (small / "env.json").write_text(json.dumps(env))
-    with pytest.raises(ValueError, match=r"run r\d+ \(collection 3\).*'NVIDIA L4'.*add a GPUSpec"):
-        load_dataset(str(small), tmp_path / "cache", progress=False)
+    ds = load_dataset(str(small), tmp_path / "cache", progress=False)
+    assert ds["gpus"] == ["h200", "h200"] and len(ds["skipped"]) == 2
+    assert re.match(r"run r\d+ \(torchvision:\w+, collection 3\): ValueError: .*'NVIDIA RTX 9000'.*add a GPUSpec",
+                    ds["skipped"][0])
 
 
 @pytest.mark.slow
@@ -168,11 +171,12 @@ def test_a_run_whose_model_cannot_be_replayed_is_left_out_by_name(dataset, tmp_p
         ds = load_dataset(str(small), tmp_path / "cache", progress=False)
     bad, good = keep["run_id"].tolist()
     assert ds["run_ids"] == [good] and ds["models"] == [keep["model"].iloc[1]] and len(ds["feats"]) == 1
-    assert len(ds["skipped"]) == 1 and ds["skipped"][0].startswith(f"run {bad} (torchvision:no_such_net): GraphError: unknown")
+    assert len(ds["skipped"]) == 1
+    assert ds["skipped"][0].startswith(f"run {bad} (torchvision:no_such_net, collection 2): GraphError: unknown")
     assert any("1 of 2 runs" in r.getMessage() for r in caplog.records)
     keep.iloc[1, keep.columns.get_loc("model")] = "no_such_net"
     keep.to_csv(small / "runs.csv", index=False)
-    with pytest.raises(ValueError, match=rf"no run could be replayed, e.g. run {bad} \(torchvision:no_such_net\)"):
+    with pytest.raises(ValueError, match=rf"no run could be replayed, e.g. run {bad} \(torchvision:no_such_net, "):
         load_dataset(str(small), tmp_path / "cache", progress=False)
 
 

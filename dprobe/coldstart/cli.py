@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "and recompute in backward")
     p.add_argument("--checkpoint", default=None, metavar="CKPT",
                    help="cold-start checkpoint (default: the one shipped with dprobe)")
-    p.add_argument("--gpu", choices=["h200", "h100", "a100"], default="h200",
+    p.add_argument("--gpu", choices=["h200", "h100", "a100", "l40s", "a10", "l4"], default="h200",  # features.GPUS
                    help="the GPU's memory, peak FLOP/s and bandwidth; the output's note says when the "
                    "checkpoint never saw a run on it (the shipped one learnt from H200 runs; default h200)")
     p.add_argument("--host-stall", type=float, default=0.0, metavar="SECONDS",

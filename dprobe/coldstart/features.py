@@ -26,10 +26,16 @@ class GPUSpec:
     bandwidth: float
 
 
+# memory as NVML reports it (the measured figure replaces it for a collection's runs); dense tensor-core
+# FLOP/s (no sparsity) and bandwidth from the vendor's data sheets. Only H200 runs are bundled: the others
+# change the roofline, not the learned corrections (see docs/graph-and-coldstart.md, Known gaps).
 GPUS = {
     "h200": GPUSpec(150109880320, 989e12, 494e12, 67e12, 4.8e12),
     "h100": GPUSpec(85520809984, 989e12, 494e12, 67e12, 3.35e12),
     "a100": GPUSpec(85899345920, 312e12, 156e12, 19.5e12, 2.0e12),
+    "l40s": GPUSpec(48305799168, 362e12, 183e12, 91.6e12, 864e9),
+    "a10": GPUSpec(24146608128, 125e12, 62.5e12, 31.2e12, 600e9),
+    "l4": GPUSpec(24152899584, 121e12, 60e12, 30.3e12, 300e9),
 }
 
 

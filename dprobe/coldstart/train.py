@@ -137,20 +137,18 @@ def load_dataset(data_dir: str, cache_dir: str | Path, progress: bool = True) ->
                        leave=False, disable=not progress):
         spec = run_spec(row)
         try:
+            gpu = gpu_spec(str(row["gpu"]), float(row["gpu_total_bytes"]))
             est = analytical_for(spec["model"], spec["batch"], str(row["precision"]), str(row["optimizer"]),
                                  image=spec["image"], seq=spec["seq"], config_kwargs=spec["config_kwargs"],
                                  cache_dir=cache_dir)
             graph = graph_to_data(graph_for_run(row, cache_dir))
-        except Exception as exc:  # a model this install cannot build or replay: leave its run out
+        except Exception as exc:  # a GPU without a spec, a model this install cannot build or replay: left out
             reason = (str(exc).splitlines() or [""])[0][:200]
-            skipped.append(f"run {row['run_id']} ({spec['model']}): {type(exc).__name__}: {reason}")
+            skipped.append(f"run {row['run_id']} ({spec['model']}, collection {int(row['collection'])}): "
+                           f"{type(exc).__name__}: {reason}")
             log.warning("left out: %s", skipped[-1])
             continue
         graphs.append(graph)
-        try:
-            gpu = gpu_spec(str(row["gpu"]), float(row["gpu_total_bytes"]))
-        except ValueError as exc:
-            raise ValueError(f"{data_dir}: run {row['run_id']} (collection {int(row['collection'])}): {exc}") from exc
         gpus.append(gpu_key(str(row["gpu"])))
         machines.append(f"collection {int(row['collection'])}")  # one session on one machine
         f = job_features(est, spec["batch"], str(row["precision"]), str(row["optimizer"]), gpu,
@@ -165,7 +163,8 @@ def load_dataset(data_dir: str, cache_dir: str | Path, progress: bool = True) ->
     if not ids:
         raise ValueError(f"{data_dir}: no run could be replayed" + (f", e.g. {skipped[0]}" if skipped else ""))
     if skipped:
-        log.warning("%d of %d runs of %s left out: their models could not be built or replayed here",
+        log.warning("%d of %d runs of %s left out: no spec for their GPU, or their models could not be built "
+                    "or replayed here",
                     len(skipped), len(runs), data_dir)
     kept = runs.set_index(runs["run_id"].astype(str)).loc[ids]  # the replayed runs, in order
     ds = make_dataset(graphs, np.array(feats), np.array(bases), np.array(ys), fams, ids,
@@ -365,7 +364,7 @@ def train_coldstart(data_dir: str, out_dir: str, max_epochs: int = 400, seed: in
              f"{grouped}\n"
              + format_scores(cv["learned"], cv["analytical"], cv["typical_machine"])[0]
              + "\n" + host_factor_note(cv)
-             + "".join(f"\nleft out (its model could not be built or replayed here): {r}" for r in ds.get("skipped", [])))
+             + "".join(f"\nleft out: {r}" for r in ds.get("skipped", [])))
     (out / "report.txt").write_text(table + "\n")
     return {"checkpoint": str(path), "metrics": ckpt["metrics"], "table": table, "plot": str(plot),
             "cv_util": utilisation_by_run(cv)}
