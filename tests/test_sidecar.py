@@ -439,3 +439,35 @@ def test_window_defaults_to_what_the_forecaster_reads(tmp_path: Path, caplog: py
     assert sc.store.length == 60 and any("shorter than the 3840 s" in r.getMessage() for r in caplog.records)
     with pytest.raises(ValueError, match="window_seconds must be positive"):
         _fast_config(window_seconds=-1).validate()
+
+
+def test_a_checkpoint_for_other_metrics(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A checkpoint that forecasts only GPU memory serves memory, and utilisation is left out (not every
+    cycle failing); one that forecasts neither is refused at start, or replaced by the baseline if asked."""
+    from dprobe.forecasting.model import export_checkpoint
+    from dprobe.forecasting.tasks import TaskSpec
+    from dprobe.models.lightning_module import ForecasterModule
+    from dprobe.sidecar.window import METRICS
+
+    memory = TaskSpec("gpu_memory_bytes", "alibaba-genai-2026", (5, 15, 30), 57.0, (), 1e9)
+    demand = TaskSpec("gpu_demand", "helios-earth-vc", (6, 12, 24), 300.0, (), 10.0)
+    module = ForecasterModule(n_tasks=1, context_length=32, d_model=16, n_heads=2, n_layers=1)
+    only_memory = export_checkpoint(module, [memory], tmp_path / "memory.pt")
+    only_demand = export_checkpoint(module, [demand], tmp_path / "demand.pt")
+    loaded = open_forecaster(str(only_memory), metrics=METRICS)
+    store = WindowStore(step=10.0, length=100)
+    for k in range(100):
+        store.add([Sample("pod-a", 10.0 * k, 20e9, 0.25)])
+    with caplog.at_level(logging.WARNING, logger="dprobe.sidecar.engine"):
+        engine = ForecastEngine(store, loaded.forecaster, horizons=[60, 300], stale_after=30, drop_after=60,
+                                clock=lambda: 995.0)
+    assert any("does not forecast gpu_utilization_ratio" in r.getMessage() for r in caplog.records)
+    snap = engine.cycle()
+    assert snap is not None and engine.errors_total == 0
+    np.testing.assert_allclose(snap.quantiles["gpu_memory_bytes"][0, :, 0], 20e9, rtol=1e-6)
+    assert np.isnan(snap.quantiles["gpu_utilization_ratio"]).all()
+    with pytest.raises(CheckpointError, match="forecasts gpu_demand, none of gpu_memory_bytes, gpu_utilization_ratio"):
+        open_forecaster(str(only_demand), metrics=METRICS)
+    fallback = open_forecaster(str(only_demand), "last_value", fallback_on_error=True, metrics=METRICS)
+    assert fallback.kind == "baseline:last_value" and "gpu_demand" in fallback.fallback_reason
+    assert open_forecaster(str(only_demand)).kind == "dprobe-forecaster"  # without metrics: as loaded

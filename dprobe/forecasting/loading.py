@@ -149,20 +149,40 @@ def _load_checked(path: str | Path) -> LoadedModel:
     return LoadedModel(forecaster, kind=kind, version=version, checkpoint=str(path))
 
 
+def serves(forecaster: Forecaster, metric: str) -> bool:
+    """Whether ``forecaster`` forecasts ``metric``: a trained one only the metrics it learnt (or their
+    aliases), a baseline any."""
+    task_for = getattr(forecaster, "task_for", None)
+    if task_for is None:
+        return True
+    try:
+        task_for(metric)
+    except ValueError:
+        return False
+    return True
+
+
 def open_forecaster(checkpoint: str | Path | None, fallback: str = "ewma",
-                    fallback_on_error: bool = False) -> LoadedModel:
+                    fallback_on_error: bool = False, metrics: tuple[str, ...] = ()) -> LoadedModel:
     """A checkpoint's forecaster, or the ``fallback`` baseline when there is none.
 
     A bad checkpoint raises :class:`CheckpointError` naming the file and the
     reason, unless ``fallback_on_error``: then the baseline is used and the
-    reason is logged and kept in ``fallback_reason``.
+    reason is logged and kept in ``fallback_reason``. With ``metrics``, a checkpoint
+    that forecasts none of them is a bad one.
     """
     from dprobe import __version__
     from dprobe.forecasting.baselines import make_baseline
 
     if checkpoint:
         try:
-            return _load_checked(checkpoint)
+            loaded = _load_checked(checkpoint)
+            if metrics and not any(serves(loaded.forecaster, m) for m in metrics):
+                learnt = sorted({t.name for t in getattr(loaded.forecaster, "tasks", [])})
+                raise CheckpointError(f"checkpoint {checkpoint}: forecasts {', '.join(learnt) or 'nothing'}, none "
+                                      f"of {', '.join(metrics)} (train it on series of GPU memory or utilisation, "
+                                      "e.g. +exp=alibaba)")
+            return loaded
         except CheckpointError as exc:
             if not fallback_on_error:
                 raise

@@ -10,6 +10,7 @@ import numpy as np
 
 from dprobe.exporter.state import ForecastSnapshot
 from dprobe.forecasting.base import QUANTILES, Forecaster, ForecastInput
+from dprobe.forecasting.loading import serves
 from dprobe.sidecar.graphs import GraphResolver
 from dprobe.sidecar.window import METRICS, WindowStore
 
@@ -24,6 +25,9 @@ class ForecastEngine:
                  drop_after: float, min_points: int = 3, graphs: GraphResolver | None = None,
                  observe_seconds: Callable[[float], None] | None = None, clock: Callable[[], float] = time.time):
         self.store, self.forecaster = store, forecaster
+        self.metrics = tuple(m for m in METRICS if serves(forecaster, m))  # a checkpoint may forecast one only
+        for metric in sorted(set(METRICS) - set(self.metrics)):
+            log.warning("%s does not forecast %s: its forecasts are left out", forecaster.name, metric)
         self.horizons = tuple(int(h) for h in horizons)
         self.leads = tuple(max(1, int(round(h / store.step))) for h in self.horizons)
         self.stale_after, self.drop_after, self.min_points = stale_after, drop_after, min_points
@@ -70,7 +74,7 @@ class ForecastEngine:
     def _forecast(self, targets: list[str], latest: dict, now: float) -> ForecastSnapshot | None:
         windows = self.store.windows(targets)
         enough = np.zeros(len(targets), dtype=bool)
-        for metric in METRICS:
+        for metric in self.metrics:
             enough |= np.sum(~np.isnan(windows[metric]), axis=1) >= self.min_points
         keep = np.flatnonzero(enough)
         if keep.size == 0:
@@ -81,6 +85,8 @@ class ForecastEngine:
         for metric in METRICS:
             values = windows[metric][keep]
             has = np.sum(~np.isnan(values), axis=1) >= self.min_points
+            if metric not in self.metrics:
+                has[:] = False
             out = np.full((len(kept), len(self.horizons), len(QUANTILES)), np.nan)
             if has.any():
                 rows = np.flatnonzero(has)

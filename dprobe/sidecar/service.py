@@ -19,7 +19,7 @@ from dprobe.sidecar.config import SidecarConfig
 from dprobe.sidecar.engine import ForecastEngine
 from dprobe.sidecar.graphs import GraphResolver
 from dprobe.sidecar.poller import SourcePoller
-from dprobe.sidecar.window import WindowStore
+from dprobe.sidecar.window import METRICS, WindowStore
 from dprobe.sources.base import Sample, Source
 
 log = logging.getLogger(__name__)
@@ -30,8 +30,6 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 def forecaster_window_seconds(forecaster: object) -> float | None:
     """Seconds of history the forecaster reads for the sidecar's metrics (the longest of them), or None
     when it does not say (baselines)."""
-    from dprobe.sidecar.window import METRICS
-
     reads = getattr(forecaster, "window_seconds", None)
     if reads is None:
         return None
@@ -116,7 +114,8 @@ class Sidecar:
     def __init__(self, config: SidecarConfig, sources: list[Source] | None = None,
                  model: LoadedModel | None = None):
         self.config = config.validate()
-        self.model = model or open_forecaster(config.checkpoint, config.model, config.fallback_on_bad_checkpoint)
+        self.model = model or open_forecaster(config.checkpoint, config.model, config.fallback_on_bad_checkpoint,
+                                              metrics=METRICS)
         self.config.window_seconds = resolve_window(self.config, self.model.forecaster)
         self.sources = build_sources(config) if sources is None else sources
         self.store = WindowStore(config.step_seconds, config.window_length, config.max_targets)
