@@ -164,8 +164,7 @@ def load_dataset(data_dir: str, cache_dir: str | Path, progress: bool = True) ->
         raise ValueError(f"{data_dir}: no run could be replayed" + (f", e.g. {skipped[0]}" if skipped else ""))
     if skipped:
         log.warning("%d of %d runs of %s left out: no spec for their GPU, or their models could not be built "
-                    "or replayed here",
-                    len(skipped), len(runs), data_dir)
+                    "or replayed here", len(skipped), len(runs), data_dir)
     kept = runs.set_index(runs["run_id"].astype(str)).loc[ids]  # the replayed runs, in order
     ds = make_dataset(graphs, np.array(feats), np.array(bases), np.array(ys), fams, ids,
                       models=[str(m) for m in kept["model"]], batch=kept["batch"].to_numpy(),

@@ -14,7 +14,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from dprobe.exporter import ExporterServer, SidecarCollector
 from dprobe.exporter.state import ForecastSnapshot, Latest, SourceStatus
-from dprobe.forecasting.loading import LoadedModel, open_forecaster
+from dprobe.forecasting.loading import LoadedModel, open_forecaster, serves
 from dprobe.sidecar.config import SidecarConfig
 from dprobe.sidecar.engine import ForecastEngine
 from dprobe.sidecar.graphs import GraphResolver
@@ -31,14 +31,7 @@ def forecaster_window_seconds(forecaster: object) -> float | None:
     """Seconds of history the forecaster reads for the sidecar's metrics (the longest of them), or None
     when it does not say (baselines)."""
     reads = getattr(forecaster, "window_seconds", None)
-    if reads is None:
-        return None
-    spans = []
-    for metric in METRICS:
-        try:
-            spans.append(float(reads(metric)))
-        except ValueError:  # a metric the checkpoint does not forecast
-            continue
+    spans = [float(reads(m)) for m in METRICS if serves(forecaster, m)] if reads is not None else []
     return max(spans) if spans else None
 
 
