@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 
 import pytorch_lightning as pl
+import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -29,6 +30,9 @@ def train_forecaster(cfg: DictConfig, out_dir: Path) -> Path:
     )
     from dprobe.models.lightning_module import ForecasterModule
 
+    if cfg.trainer.get("accelerator") in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ValueError("trainer=gpu needs a CUDA GPU, and torch sees none; trainer=default uses one when there "
+                         "is one, trainer=cpu never")
     datamodule = instantiate(cfg.data, _convert_="all")
     datamodule.setup("fit")
     model = instantiate(cfg.model, n_tasks=len(datamodule.tasks), _convert_="all")

@@ -159,6 +159,14 @@ def test_bad_checkpoint_is_refused_by_name(tmp_path, small_helios_dir, capsys):
     assert "broken.pt" in capsys.readouterr().err
 
 
+def test_trainer_gpu_without_a_gpu_says_what_to_use(tmp_path, small_helios_dir, monkeypatch):
+    """trainer=gpu on a machine where torch sees no GPU: refused with the options that work, before any data."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = compose(tiny(tmp_path, [small_helios_dir], "trainer=gpu", "trainer.accelerator=gpu"))
+    with pytest.raises(ValueError, match="trainer=gpu needs a CUDA GPU, and torch sees none; trainer=default"):
+        run(cfg)
+
+
 def test_ddp_spawn_two_processes(tmp_path, small_helios_dir):
     """trainer=ddp trains with Lightning's DDP strategy (ddp_spawn, 2 CPU processes)."""
     cfg = compose(tiny(tmp_path, [small_helios_dir], "trainer=ddp", "trainer.strategy=ddp_spawn",
