@@ -116,7 +116,7 @@ def run(cfg: DictConfig) -> dict:
 
         cs = train_coldstart(str(cfg.coldstart.data_dir), str(out_dir / "coldstart"),
                              max_epochs=cfg.coldstart.max_epochs, seed=cfg.seed, cache_dir=cache,
-                             folds=cfg.coldstart.get("folds"))
+                             folds=cfg.coldstart.get("folds"), workers=cfg.coldstart.get("workers"))
         print(cs["table"])
         summary["coldstart_checkpoint"] = str(cs["checkpoint"])
         summary["coldstart_metrics"] = cs.get("metrics", {})

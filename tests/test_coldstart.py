@@ -454,6 +454,23 @@ def test_cross_validation_in_grouped_folds(monkeypatch) -> None:
         tr.cross_validate("unused", "unused", max_epochs=5, ds=ds, progress=False, folds=1)
 
 
+def test_cross_validation_in_worker_processes_scores_the_same() -> None:
+    """Folds fitted in two spawned processes give exactly the scores of one process."""
+    from dprobe.coldstart import train as tr
+
+    n = 24
+    feats, base, y = _synthetic_runs(n, 5)
+    ds = tr.make_dataset([None] * n, feats, base, y, [f"f{i % 6}" for i in range(n)], [str(i) for i in range(n)])
+    hp = {"max_epochs": 20, "ds": ds, "progress": False, "ensemble": 2, "hidden": 8, "folds": 3}
+    alone = tr.cross_validate("unused", "unused", workers=1, **hp)
+    pooled = tr.cross_validate("unused", "unused", workers=2, **hp)
+    np.testing.assert_allclose(pooled["p50"], alone["p50"], rtol=1e-6)
+    np.testing.assert_allclose(pooled["p90"], alone["p90"], rtol=1e-6)
+    assert pooled["learned"] == pytest.approx(alone["learned"])
+    with pytest.raises(ValueError, match="workers must be at least 1"):
+        tr.cross_validate("unused", "unused", workers=0, **hp)
+
+
 def test_uncalibrated_cross_validation_keeps_the_p50() -> None:
     """The learning curve skips the p90 calibration: same p50, p90 without the conformal shift."""
     from dprobe.coldstart import train as tr

@@ -9,6 +9,7 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -170,6 +171,10 @@ def test_a_run_whose_model_cannot_be_replayed_is_left_out_by_name(dataset, tmp_p
     with caplog.at_level("WARNING", logger="dprobe.coldstart.train"):
         ds = load_dataset(str(small), tmp_path / "cache", progress=False)
     bad, good = keep["run_id"].tolist()
+    # the same in worker processes filling the cache: the run that works is cached, the other reported
+    pooled = load_dataset(str(small), tmp_path / "cache2", progress=False, workers=2)
+    assert pooled["run_ids"] == ds["run_ids"] and pooled["skipped"] == ds["skipped"]
+    np.testing.assert_allclose(pooled["feats"], ds["feats"])
     assert ds["run_ids"] == [good] and ds["models"] == [keep["model"].iloc[1]] and len(ds["feats"]) == 1
     assert len(ds["skipped"]) == 1
     assert ds["skipped"][0].startswith(f"run {bad} (torchvision:no_such_net, collection 2): GraphError: unknown")

@@ -11,7 +11,7 @@ import numpy as np
 
 from dprobe.coldstart.memtrack import BACKWARD, FORWARD, OP_CLASSES, OPTIMIZER, TENSOR_CORE_CLASSES
 from dprobe.coldstart.replay import TWO_STATE_OPTIMIZERS, ReplayEstimate, replay_training_step
-from dprobe.graph.encoder import spec_key
+from dprobe.graph.encoder import spec_key, write_atomically
 from dprobe.graph.zoo import parse_spec
 
 
@@ -134,18 +134,28 @@ def analytical_for(model: str, batch: int, precision: str, optimizer: str, image
                    cache_dir: str | Path | None = None, grad_checkpointing: bool = False) -> ReplayEstimate:
     """The replay estimate, cached as JSON under ``cache_dir`` keyed by the job's spec hash."""
     spec = parse_spec(model, config_kwargs)
-    job = {"model": model, "kw": spec.config_kwargs, "batch": batch, "precision": precision, "optimizer": optimizer,
-           "image": image, "seq": seq}
-    key = spec_key({**job, "grad_checkpointing": True} if grad_checkpointing else job, extra="replay-v6")
-    path = Path(cache_dir) / f"replay-{key}.json" if cache_dir else None
+    path = replay_cache_path(model, batch, precision, optimizer, image, seq, config_kwargs, cache_dir,
+                             grad_checkpointing)
     if path is not None and path.is_file():
         return ReplayEstimate(**json.loads(path.read_text()))
     est = replay_training_step(spec, batch, precision, optimizer, image=image, seq=seq,
                                grad_checkpointing=grad_checkpointing)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(est.to_dict()))
+        write_atomically(path, json.dumps(est.to_dict()))
     return est
+
+
+def replay_cache_path(model: str, batch: int, precision: str, optimizer: str, image: int | None = None,
+                      seq: int | None = None, config_kwargs: dict | str | None = None,
+                      cache_dir: str | Path | None = None, grad_checkpointing: bool = False) -> Path | None:
+    """Where :func:`analytical_for` caches the job's replay (None without a ``cache_dir``)."""
+    if not cache_dir:
+        return None
+    spec = parse_spec(model, config_kwargs)
+    job = {"model": model, "kw": spec.config_kwargs, "batch": batch, "precision": precision, "optimizer": optimizer,
+           "image": image, "seq": seq}
+    key = spec_key({**job, "grad_checkpointing": True} if grad_checkpointing else job, extra="replay-v6")
+    return Path(cache_dir) / f"replay-{key}.json"
 
 
 def family_of(model: str) -> str:

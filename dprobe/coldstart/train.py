@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -16,17 +17,19 @@ from tqdm.auto import tqdm
 from dprobe.coldstart.features import (
     FEATURES,
     MEMORY_FEATURES,
+    GPUSpec,
     analytical_for,
     family_of,
     gpu_key,
     gpu_spec,
     job_features,
+    replay_cache_path,
     with_host_factor,
 )
 from dprobe.coldstart.model import TARGETS, ColdStartEnsemble, ColdStartModel, fit_standardisation, pinball
 from dprobe.coldstart.replay import ReplayEstimate
 from dprobe.conformal import conformal_shift, family_folds, held_out_groups
-from dprobe.graph.encoder import graph_for_run, graph_to_data, run_spec
+from dprobe.graph.encoder import graph_cache_path, graph_for_run, graph_to_data, run_spec
 
 log = logging.getLogger(__name__)
 VERSION = 4  # 4: the memory head sees the op-mix shares
@@ -118,7 +121,51 @@ def apply_stall(p50: np.ndarray, p90: np.ndarray, stall: np.ndarray) -> None:
     p90[..., ui] = with_stall(p90[..., ui], step, stall)
 
 
-def load_dataset(data_dir: str, cache_dir: str | Path, progress: bool = True) -> dict[str, Any]:
+def _replay_run(row: Any, cache_dir: str | Path) -> tuple[dict[str, Any], GPUSpec, ReplayEstimate, Any]:
+    """A runs.csv row's model spec, GPU spec, replay estimate and model graph (both cached)."""
+    spec = run_spec(row)
+    gpu = gpu_spec(str(row["gpu"]), float(row["gpu_total_bytes"]))
+    est = analytical_for(spec["model"], spec["batch"], str(row["precision"]), str(row["optimizer"]),
+                         image=spec["image"], seq=spec["seq"], config_kwargs=spec["config_kwargs"], cache_dir=cache_dir)
+    return spec, gpu, est, graph_for_run(row, cache_dir)
+
+
+def _is_cached(row: Any, cache_dir: str | Path) -> bool:
+    """Whether the run's replay and graph are both in the cache (or cannot be made at all)."""
+    try:
+        spec = run_spec(row)
+        replay = replay_cache_path(spec["model"], spec["batch"], str(row["precision"]), str(row["optimizer"]),
+                                   spec["image"], spec["seq"], spec["config_kwargs"], cache_dir)
+    except Exception:  # the sequential pass reports what is wrong with the run
+        return True
+    graph = graph_cache_path(spec, cache_dir)
+    return replay is not None and replay.is_file() and graph is not None and graph.is_file()
+
+
+def _warm_one(row: dict[str, Any], cache_dir: str) -> None:
+    with contextlib.suppress(Exception):  # the sequential pass reports what is wrong with the run
+        _replay_run(row, cache_dir)
+
+
+def warm_cache(runs: Any, cache_dir: str | Path, workers: int, progress: bool = True) -> None:
+    """Replay and trace the runs not yet in ``cache_dir`` in ``workers`` processes (the replays are
+    single-threaded Python: one per core is that many times as fast); the caller then reads the cache."""
+    todo = [row for row in runs.to_dict("records") if not _is_cached(row, cache_dir)]
+    if workers < 2 or len(todo) < 2:
+        return
+    from concurrent.futures import as_completed
+
+    from dprobe.workers import spawn_pool
+
+    with spawn_pool(workers) as pool:
+        futures = [pool.submit(_warm_one, row, str(cache_dir)) for row in todo]
+        for _ in tqdm(as_completed(futures), total=len(futures), desc=f"replaying training steps ({workers} processes)",
+                      unit="run", leave=False, disable=not progress):
+            pass
+
+
+def load_dataset(data_dir: str, cache_dir: str | Path, progress: bool = True,
+                 workers: int | None = 1) -> dict[str, Any]:
     """Graphs, features, analytical baselines and measured targets of every ok training run.
 
     ``y`` holds the measurements; ``y_fit`` the targets the model learns, where utilisation is the busy
@@ -127,28 +174,28 @@ def load_dataset(data_dir: str, cache_dir: str | Path, progress: bool = True) ->
     ``nvml_used_bytes_steps``, ``gpu_util_pct_steps``), not over setup work before them. ``valid``
     marks the targets a run has (a missing measurement is left out of the loss and the scores).
     ``progress``: a progress bar over the runs (replays are cached, so it is quick after the first time).
+    ``workers``: processes for the replays not yet cached (1: none; None: one per core, at most four).
+    A run that cannot be used (no spec for its GPU, a model this install cannot build or replay) is
+    left out, logged, and listed in ``skipped``.
     """
     from dprobe.data import load_h200_profiles
+    from dprobe.workers import resolve_workers
 
     runs = load_h200_profiles(data_dir).train_runs()
-    graphs, feats, bases, ys, fams, ids, gpus, machines, skipped = [], [], [], [], [], [], [], [], []
     t0 = time.time()
+    warm_cache(runs, cache_dir, resolve_workers(workers), progress)
+    graphs, feats, bases, ys, fams, ids, gpus, machines, skipped = [], [], [], [], [], [], [], [], []
     for _, row in tqdm(runs.iterrows(), total=len(runs), desc="replaying training steps", unit="run",
                        leave=False, disable=not progress):
-        spec = run_spec(row)
         try:
-            gpu = gpu_spec(str(row["gpu"]), float(row["gpu_total_bytes"]))
-            est = analytical_for(spec["model"], spec["batch"], str(row["precision"]), str(row["optimizer"]),
-                                 image=spec["image"], seq=spec["seq"], config_kwargs=spec["config_kwargs"],
-                                 cache_dir=cache_dir)
-            graph = graph_to_data(graph_for_run(row, cache_dir))
+            spec, gpu, est, graph = _replay_run(row, cache_dir)
         except Exception as exc:  # a GPU without a spec, a model this install cannot build or replay: left out
             reason = (str(exc).splitlines() or [""])[0][:200]
-            skipped.append(f"run {row['run_id']} ({spec['model']}, collection {int(row['collection'])}): "
+            skipped.append(f"run {row['run_id']} ({row['lib']}:{row['model']}, collection {int(row['collection'])}): "
                            f"{type(exc).__name__}: {reason}")
             log.warning("left out: %s", skipped[-1])
             continue
-        graphs.append(graph)
+        graphs.append(graph_to_data(graph))
         gpus.append(gpu_key(str(row["gpu"])))
         machines.append(f"collection {int(row['collection'])}")  # one session on one machine
         f = job_features(est, spec["batch"], str(row["precision"]), str(row["optimizer"]), gpu,
@@ -284,38 +331,69 @@ def metrics(y: np.ndarray, p50: np.ndarray, p90: np.ndarray | None = None,
     return {k: float(v) for k, v in m.items()}
 
 
+_WORKER_DS: dict[str, Any] | None = None  # the data set, handed once to each cross-validation worker
+
+
+def _hold_dataset(ds: dict[str, Any]) -> None:
+    global _WORKER_DS
+    _WORKER_DS = ds
+
+
+def _score_fold(test: np.ndarray, train: np.ndarray, max_epochs: int, seed: int, hp: dict[str, Any],
+                calibrate: bool, ds: dict[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One leave-family-out fold: fitted on ``train``, the p50 / p90 of the runs ``test`` (told their
+    machine's host factor from the training runs on it) and their p50 at the typical host factor."""
+    ds = _WORKER_DS if ds is None else ds
+    # each machine's host factor from the other families' runs on it, as a user would have it
+    # from jobs that ran on that machine before
+    fold = for_machines(ds, host_factors(ds, train))
+    model = fit(fold, train, max_epochs, seed, hp, calibrate=calibrate)
+    graphs = [ds["graphs"][i] for i in test]
+    res = predict_residuals(model, graphs, fold["feats"][test])
+    typical = predict_residuals(model, graphs, ds["feats"][test])[..., 0]
+    return (from_residual(res[..., 0], fold["base"][test]), from_residual(res[..., 1], fold["base"][test]),
+            from_residual(typical, ds["base"][test]))
+
+
 def cross_validate(data_dir: str, cache_dir: str | Path, max_epochs: int = 400, seed: int = 0,
                    ds: dict[str, Any] | None = None, progress: bool = True, train_families: int | None = None,
-                   calibrate: bool = True, folds: int | None = None, **hparams: Any) -> dict[str, Any]:
+                   calibrate: bool = True, folds: int | None = None, workers: int | None = 1,
+                   **hparams: Any) -> dict[str, Any]:
     """Leave-model-family-out: each family is scored by a model trained on the other families only
     (``progress``: a bar over the folds). ``folds``: deal the families at random (seeded by ``seed``)
     into that many groups and leave out one group at a time instead, which is quicker with many families
     and still never scores a family that was in training. ``train_families``: train on that many of the
     other families, drawn at random, to see how the errors fall with more families. ``calibrate=False``
-    skips the p90 calibration (its p90 coverage is then not meaningful; the p50 is the same, and quicker)."""
+    skips the p90 calibration (its p90 coverage is then not meaningful; the p50 is the same, and quicker).
+    ``workers``: folds fitted in that many processes at once (1: none; None: one per core, at most four;
+    the scores do not depend on it)."""
+    from dprobe.workers import resolve_workers, spawn_pool
+
     hp = {**DEFAULTS, **hparams}
-    ds = ds or load_dataset(data_dir, cache_dir)
+    ds = ds or load_dataset(data_dir, cache_dir, workers=workers)
     fams = np.array(ds["families"])
     n = len(fams)
     p50, p90 = np.zeros((n, 4)), np.zeros((n, 4))
     p50_typical = np.zeros((n, 4))  # the same models, told nothing of the machine (host factor of a typical one)
     rng = np.random.default_rng(seed)
     groups = held_out_groups(fams, folds, seed)
-    for test in tqdm(groups, desc="cold start, leave-family-out", unit="fold", leave=False, disable=not progress):
+    plans = []
+    for test in groups:
         others = sorted(set(fams) - set(fams[test]))
         if train_families is not None:
             others = list(rng.choice(others, size=min(train_families, len(others)), replace=False))
-        train = np.where(np.isin(fams, others))[0]
-        # each machine's host factor from the other families' runs on it, as a user would have it
-        # from jobs that ran on that machine before
-        fold = for_machines(ds, host_factors(ds, train))
-        model = fit(fold, train, max_epochs, seed, hp, calibrate=calibrate)
-        graphs = [ds["graphs"][i] for i in test]
-        res = predict_residuals(model, graphs, fold["feats"][test])
-        p50[test] = from_residual(res[..., 0], fold["base"][test])
-        p90[test] = from_residual(res[..., 1], fold["base"][test])
-        p50_typical[test] = from_residual(predict_residuals(model, graphs, ds["feats"][test])[..., 0],
-                                          ds["base"][test])
+        plans.append((test, np.where(np.isin(fams, others))[0]))
+    workers = min(resolve_workers(workers), len(plans))
+    bar = {"desc": "cold start, leave-family-out" + (f" ({workers} processes)" if workers > 1 else ""),
+           "total": len(plans), "unit": "fold", "leave": False, "disable": not progress}
+    args = [[p[i] for p in plans] for i in range(2)] + [[a] * len(plans) for a in (max_epochs, seed, hp, calibrate)]
+    if workers > 1:
+        with spawn_pool(workers, _hold_dataset, (ds,)) as pool:
+            scored = list(tqdm(pool.map(_score_fold, *args), **bar))
+    else:
+        scored = [_score_fold(*a, ds=ds) for a in tqdm(list(zip(*args, strict=True)), **bar)]
+    for (test, _), (fold_p50, fold_p90, fold_typical) in zip(plans, scored, strict=True):
+        p50[test], p90[test], p50_typical[test] = fold_p50, fold_p90, fold_typical
     apply_stall(p50, p90, ds["stall"])
     apply_stall(p50_typical, p50_typical.copy(), ds["stall"])
     analytical = ds["base"].copy()
@@ -328,9 +406,10 @@ def cross_validate(data_dir: str, cache_dir: str | Path, max_epochs: int = 400, 
 
 
 def train_coldstart(data_dir: str, out_dir: str, max_epochs: int = 400, seed: int = 0, folds: int | None = None,
-                    **hparams: Any) -> dict:
+                    workers: int | None = 1, **hparams: Any) -> dict:
     """Fit on every run of ``data_dir`` and save ``out_dir/coldstart.pt`` (loadable with weights_only=True).
-    ``folds``: the leave-family-out scores in that many groups of families (:func:`cross_validate`).
+    ``folds``: the leave-family-out scores in that many groups of families (:func:`cross_validate`);
+    ``workers``: processes for the replays and the folds (1: none; None: one per core, at most four).
 
     Returns ``{"checkpoint": path, "metrics": {...}, "table": str, "plot": path, "cv_util": {...}}``:
     leave-family-out metrics (learned and analytical), their table against the targets (also
@@ -343,8 +422,8 @@ def train_coldstart(data_dir: str, out_dir: str, max_epochs: int = 400, seed: in
     out.mkdir(parents=True, exist_ok=True)
     cache = Path(hparams.pop("cache_dir", out / "cache"))
     hp = {**DEFAULTS, **hparams}
-    ds = load_dataset(data_dir, cache)
-    cv = cross_validate(data_dir, cache, max_epochs=max_epochs, seed=seed, ds=ds, folds=folds, **hp)
+    ds = load_dataset(data_dir, cache, workers=workers)
+    cv = cross_validate(data_dir, cache, max_epochs=max_epochs, seed=seed, ds=ds, folds=folds, workers=workers, **hp)
     factors = cv["host_factors"]  # learnt from every run
     model = fit(for_machines(ds, factors), np.arange(len(ds["run_ids"])), max_epochs, seed, hp)
     ckpt = {"version": VERSION, "kind": "dprobe-coldstart", "features": FEATURES, "targets": TARGETS,
