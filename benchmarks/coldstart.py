@@ -35,6 +35,8 @@ def main() -> None:
     ap.add_argument("--families", metavar="K,K,...",
                     help="instead: the learning curve, training on K of the other families for each K")
     ap.add_argument("--draws", type=int, default=3, help="random draws of families per K (default: %(default)s)")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="processes for the replays and the folds (default: one per CPU core, at most 4; 1: none)")
     ap.add_argument("--ensemble", type=int, default=None,
                     help="members per model (default: the training default; 3 makes --families quicker)")
     args = ap.parse_args()
@@ -43,7 +45,8 @@ def main() -> None:
         learning_curve(args, [int(k) for k in args.families.split(",")], hp)
         return
     t0 = time.time()
-    cv = cross_validate(args.data, args.cache, max_epochs=args.epochs, seed=args.seed, folds=args.folds, **hp)
+    cv = cross_validate(args.data, args.cache, max_epochs=args.epochs, seed=args.seed, folds=args.folds,
+                        workers=args.workers, **hp)
     print(f"leave-model-family-out on {args.data}: {cv['runs']} runs, {cv['families']} families in "
           f"{cv['folds']} folds ({time.time() - t0:.0f} s)")
     table, missed = format_scores(cv["learned"], cv["analytical"], cv["typical_machine"])
@@ -84,13 +87,14 @@ def learning_curve(args: argparse.Namespace, sizes: list[int], hp: dict) -> None
     """Leave-family-out errors when training on K of the other families, mean over the draws."""
     from dprobe.coldstart.train import load_dataset
 
-    ds = load_dataset(args.data, args.cache)
+    ds = load_dataset(args.data, args.cache, workers=args.workers)
     keys = [("peak_mape", "peak MAPE %"), ("nvml_mape", "NVML MAPE %"), ("util_mae_points", "util MAE pts"),
             ("step_mape", "step MAPE %"), ("step_spearman", "step Spearman")]
     print(f"{'training families':>17s} " + " ".join(f"{label:>13s}" for _, label in keys))
     for k in sizes:
         runs = [cross_validate(args.data, args.cache, max_epochs=args.epochs, seed=args.seed + d, ds=ds,
-                               train_families=k, progress=False, calibrate=False, **hp)["learned"] for d in range(args.draws)]
+                               train_families=k, progress=False, calibrate=False, workers=args.workers,
+                               **hp)["learned"] for d in range(args.draws)]
         # the median: a draw that leaves too narrow a set of families to extrapolate from can explode
         print(f"{k:17d} " + " ".join(f"{np.median([r[key] for r in runs]):13.3f}" for key, _ in keys)
               + f"   (median of {args.draws} draws)")
