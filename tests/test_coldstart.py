@@ -471,6 +471,34 @@ def test_cross_validation_in_worker_processes_scores_the_same() -> None:
         tr.cross_validate("unused", "unused", workers=0, **hp)
 
 
+def test_cross_validation_goes_on_when_its_workers_die(monkeypatch, caplog) -> None:
+    """A worker that dies (out of memory, say) costs time, not the run: the folds are fitted in-process."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    import dprobe.workers
+    from dprobe.coldstart import train as tr
+
+    class DeadPool:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def map(self, *args):
+            raise BrokenProcessPool("a worker process was terminated abruptly")
+
+    monkeypatch.setattr(dprobe.workers, "spawn_pool", lambda *a, **k: DeadPool())
+    n = 24
+    feats, base, y = _synthetic_runs(n, 5)
+    ds = tr.make_dataset([None] * n, feats, base, y, [f"f{i % 6}" for i in range(n)], [str(i) for i in range(n)])
+    hp = {"max_epochs": 5, "ds": ds, "progress": False, "ensemble": 1, "hidden": 8, "folds": 3}
+    with caplog.at_level("WARNING", logger="dprobe.coldstart.train"):
+        cv = tr.cross_validate("unused", "unused", workers=2, **hp)
+    assert "fitting the folds in this process" in caplog.text
+    np.testing.assert_allclose(cv["p50"], tr.cross_validate("unused", "unused", workers=1, **hp)["p50"])
+
+
 def test_uncalibrated_cross_validation_keeps_the_p50() -> None:
     """The learning curve skips the p90 calibration: same p50, p90 without the conformal shift."""
     from dprobe.coldstart import train as tr

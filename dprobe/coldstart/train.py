@@ -6,6 +6,8 @@ import contextlib
 import logging
 import math
 import time
+from concurrent.futures.process import BrokenProcessPool
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -157,11 +159,14 @@ def warm_cache(runs: Any, cache_dir: str | Path, workers: int, progress: bool = 
 
     from dprobe.workers import spawn_pool
 
-    with spawn_pool(workers) as pool:
-        futures = [pool.submit(_warm_one, row, str(cache_dir)) for row in todo]
-        for _ in tqdm(as_completed(futures), total=len(futures), desc=f"replaying training steps ({workers} processes)",
-                      unit="run", leave=False, disable=not progress):
-            pass
+    try:
+        with spawn_pool(workers) as pool:
+            futures = [pool.submit(_warm_one, row, str(cache_dir)) for row in todo]
+            for _ in tqdm(as_completed(futures), total=len(futures), unit="run", leave=False, disable=not progress,
+                          desc=f"replaying training steps ({workers} processes)"):
+                pass
+    except BrokenProcessPool as exc:  # a worker died (e.g. out of memory): the caller replays the rest itself
+        log.warning("replay workers stopped (%s); replaying the remaining runs in this process", exc)
 
 
 def load_dataset(data_dir: str, cache_dir: str | Path, progress: bool = True,
@@ -386,12 +391,16 @@ def cross_validate(data_dir: str, cache_dir: str | Path, max_epochs: int = 400, 
     workers = min(resolve_workers(workers), len(plans))
     bar = {"desc": "cold start, leave-family-out" + (f" ({workers} processes)" if workers > 1 else ""),
            "total": len(plans), "unit": "fold", "leave": False, "disable": not progress}
-    args = [[p[i] for p in plans] for i in range(2)] + [[a] * len(plans) for a in (max_epochs, seed, hp, calibrate)]
+    score = partial(_score_fold, max_epochs=max_epochs, seed=seed, hp=hp, calibrate=calibrate)
+    scored = None
     if workers > 1:
-        with spawn_pool(workers, _hold_dataset, (ds,)) as pool:
-            scored = list(tqdm(pool.map(_score_fold, *args), **bar))
-    else:
-        scored = [_score_fold(*a, ds=ds) for a in tqdm(list(zip(*args, strict=True)), **bar)]
+        try:
+            with spawn_pool(workers, _hold_dataset, (ds,)) as pool:
+                scored = list(tqdm(pool.map(score, *zip(*plans, strict=True)), **bar))
+        except BrokenProcessPool as exc:  # a worker died (e.g. out of memory): start again in this process
+            log.warning("cross-validation workers stopped (%s); fitting the folds in this process", exc)
+    if scored is None:
+        scored = [score(test, train, ds=ds) for test, train in tqdm(plans, **bar)]
     for (test, _), (fold_p50, fold_p90, fold_typical) in zip(plans, scored, strict=True):
         p50[test], p90[test], p50_typical[test] = fold_p50, fold_p90, fold_typical
     apply_stall(p50, p90, ds["stall"])
