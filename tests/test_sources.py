@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pynvml
 import pytest
 
@@ -164,6 +165,30 @@ def test_prometheus_source_query_range() -> None:
     assert [(s.target, s.memory_bytes, s.utilization_ratio) for s in samples] == [
         ("ns/p1", 1e9, None), ("ns/p1", 2e9, 0.5)]
     assert src._since == pytest.approx(now - 10)
+
+
+def test_prometheus_source_splits_a_long_backfill() -> None:
+    """A window longer than Prometheus's points-per-query limit is asked for in spans on the same grid:
+    every point comes back once, in order, and no request exceeds the limit."""
+    import urllib.parse
+
+    spans = []
+
+    def reply(path: str):
+        q = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query)
+        start, end, step = (float(q[k][0]) for k in ("start", "end", "step"))
+        spans.append((start, end, step))
+        grid = np.arange(start, end + 1e-6, step)
+        return 200, _matrix([({"namespace": "ns", "pod": "p1"}, [(t, t % 1000) for t in grid])]), 0.0
+
+    with peer(reply) as url:
+        src = PrometheusSource(url, utilization_query="", step=10, lookback=600)
+        src.max_points = 7
+        samples = src.poll()
+    assert len(spans) > 5 and all((end - start) / step + 1 <= 7 + 1e-9 for start, end, step in spans)
+    ts = [s.ts for s in samples]
+    assert len(ts) == 61 and np.allclose(np.diff(ts), 10)  # 600 s at 10 s, each point once
+    assert [s.memory_bytes for s in samples] == pytest.approx([t % 1000 for t in ts])
 
 
 @pytest.mark.parametrize("reply", [(200, "not json", 0.0), (400, '{"status":"error","error":"bad"}', 0.0),

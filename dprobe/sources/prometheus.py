@@ -47,6 +47,7 @@ class PrometheusSource:
     """
 
     name = "prometheus"
+    max_points = 10_000  # per series and query: Prometheus refuses more than 11,000 (a longer span is split)
 
     def __init__(self, url: str, memory_query: str = DEFAULT_MEMORY_QUERY,
                  utilization_query: str = DEFAULT_UTILIZATION_QUERY, step: float = 10.0,
@@ -57,6 +58,20 @@ class PrometheusSource:
         self._since: float | None = None
 
     def _range(self, query: str, start: float, end: float) -> list:
+        """``query_range`` from ``start`` to ``end``: ``[(labels, [(ts, value), ...]), ...]``, asked in spans
+        of at most :attr:`max_points` steps (a long window at a short step would exceed Prometheus's limit)."""
+        span = self.step * (self.max_points - 1)
+        series: dict[tuple, tuple[dict[str, str], list]] = {}
+        t = start
+        while True:
+            stop = min(end, t + span)
+            for labels, values in self._range_once(query, t, stop):
+                series.setdefault(tuple(sorted(labels.items())), (labels, []))[1].extend(values)
+            if stop >= end:
+                return list(series.values())
+            t = stop + self.step  # the next point of the same grid
+
+    def _range_once(self, query: str, start: float, end: float) -> list:
         params = urllib.parse.urlencode({"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}",
                                          "step": f"{self.step:g}"})
         body = http_get(f"{self.url}/api/v1/query_range?{params}", self.timeout, accept="application/json")
