@@ -189,6 +189,12 @@ def test_prometheus_source_splits_a_long_backfill() -> None:
     ts = [s.ts for s in samples]
     assert len(ts) == 61 and np.allclose(np.diff(ts), 10)  # 600 s at 10 s, each point once
     assert [s.memory_bytes for s in samples] == pytest.approx([t % 1000 for t in ts])
+    spans.clear()
+    with peer(reply) as url:  # a window that ends less than a step after a span: no empty request after it
+        src = PrometheusSource(url, utilization_query="", step=10, lookback=65)
+        src.max_points = 7
+        samples = src.poll()
+    assert len(samples) == 7 and len(spans) == 1 and all(start <= end for start, end, _ in spans)
 
 
 @pytest.mark.parametrize("reply", [(200, "not json", 0.0), (400, '{"status":"error","error":"bad"}', 0.0),

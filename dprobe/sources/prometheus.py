@@ -67,9 +67,9 @@ class PrometheusSource:
             stop = min(end, t + span)
             for labels, values in self._range_once(query, t, stop):
                 series.setdefault(tuple(sorted(labels.items())), (labels, []))[1].extend(values)
-            if stop >= end:
-                return list(series.values())
             t = stop + self.step  # the next point of the same grid
+            if t > end:
+                return list(series.values())
 
     def _range_once(self, query: str, start: float, end: float) -> list:
         params = urllib.parse.urlencode({"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}",
