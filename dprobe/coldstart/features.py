@@ -11,7 +11,8 @@ import numpy as np
 
 from dprobe.coldstart.memtrack import BACKWARD, FORWARD, OP_CLASSES, OPTIMIZER, TENSOR_CORE_CLASSES
 from dprobe.coldstart.replay import TWO_STATE_OPTIMIZERS, ReplayEstimate, replay_training_step
-from dprobe.graph.encoder import spec_key, write_atomically
+from dprobe.graph.encoder import spec_key
+from dprobe.graph.schema import write_atomically
 from dprobe.graph.zoo import parse_spec
 
 

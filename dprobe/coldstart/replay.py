@@ -14,6 +14,7 @@ from torch import nn
 from dprobe.coldstart.allocator import replay_reserved
 from dprobe.coldstart.autocast import AutocastEmulation
 from dprobe.coldstart.memtrack import BACKWARD, FORWARD, OPTIMIZER, MemoryTracker, round_alloc
+from dprobe.graph.schema import GraphError
 from dprobe.graph.zoo import (
     ExampleInputs,
     ModelSpec,
@@ -124,9 +125,9 @@ def enable_grad_checkpointing(model: nn.Module, spec: ModelSpec,
         try:
             model.set_grad_checkpointing(True)
         except (AssertionError, NotImplementedError) as exc:
-            raise ValueError(f"{spec.text}: timm has no gradient checkpointing for it ({exc})") from exc
+            raise GraphError(f"{spec.text}: timm has no gradient checkpointing for it ({exc})") from exc
         return _checkpoint_arguments(kwargs)
-    raise ValueError(f"{spec.text}: gradient checkpointing is replayed for transformers and timm models that "
+    raise GraphError(f"{spec.text}: gradient checkpointing is replayed for transformers and timm models that "
                      "support it (gradient_checkpointing_enable, set_grad_checkpointing)")
 
 

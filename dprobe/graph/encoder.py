@@ -116,7 +116,7 @@ def cached_model_graph(spec: dict[str, Any], cache_dir: str | Path | None = None
     graph = build_model_graph(spec["model"], batch=spec["batch"], image=spec["image"], seq=spec["seq"],
                               config_kwargs=spec["config_kwargs"])
     if path is not None:
-        write_atomically(path, json.dumps(graph.to_dict(), separators=(",", ":")))
+        graph.save(path)
     return graph
 
 
@@ -124,20 +124,3 @@ def graph_cache_path(spec: dict[str, Any], cache_dir: str | Path | None = None) 
     """Where :func:`cached_model_graph` caches a spec's graph (None without a ``cache_dir``)."""
     # the tracer's version is in the key: a graph cached by an older op vocabulary is traced again
     return Path(cache_dir) / f"graph-{spec_key(spec, extra=GRAPH_CACHE_VERSION)}.json" if cache_dir else None
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file beside it, so that a reader (another worker
-    filling the same cache) never sees a half-written file."""
-    import os
-    import tempfile
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -111,8 +111,7 @@ class ModelGraph:
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), separators=(",", ":")))
+        write_atomically(path, json.dumps(self.to_dict(), separators=(",", ":")))
         return path
 
 
@@ -127,3 +126,20 @@ def load_model_graph(path: str | Path) -> ModelGraph:
         return ModelGraph.from_dict(data)
     except GraphError as exc:
         raise GraphError(f"{path}: {exc}") from exc
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file beside it, so that a reader (another worker
+    filling the same cache) never sees a half-written file."""
+    import os
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
