@@ -5,7 +5,11 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import shutil
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pandas as pd
@@ -77,3 +81,45 @@ def collector(tmp_path, monkeypatch):
     spec.loader.exec_module(module)
     yield module
     module.LOG.close()
+
+
+class _Peer(BaseHTTPRequestHandler):
+    """A test peer on 127.0.0.1 answering with whatever ``server.reply(path)`` says: (code, body, delay)."""
+
+    def do_GET(self) -> None:  # noqa: N802
+        code, body, delay = self.server.reply(self.path)  # type: ignore[attr-defined]
+        if delay:
+            time.sleep(delay)
+        data = body.encode() if isinstance(body, str) else body
+        try:
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout test)
+            pass
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def serve_http(reply: Callable[[str], tuple[int, str | bytes, float]]) -> Iterator[str]:
+    """An HTTP server on loopback answering GETs with ``reply(path)``; yields its base URL."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Peer)
+    srv.daemon_threads = True
+    srv.reply = reply  # type: ignore[attr-defined]
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.fixture
+def http_peer() -> Callable:
+    """``with http_peer(lambda path: (200, "text", 0.0)) as url:`` a peer such as a dcgm-exporter (see
+    :func:`serve_http`)."""
+    return serve_http

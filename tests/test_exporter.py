@@ -23,12 +23,15 @@ class FakeState:
 
     def __init__(self, n: int = 3, snapshot_age: float = 5.0) -> None:
         self.targets = [f"ns/pod-{i}" for i in range(n)]
-        self.latest = {t: Latest(NOW - 1.0, 1e9 * (i + 1), 0.25, "fake") for i, t in enumerate(self.targets)}
+        labels = [{"namespace": "ns", "pod": f"pod-{i}", "container": "train", "gpu": str(i % 8), "UUID": f"GPU-{i}"}
+                  for i in range(n)]
+        self.latest = {t: Latest(NOW - 1.0, 1e9 * (i + 1), 0.25, "fake", labels[i]) for i, t in enumerate(self.targets)}
         q = np.arange(n * 3 * 3, dtype=float).reshape(n, 3, 3)
         self.snap = ForecastSnapshot(made_at=NOW - snapshot_age, targets=tuple(self.targets),
                                      input_ts=np.full(n, NOW - 1.0), horizons=(60, 300, 900),
                                      levels=(0.5, 0.9, 0.99),
-                                     quantiles={"gpu_memory_bytes": q * 1e9, "gpu_utilization_ratio": q / 100})
+                                     quantiles={"gpu_memory_bytes": q * 1e9, "gpu_utilization_ratio": q / 100},
+                                     labels=tuple(labels))
         self.is_ready = (False, "no sample yet")
 
     def forecast_snapshot(self):
@@ -64,7 +67,13 @@ def test_metric_names_labels_and_values() -> None:
     m = scrape(FakeState())
     mem = m["dprobe_predicted_gpu_memory_bytes"]
     assert len(mem) == 3 * 3 * 3
-    assert {tuple(sorted(s.labels)) for s in mem} == {("horizon_seconds", "quantile", "target")}
+    assert {tuple(sorted(s.labels)) for s in mem} == {
+        ("UUID", "container", "gpu", "horizon_seconds", "namespace", "pod", "quantile", "target")}
+    # each series carries its target's identity labels, as the source gave them (dcgm-exporter's names)
+    assert {(s.labels["target"], s.labels["namespace"], s.labels["pod"], s.labels["UUID"]) for s in mem} == {
+        (f"ns/pod-{i}", "ns", f"pod-{i}", f"GPU-{i}") for i in range(3)}
+    assert {s.labels["pod"]: s.labels["gpu"] for s in m["dprobe_observed_gpu_memory_bytes"]} == {
+        "pod-0": "0", "pod-1": "1", "pod-2": "2"}
     assert {s.labels["horizon_seconds"] for s in mem} == {"60", "300", "900"}
     assert {s.labels["quantile"] for s in mem} == {"0.5", "0.9", "0.99"}
     one = {(s.labels["horizon_seconds"], s.labels["quantile"]): s.value for s in mem if s.labels["target"] == "ns/pod-1"}
@@ -135,7 +144,8 @@ def _samples(text: str) -> list:
 def test_fast_text_equals_client_python_rendering() -> None:
     state = FakeState(n=20)
     state.latest["ns/pod-3"] = Latest(NOW - 99.0, 1.0, 0.5, "fake")
-    state.latest['we"ird\\pod'] = Latest(NOW - 2.0, 7.0, None, "fake")
+    state.latest['we"ird\\pod'] = Latest(NOW - 2.0, 7.0, None, "fake", {"pod": 'we"ird\\pod', "UUID": "GPU-\n"})
+    state.latest["gpu-only"] = Latest(NOW - 2.0, 8.0, 0.1, "fake")  # a source without identity labels
     collector = SidecarCollector(state, clock=lambda: NOW)
     reg = CollectorRegistry(auto_describe=False)
     reg.register(collector)

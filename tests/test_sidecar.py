@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 from dprobe.forecasting.base import QUANTILES, Forecast, ForecastInput
 from dprobe.forecasting.baselines import make_baseline
@@ -232,29 +233,39 @@ def _metrics(url: str) -> str:
         return r.read().decode()
 
 
+def _by_target(text: str, name: str) -> dict[str, list[float]]:
+    """The values of metric ``name`` in /metrics text, by their ``target`` label."""
+    out: dict[str, list[float]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name:
+                out.setdefault(s.labels["target"], []).append(s.value)
+    return out
+
+
 def test_sidecar_keeps_serving_when_its_source_fails() -> None:
     src = Flaky()
     sc = Sidecar(_fast_config(), sources=[src], model=open_forecaster(None, "last_value"))
     sc.start()
     try:
         deadline = time.time() + 5
-        while 'dprobe_predicted_gpu_memory_bytes{target="ns/p"' not in _metrics(sc.server.url):
+        while "ns/p" not in _by_target(_metrics(sc.server.url), "dprobe_predicted_gpu_memory_bytes"):
             assert time.time() < deadline
             time.sleep(0.05)
         assert sc.ready()[0]
         src.fail = True
         time.sleep(1.2)  # past stale_after: forecasts withdrawn, staleness reported
         text = _metrics(sc.server.url)
-        assert 'dprobe_predicted_gpu_memory_bytes{target="ns/p"' not in text
-        assert 'dprobe_observed_gpu_memory_bytes{target="ns/p"' not in text
-        age = float(text.split('dprobe_last_sample_age_seconds{target="ns/p"} ')[1].split()[0])
+        assert "ns/p" not in _by_target(text, "dprobe_predicted_gpu_memory_bytes")
+        assert "ns/p" not in _by_target(text, "dprobe_observed_gpu_memory_bytes")
+        [age] = _by_target(text, "dprobe_last_sample_age_seconds")["ns/p"]
         assert age > 0.6
         assert 'dprobe_source_up{source="flaky"} 0.0' in text
         errors = float(text.split('dprobe_source_errors_total{source="flaky"} ')[1].split()[0])
         assert 1 <= errors < 20  # backed off, not hammering
         src.fail = False
         time.sleep(0.6)
-        assert 'dprobe_predicted_gpu_memory_bytes{target="ns/p"' in _metrics(sc.server.url)
+        assert "ns/p" in _by_target(_metrics(sc.server.url), "dprobe_predicted_gpu_memory_bytes")
     finally:
         t = time.monotonic()
         sc.stop()

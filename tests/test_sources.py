@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-import threading
+import socket
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -50,44 +47,10 @@ DCGM_FI_PROF_GR_ENGINE_ACTIVE{gpu="1",UUID="GPU-bbb",container="trainer",namespa
 """
 
 
-class _Peer(BaseHTTPRequestHandler):
-    """A test peer on 127.0.0.1 answering with whatever ``server.reply`` says."""
-
-    def do_GET(self) -> None:  # noqa: N802
-        code, body, delay = self.server.reply(self.path)  # type: ignore[attr-defined]
-        if delay:
-            time.sleep(delay)
-        data = body.encode() if isinstance(body, str) else body
-        try:
-            self.send_response(code)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-        except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout test)
-            pass
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@contextmanager
-def peer(reply) -> Iterator[str]:
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Peer)
-    srv.daemon_threads = True
-    srv.reply = reply  # type: ignore[attr-defined]
-    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
-
-
 def closed_port_url() -> str:
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Peer)
-    port = srv.server_address[1]
-    srv.server_close()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     return f"http://127.0.0.1:{port}/metrics"
 
 
@@ -123,9 +86,9 @@ def test_dcgm_garbage_is_a_source_error(text: str) -> None:
         parse_dcgm_text(text, 0.0)
 
 
-def test_dcgm_source_over_http_and_faults() -> None:
+def test_dcgm_source_over_http_and_faults(http_peer) -> None:
     state = {"reply": (200, DCGM_TEXT, 0.0)}
-    with peer(lambda path: state["reply"]) as url:
+    with http_peer(lambda path: state["reply"]) as url:
         src = DcgmSource(url + "/metrics", timeout=0.5)
         assert {s.target for s in src.poll()} == {"team-a/train-0", "GPU-ccc"}
         state["reply"] = (500, "boom", 0.0)
@@ -147,7 +110,7 @@ def _matrix(series: list[tuple[dict, list]]) -> str:
         {"metric": m, "values": [[t, str(v)] for t, v in vals]} for m, vals in series]}})
 
 
-def test_prometheus_source_query_range() -> None:
+def test_prometheus_source_query_range(http_peer) -> None:
     now = time.time()
     seen = []
 
@@ -158,7 +121,7 @@ def test_prometheus_source_query_range() -> None:
         return 200, _matrix([({"namespace": "ns", "pod": "p1"}, [(now - 10, 0.5)]),
                              ({"UUID": "GPU-x"}, [(now - 10, "NaN")])]), 0.0
 
-    with peer(reply) as url:
+    with http_peer(reply) as url:
         src = PrometheusSource(url, step=10, lookback=600)
         samples = src.poll()
     assert all("/api/v1/query_range?" in p for p in seen) and len(seen) == 2
@@ -167,7 +130,7 @@ def test_prometheus_source_query_range() -> None:
     assert src._since == pytest.approx(now - 10)
 
 
-def test_prometheus_source_splits_a_long_backfill() -> None:
+def test_prometheus_source_splits_a_long_backfill(http_peer) -> None:
     """A window longer than Prometheus's points-per-query limit is asked for in spans on the same grid:
     every point comes back once, in order, and no request exceeds the limit."""
     import urllib.parse
@@ -181,7 +144,7 @@ def test_prometheus_source_splits_a_long_backfill() -> None:
         grid = np.arange(start, end + 1e-6, step)
         return 200, _matrix([({"namespace": "ns", "pod": "p1"}, [(t, t % 1000) for t in grid])]), 0.0
 
-    with peer(reply) as url:
+    with http_peer(reply) as url:
         src = PrometheusSource(url, utilization_query="", step=10, lookback=600)
         src.max_points = 7
         samples = src.poll()
@@ -190,7 +153,7 @@ def test_prometheus_source_splits_a_long_backfill() -> None:
     assert len(ts) == 61 and np.allclose(np.diff(ts), 10)  # 600 s at 10 s, each point once
     assert [s.memory_bytes for s in samples] == pytest.approx([t % 1000 for t in ts])
     spans.clear()
-    with peer(reply) as url:  # a window that ends less than a step after a span: no empty request after it
+    with http_peer(reply) as url:  # a window that ends less than a step after a span: no empty request after it
         src = PrometheusSource(url, utilization_query="", step=10, lookback=65)
         src.max_points = 7
         samples = src.poll()
@@ -200,8 +163,8 @@ def test_prometheus_source_splits_a_long_backfill() -> None:
 @pytest.mark.parametrize("reply", [(200, "not json", 0.0), (400, '{"status":"error","error":"bad"}', 0.0),
                                    (200, '{"status":"success","data":{"resultType":"vector","result":[]}}', 0.0),
                                    (200, "{}", 1.0)])
-def test_prometheus_source_faults(reply) -> None:
-    with peer(lambda path: reply) as url, pytest.raises(SourceError):
+def test_prometheus_source_faults(reply, http_peer) -> None:
+    with http_peer(lambda path: reply) as url, pytest.raises(SourceError):
         PrometheusSource(url, timeout=0.5).poll()
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from dprobe.exporter.state import ExporterState, ForecastSnapshot, Latest
+from dprobe.sources.base import IDENTITY_LABELS
 
 PREDICTED = {
     "gpu_memory_bytes": ("dprobe_predicted_gpu_memory_bytes",
@@ -26,6 +27,20 @@ OBSERVED = {
     "gpu_utilization_ratio": ("dprobe_observed_gpu_utilization_ratio", "Latest GPU utilisation of the target (0-1)."),
 }
 AGE = ("dprobe_last_sample_age_seconds", "Seconds since the target's last sample.")
+# every per-target series: the target, then its identity labels as the source gave them (dcgm-exporter's
+# names), so that PromQL can join on(namespace, pod) or on(UUID). Labels a target lacks are exported
+# empty rather than left out: scraped with honor_labels, an absent label would take the scraped pod's value.
+TARGET_LABELS = ["target", *IDENTITY_LABELS]
+
+
+def _identity(target: str, labels: Mapping[str, str] | None) -> list[str]:
+    labels = labels or {}
+    return [target, *(str(labels.get(k) or "") for k in IDENTITY_LABELS)]
+
+
+def _label_text(values: list[str]) -> str:
+    """``target="…",gpu="…",…`` for :data:`TARGET_LABELS` values (escaped)."""
+    return ",".join(f'{k}="{_escape(v)}"' for k, v in zip(TARGET_LABELS, values, strict=True))
 
 
 def _fmt_q(q: float) -> str:
@@ -87,7 +102,7 @@ class SidecarCollector(Collector):
         yield from self._observed(now, latest, fresh)
         snap = self._live_snapshot(now)
         for metric, (name, doc) in PREDICTED.items():
-            fam = GaugeMetricFamily(name, doc, labels=["target", "horizon_seconds", "quantile"])
+            fam = GaugeMetricFamily(name, doc, labels=[*TARGET_LABELS, "horizon_seconds", "quantile"])
             if snap is not None and metric in snap.quantiles:
                 q = snap.quantiles[metric]
                 hs = [str(h) for h in snap.horizons]
@@ -95,25 +110,27 @@ class SidecarCollector(Collector):
                 for i, target in enumerate(snap.targets):
                     if target not in fresh:
                         continue
+                    ident = _identity(target, snap.labels[i] if snap.labels else None)
                     for j, h in enumerate(hs):
                         for k, ql in enumerate(qs):
                             v = q[i, j, k]
                             if v == v:  # skip NaN
-                                fam.add_metric([target, h, ql], float(v))
+                                fam.add_metric([*ident, h, ql], float(v))
             yield fam
         yield from self._light(latest, fresh)
 
     def _observed(self, now: float, latest: dict[str, Latest], fresh: set[str]) -> Iterator[Metric]:
-        age = GaugeMetricFamily(*AGE, labels=["target"])
-        obs_mem = GaugeMetricFamily(*OBSERVED["gpu_memory_bytes"], labels=["target"])
-        obs_util = GaugeMetricFamily(*OBSERVED["gpu_utilization_ratio"], labels=["target"])
+        age = GaugeMetricFamily(*AGE, labels=TARGET_LABELS)
+        obs_mem = GaugeMetricFamily(*OBSERVED["gpu_memory_bytes"], labels=TARGET_LABELS)
+        obs_util = GaugeMetricFamily(*OBSERVED["gpu_utilization_ratio"], labels=TARGET_LABELS)
         for target, s in latest.items():
-            age.add_metric([target], max(0.0, now - s.ts))
+            ident = _identity(target, s.labels)
+            age.add_metric(ident, max(0.0, now - s.ts))
             if target in fresh:
                 if s.memory_bytes is not None:
-                    obs_mem.add_metric([target], s.memory_bytes)
+                    obs_mem.add_metric(ident, s.memory_bytes)
                 if s.utilization_ratio is not None:
-                    obs_util.add_metric([target], s.utilization_ratio)
+                    obs_util.add_metric(ident, s.utilization_ratio)
         yield from (age, obs_mem, obs_util)
 
     def _light(self, latest: dict[str, Latest], fresh: set[str]) -> Iterator[Metric]:
@@ -148,8 +165,8 @@ class SidecarCollector(Collector):
                 per: dict[str, str] = {}
                 if q is not None:
                     for i, target in enumerate(snap.targets):
-                        t = _escape(target)
-                        lines = [f'{name}{{target="{t}",horizon_seconds="{h}",quantile="{ql}"}} {floatToGoString(q[i, j, k])}\n'
+                        t = _label_text(_identity(target, snap.labels[i] if snap.labels else None))
+                        lines = [f'{name}{{{t},horizon_seconds="{h}",quantile="{ql}"}} {floatToGoString(q[i, j, k])}\n'
                                  for j, h in enumerate(hs) for k, ql in enumerate(qs) if q[i, j, k] == q[i, j, k]]
                         per[target] = "".join(lines)
                 blocks[metric] = per
@@ -165,15 +182,15 @@ class SidecarCollector(Collector):
         out.append(_header(*AGE))
         obs = {m: [_header(*OBSERVED[m])] for m in OBSERVED}
         for target, s in latest.items():
-            t = _escape(target)
-            out.append(f'{AGE[0]}{{target="{t}"}} {floatToGoString(max(0.0, now - s.ts))}\n')
+            t = _label_text(_identity(target, s.labels))
+            out.append(f'{AGE[0]}{{{t}}} {floatToGoString(max(0.0, now - s.ts))}\n')
             if target in fresh:
                 if s.memory_bytes is not None:
                     obs["gpu_memory_bytes"].append(
-                        f'{OBSERVED["gpu_memory_bytes"][0]}{{target="{t}"}} {floatToGoString(s.memory_bytes)}\n')
+                        f'{OBSERVED["gpu_memory_bytes"][0]}{{{t}}} {floatToGoString(s.memory_bytes)}\n')
                 if s.utilization_ratio is not None:
                     obs["gpu_utilization_ratio"].append(
-                        f'{OBSERVED["gpu_utilization_ratio"][0]}{{target="{t}"}} {floatToGoString(s.utilization_ratio)}\n')
+                        f'{OBSERVED["gpu_utilization_ratio"][0]}{{{t}}} {floatToGoString(s.utilization_ratio)}\n')
         for lines in obs.values():
             out.extend(lines)
         snap = self._live_snapshot(now)

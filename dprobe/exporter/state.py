@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -10,12 +11,13 @@ import numpy as np
 
 @dataclass(frozen=True, slots=True)
 class Latest:
-    """The latest sample of a target."""
+    """The latest sample of a target; ``labels``: its identity labels (dcgm-exporter's names)."""
 
     ts: float
     memory_bytes: float | None
     utilization_ratio: float | None
     source: str
+    labels: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -23,7 +25,8 @@ class ForecastSnapshot:
     """One forecast cycle's output for all targets, published by reference swap.
 
     ``quantiles[metric]`` is ``(len(targets), len(horizons), len(levels))``;
-    ``input_ts[i]`` is the time of the last sample the forecast of ``targets[i]`` used.
+    ``input_ts[i]`` is the time of the last sample the forecast of ``targets[i]`` used, ``labels[i]``
+    that sample's identity labels (empty where not given).
     """
 
     made_at: float
@@ -32,6 +35,7 @@ class ForecastSnapshot:
     horizons: tuple[int, ...]
     levels: tuple[float, ...]
     quantiles: dict[str, np.ndarray]
+    labels: tuple[Mapping[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

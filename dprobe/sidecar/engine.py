@@ -103,4 +103,5 @@ class ForecastEngine:
         return ForecastSnapshot(
             made_at=now, targets=tuple(kept), input_ts=np.array([latest[t].ts for t in kept]),
             horizons=self.horizons, levels=tuple(QUANTILES), quantiles=quantiles,
+            labels=tuple(latest[t].labels for t in kept),
         )

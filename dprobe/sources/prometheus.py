@@ -8,7 +8,7 @@ import time
 import urllib.parse
 from collections import defaultdict
 
-from dprobe.sources.base import Sample, SourceError, target_name
+from dprobe.sources.base import IDENTITY_LABELS, Sample, SourceError, target_name
 from dprobe.sources.http import http_get
 
 DEFAULT_MEMORY_QUERY = "sum by (namespace, pod) (DCGM_FI_DEV_FB_USED{pod!=\"\"}) * 1048576"
@@ -106,7 +106,7 @@ class PrometheusSource:
             self._since = max(ts for _, ts in points)
         return [
             Sample(target=t, ts=ts, memory_bytes=v.get("memory"), utilization_ratio=v.get("utilization"),
-                   labels={k: labels_of[t][k] for k in ("pod", "namespace", "UUID", "gpu") if k in labels_of[t]})
+                   labels={k: labels_of[t][k] for k in IDENTITY_LABELS if k in labels_of[t]})
             for (t, ts), v in sorted(points.items(), key=lambda kv: kv[0][1])
         ]
 

@@ -51,14 +51,18 @@ class PrometheusHandle(str):
 
 @contextmanager
 def run_prometheus(binary: str, workdir: Path, scrape_targets: list[str], scrape_interval: str = "1s",
-                   timeout: float = 30.0) -> Iterator[PrometheusHandle]:
-    """Start Prometheus scraping ``scrape_targets`` (host:port) and yield its base URL; stop it after."""
+                   timeout: float = 30.0, target_labels: dict[str, str] | None = None,
+                   honor_labels: bool = False) -> Iterator[PrometheusHandle]:
+    """Start Prometheus scraping ``scrape_targets`` (host:port) and yield its base URL; stop it after.
+    ``target_labels``: labels of the scrape target (as Kubernetes service discovery attaches the scraped
+    pod's); ``honor_labels``: the scraped series' own labels win over them."""
     port = free_port()
     workdir.mkdir(parents=True, exist_ok=True)
     config = {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
         "scrape_configs": [{"job_name": "dprobe", "scrape_interval": scrape_interval,
-                            "scrape_timeout": scrape_interval, "static_configs": [{"targets": scrape_targets}]}],
+                            "scrape_timeout": scrape_interval, "honor_labels": honor_labels,
+                            "static_configs": [{"targets": scrape_targets, "labels": target_labels or {}}]}],
     }
     cfg = workdir / "prometheus.yml"
     cfg.write_text(yaml.safe_dump(config))
@@ -101,7 +105,7 @@ def prometheus_server(tmp_path: Path) -> Callable:
         pytest.skip("no prometheus binary on PATH (apt-get install prometheus)")
     counter = iter(range(1000))
 
-    def start(scrape_targets: list[str], scrape_interval: str = "1s"):
-        return run_prometheus(binary, tmp_path / f"prometheus-{next(counter)}", scrape_targets, scrape_interval)
+    def start(scrape_targets: list[str], scrape_interval: str = "1s", **kw):
+        return run_prometheus(binary, tmp_path / f"prometheus-{next(counter)}", scrape_targets, scrape_interval, **kw)
 
     return start
