@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any
 
 MAX_WORKERS = 4  # each worker holds its own torch (about 1 GB with a model being replayed)
 
@@ -34,17 +32,18 @@ def resolve_workers(workers: int | None) -> int:
     return int(workers)
 
 
-def _start(initializer: Callable[..., None] | None, initargs: tuple) -> None:
+def _start() -> None:
     import torch
 
     torch.set_num_threads(1)
-    if initializer is not None:
-        initializer(*initargs)
 
 
-def spawn_pool(workers: int, initializer: Callable[..., None] | None = None,
-               initargs: tuple[Any, ...] = ()) -> ProcessPoolExecutor:
-    """A pool of ``workers`` spawned processes, torch on one thread each, ``initializer(*initargs)`` run
-    once in each (e.g. to hand every worker a large object once rather than with each item)."""
+def spawn_pool(workers: int) -> ProcessPoolExecutor:
+    """A pool of ``workers`` spawned processes, torch on one thread each.
+
+    Hand large inputs to the tasks themselves, not to an initializer: initializer arguments travel in
+    the pipe that starts each process, and should the process die before reading them, the parent
+    stays blocked writing to that pipe, where a task's inputs would only break the pool (which callers
+    catch as :class:`concurrent.futures.process.BrokenProcessPool`)."""
     return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_start, initargs=(initializer, initargs))
+                               initializer=_start)

@@ -681,3 +681,38 @@ def test_predict_says_when_a_job_will_not_fit(monkeypatch, capsys) -> None:
     monkeypatch.setitem(features.GPUS, "h200", replace(features.GPUS["h200"], memory_bytes=gib))
     assert main(args) == 0
     assert "will not fit on the H200 at batch 4" in capsys.readouterr().out
+
+
+UNGUARDED_SCRIPT = '''
+import logging, sys
+import numpy as np
+from dprobe.coldstart import train as tr
+
+logging.basicConfig(level=logging.WARNING)
+# no `if __name__ == "__main__":`: each spawned worker re-runs this script and dies starting its own pool
+rng = np.random.default_rng(0)
+n = 24
+feats = rng.normal(size=(n, len(tr.FEATURES)))
+base = np.abs(rng.normal(size=(n, 4))) + 1.0
+y = base * np.exp(rng.normal(scale=0.05, size=(n, 4)))
+ds = tr.make_dataset([None] * n, feats, base, y, [f"f{i % 6}" for i in range(n)], [str(i) for i in range(n)])
+ds["padding"] = np.zeros(2_000_000)  # a data set far larger than a pipe's buffer
+cv = tr.cross_validate("unused", "unused", max_epochs=2, ds=ds, progress=False, ensemble=1, hidden=8, folds=3,
+                       workers=2)
+print("scored", int(np.isfinite(cv["p50"]).all()))
+'''
+
+
+def test_cross_validation_from_a_script_without_main_guard_does_not_hang(tmp_path) -> None:
+    """Spawned workers that die before they start (here: a script without a main guard) cost the pool,
+    not the run: the folds are fitted in-process instead of the parent waiting on them for ever."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "cv_script.py"
+    script.write_text(UNGUARDED_SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "scored 1" in done.stdout
+    assert "fitting the folds in this process" in done.stderr

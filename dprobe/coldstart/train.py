@@ -336,19 +336,15 @@ def metrics(y: np.ndarray, p50: np.ndarray, p90: np.ndarray | None = None,
     return {k: float(v) for k, v in m.items()}
 
 
-_WORKER_DS: dict[str, Any] | None = None  # the data set, handed once to each cross-validation worker
-
-
-def _hold_dataset(ds: dict[str, Any]) -> None:
-    global _WORKER_DS
-    _WORKER_DS = ds
-
-
 def _score_fold(test: np.ndarray, train: np.ndarray, max_epochs: int, seed: int, hp: dict[str, Any],
-                calibrate: bool, ds: dict[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                calibrate: bool, ds: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One leave-family-out fold: fitted on ``train``, the p50 / p90 of the runs ``test`` (told their
-    machine's host factor from the training runs on it) and their p50 at the typical host factor."""
-    ds = _WORKER_DS if ds is None else ds
+    machine's host factor from the training runs on it) and their p50 at the typical host factor.
+
+    In a worker process ``ds`` comes with each fold (about 7 MB pickled for h200-profiles, a tenth of a
+    second against several seconds of fitting): handed over once at the worker's start instead, it
+    would go through the pipe that starts the process, and a worker that died before reading it (e.g.
+    a script without ``if __name__ == "__main__"``) would leave the parent blocked on that pipe."""
     # each machine's host factor from the other families' runs on it, as a user would have it
     # from jobs that ran on that machine before
     fold = for_machines(ds, host_factors(ds, train))
@@ -391,16 +387,16 @@ def cross_validate(data_dir: str, cache_dir: str | Path, max_epochs: int = 400, 
     workers = min(resolve_workers(workers), len(plans))
     bar = {"desc": "cold start, leave-family-out" + (f" ({workers} processes)" if workers > 1 else ""),
            "total": len(plans), "unit": "fold", "leave": False, "disable": not progress}
-    score = partial(_score_fold, max_epochs=max_epochs, seed=seed, hp=hp, calibrate=calibrate)
+    score = partial(_score_fold, max_epochs=max_epochs, seed=seed, hp=hp, calibrate=calibrate, ds=ds)
     scored = None
     if workers > 1:
         try:
-            with spawn_pool(workers, _hold_dataset, (ds,)) as pool:
+            with spawn_pool(workers) as pool:
                 scored = list(tqdm(pool.map(score, *zip(*plans, strict=True)), **bar))
         except BrokenProcessPool as exc:  # a worker died (e.g. out of memory): start again in this process
             log.warning("cross-validation workers stopped (%s); fitting the folds in this process", exc)
     if scored is None:
-        scored = [score(test, train, ds=ds) for test, train in tqdm(plans, **bar)]
+        scored = [score(test, train) for test, train in tqdm(plans, **bar)]
     for (test, _), (fold_p50, fold_p90, fold_typical) in zip(plans, scored, strict=True):
         p50[test], p90[test], p50_typical[test] = fold_p50, fold_p90, fold_typical
     apply_stall(p50, p90, ds["stall"])
