@@ -341,6 +341,42 @@ def test_predict_a_model_that_reads_its_mask_values(capsys) -> None:
     assert out["peak_memory_bytes"]["p50"] > 0 and out["analytical"]["peak_memory_bytes"] > 0
 
 
+TINY_DEBERTA_V2 = ('{"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128, '
+                   '"vocab_size": 1000}')
+TINY_WAV2VEC2 = ('{"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128, '
+                 '"conv_dim": [32, 32], "conv_kernel": [10, 3], "conv_stride": [5, 2], "num_conv_pos_embeddings": 16, '
+                 '"vocab_size": 32}')
+
+
+def test_predict_a_model_that_reads_its_labels(capsys) -> None:
+    """DeBERTa-v2 keeps the labels >= 0 (``nonzero``) and checks its token ids for padding, neither possible
+    on meta: replayed again with every label valid, and the prediction says so."""
+    from torch.fx.experimental import _config as fx_config
+    from transformers.modeling_utils import PreTrainedModel
+
+    from dprobe.cli import main
+
+    warn = PreTrainedModel.warn_if_padding_and_no_attention_mask
+    assert main(["predict", "transformers:DebertaV2Config/DebertaV2ForSequenceClassification", "--config-kwargs",
+                 TINY_DEBERTA_V2, "--seq", "32", "--batch", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["analytical"]["peak_memory_bytes"] > out["analytical"]["param_bytes"] > 0
+    assert "every mask and label taken as valid" in out["note"]
+    # what the retry changed is put back
+    assert PreTrainedModel.warn_if_padding_and_no_attention_mask is warn
+    assert not fx_config.meta_nonzero_assume_all_nonzero
+
+
+def test_replay_of_an_audio_model_leaves_out_spec_augment() -> None:
+    """wav2vec2-likes mask random spans of their features in training (SpecAugment, drawn from values):
+    the replay leaves the masking out, as it changes no tensor's size, and needs no retry."""
+    from dprobe.graph.zoo import parse_spec
+
+    spec = parse_spec("transformers:Wav2Vec2Config/Wav2Vec2ForCTC", TINY_WAV2VEC2)
+    est = replay_training_step(spec, batch=2, precision="fp32", seq=4000)
+    assert est.peak_bytes > est.param_bytes > 0 and est.values_assumed == 0
+
+
 def test_predict_names_a_step_that_cannot_be_replayed(monkeypatch, capsys) -> None:
     """An op PyTorch refuses on meta tensors (or on the GPU) is an error naming the job, not a traceback."""
     from dprobe.cli import main

@@ -14,7 +14,7 @@ from dprobe.coldstart.model import TARGETS
 from dprobe.coldstart.replay import ReplayEstimate
 from dprobe.graph.onnx_reader import read_onnx
 from dprobe.graph.schema import ModelGraph
-from dprobe.graph.zoo import parse_spec
+from dprobe.graph.zoo import VALUES_ASSUMED_NOTE, parse_spec
 
 DEFAULT_CHECKPOINT = Path(__file__).with_name("default_coldstart.pt")
 ONNX_NOTE = ("ONNX file: the step is estimated from the graph's nodes, not replayed; an export for inference "
@@ -91,11 +91,18 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
                          f"{first}{hint}{remedy(exc)}") from exc
     graph = build_model_graph(model, batch=batch, image=image, seq=seq, config_kwargs=config_kwargs)
     result = _predict(model, batch, precision, optimizer, graph, est, spec, gpu, checkpoint, host_stall_s, host_factor)
+    if est.values_assumed:
+        add_note(result, f"replayed with {VALUES_ASSUMED_NOTE}")
     if grad_checkpointing:
         plain = analytical_for(model, batch, precision, optimizer, image=image, seq=seq, config_kwargs=config_kwargs)
         _with_recompute_timing(result, _predict(model, batch, precision, optimizer, graph, plain, spec, gpu,
                                                 checkpoint, host_stall_s, host_factor))
     return _with_job_scale(result, graph, samples, jobscale_checkpoint, jobscale)
+
+
+def add_note(result: dict[str, Any], text: str) -> None:
+    """Append ``text`` to the prediction's ``note`` (notes are separated by "; ")."""
+    result["note"] = f"{result['note']}; {text}" if result.get("note") else text
 
 
 def _with_recompute_timing(result: dict[str, Any], plain: dict[str, Any]) -> None:
@@ -107,9 +114,8 @@ def _with_recompute_timing(result: dict[str, Any], plain: dict[str, Any]) -> Non
     result["step_time_seconds"] = {q: v * ratio for q, v in plain["step_time_seconds"].items()}
     result["gpu_utilization"] = plain["gpu_utilization"]
     result["grad_checkpointing"] = True
-    result["note"] = (result.get("note", "") + "; gradient checkpointing: memory replayed with it (layers keep "
-                      f"their inputs and recompute in backward), step time {ratio:.2f}x that of the same job "
-                      "without it").lstrip("; ")
+    add_note(result, "gradient checkpointing: memory replayed with it (layers keep their inputs and recompute "
+             f"in backward), step time {ratio:.2f}x that of the same job without it")
 
 
 def _with_job_scale(result: dict[str, Any], graph: ModelGraph, samples: Any, checkpoint: str | Path | None,
@@ -150,14 +156,13 @@ def _as_seen(feats: np.ndarray, precision: str, net: Any, result: dict[str, Any]
 
     never_varied = {FEATURES[i] for i in constant_features(net.members[0])}
     if precision == "bf16-pure":
-        result["note"] = (result.get("note", "") + "; bf16-pure: the replay holds weights, gradients and optimizer "
-                          "states in bf16, the learned corrections are those of the bf16 autocast runs").lstrip("; ")
+        add_note(result, "bf16-pure: the replay holds weights, gradients and optimizer states in bf16, the learned "
+                 "corrections are those of the bf16 autocast runs")
     if precision != "fp16" or "fp16" not in never_varied or "bf16" in never_varied:
         return feats
     shown = feats.copy()
     shown[FEATURES.index("bf16")], shown[FEATURES.index("fp16")] = 1.0, 0.0
-    result["note"] = (result.get("note", "") + "; the checkpoint learnt from no fp16 run: its corrections "
-                      "for bf16 are applied to the fp16 replay").lstrip("; ")
+    add_note(result, "the checkpoint learnt from no fp16 run: its corrections for bf16 are applied to the fp16 replay")
     return shown
 
 
@@ -194,12 +199,11 @@ def _predict(model: str, batch: int, precision: str, optimizer: str, graph: Mode
         p50, p90 = base.copy(), base * np.array([1.05, 1.07, 1.0, 1.3])
         p90[2] = min(base[2] + 0.2, 1.0)
         result["method"] = "analytical"
-        result["note"] = (result.get("note", "") + "; no checkpoint: analytical estimate only").lstrip("; ")
+        add_note(result, "no checkpoint: analytical estimate only")
         trained_on = list(GPUS)
     apply_stall(p50, p90, np.float64(host_stall_s))
     if gpu not in trained_on:
-        result["note"] = (result.get("note", "") + f"; trained on {', '.join(trained_on)} measurements only, "
-                          f"not {gpu}").lstrip("; ")
+        add_note(result, f"trained on {', '.join(trained_on)} measurements only, not {gpu}")
     for i, t in enumerate(TARGETS):
         hi = max(float(p90[i]), float(p50[i]))
         if t == "gpu_utilization":

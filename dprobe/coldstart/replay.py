@@ -51,6 +51,7 @@ class ReplayEstimate:
     kernels: float
     large_allocs: float
     attention_flops: float = 0.0  # forward FLOPs of fused attention (its kernels are not dispatched on meta)
+    values_assumed: float = 0.0  # 1: the forward read tensor values, replayed with masks and labels all valid
     # per kernel of the measured step: [phase, class, low precision, flops, bytes] (see memtrack.OP_CLASSES)
     ops: list[list[float]] = field(default_factory=list, repr=False)
 
@@ -99,9 +100,11 @@ def replay_training_step(spec: ModelSpec, batch: int, precision: str = "fp32", o
     in backward."""
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r} ({', '.join(PRECISIONS)})")
-    # e.g. BART reads its mask's values, which meta tensors cannot answer
-    return with_masks_from_shapes_if_needed(
-        spec, lambda: _replay(spec, batch, precision, optimizer, image, seq, grad_checkpointing))[0]
+    # e.g. BART reads its mask's values, DeBERTa-v2 its labels', which meta tensors cannot answer
+    est, retried = with_masks_from_shapes_if_needed(
+        spec, lambda: _replay(spec, batch, precision, optimizer, image, seq, grad_checkpointing))
+    est.values_assumed = float(retried)
+    return est
 
 
 def enable_grad_checkpointing(model: nn.Module, spec: ModelSpec,
@@ -151,6 +154,9 @@ def _checkpoint_arguments(kwargs: dict) -> Iterator[None]:
 def _replay(spec: ModelSpec, batch: int, precision: str, optimizer: str, image: int | None,
             seq: int | None, grad_checkpointing: bool = False) -> ReplayEstimate:
     model = build_module(spec)
+    config = getattr(model, "config", None)
+    if getattr(config, "apply_spec_augment", False):  # wav2vec2, HuBERT, ...: random masks of the audio
+        config.apply_spec_augment = False  # features, drawn on the host; they change no tensor's size
     recomputed: list[AutocastEmulation] = []  # one emulation per block recomputed in backward
     checkpointing: contextlib.AbstractContextManager = contextlib.nullcontext()
     if grad_checkpointing:

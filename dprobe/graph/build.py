@@ -9,7 +9,13 @@ import torch
 from dprobe.graph.onnx_reader import read_onnx
 from dprobe.graph.schema import ModelGraph
 from dprobe.graph.trace import trace_module
-from dprobe.graph.zoo import build_module, example_inputs, parse_spec, with_masks_from_shapes_if_needed
+from dprobe.graph.zoo import (
+    VALUES_ASSUMED_NOTE,
+    build_module,
+    example_inputs,
+    parse_spec,
+    with_masks_from_shapes_if_needed,
+)
 
 
 def build_model_graph(model: str, batch: int = 1, image: int | None = None, seq: int | None = None,
@@ -25,7 +31,7 @@ def build_model_graph(model: str, batch: int = 1, image: int | None = None, seq:
             graph, retried = with_masks_from_shapes_if_needed(
                 spec, lambda: trace_module(module, ex.args, ex.kwargs, name=model, tracer=tracer))
         if retried:
-            graph.meta["note"] = "attention masks built from shapes (the model reads mask values otherwise)"
+            graph.meta["note"] = VALUES_ASSUMED_NOTE
         graph.meta["params_total"] = sum(p.numel() for p in module.parameters())
         graph.meta["buffer_bytes"] = sum(b.numel() * b.element_size() for b in module.buffers())
         graph.inputs.update(ex.meta)

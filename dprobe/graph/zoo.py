@@ -207,31 +207,49 @@ class ExampleInputs:
 
 
 META_VALUE_ERROR = "cannot be called on meta tensors"  # PyTorch's words for reading a value on meta
+NONZERO_ERROR = "register_meta function for torch.nonzero"  # ... and for a shape that depends on values
+VALUES_ASSUMED_NOTE = ("attention masks built from shapes, every mask and label taken as valid (the model reads "
+                       "their values otherwise)")
 
 
 @contextlib.contextmanager
 def transformers_masks_from_shapes() -> Iterator[None]:
-    """Tell ``transformers`` it is being traced, so that it builds attention masks from shapes alone.
+    """Let a ``transformers`` model that reads tensor values run on meta tensors, taking every mask and
+    label as valid.
 
-    Untraced, some models (BART) read a mask's values to decide whether it can be skipped, which
-    meta tensors cannot answer; traced (as under torch.compile), they build it, as they do for a
-    padded batch. Used only as a retry for models that fail otherwise, so that no model that traces
-    today changes.
+    - Attention masks: tell ``transformers`` it is being traced, so that it builds them from shapes
+      alone. Untraced, some models (BART) read a mask's values to decide whether it can be skipped; traced
+      (as under torch.compile), they build it, as they do for a padded batch.
+    - The warning some models give when token ids hold padding without a mask (DeBERTa-v2) is skipped: it
+      reads the ids, and computes nothing.
+    - ``nonzero`` (e.g. the labels to keep, ``labels >= 0``) answers as if every element were non-zero,
+      PyTorch's own meta rule behind ``meta_nonzero_assume_all_nonzero``: all labels valid, as in a batch
+      without padding.
+
+    Used only as a retry for models that fail otherwise, so that no model that traces today changes.
     """
     try:
         import transformers.masking_utils as masking
+        from transformers.modeling_utils import PreTrainedModel
     except ImportError:
         yield
         return
+    from torch.fx.experimental import _config as fx_config
+
     original = getattr(masking, "is_tracing", None)
-    if original is None:
-        yield
-        return
-    masking.is_tracing = lambda tensor=None: True
+    warn = getattr(PreTrainedModel, "warn_if_padding_and_no_attention_mask", None)
+    if original is not None:
+        masking.is_tracing = lambda tensor=None: True
+    if warn is not None:
+        PreTrainedModel.warn_if_padding_and_no_attention_mask = lambda self, *args, **kwargs: None
     try:
-        yield
+        with fx_config.patch(meta_nonzero_assume_all_nonzero=True):
+            yield
     finally:
-        masking.is_tracing = original
+        if original is not None:
+            masking.is_tracing = original
+        if warn is not None:
+            PreTrainedModel.warn_if_padding_and_no_attention_mask = warn
 
 
 def remedy(exc: BaseException) -> str:
@@ -240,7 +258,7 @@ def remedy(exc: BaseException) -> str:
     if "Expected mat_a to be BFloat16" in text:  # transformers' MoE experts on torch's grouped GEMM
         return ("; grouped expert GEMMs take bf16 weights only (on the GPU too), and dprobe's graphs hold weights "
                 "in fp32: add \"experts_implementation\": \"batched_mm\" to --config-kwargs")
-    if META_VALUE_ERROR in text or "register_meta function for torch.nonzero" in text:
+    if META_VALUE_ERROR in text or NONZERO_ERROR in text:
         return "; the forward reads tensor values (data-dependent shapes), which a replay on meta tensors cannot"
     return ""
 
@@ -251,7 +269,7 @@ def with_masks_from_shapes_if_needed(spec: ModelSpec, attempt: Callable[[], T]) 
     try:
         return attempt(), False
     except Exception as exc:  # noqa: BLE001 - re-raised unless it is the one failure a retry fixes
-        if spec.lib != "transformers" or META_VALUE_ERROR not in str(exc):
+        if spec.lib != "transformers" or (META_VALUE_ERROR not in str(exc) and NONZERO_ERROR not in str(exc)):
             raise
     with transformers_masks_from_shapes():
         return attempt(), True
