@@ -752,3 +752,85 @@ def test_cross_validation_from_a_script_without_main_guard_does_not_hang(tmp_pat
     assert done.returncode == 0, done.stderr[-2000:]
     assert "scored 1" in done.stdout
     assert "fitting the folds in this process" in done.stderr
+
+
+RECURRENT_MODULE = '''
+import torch
+from torch import nn
+
+
+class Recurrent(nn.Module):
+    """Two recurrent layers of different widths (an encoder whose final state starts the decoder)."""
+
+    def __init__(self, mode="LSTM", steps=50):
+        super().__init__()
+        self.steps = steps
+        self.encoder = getattr(nn, mode)(16, 32, num_layers=2, batch_first=True, bidirectional=True)
+        self.decoder = getattr(nn, mode)(64, 32, num_layers=1, batch_first=True)
+
+    def forward(self, x):
+        out, state = self.encoder(x)
+        if isinstance(state, tuple):
+            state = tuple(s[-1:] for s in state)
+        else:
+            state = state[-1:]
+        out, _ = self.decoder(out, state)
+        return out
+
+    def example_inputs(self, batch):
+        return torch.randn(batch, self.steps, 16)
+
+
+def make(mode="LSTM", steps=50):
+    return Recurrent(mode, steps)
+'''
+
+
+def _recurrent_flops(mode: str, steps: int, batch: int) -> float:
+    """Matrix-product FLOPs of a training step of RECURRENT_MODULE: forward, and twice that in backward."""
+    gates = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1}[mode]
+    layers = [(16, 32)] * 2 + [(64, 32)] * 2 + [(64, 32)]  # (input, hidden) per layer and direction
+    return 3 * sum(2 * steps * batch * gates * h * (i + h) for i, h in layers)
+
+
+@pytest.mark.parametrize("mode", ["LSTM", "GRU", "RNN"])
+def test_recurrent_layers_replay_as_fused_kernels(tmp_path, monkeypatch, mode) -> None:
+    """cuDNN runs a recurrent layer as a few kernels, not a few per time step: the replay's kernel count
+    does not grow with the sequence, its FLOPs are the recurrences', and its memory stays near what
+    PyTorch's step-by-step reference keeps."""
+    import contextlib
+
+    from dprobe.coldstart import replay
+    from dprobe.graph.zoo import parse_spec
+
+    (tmp_path / "recurrent_model.py").write_text(RECURRENT_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = lambda steps: parse_spec("module:recurrent_model:make", {"mode": mode, "steps": steps})  # noqa: E731
+    short, long = (replay_training_step(spec(t), batch=8, precision="bf16") for t in (50, 100))
+    assert short.kernels == long.kernels < 200
+    key = "RNN_TANH" if mode == "RNN" else mode
+    assert short.matmul_flops == _recurrent_flops(key, 50, 8)
+    assert long.matmul_flops == _recurrent_flops(key, 100, 8)
+    monkeypatch.setattr(replay, "fused_recurrent_layers", lambda model: contextlib.nullcontext())
+    reference = replay_training_step(spec(50), batch=8, precision="bf16")
+    assert reference.kernels > 10 * short.kernels
+    assert 0.3 < short.peak_bytes / reference.peak_bytes < 2.0
+
+
+def test_fused_recurrence_passes_gradients_everywhere(tmp_path, monkeypatch) -> None:
+    """On real tensors too: every weight, the encoder's through the decoder's initial state, gets a
+    gradient of its own shape, and the layers get their own forward back afterwards."""
+    import importlib
+
+    from dprobe.graph.rnn import fused_recurrent_layers
+
+    (tmp_path / "recurrent_model.py").write_text(RECURRENT_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model = importlib.import_module("recurrent_model").make("LSTM", 7)
+    with fused_recurrent_layers(model) as swapped:
+        out = model(torch.randn(3, 7, 16))
+        out.float().sum().backward()
+    assert swapped == 2 and out.shape == (3, 7, 32)
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.shape == p.shape, name
+    assert "forward" not in vars(model.encoder) and "forward" not in vars(model.decoder)

@@ -71,7 +71,9 @@ class AutocastEmulation(TorchFunctionMode):
         def cast(t: Any) -> Any:
             if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dtype == dtype:
                 return t
-            if t.is_leaf and t.requires_grad and dtype == self.dtype:
+            # a weight: a leaf that requires grad and is no view (a view of one taken without grad, e.g. in a
+            # custom autograd Function's forward, is a leaf too, but a short-lived one whose id is reused)
+            if t.is_leaf and t.requires_grad and not t._is_view() and dtype == self.dtype:
                 key = id(t)
                 if key not in self.cache:
                     self.cache[key] = t.to(dtype)

@@ -14,6 +14,7 @@ from torch import nn
 from dprobe.coldstart.allocator import replay_reserved
 from dprobe.coldstart.autocast import AutocastEmulation
 from dprobe.coldstart.memtrack import BACKWARD, FORWARD, OPTIMIZER, MemoryTracker, round_alloc
+from dprobe.graph.rnn import fused_recurrent_layers
 from dprobe.graph.schema import GraphError
 from dprobe.graph.zoo import (
     ExampleInputs,
@@ -178,7 +179,7 @@ def _replay(spec: ModelSpec, batch: int, precision: str, optimizer: str, image: 
             tracker.track(t)
     param_bytes = float(tracker.current)
     activation = state = steady = 0.0
-    with tracker, checkpointing:
+    with tracker, checkpointing, fused_recurrent_layers(model):
         for step in range(STEPS):
             opt.zero_grad(set_to_none=True)
             if step == STEPS - 1:

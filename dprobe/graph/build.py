@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from dprobe.graph.onnx_reader import read_onnx
+from dprobe.graph.rnn import fused_recurrent_layers
 from dprobe.graph.schema import ModelGraph
 from dprobe.graph.trace import trace_module
 from dprobe.graph.zoo import (
@@ -27,7 +28,7 @@ def build_model_graph(model: str, batch: int = 1, image: int | None = None, seq:
     else:
         module = build_module(spec)
         ex = example_inputs(spec, module, batch, image=image, seq=seq)
-        with torch.enable_grad():
+        with torch.enable_grad(), fused_recurrent_layers(module):  # recurrences as cuDNN runs them
             graph, retried = with_masks_from_shapes_if_needed(
                 spec, lambda: trace_module(module, ex.args, ex.kwargs, name=model, tracer=tracer))
         if retried:
