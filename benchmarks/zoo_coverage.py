@@ -34,6 +34,7 @@ timm:res2net50_26w_4s --batch 64 --optimizer sgd
 timm:eva02_tiny_patch14_224 --batch 64 --precision bf16
 timm:crossvit_9_240 --batch 64
 timm:mambaout_femto --batch 64
+timm:sequencer2d_s --batch 32 --precision bf16
 timm:ghostnetv2_100 --batch 64
 timm:vit_base_patch16_224 --batch 128 --precision bf16 --grad-checkpointing
 torchvision:efficientnet_v2_s --batch 32 --precision fp16

@@ -55,6 +55,8 @@ def test_config_precedence_file_env_flags(tmp_path: Path) -> None:
     assert c.graphs == {"team-a/*": "/graphs/resnet50.json"}
     assert load_config({}, env={}).horizons == [60, 300, 900]
     assert load_config({}, env={"DPROBE_SIDECAR_HORIZONS": "300,60"}).horizons == [60, 300]
+    # only the URL of the source in use is checked
+    assert load_config({}, env={"DPROBE_SIDECAR_SOURCE": "dcgm", "DPROBE_SIDECAR_PROMETHEUS_URL": "x"}).source == "dcgm"
 
 
 @pytest.mark.parametrize("env,message", [
@@ -62,6 +64,9 @@ def test_config_precedence_file_env_flags(tmp_path: Path) -> None:
     ({"DPROBE_SIDECAR_SOURCE": "gpu"}, "must be one of"),
     ({"DPROBE_SIDECAR_REPLAY_LOOP": "maybe"}, "true/false"),
     ({"DPROBE_SIDECAR_HORIZONS": "0"}, "horizons"),
+    # a URL without its scheme would only show as a source failing for ever
+    ({"DPROBE_SIDECAR_SOURCE": "prometheus", "DPROBE_SIDECAR_PROMETHEUS_URL": "prometheus:9090"}, "prometheus_url"),
+    ({"DPROBE_SIDECAR_SOURCE": "dcgm", "DPROBE_SIDECAR_DCGM_URL": "http:///metrics"}, "dcgm_url"),
 ])
 def test_config_errors_name_the_option(env: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,6 +82,12 @@ class SidecarConfig:
             raise ValueError("drop_after must not be shorter than stale_after")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be 0-65535 (0: any free port), got {self.port}")
+        for source, name, example in (("dcgm", "dcgm_url", "http://HOST:9400/metrics"),
+                                      ("prometheus", "prometheus_url", "http://HOST:9090")):
+            url = urllib.parse.urlsplit(getattr(self, name))
+            if self.source == source and (url.scheme not in ("http", "https") or not url.hostname):
+                # a typo here would otherwise only show as a source failing for ever, retried with backoff
+                raise ValueError(f"{name} must be an http(s) URL such as {example}, got {getattr(self, name)!r}")
         self.horizons = sorted({int(h) for h in self.horizons})
         return self
 
