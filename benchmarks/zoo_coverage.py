@@ -56,6 +56,7 @@ transformers:WhisperConfig/WhisperForConditionalGeneration --batch 4 --config-kw
 transformers:MixtralConfig/MixtralForCausalLM --batch 8 --precision bf16 --optimizer adam --config-kwargs '{"hidden_size":256,"intermediate_size":512,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"num_local_experts":4,"vocab_size":8000,"experts_implementation":"batched_mm"}'
 transformers:MambaConfig/MambaForCausalLM --batch 8 --config-kwargs '{"hidden_size":256,"num_hidden_layers":4,"vocab_size":8000}'
 transformers:Wav2Vec2Config/Wav2Vec2ForCTC --batch 4
+transformers:Speech2TextConfig/Speech2TextForConditionalGeneration --batch 8 --precision bf16
 transformers:DebertaV2Config/DebertaV2ForSequenceClassification --batch 16 --precision bf16 --config-kwargs '{"hidden_size":768,"num_hidden_layers":12,"num_attention_heads":12,"intermediate_size":3072}'
 """
 

@@ -152,6 +152,10 @@ TINY_CLIP = json.dumps({"text_config": {"hidden_size": 32, "num_hidden_layers": 
                         "vision_config": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
                                           "intermediate_size": 64, "image_size": 32, "patch_size": 8},
                         "projection_dim": 16})
+TINY_SPEECH2TEXT = json.dumps({"d_model": 32, "encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 2,
+                               "decoder_attention_heads": 2, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
+                               "input_feat_per_channel": 8, "input_channels": 1, "conv_channels": 16,
+                               "vocab_size": 100})
 TINY_T5 = json.dumps({"d_model": 32, "d_kv": 16, "d_ff": 64, "num_layers": 1, "num_heads": 2, "vocab_size": 100})
 
 
@@ -160,6 +164,9 @@ TINY_T5 = json.dumps({"d_model": 32, "d_kv": 16, "d_ff": 64, "num_layers": 1, "n
     # decoder labels of the default length, log-mel frames of its 30 s window (2 x max_source_positions)
     ("transformers:WhisperConfig/WhisperForConditionalGeneration", TINY_WHISPER,
      {"input_features": [2, 8, 32], "labels": [2, 128]}, "output"),
+    # filterbank frames, [B, frames, features]: 1,000 of 10 ms by default
+    ("transformers:Speech2TextConfig/Speech2TextForConditionalGeneration", TINY_SPEECH2TEXT,
+     {"input_features": [2, 1000, 8], "labels": [2, 128]}, "output"),
     # text ids only as long as its positions go (16 < 128), an image beside them, its contrastive loss
     ("transformers:CLIPConfig/CLIPModel", TINY_CLIP, {"input_ids": [2, 16], "pixel_values": [2, 3, 32, 32]},
      "output"),
@@ -384,3 +391,13 @@ def test_cli_graph(tmp_path, capsys) -> None:
     assert "resnet18" in capsys.readouterr().err
     assert main(["graph", "torchvision:nope"]) == 2
     assert "unknown torchvision model" in capsys.readouterr().err
+
+
+def test_seq_counts_the_frames_of_a_filterbank_input() -> None:
+    """For a Speech2Text-like, --seq is the audio's length in frames; its decoder labels keep theirs."""
+    from dprobe.graph.zoo import build_module, example_inputs, parse_spec
+
+    parsed = parse_spec("transformers:Speech2TextConfig/Speech2TextForConditionalGeneration", TINY_SPEECH2TEXT)
+    ex = example_inputs(parsed, build_module(parsed), 2, seq=300, labels=True)
+    assert list(ex.kwargs["input_features"].shape) == [2, 300, 8] and list(ex.kwargs["labels"].shape) == [2, 128]
+    assert ex.meta["frames"] == 300

@@ -23,6 +23,7 @@ CLS_SUFFIXES = ("ForSequenceClassification", "ForImageClassification", "ForToken
 # kwargs every transformers config takes (and pops) that choose kernels: "eager", "sdpa", "batched_mm", ...
 CONFIG_IMPLEMENTATION_KWARGS = {"attn_implementation", "experts_implementation"}
 AUDIO_SAMPLES = 16000  # default length of a raw-audio input (input_values): one second at 16 kHz
+FEATURE_FRAMES = 1000  # default length of a filterbank input (Speech2Text's input_features): 10 s of 10 ms frames
 
 
 @dataclass
@@ -327,10 +328,11 @@ def _transformers_inputs(spec: ModelSpec, model: nn.Module, batch: int, image: i
     params = inspect.signature(model.forward).parameters
     # token ids: the text input, or the labels / decoder input of a model whose main input is not text;
     # 128 of them, or fewer where the text positions end sooner (CLIP's 77); --seq counts them, or audio
-    # samples for a raw-audio model
+    # samples for a raw-audio model, or filterbank frames for a Speech2Text-like
     text = getattr(config, "text_config", None) or config
     tokens = min(128, int(getattr(text, "max_position_embeddings", None) or 128))
-    if main != "input_values":
+    audio_seq = main == "input_values" or (main == "input_features" and hasattr(config, "input_feat_per_channel"))
+    if not audio_seq:
         tokens = int(seq or tokens)
     vocab = int(getattr(config, "vocab_size", 30522) or 30522)
     ids = torch.randint(0, vocab, (batch, tokens), device=device)
@@ -345,6 +347,11 @@ def _transformers_inputs(spec: ModelSpec, model: nn.Module, batch: int, image: i
             config, "max_source_positions", None):  # Whisper-likes: log-mel frames of a 30 s window
         frames = 2 * int(config.max_source_positions)
         kwargs["input_features"] = torch.randn(batch, int(config.num_mel_bins), frames, device=device)
+    elif main == "input_features" and getattr(config, "input_feat_per_channel", None):
+        # Speech2Text-likes: filterbank frames, [B, frames, features x channels]; --seq frames (10 ms each)
+        meta["frames"] = int(seq or FEATURE_FRAMES)
+        width = int(config.input_feat_per_channel) * int(getattr(config, "input_channels", 1) or 1)
+        kwargs["input_features"] = torch.randn(batch, meta["frames"], width, device=device)
     elif main == "input_values":  # wav2vec2-likes: raw audio
         meta["samples"] = int(seq or AUDIO_SAMPLES)
         kwargs["input_values"] = torch.randn(batch, meta["samples"], device=device)
