@@ -35,7 +35,10 @@ GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
 
 class FusedRecurrence(torch.autograd.Function):
     """A multi-layer, optionally bidirectional recurrence over ``x`` ``[T, B, in]``: returns the last
-    layer's hidden states ``[T, B, D·H]``, the final hidden states ``[L·D, B, H]`` and (LSTM) cells."""
+    layer's hidden states ``[T, B, D·H]``, the final hidden states ``[L·D, B, H]`` and (LSTM) cells.
+
+    For replays and graphs: its tensors have the shapes, dtypes and lifetimes of cuDNN's, and its
+    products the FLOPs, but the hidden states are never computed (their values are left unset)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, h0: torch.Tensor | None, c0: torch.Tensor | None, layout: tuple,
@@ -52,7 +55,7 @@ class FusedRecurrence(torch.autograd.Function):
                 h_seq = pre.new_empty(steps, batch, hidden)
                 pre = pre + h_seq.reshape(steps * batch, hidden) @ w_hh.t()  # the recurrent products
                 act = torch.sigmoid(pre)  # the gates' nonlinearities, one pass
-                c_seq = pre.new_empty(steps, batch, hidden) if mode == "LSTM" else None
+                c_seq = pre.new_empty(steps, batch, hidden) if mode == "LSTM" else None  # kept, as cuDNN does
                 kept.append((flat_in, act, h_seq, c_seq, w_ih, w_hh))
                 outs.append(h_seq)
                 del pre
