@@ -52,14 +52,16 @@ class PrometheusHandle(str):
 @contextmanager
 def run_prometheus(binary: str, workdir: Path, scrape_targets: list[str], scrape_interval: str = "1s",
                    timeout: float = 30.0, target_labels: dict[str, str] | None = None,
-                   honor_labels: bool = False) -> Iterator[PrometheusHandle]:
+                   honor_labels: bool = False, rule_files: list[Path] | None = None) -> Iterator[PrometheusHandle]:
     """Start Prometheus scraping ``scrape_targets`` (host:port) and yield its base URL; stop it after.
     ``target_labels``: labels of the scrape target (as Kubernetes service discovery attaches the scraped
-    pod's); ``honor_labels``: the scraped series' own labels win over them."""
+    pod's); ``honor_labels``: the scraped series' own labels win over them; ``rule_files``: recording and
+    alerting rules it evaluates."""
     port = free_port()
     workdir.mkdir(parents=True, exist_ok=True)
     config = {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+        "rule_files": [str(Path(r).resolve()) for r in rule_files or []],
         "scrape_configs": [{"job_name": "dprobe", "scrape_interval": scrape_interval,
                             "scrape_timeout": scrape_interval, "honor_labels": honor_labels,
                             "static_configs": [{"targets": scrape_targets, "labels": target_labels or {}}]}],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from pathlib import Path
 
@@ -89,10 +91,35 @@ def test_prometheus_scrapes_the_forecasts(prometheus_server, alibaba_layout, tmp
         sidecar.stop()
 
 
+RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "dprobe-rules.yaml"
+DASHBOARD = RULES.parents[1] / "grafana" / "dprobe-sidecar.json"
+
+
+def _check_dashboard(prom, horizon: str, pod: str) -> None:
+    """Every query of the Grafana dashboard, its variables set as Grafana would, answers on this Prometheus,
+    and each panel shows data for ``pod`` (the forecasts once they are a horizon old, the coverage panel once
+    its hour has a minute mark with data)."""
+    board = json.loads(DASHBOARD.read_text())
+    values = {"namespace": ".*", "pod": pod, "horizon": horizon, "__rate_interval": "1m"}
+    for variable in board["templating"]["list"]:
+        if variable["type"] == "query":  # label_values(SELECTOR, LABEL): the selector's series carry LABEL
+            selector, label = re.fullmatch(r"label_values\((.*), (\w+)\)", variable["definition"]).groups()
+            found = {r["metric"].get(label) for r in prom.query(re.sub(r"\$(\w+)", ".*", selector))}
+            assert values[variable["name"]] in found | {".*"}, (variable["name"], found)
+    deadline = time.time() + 75
+    for panel in (p for p in board["panels"] if p["type"] != "row"):
+        for target in panel["targets"]:
+            expr = re.sub(r"\$\{?(\w+)\}?", lambda m: values[m.group(1)], target["expr"])
+            while not (result := prom.query(expr)) and time.time() < deadline:
+                time.sleep(1)  # forecasts shifted by their horizon, a subquery's points on minute marks
+            assert result, (panel["title"], expr)
+
+
 def dcgm_text(step: int) -> str:
     """dcgm-exporter's /metrics on a node with one pod on two GPUs and an unassigned GPU, changing a little."""
     lines = []
     for field, values in (("DCGM_FI_DEV_FB_USED", (1000 + 10 * (step % 7), 3000, 0)),
+                          ("DCGM_FI_DEV_FB_FREE", (142000 - 10 * (step % 7), 140000, 143000)),
                           ("DCGM_FI_DEV_GPU_UTIL", (80 - step % 5, 40, 0))):
         lines.append(f"# TYPE {field} gauge")
         for gpu, (uuid, pod) in enumerate((("GPU-aaa", "train-0"), ("GPU-bbb", "train-0"), ("GPU-ccc", ""))):
@@ -115,7 +142,7 @@ def test_forecasts_join_dcgm_exporter_series(prometheus_server, http_peer) -> No
         sidecar.start()
         try:
             scraped = [dcgm_url.removeprefix("http://"), f"127.0.0.1:{sidecar.server.port}"]
-            with prometheus_server(scraped, honor_labels=True,
+            with prometheus_server(scraped, honor_labels=True, rule_files=[RULES],
                                    target_labels={"namespace": "monitoring", "pod": "dprobe-node-x"}) as prom:
                 query = ('dprobe_predicted_gpu_memory_bytes{horizon_seconds="5",quantile="0.9"}'
                          " - on(namespace, pod) group_left sum by (namespace, pod) (DCGM_FI_DEV_FB_USED * 1048576)")
@@ -135,5 +162,6 @@ def test_forecasts_join_dcgm_exporter_series(prometheus_server, http_peer) -> No
                 # the unassigned GPU is a target of its own, joined by UUID
                 gpu = prom.query("dprobe_observed_gpu_utilization_ratio * 100 - on(UUID) DCGM_FI_DEV_GPU_UTIL")
                 assert [(r["metric"]["UUID"], float(r["value"][1])) for r in gpu] == [("GPU-ccc", 0.0)]
+                _check_dashboard(prom, horizon="5", pod="train-0")
         finally:
             sidecar.stop()
