@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from dprobe.forecasting.base import ForecastInput
 from dprobe.forecasting.baselines import make_baseline
@@ -93,6 +94,7 @@ def test_prometheus_scrapes_the_forecasts(prometheus_server, alibaba_layout, tmp
 
 RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "dprobe-rules.yaml"
 DASHBOARD = RULES.parents[1] / "grafana" / "dprobe-sidecar.json"
+KEDA = RULES.parents[1] / "keda" / "scaledobject.yaml"
 
 
 def _check_dashboard(prom, horizon: str, pod: str) -> None:
@@ -163,5 +165,11 @@ def test_forecasts_join_dcgm_exporter_series(prometheus_server, http_peer) -> No
                 gpu = prom.query("dprobe_observed_gpu_utilization_ratio * 100 - on(UUID) DCGM_FI_DEV_GPU_UTIL")
                 assert [(r["metric"]["UUID"], float(r["value"][1])) for r in gpu] == [("GPU-ccc", 0.0)]
                 _check_dashboard(prom, horizon="5", pod="train-0")
+                # the KEDA example's query, pointed at this pod: its p90 utilisation forecast, 0-1
+                trigger = yaml.safe_load(KEDA.read_text())["spec"]["triggers"][0]["metadata"]["query"]
+                trigger = trigger.replace('namespace="serving"', 'namespace="team-a"').replace(
+                    'pod=~"llm-server-.*"', 'pod=~"train-.*"').replace('horizon_seconds="300"', 'horizon_seconds="5"')
+                [row] = prom.query(trigger)
+                assert 0.3 < float(row["value"][1]) <= 1.0  # the pod's GPUs run at 40-80 %
         finally:
             sidecar.stop()
