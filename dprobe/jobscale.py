@@ -24,6 +24,7 @@ Three ways to predict are compared, leave-model-family-out:
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,6 @@ import numpy as np
 import torch
 from torch import nn
 from torch_geometric.data import Batch
-from tqdm.auto import tqdm
 
 from dprobe.coldstart.features import BF16
 from dprobe.coldstart.model import fit_standardisation, standardise
@@ -301,26 +301,42 @@ def scores(y: np.ndarray, q: np.ndarray) -> dict[str, float]:
     return out
 
 
+def _fold_predictions(test: np.ndarray, ds: dict[str, Any], variants: list[str], epochs: int, seed: int,
+                      graph_dim: int) -> dict[str, np.ndarray]:
+    """Every variant's predictions ``(len(test), 2, len(LEVELS))`` of the runs ``test``, fitted on the
+    runs of the other families."""
+    fams = np.array(ds["families"])
+    train = np.flatnonzero(~np.isin(fams, fams[test]))
+    out = {}
+    for variant in variants:
+        net = fit(ds, train, variant, epochs, seed, graph_dim=graph_dim)
+        shifts = calibrate_upper(ds, train, variant, epochs, seed, graph_dim=graph_dim)
+        out[variant] = predict(net, ds, test, variant, shifts)
+        if variant == "graph":  # memory: the graph rule, its quantiles from the training runs' errors
+            offsets = fit_memory_quantiles(ds, train)
+            out[variant][:, 0] = graph_anchor(ds, test)[:, None] * np.exp(offsets)[None, :]
+    return out
+
+
 def cross_validate_predictions(ds: dict[str, Any], epochs: int = 300, seed: int = 0, graph_dim: int = 0,
-                               progress: bool = True, folds: int | None = None) -> dict[str, np.ndarray]:
+                               progress: bool = True, folds: int | None = None,
+                               workers: int | None = 1) -> dict[str, np.ndarray]:
     """Leave-model-family-out predictions ``(runs, 2, len(LEVELS))`` of every variant: a family is
     never in its own training set (``progress``: a bar over the folds; ``folds``: families dealt into
-    that many held-out groups instead of one fold per family)."""
-    fams = np.array(ds["families"])
-    n = len(fams)
+    that many held-out groups instead of one fold per family; ``workers``: folds fitted in that many
+    processes at once, None: one per core, at most four)."""
+    from dprobe.workers import map_folds, resolve_workers
+
+    n = len(ds["families"])
     variants = [v for v in VARIANTS if v != "graph" or ds["graph_feats"] is not None]
     preds = {v: np.zeros((n, 2, len(LEVELS))) for v in variants}
     preds["persist"] = np.repeat(persist(ds["obs"])[:, :, None], len(LEVELS), axis=2)
-    for test in tqdm(held_out_groups(fams, folds, seed), desc="job scale, leave-family-out", unit="fold",
-                     leave=False, disable=not progress):
-        train = np.flatnonzero(~np.isin(fams, fams[test]))
-        for variant in variants[1:]:
-            net = fit(ds, train, variant, epochs, seed, graph_dim=graph_dim)
-            shifts = calibrate_upper(ds, train, variant, epochs, seed, graph_dim=graph_dim)
-            preds[variant][test] = predict(net, ds, test, variant, shifts)
-            if variant == "graph":  # memory: the graph rule, its quantiles from the training runs' errors
-                offsets = fit_memory_quantiles(ds, train)
-                preds[variant][test, 0] = graph_anchor(ds, test)[:, None] * np.exp(offsets)[None, :]
+    groups = held_out_groups(np.array(ds["families"]), folds, seed)
+    fold = partial(_fold_predictions, ds=ds, variants=variants[1:], epochs=epochs, seed=seed, graph_dim=graph_dim)
+    for test, got in zip(groups, map_folds(fold, [(t,) for t in groups], resolve_workers(workers),
+                                           "job scale, leave-family-out", progress), strict=True):
+        for variant, q in got.items():
+            preds[variant][test] = q
     return preds
 
 
@@ -333,9 +349,9 @@ def score_variants(ds: dict[str, Any], preds: dict[str, np.ndarray]) -> dict[str
 
 
 def cross_validate(ds: dict[str, Any], epochs: int = 300, seed: int = 0, graph_dim: int = 0,
-                   folds: int | None = None) -> dict[str, dict[str, float]]:
+                   folds: int | None = None, workers: int | None = 1) -> dict[str, dict[str, float]]:
     """Leave-model-family-out scores of every variant (:func:`cross_validate_predictions`)."""
-    return score_variants(ds, cross_validate_predictions(ds, epochs, seed, graph_dim, folds=folds))
+    return score_variants(ds, cross_validate_predictions(ds, epochs, seed, graph_dim, folds=folds, workers=workers))
 
 
 def plot_cross_validation(ds: dict[str, Any], preds: dict[str, np.ndarray], variant: str,
@@ -369,9 +385,11 @@ def format_table(result: dict[str, dict[str, float]], n_runs: int, n_families: i
 
 def train_jobscale(data_dir: str, out_dir: str, use_graph: bool = True, epochs: int = 300, seed: int = 0,
                    graph_dim: int = 0, cache_dir: str | Path | None = None,
-                   folds: int | None = None, coldstart_util: dict[str, float] | None = None) -> dict[str, Any]:
+                   folds: int | None = None, coldstart_util: dict[str, float] | None = None,
+                   workers: int | None = 1) -> dict[str, Any]:
     """Cross-validate every variant, fit the chosen one on all runs, save ``jobscale.pt`` and a report.
-    ``folds``: leave out that many groups of families in turn, not one family at a time.
+    ``folds``: leave out that many groups of families in turn, not one family at a time; ``workers``:
+    processes fitting the folds side by side (None: one per core, at most four).
 
     ``graph_dim > 0`` adds a GNN embedding of the model graph to the graph-derived features
     (slow on a CPU: about a second an epoch over all graphs). ``coldstart_util``: the cold-start
@@ -383,7 +401,7 @@ def train_jobscale(data_dir: str, out_dir: str, use_graph: bool = True, epochs: 
     out.mkdir(parents=True, exist_ok=True)
     ds = load_job_dataset(data_dir, cache_dir or out / "cache", with_graphs=use_graph,
                           coldstart_util=coldstart_util, seed=seed, folds=folds)
-    preds = cross_validate_predictions(ds, epochs, seed, graph_dim=graph_dim, folds=folds)
+    preds = cross_validate_predictions(ds, epochs, seed, graph_dim=graph_dim, folds=folds, workers=workers)
     result = score_variants(ds, preds)
     table = format_table(result, len(ds["run_ids"]), len(set(ds["families"])), folds)
     variant = "graph" if use_graph else "no_graph"

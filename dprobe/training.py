@@ -127,6 +127,7 @@ def run(cfg: DictConfig) -> dict:
         js = train_jobscale(str(cfg.jobscale.data_dir), str(out_dir / "jobscale"),
                             use_graph=cfg.jobscale.use_graph, epochs=cfg.jobscale.epochs, seed=cfg.seed,
                             graph_dim=cfg.jobscale.graph_dim, cache_dir=cache, folds=cfg.jobscale.get("folds"),
+                            workers=cfg.jobscale.get("workers", 1),
                             # the cold-start profiler's leave-family-out predictions, where it scored the same runs
                             coldstart_util=cs.get("cv_util") if cfg.coldstart.data_dir == cfg.jobscale.data_dir
                             else None)

@@ -7,9 +7,17 @@ cores are better spent on separate items. Results do not depend on the number of
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from tqdm.auto import tqdm
+
+log = logging.getLogger(__name__)
 
 MAX_WORKERS = 4  # each worker holds its own torch (about 1 GB with a model being replayed)
 
@@ -47,3 +55,21 @@ def spawn_pool(workers: int) -> ProcessPoolExecutor:
     catch as :class:`concurrent.futures.process.BrokenProcessPool`)."""
     return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
                                initializer=_start)
+
+
+def map_folds(fn: Callable[..., Any], folds: Sequence[tuple], workers: int, desc: str,
+              progress: bool = True) -> list[Any]:
+    """``fn(*fold)`` for every fold, in order: in ``workers`` spawned processes (``fn`` and its arguments
+    are pickled, so ``fn`` is a module-level function or a ``functools.partial`` of one), or in this
+    process with ``workers`` 1. Should a worker die (out of memory, say), the folds are fitted again in
+    this process, with a warning: it costs time, not the run. ``desc``: the progress bar's label."""
+    workers = min(workers, len(folds))
+    bar = {"desc": desc + (f" ({workers} processes)" if workers > 1 else ""), "total": len(folds),
+           "unit": "fold", "leave": False, "disable": not progress}
+    if workers > 1:
+        try:
+            with spawn_pool(workers) as pool:
+                return list(tqdm(pool.map(fn, *zip(*folds, strict=True)), **bar))
+        except BrokenProcessPool as exc:
+            log.warning("%s: worker processes stopped (%s); fitting the folds in this process", desc, exc)
+    return [fn(*fold) for fold in tqdm(folds, **bar)]

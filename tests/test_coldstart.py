@@ -529,7 +529,7 @@ def test_cross_validation_goes_on_when_its_workers_die(monkeypatch, caplog) -> N
     feats, base, y = _synthetic_runs(n, 5)
     ds = tr.make_dataset([None] * n, feats, base, y, [f"f{i % 6}" for i in range(n)], [str(i) for i in range(n)])
     hp = {"max_epochs": 5, "ds": ds, "progress": False, "ensemble": 1, "hidden": 8, "folds": 3}
-    with caplog.at_level("WARNING", logger="dprobe.coldstart.train"):
+    with caplog.at_level("WARNING", logger="dprobe.workers"):
         cv = tr.cross_validate("unused", "unused", workers=2, **hp)
     assert "fitting the folds in this process" in caplog.text
     np.testing.assert_allclose(cv["p50"], tr.cross_validate("unused", "unused", workers=1, **hp)["p50"])

@@ -67,6 +67,10 @@ def test_cross_validation_without_graphs_on_the_bundled_runs():
     assert 0 <= result["no_graph"]["p90_coverage"] <= 1
     table = js.format_table(result, len(ds["run_ids"]), len(set(ds["families"])), folds=4)
     assert "| persist |" in table and "| no_graph |" in table and "in 4 folds" in table
+    # the folds fitted in two worker processes: the same predictions
+    alone = js.cross_validate_predictions(ds, epochs=20, folds=4, progress=False)
+    pooled = js.cross_validate_predictions(ds, epochs=20, folds=4, progress=False, workers=2)
+    np.testing.assert_allclose(pooled["no_graph"], alone["no_graph"], rtol=1e-5)
 
 
 def test_graph_variant_with_gnn_trains_and_saves(tmp_path, monkeypatch):

@@ -368,7 +368,7 @@ def cross_validate(data_dir: str, cache_dir: str | Path, max_epochs: int = 400, 
     skips the p90 calibration (its p90 coverage is then not meaningful; the p50 is the same, and quicker).
     ``workers``: folds fitted in that many processes at once (1: none; None: one per core, at most four;
     the scores do not depend on it)."""
-    from dprobe.workers import resolve_workers, spawn_pool
+    from dprobe.workers import map_folds, resolve_workers
 
     hp = {**DEFAULTS, **hparams}
     ds = ds or load_dataset(data_dir, cache_dir, workers=workers)
@@ -384,19 +384,8 @@ def cross_validate(data_dir: str, cache_dir: str | Path, max_epochs: int = 400, 
         if train_families is not None:
             others = list(rng.choice(others, size=min(train_families, len(others)), replace=False))
         plans.append((test, np.where(np.isin(fams, others))[0]))
-    workers = min(resolve_workers(workers), len(plans))
-    bar = {"desc": "cold start, leave-family-out" + (f" ({workers} processes)" if workers > 1 else ""),
-           "total": len(plans), "unit": "fold", "leave": False, "disable": not progress}
     score = partial(_score_fold, max_epochs=max_epochs, seed=seed, hp=hp, calibrate=calibrate, ds=ds)
-    scored = None
-    if workers > 1:
-        try:
-            with spawn_pool(workers) as pool:
-                scored = list(tqdm(pool.map(score, *zip(*plans, strict=True)), **bar))
-        except BrokenProcessPool as exc:  # a worker died (e.g. out of memory): start again in this process
-            log.warning("cross-validation workers stopped (%s); fitting the folds in this process", exc)
-    if scored is None:
-        scored = [score(test, train) for test, train in tqdm(plans, **bar)]
+    scored = map_folds(score, plans, resolve_workers(workers), "cold start, leave-family-out", progress)
     for (test, _), (fold_p50, fold_p90, fold_typical) in zip(plans, scored, strict=True):
         p50[test], p90[test], p50_typical[test] = fold_p50, fold_p90, fold_typical
     apply_stall(p50, p90, ds["stall"])
