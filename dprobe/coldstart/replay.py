@@ -21,7 +21,7 @@ from dprobe.graph.zoo import (
     ModelSpec,
     build_module,
     example_inputs,
-    with_masks_from_shapes_if_needed,
+    with_values_assumed_if_needed,
 )
 
 # precision -> autocast dtype (None: off); the weights stay fp32 except where WEIGHT_DTYPES says otherwise
@@ -102,7 +102,7 @@ def replay_training_step(spec: ModelSpec, batch: int, precision: str = "fp32", o
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r} ({', '.join(PRECISIONS)})")
     # e.g. BART reads its mask's values, DeBERTa-v2 its labels', which meta tensors cannot answer
-    est, retried = with_masks_from_shapes_if_needed(
+    est, retried = with_values_assumed_if_needed(
         spec, lambda: _replay(spec, batch, precision, optimizer, image, seq, grad_checkpointing))
     est.values_assumed = float(retried)
     return est

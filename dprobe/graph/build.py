@@ -15,7 +15,7 @@ from dprobe.graph.zoo import (
     build_module,
     example_inputs,
     parse_spec,
-    with_masks_from_shapes_if_needed,
+    with_values_assumed_if_needed,
 )
 
 
@@ -29,7 +29,7 @@ def build_model_graph(model: str, batch: int = 1, image: int | None = None, seq:
         module = build_module(spec)
         ex = example_inputs(spec, module, batch, image=image, seq=seq)
         with torch.enable_grad(), fused_recurrent_layers(module):  # recurrences as cuDNN runs them
-            graph, retried = with_masks_from_shapes_if_needed(
+            graph, retried = with_values_assumed_if_needed(
                 spec, lambda: trace_module(module, ex.args, ex.kwargs, name=model, tracer=tracer))
         if retried:
             graph.meta["note"] = VALUES_ASSUMED_NOTE

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
-GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
+MODES = ("LSTM", "GRU", "RNN_TANH", "RNN_RELU")  # nn.RNNBase.mode of the layers swapped
 
 
 class FusedRecurrence(torch.autograd.Function):
@@ -111,7 +111,7 @@ def _fused_forward(module: nn.RNNBase, original: Any) -> Any:
 def fused_recurrent_layers(model: nn.Module) -> Iterator[int]:
     """Within the context, every ``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` of ``model`` runs as
     :class:`FusedRecurrence`; yields how many layers were swapped."""
-    swapped = [m for m in model.modules() if isinstance(m, nn.RNNBase) and m.mode in GATES]
+    swapped = [m for m in model.modules() if isinstance(m, nn.RNNBase) and m.mode in MODES]
     for m in swapped:
         m.forward = _fused_forward(m, m.forward)
     try:

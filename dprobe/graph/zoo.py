@@ -214,7 +214,7 @@ VALUES_ASSUMED_NOTE = ("attention masks built from shapes, every mask and label 
 
 
 @contextlib.contextmanager
-def transformers_masks_from_shapes() -> Iterator[None]:
+def transformers_values_assumed() -> Iterator[None]:
     """Let a ``transformers`` model that reads tensor values run on meta tensors, taking every mask and
     label as valid.
 
@@ -253,26 +253,31 @@ def transformers_masks_from_shapes() -> Iterator[None]:
             PreTrainedModel.warn_if_padding_and_no_attention_mask = warn
 
 
+def reads_values(exc: BaseException) -> bool:
+    """Whether ``exc`` is PyTorch refusing, on meta tensors, to read a value or size a tensor by values."""
+    return META_VALUE_ERROR in str(exc) or NONZERO_ERROR in str(exc)
+
+
 def remedy(exc: BaseException) -> str:
     """What to do about a known reason a model cannot be replayed on meta tensors ("" if none is known)."""
     text = str(exc)
     if "Expected mat_a to be BFloat16" in text:  # transformers' MoE experts on torch's grouped GEMM
         return ("; grouped expert GEMMs take bf16 weights only (on the GPU too), and dprobe's graphs hold weights "
                 "in fp32: add \"experts_implementation\": \"batched_mm\" to --config-kwargs")
-    if META_VALUE_ERROR in text or NONZERO_ERROR in text:
+    if reads_values(exc):
         return "; the forward reads tensor values (data-dependent shapes), which a replay on meta tensors cannot"
     return ""
 
 
-def with_masks_from_shapes_if_needed(spec: ModelSpec, attempt: Callable[[], T]) -> tuple[T, bool]:
+def with_values_assumed_if_needed(spec: ModelSpec, attempt: Callable[[], T]) -> tuple[T, bool]:
     """``attempt()``; for a ``transformers`` model that failed by reading a value on meta, ``attempt()``
-    again under :func:`transformers_masks_from_shapes`. Returns the result and whether it was retried."""
+    again under :func:`transformers_values_assumed`. Returns the result and whether it was retried."""
     try:
         return attempt(), False
     except Exception as exc:  # noqa: BLE001 - re-raised unless it is the one failure a retry fixes
-        if spec.lib != "transformers" or (META_VALUE_ERROR not in str(exc) and NONZERO_ERROR not in str(exc)):
+        if spec.lib != "transformers" or not reads_values(exc):
             raise
-    with transformers_masks_from_shapes():
+    with transformers_values_assumed():
         return attempt(), True
 
 
@@ -331,8 +336,8 @@ def _transformers_inputs(spec: ModelSpec, model: nn.Module, batch: int, image: i
     # samples for a raw-audio model, or filterbank frames for a Speech2Text-like
     text = getattr(config, "text_config", None) or config
     tokens = min(128, int(getattr(text, "max_position_embeddings", None) or 128))
-    audio_seq = main == "input_values" or (main == "input_features" and hasattr(config, "input_feat_per_channel"))
-    if not audio_seq:
+    filterbank = main == "input_features" and bool(getattr(config, "input_feat_per_channel", None))
+    if main != "input_values" and not filterbank:
         tokens = int(seq or tokens)
     vocab = int(getattr(config, "vocab_size", 30522) or 30522)
     ids = torch.randint(0, vocab, (batch, tokens), device=device)
@@ -347,7 +352,7 @@ def _transformers_inputs(spec: ModelSpec, model: nn.Module, batch: int, image: i
             config, "max_source_positions", None):  # Whisper-likes: log-mel frames of a 30 s window
         frames = 2 * int(config.max_source_positions)
         kwargs["input_features"] = torch.randn(batch, int(config.num_mel_bins), frames, device=device)
-    elif main == "input_features" and getattr(config, "input_feat_per_channel", None):
+    elif filterbank:
         # Speech2Text-likes: filterbank frames, [B, frames, features x channels]; --seq frames (10 ms each)
         meta["frames"] = int(seq or FEATURE_FRAMES)
         width = int(config.input_feat_per_channel) * int(getattr(config, "input_channels", 1) or 1)
