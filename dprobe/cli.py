@@ -20,10 +20,11 @@ SUBCOMMANDS: list[str] = [
     "dprobe.coldstart.cli",
     "dprobe.evaluation.cli",
     "dprobe.sidecar.cli",
+    "dprobe.scaler.cli",
     "dprobe.data.cli",
 ]
 
-LONG_RUNNING = {"sidecar"}
+LONG_RUNNING = {"sidecar", "scaler"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return int(args.func(args) or 0)
-    except (DatasetError, FileNotFoundError, ValueError) as exc:
+    except (DatasetError, OSError, ValueError) as exc:  # bad input, a missing file, a port in use
         print(f"dprobe {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

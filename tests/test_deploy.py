@@ -60,3 +60,32 @@ def test_prometheus_rules_pass_promtool() -> None:
     test = subprocess.run(["promtool", "test", "rules", RULES.with_suffix(".test.yaml").name],
                           capture_output=True, text=True, cwd=RULES.parent)
     assert test.returncode == 0 and "SUCCESS" in test.stdout, test.stdout + test.stderr
+
+
+def _objects(path: Path) -> dict[str, dict]:
+    return {d["kind"]: d for d in yaml.safe_load_all(path.read_text()) if d}
+
+
+def test_scaler_manifests_match_the_scaler(tmp_path: Path) -> None:
+    """The ConfigMap is a valid scaler config, the Deployment's arguments parse as `dprobe scaler` flags and
+    its port is the config's, and the RBAC grants what apply mode calls (get and patch on the scales)."""
+    from dprobe.cli import build_parser
+    from dprobe.scaler.config import load_config
+
+    scaler = DEPLOY / "scaler"
+    config_map = _objects(scaler / "configmap.yaml")["ConfigMap"]
+    path = tmp_path / "scaler.yaml"
+    path.write_text(config_map["data"]["scaler.yaml"])
+    config = load_config({"config": str(path)}, env={})
+    assert [s.key for s in config.workload_specs()] == [("serving", "llm-server")]
+    deployment = _objects(scaler / "deployment.yaml")["Deployment"]
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    args = build_parser().parse_args(container["args"])
+    assert args.command == "scaler" and args.config == "/etc/dprobe/scaler.yaml"
+    assert container["ports"][0]["containerPort"] == config.port
+    assert container["volumeMounts"][0]["mountPath"] == args.config
+    rbac = _objects(scaler / "rbac.yaml")
+    [rule] = rbac["ClusterRole"]["rules"]
+    assert set(rule["resources"]) == {"deployments/scale", "statefulsets/scale"}
+    assert set(rule["verbs"]) == {"get", "patch"}
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == rbac["ServiceAccount"]["metadata"]["name"]

@@ -1,20 +1,27 @@
-"""The sidecar's HTTP server: /metrics (Prometheus), /healthz (alive), /readyz (model loaded, data seen)."""
+"""The services' HTTP server: /metrics (Prometheus), /healthz (alive), /readyz (ready to answer)."""
 
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import FrameType
+from typing import Protocol
 
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
-from dprobe.exporter.state import ExporterState
-
 log = logging.getLogger(__name__)
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Probe(Protocol):
+    """What /readyz asks: ready or not, and why."""
+
+    def ready(self) -> tuple[bool, str]: ...
 
 
 class _Server(ThreadingHTTPServer):
@@ -29,7 +36,7 @@ class _Server(ThreadingHTTPServer):
         super().handle_error(request, client_address)
     allow_reuse_address = True
     registry: CollectorRegistry
-    state: ExporterState
+    state: Probe
     fast: Callable[[CollectorRegistry], bytes] | None
 
 
@@ -67,7 +74,7 @@ class _Handler(BaseHTTPRequestHandler):
             ok, why = self.server.state.ready()
             self._send(200 if ok else 503, f"{'ready' if ok else 'not ready'}: {why}\n".encode())
         elif path == "/":
-            self._send(200, b"dprobe sidecar: /metrics /healthz /readyz\n")
+            self._send(200, b"dprobe: /metrics /healthz /readyz\n")
         else:
             self._send(404, b"not found\n")
 
@@ -84,9 +91,12 @@ class ExporterServer:
     (Prometheus does); other Accept headers get client_python's encoders.
     """
 
-    def __init__(self, registry: CollectorRegistry, state: ExporterState, address: str = "0.0.0.0",
+    def __init__(self, registry: CollectorRegistry, state: Probe, address: str = "0.0.0.0",
                  port: int = 9477, fast: Callable[[CollectorRegistry], bytes] | None = None):
-        self.httpd = _Server((address, port), _Handler)
+        try:
+            self.httpd = _Server((address, port), _Handler)
+        except OSError as exc:  # port taken, address not local: say which, without a traceback
+            raise OSError(exc.errno, f"cannot listen on {address}:{port}: {exc.strerror or exc}") from exc
         self.httpd.registry, self.httpd.state, self.httpd.fast = registry, state, fast
         self._thread: threading.Thread | None = None
 
@@ -109,3 +119,20 @@ class ExporterServer:
         self.httpd.server_close()
         if self._thread is not None:
             self._thread.join(timeout)
+
+
+def run_until_signalled(stop_event: threading.Event, start: Callable[[], None], stop: Callable[[], None]) -> int:
+    """A service's main: ``start()``, wait for SIGTERM / SIGINT (which set ``stop_event``), ``stop()``; 0."""
+
+    def _stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        stop_event.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    start()
+    while not stop_event.wait(1.0):
+        pass
+    stop()
+    log.info("stopped")
+    return 0

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import logging
 
-from dprobe.sidecar.config import ENV_PREFIX, add_arguments, load_config
+from dprobe.options import add_service_parser
+from dprobe.sidecar.config import OPTIONS, SidecarConfig
 
 DESCRIPTION = """Sample GPU metrics (NVML, dcgm-exporter, Prometheus or a replayed trace), forecast every
 target's GPU memory and utilisation, and serve the forecasts on /metrics (plus /healthz, /readyz).
@@ -14,24 +14,12 @@ Every option can also come from a YAML file (--config) and from environment vari
 wins over the file. Without a GPU the default source replays a bundled trace."""
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("sidecar", help="run the forecasting sidecar (Prometheus exporter)",
-                                   description=DESCRIPTION,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    parser.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    opts = {k: v for k, v in vars(args).items() if k not in ("func", "command", "verbose")}
-    config = load_config(opts)
-    level = getattr(logging, config.log_level.upper(), logging.INFO)
-    if getattr(args, "verbose", 0):
-        level = min(level, logging.WARNING - 10 * min(args.verbose, 2))
-    logging.getLogger("dprobe").setLevel(level)
+def run(config: SidecarConfig) -> int:
     from dprobe.sidecar.service import Sidecar
 
     return Sidecar(config).run()
 
 
-__all__ = ["ENV_PREFIX", "register", "run"]
+def register(subparsers: argparse._SubParsersAction) -> None:
+    add_service_parser(subparsers, "sidecar", "run the forecasting sidecar (Prometheus exporter)", DESCRIPTION,
+                       OPTIONS, run)

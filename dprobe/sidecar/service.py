@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from pathlib import Path
-from types import FrameType
 
 from prometheus_client import Histogram
 from prometheus_client.registry import CollectorRegistry
 
 from dprobe.exporter import ExporterServer, SidecarCollector
+from dprobe.exporter.server import run_until_signalled
 from dprobe.exporter.state import ForecastSnapshot, Latest, SourceStatus
 from dprobe.forecasting.loading import LoadedModel, open_forecaster, serves
 from dprobe.sidecar.config import SidecarConfig
@@ -195,16 +194,4 @@ class Sidecar:
 
     def run(self) -> int:
         """Run until SIGTERM / SIGINT; returns the exit code."""
-
-        def _stop(signum: int, _frame: FrameType | None) -> None:
-            log.info("received %s, shutting down", signal.Signals(signum).name)
-            self.stop_event.set()
-
-        signal.signal(signal.SIGTERM, _stop)
-        signal.signal(signal.SIGINT, _stop)
-        self.start()
-        while not self.stop_event.wait(1.0):
-            pass
-        self.stop()
-        log.info("stopped")
-        return 0
+        return run_until_signalled(self.stop_event, self.start, self.stop)

@@ -15,8 +15,8 @@ DEFAULT_MEMORY_QUERY = "sum by (namespace, pod) (DCGM_FI_DEV_FB_USED{pod!=\"\"})
 DEFAULT_UTILIZATION_QUERY = "avg by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL{pod!=\"\"}) / 100"
 
 
-def parse_matrix(body: str) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
-    """The series of a ``query_range`` answer: (labels, [(ts, value), ...]); SourceError if malformed."""
+def _result(body: str, kind: str) -> list:
+    """The ``result`` list of a successful API answer of type ``kind``; SourceError otherwise."""
     try:
         doc = json.loads(body)
     except json.JSONDecodeError as exc:
@@ -25,16 +25,34 @@ def parse_matrix(body: str) -> list[tuple[dict[str, str], list[tuple[float, floa
         err = doc.get("error") if isinstance(doc, dict) else None
         raise SourceError(f"query failed: {err or 'unexpected answer'}")
     data = doc.get("data") or {}
-    if data.get("resultType") != "matrix":
-        raise SourceError(f"expected a matrix, got {data.get('resultType')!r}")
+    if data.get("resultType") != kind:
+        raise SourceError(f"expected a {kind}, got {data.get('resultType')!r}")
+    return data.get("result") or []
+
+
+def parse_matrix(body: str) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
+    """The series of a ``query_range`` answer: (labels, [(ts, value), ...]); SourceError if malformed."""
     out = []
     try:
-        for series in data.get("result", []):
+        for series in _result(body, "matrix"):
             points = [(float(t), float(v)) for t, v in series.get("values", [])]
             out.append((dict(series.get("metric", {})), points))
     except (TypeError, ValueError, AttributeError) as exc:
         raise SourceError(f"malformed matrix ({exc})") from exc
     return out
+
+
+def query_vector(url: str, query: str, timeout: float) -> list[tuple[dict[str, str], float]]:
+    """An instant ``query`` at ``url`` (a Prometheus server): ``[(labels, value), ...]``, SourceError
+    on any failure (unreachable, refused query, not an instant vector)."""
+    params = urllib.parse.urlencode({"query": query})
+    body = http_get(f"{url.rstrip('/')}/api/v1/query?{params}", timeout, accept="application/json")
+    try:
+        return [(dict(s.get("metric", {})), float(s["value"][1])) for s in _result(body, "vector")]
+    except SourceError as exc:
+        raise SourceError(f"{url}: {query!r}: {exc}") from exc
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
+        raise SourceError(f"{url}: {query!r}: malformed vector ({exc})") from exc
 
 
 class PrometheusSource:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -111,3 +112,30 @@ def prometheus_server(tmp_path: Path) -> Callable:
         return run_prometheus(binary, tmp_path / f"prometheus-{next(counter)}", scrape_targets, scrape_interval, **kw)
 
     return start
+
+
+def _check_dashboard(prom: PrometheusHandle, path: Path, values: dict[str, str], timeout: float = 75) -> None:
+    """Every query of the Grafana dashboard at ``path``, its variables set to ``values`` as Grafana would
+    (``$__rate_interval`` as 1m), answers on this Prometheus, each variable's query lists its value, and
+    each panel shows data (waiting up to ``timeout`` s for forecasts shifted by their horizon, or a
+    subquery's minute marks)."""
+    board = json.loads(path.read_text())
+    values = {**values, "__rate_interval": "1m"}
+    for variable in board["templating"]["list"]:
+        if variable["type"] == "query":  # label_values(SELECTOR, LABEL): the selector's series carry LABEL
+            selector, label = re.fullmatch(r"label_values\((.*), (\w+)\)", variable["definition"]).groups()
+            found = {r["metric"].get(label) for r in prom.query(re.sub(r"\$(\w+)", ".*", selector))}
+            assert values[variable["name"]] in found | {".*"}, (variable["name"], found)
+    deadline = time.time() + timeout
+    for panel in (p for p in board["panels"] if p["type"] != "row"):
+        for target in panel["targets"]:
+            expr = re.sub(r"\$\{?(\w+)\}?", lambda m: values[m.group(1)], target["expr"])
+            while not (result := prom.query(expr)) and time.time() < deadline:
+                time.sleep(1)
+            assert result, (panel["title"], expr)
+
+
+@pytest.fixture
+def check_dashboard() -> Callable[..., None]:
+    """``check_dashboard(prom, path, {"namespace": ".*", ...})``: see :func:`_check_dashboard`."""
+    return _check_dashboard

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import re
 import time
 from pathlib import Path
 
@@ -97,26 +95,6 @@ DASHBOARD = RULES.parents[1] / "grafana" / "dprobe-sidecar.json"
 KEDA = RULES.parents[1] / "keda" / "scaledobject.yaml"
 
 
-def _check_dashboard(prom, horizon: str, pod: str) -> None:
-    """Every query of the Grafana dashboard, its variables set as Grafana would, answers on this Prometheus,
-    and each panel shows data for ``pod`` (the forecasts once they are a horizon old, the coverage panel once
-    its hour has a minute mark with data)."""
-    board = json.loads(DASHBOARD.read_text())
-    values = {"namespace": ".*", "pod": pod, "horizon": horizon, "__rate_interval": "1m"}
-    for variable in board["templating"]["list"]:
-        if variable["type"] == "query":  # label_values(SELECTOR, LABEL): the selector's series carry LABEL
-            selector, label = re.fullmatch(r"label_values\((.*), (\w+)\)", variable["definition"]).groups()
-            found = {r["metric"].get(label) for r in prom.query(re.sub(r"\$(\w+)", ".*", selector))}
-            assert values[variable["name"]] in found | {".*"}, (variable["name"], found)
-    deadline = time.time() + 75
-    for panel in (p for p in board["panels"] if p["type"] != "row"):
-        for target in panel["targets"]:
-            expr = re.sub(r"\$\{?(\w+)\}?", lambda m: values[m.group(1)], target["expr"])
-            while not (result := prom.query(expr)) and time.time() < deadline:
-                time.sleep(1)  # forecasts shifted by their horizon, a subquery's points on minute marks
-            assert result, (panel["title"], expr)
-
-
 def dcgm_text(step: int) -> str:
     """dcgm-exporter's /metrics on a node with one pod on two GPUs and an unassigned GPU, changing a little."""
     lines = []
@@ -131,7 +109,7 @@ def dcgm_text(step: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def test_forecasts_join_dcgm_exporter_series(prometheus_server, http_peer) -> None:
+def test_forecasts_join_dcgm_exporter_series(prometheus_server, http_peer, check_dashboard) -> None:
     """Fed by dcgm-exporter and scraped beside it, the forecasts join its series on(namespace, pod) and
     on(UUID), with the query docs/sidecar.md gives."""
     polls = iter(range(10**6))
@@ -164,7 +142,7 @@ def test_forecasts_join_dcgm_exporter_series(prometheus_server, http_peer) -> No
                 # the unassigned GPU is a target of its own, joined by UUID
                 gpu = prom.query("dprobe_observed_gpu_utilization_ratio * 100 - on(UUID) DCGM_FI_DEV_GPU_UTIL")
                 assert [(r["metric"]["UUID"], float(r["value"][1])) for r in gpu] == [("GPU-ccc", 0.0)]
-                _check_dashboard(prom, horizon="5", pod="train-0")
+                check_dashboard(prom, DASHBOARD, {"namespace": ".*", "pod": "train-0", "horizon": "5"})
                 # the KEDA example's query, pointed at this pod: its p90 utilisation forecast, 0-1
                 trigger = yaml.safe_load(KEDA.read_text())["spec"]["triggers"][0]["metadata"]["query"]
                 trigger = trigger.replace('namespace="serving"', 'namespace="team-a"').replace(

@@ -1,0 +1,83 @@
+"""The scaler's Prometheus metrics, rendered at scrape time from its latest decisions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Protocol
+
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from dprobe.scaler.policy import Decision
+
+WORKLOAD_LABELS = ["namespace", "workload"]
+
+
+class ScalerState(Protocol):
+    """What the collector reads: implemented by :class:`~dprobe.scaler.service.Scaler`."""
+
+    decisions: Mapping[tuple[str, str], Decision]
+    vc_decisions: Mapping[str, Decision]
+    vc_held_gpus: Mapping[str, int]
+    events_total: Mapping[tuple[str, str, str], int]
+    errors_total: Mapping[str, int]
+    last_cycle_at: float | None
+
+
+class ScalerCollector(Collector):
+    """``dprobe_recommended_replicas{namespace,workload}``, ``dprobe_recommended_gpus{vc}`` and the
+    decisions behind them (demand, desired count, current count), scale events and errors."""
+
+    def __init__(self, state: ScalerState) -> None:
+        self.state = state
+
+    def describe(self) -> list[Metric]:
+        return []  # families depend on the state
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.state
+        decisions, vcs = dict(s.decisions), dict(s.vc_decisions)  # copies: the loop swaps them
+        per_workload = [
+            ("dprobe_recommended_replicas", "Replicas recommended for the workload.", lambda d: d.replicas),
+            ("dprobe_scaler_desired_replicas", "Replicas the forecast alone asks for (before stabilisation "
+                                               "and rate limits).", lambda d: d.desired),
+            ("dprobe_scaler_current_replicas", "Replicas the decision started from.", lambda d: d.current),
+            ("dprobe_scaler_demand_ratio", "Forecast demand: the workload's pods' predicted GPU utilisation, "
+                                           "summed (pod-equivalents).", lambda d: d.demand),
+        ]
+        for name, doc, value in per_workload:
+            fam = GaugeMetricFamily(name, doc, labels=WORKLOAD_LABELS)
+            for (ns, workload), d in sorted(decisions.items()):
+                v = value(d)
+                if v is not None:
+                    fam.add_metric([ns, workload], float(v))
+            yield fam
+        per_vc = [
+            ("dprobe_recommended_gpus", "GPUs recommended for the virtual cluster.", lambda d: d.replicas),
+            ("dprobe_scaler_vc_demand_gpus", "Forecast GPU demand of the virtual cluster: its pods' predicted "
+                                             "utilisation times their GPUs, summed.", lambda d: d.demand),
+        ]
+        for name, doc, value in per_vc:
+            fam = GaugeMetricFamily(name, doc, labels=["vc"])
+            for vc, d in sorted(vcs.items()):
+                v = value(d)
+                if v is not None:
+                    fam.add_metric([vc], float(v))
+            yield fam
+        held = GaugeMetricFamily("dprobe_scaler_vc_held_gpus", "GPUs the virtual cluster's pods hold.", labels=["vc"])
+        for vc, n in sorted(dict(s.vc_held_gpus).items()):
+            held.add_metric([vc], n)
+        yield held
+        events = CounterMetricFamily("dprobe_scaler_scale_events", "Decisions that changed a workload's "
+                                     "replicas, by direction.", labels=[*WORKLOAD_LABELS, "direction"])
+        for key, n in sorted(s.events_total.items()):
+            events.add_metric(list(key), n)
+        yield events
+        errors = CounterMetricFamily("dprobe_scaler_errors", "Failed cycle stages: query (Prometheus), "
+                                     "kubernetes (reading or setting a scale).", labels=["stage"])
+        for stage, n in sorted(s.errors_total.items()):
+            errors.add_metric([stage], n)
+        yield errors
+        if s.last_cycle_at is not None:
+            yield GaugeMetricFamily("dprobe_scaler_last_cycle_timestamp_seconds",
+                                    "Unix time of the last decision cycle.", value=s.last_cycle_at)

@@ -1,0 +1,178 @@
+"""Scaler settings (defaults < YAML file < ``DPROBE_SCALER_*`` variables < flags) and the scaled objects.
+
+Flat options set the defaults of every workload's :class:`~dprobe.scaler.policy.Policy`; a
+workload listed under ``workloads:`` may override any of them, and its behaviour per direction
+(the HPA's ``behavior``)::
+
+    workloads:
+      - namespace: serving
+        name: llm-server           # the Deployment (kind: Deployment | StatefulSet)
+        pods: "llm-server-.*"      # regex on pod names (default: the Deployment's pod names)
+        target: 0.6
+        max_replicas: 8
+        scale_down: {stabilization_seconds: 600, policies: [{type: pods, value: 1, period_seconds: 60}]}
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from dprobe.options import OptionSet, option
+from dprobe.scaler.policy import DEFAULT_SCALE_DOWN, DEFAULT_SCALE_UP, Policy, RatePolicy, ScalingRules
+
+ENV_PREFIX = "DPROBE_SCALER_"
+MODES = ("recommend", "apply")
+KINDS = ("Deployment", "StatefulSet")
+POLICY_FIELDS = {f.name for f in fields(Policy)} - {"scale_up", "scale_down"}
+
+
+@dataclass
+class ScalerConfig:
+    """Every option of ``dprobe scaler``."""
+
+    prometheus_url: str = option("http://127.0.0.1:9090", "Prometheus server holding the sidecars' forecasts")
+    interval: float = option(30.0, "seconds between decisions")
+    horizon_seconds: int = option(300, "forecast horizon the decisions use (one of the sidecars' horizons)")
+    quantile: float = option(0.9, "forecast quantile the decisions use (0.5, 0.9 or 0.99)")
+    mode: str = option("recommend", "recommend: export and log only; apply: also set the workloads' replicas "
+                                     "through the Kubernetes scale subresource", choices=MODES)
+    listen_address: str = option("0.0.0.0", "address the HTTP server binds")
+    port: int = option(9478, "port of /metrics, /healthz and /readyz")
+    http_timeout: float = option(5.0, "timeout of Prometheus queries and Kubernetes calls (s)")
+    forecast_selector: str = option("", "extra PromQL label matchers for the forecasts, e.g. job=\"dprobe\"")
+    discover: bool = option(True, "also recommend (never apply) for Deployment-like pod groups not listed "
+                                  "under workloads")
+    vc_label: str = option("namespace", "label grouping pods into virtual clusters for dprobe_recommended_gpus "
+                                        "('' = no virtual clusters)")
+    gpus_query: str = option('count by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL{pod!=""})',
+                             "PromQL giving each pod's GPU count (a pod it does not list counts 1)")
+    kubeconfig: str = option("", "kubeconfig file for apply mode (default: in-cluster, else ~/.kube/config)")
+    target: float = option(0.8, "utilisation (0-1) one replica should carry; for GPUs, one GPU")
+    margin: float = option(0.1, "safety margin added to the forecast demand (VPA)")
+    tolerance: float = option(0.1, "no change while demand / capacity is within this of 1 (HPA)")
+    min_replicas: int = option(1, "fewest replicas recommended (0 allows scale to zero below activation)")
+    max_replicas: int = option(100, "most replicas recommended")
+    activation: float = option(0.0, "with min_replicas 0: demand below this scales to zero (KEDA)")
+    fallback_replicas: int | None = option(None, "replicas after failure_threshold cycles without a forecast "
+                                                 "(KEDA fallback; unset: hold the current count)")
+    failure_threshold: int = option(3, "cycles without a forecast before the fallback")
+    scale_up_stabilization_seconds: float = option(0.0, "a scale-up takes the lowest recommendation of this window")
+    scale_down_stabilization_seconds: float = option(300.0, "a scale-down takes the highest recommendation of "
+                                                            "this window")
+    min_gpus: int = option(0, "fewest GPUs recommended for a virtual cluster")
+    max_gpus: int = option(1024, "most GPUs recommended for a virtual cluster")
+    workloads: list[dict[str, Any]] = option([], "scaled workloads with their own settings (YAML, or JSON in env)")
+    log_level: str = option("info", "debug, info, warning or error")
+
+    def validate(self) -> ScalerConfig:
+        for name in ("interval", "http_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.horizon_seconds <= 0:
+            raise ValueError(f"horizon_seconds must be positive, got {self.horizon_seconds}")
+        if not 0 < self.quantile < 1:
+            raise ValueError(f"quantile must be between 0 and 1, got {self.quantile}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be 0-65535 (0: any free port), got {self.port}")
+        url = urllib.parse.urlsplit(self.prometheus_url)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"prometheus_url must be an http(s) URL such as http://HOST:9090, "
+                             f"got {self.prometheus_url!r}")
+        if not 0 <= self.min_gpus <= self.max_gpus:
+            raise ValueError(f"need 0 <= min_gpus <= max_gpus, got {self.min_gpus}, {self.max_gpus}")
+        self.default_policy()  # checks the policy options
+        self.workload_specs()  # checks every workload entry
+        return self
+
+    def default_policy(self) -> Policy:
+        """The policy of a workload that sets nothing itself."""
+        return Policy(
+            target=self.target, margin=self.margin, tolerance=self.tolerance, min_replicas=self.min_replicas,
+            max_replicas=self.max_replicas, activation=self.activation, fallback_replicas=self.fallback_replicas,
+            failure_threshold=self.failure_threshold,
+            scale_up=replace(DEFAULT_SCALE_UP, stabilization_seconds=self.scale_up_stabilization_seconds),
+            scale_down=replace(DEFAULT_SCALE_DOWN, stabilization_seconds=self.scale_down_stabilization_seconds))
+
+    def gpu_policy(self) -> Policy:
+        """The policy of a virtual cluster's GPU count: one GPU carries ``target`` of utilisation."""
+        return replace(self.default_policy(), min_replicas=self.min_gpus, max_replicas=self.max_gpus,
+                       fallback_replicas=None)
+
+    def workload_specs(self) -> list[WorkloadSpec]:
+        return [WorkloadSpec.parse(entry, self.default_policy(), i) for i, entry in enumerate(self.workloads)]
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """A scaled workload: what to scale, which pods are its replicas, and its policy."""
+
+    namespace: str
+    name: str
+    kind: str
+    pods: re.Pattern[str]
+    policy: Policy
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.namespace, self.name
+
+    @staticmethod
+    def parse(entry: Mapping[str, Any], defaults: Policy, index: int = 0) -> WorkloadSpec:
+        """One ``workloads:`` entry; a clear error naming the entry for anything wrong in it."""
+        where = f"workloads[{index}]"
+        entry = {str(k).replace("-", "_"): v for k, v in entry.items()}
+        unknown = sorted(set(entry) - POLICY_FIELDS - {"namespace", "name", "kind", "pods", "scale_up",
+                                                         "scale_down"})
+        if unknown:
+            raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}")
+        for key in ("namespace", "name"):
+            if not isinstance(entry.get(key), str) or not entry[key]:
+                raise ValueError(f"{where}: {key} is required")
+        where = f"workloads[{index}] ({entry['namespace']}/{entry['name']})"
+        kind = entry.get("kind", "Deployment")
+        if kind not in KINDS:
+            raise ValueError(f"{where}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        default_pods = (rf"{re.escape(entry['name'])}-[a-z0-9]+-[a-z0-9]{{5}}" if kind == "Deployment"
+                        else rf"{re.escape(entry['name'])}-\d+")
+        try:
+            pods = re.compile(str(entry.get("pods") or default_pods))
+            overrides = {k: entry[k] for k in POLICY_FIELDS if k in entry}
+            for direction in ("scale_up", "scale_down"):
+                if direction in entry:
+                    overrides[direction] = _rules(entry[direction], getattr(defaults, direction))
+            policy = replace(defaults, **overrides)
+        except (re.error, TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: {exc}") from exc
+        return WorkloadSpec(entry["namespace"], entry["name"], kind, pods, policy)
+
+
+def _rules(doc: Any, defaults: ScalingRules) -> ScalingRules:
+    if not isinstance(doc, Mapping):
+        raise ValueError(f"a scaling behaviour must be a mapping, got {doc!r}")
+    unknown = sorted(set(doc) - {"stabilization_seconds", "policies", "select"})
+    if unknown:
+        raise ValueError(f"unknown behaviour key(s) {', '.join(unknown)}")
+    policies = defaults.policies
+    if "policies" in doc:
+        entries = doc["policies"]
+        if not isinstance(entries, list) or not all(isinstance(p, Mapping) and "value" in p for p in entries):
+            raise ValueError(f"policies must be a list of {{type, value, period_seconds}}, got {entries!r}")
+        policies = tuple(RatePolicy(str(p.get("type", "percent")), float(p["value"]),
+                                    float(p.get("period_seconds", 15))) for p in entries)
+    return ScalingRules(float(doc.get("stabilization_seconds", defaults.stabilization_seconds)), policies,
+                        str(doc.get("select", defaults.select)))
+
+
+OPTIONS = OptionSet(ScalerConfig, ENV_PREFIX, "scaler")
+add_arguments = OPTIONS.add_arguments
+
+
+def load_config(args: argparse.Namespace | Mapping[str, Any] | None = None,
+                env: Mapping[str, str] | None = None) -> ScalerConfig:
+    """Merge defaults < YAML file < environment < flags into a validated :class:`ScalerConfig`."""
+    return OPTIONS.load(args, env)

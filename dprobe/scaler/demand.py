@@ -1,0 +1,97 @@
+"""Multi-level demand: the sidecars' per-pod forecasts, read from Prometheus, summed per workload and
+per virtual cluster.
+
+A pod's demand is its forecast GPU utilisation (0-1) at the configured horizon and quantile. A
+workload's demand is the sum over its replicas (pod-equivalents: three pods at 0.5 are 1.5); a
+virtual cluster's is the sum over its pods of utilisation times the pod's GPU count (GPUs).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from dprobe.scaler.config import ScalerConfig, WorkloadSpec
+from dprobe.sources.prometheus import query_vector
+
+PREDICTED_UTILIZATION = "dprobe_predicted_gpu_utilization_ratio"
+# a Deployment's pods: <deployment>-<pod-template-hash>-<5 characters>
+DEPLOYMENT_POD = re.compile(r"(?P<workload>.+)-[a-z0-9]{5,10}-[a-z0-9]{5}")
+
+
+@dataclass
+class Demand:
+    """Forecast demand of one scaled object, and the pods it came from."""
+
+    total: float = 0.0
+    pods: list[str] = field(default_factory=list)
+    gpus: int = 0  # GPUs those pods hold (virtual clusters)
+
+
+@dataclass
+class DemandView:
+    """One cycle's demand per configured workload, per discovered workload and per virtual cluster."""
+
+    workloads: dict[tuple[str, str], Demand]
+    discovered: dict[tuple[str, str], Demand]
+    vcs: dict[str, Demand]
+
+
+def forecast_query(config: ScalerConfig) -> str:
+    """The PromQL selecting every pod's forecast at the configured horizon and quantile."""
+    extra = f",{config.forecast_selector.strip().strip(',')}" if config.forecast_selector.strip() else ""
+    return (f'{PREDICTED_UTILIZATION}{{horizon_seconds="{config.horizon_seconds}",'
+            f'quantile="{config.quantile:g}",pod!=""{extra}}}')
+
+
+def pod_forecasts(config: ScalerConfig) -> dict[tuple[str, str], tuple[float, dict[str, str]]]:
+    """``(namespace, pod) -> (forecast, labels)`` for every pod-level target (``target`` is
+    ``namespace/pod``; a GPU's own series are skipped, so no pod is counted twice). Where several
+    sidecars export the same pod, the highest forecast is kept."""
+    out: dict[tuple[str, str], tuple[float, dict[str, str]]] = {}
+    for labels, value in query_vector(config.prometheus_url, forecast_query(config), config.http_timeout):
+        ns, pod = labels.get("namespace", ""), labels.get("pod", "")
+        if labels.get("target") not in (f"{ns}/{pod}", pod) or value != value:
+            continue
+        if (ns, pod) not in out or value > out[(ns, pod)][0]:
+            out[(ns, pod)] = (max(0.0, value), labels)
+    return out
+
+
+def pod_gpus(config: ScalerConfig) -> dict[tuple[str, str], int]:
+    """GPUs per pod from ``gpus_query`` (empty when it is not set)."""
+    if not config.gpus_query.strip():
+        return {}
+    rows = query_vector(config.prometheus_url, config.gpus_query, config.http_timeout)
+    return {(lab.get("namespace", ""), lab.get("pod", "")): max(1, int(round(v))) for lab, v in rows if v == v}
+
+
+def group_demand(forecasts: dict[tuple[str, str], tuple[float, dict[str, str]]], specs: list[WorkloadSpec],
+                 gpus: dict[tuple[str, str], int], vc_label: str, discover: bool) -> DemandView:
+    """Sum the pods' forecasts per workload (the first spec whose pattern matches the pod), per
+    discovered Deployment (pods no spec claims) and per virtual cluster (``vc_label``)."""
+    workloads = {s.key: Demand() for s in specs}
+    discovered: dict[tuple[str, str], Demand] = defaultdict(Demand)
+    vcs: dict[str, Demand] = defaultdict(Demand)
+    for (ns, pod), (value, labels) in sorted(forecasts.items()):
+        spec = next((s for s in specs if s.namespace == ns and s.pods.fullmatch(pod)), None)
+        match = DEPLOYMENT_POD.fullmatch(pod) if spec is None and discover else None
+        demand = workloads[spec.key] if spec else discovered[(ns, match["workload"])] if match else None
+        if demand is not None:
+            demand.total += value
+            demand.pods.append(pod)
+        vc = labels.get(vc_label, "") if vc_label else ""
+        if vc:
+            n = gpus.get((ns, pod), 1)
+            vcs[vc].total += value * n
+            vcs[vc].gpus += n
+            vcs[vc].pods.append(f"{ns}/{pod}")
+    return DemandView(workloads, dict(discovered), dict(vcs))
+
+
+def read_demand(config: ScalerConfig, specs: list[WorkloadSpec]) -> DemandView:
+    """Query Prometheus and group (raises :class:`~dprobe.sources.base.SourceError` when it fails)."""
+    forecasts = pod_forecasts(config)
+    gpus = pod_gpus(config) if config.vc_label else {}
+    return group_demand(forecasts, specs, gpus, config.vc_label, config.discover)

@@ -1,0 +1,207 @@
+"""How a forecast demand becomes a replica (or GPU) count: the HPA's algorithm, fed by forecasts.
+
+Per decision, for one scaled object (a workload's replicas, a virtual cluster's GPUs):
+
+1. **Demand** is the forecast, at one horizon and quantile (VPA's percentile), summed over the
+   object's pods: e.g. the p90 of GPU utilisation 5 minutes ahead, in pod-equivalents
+   (a pod at 0.6 counts 0.6).
+2. **Desired** is ``ceil(demand * (1 + margin) / target)`` (VPA's safety margin, the HPA's
+   target utilisation), kept at the current count while ``demand / (current * target)`` is
+   within ``tolerance`` of 1 (HPA), set to 0 below ``activation`` where ``min_replicas`` is 0
+   (KEDA's activation threshold), and bounded by ``min_replicas`` / ``max_replicas``.
+3. **Stabilisation** (HPA ``behavior``): a scale-down takes the highest desired count of the
+   last ``scale_down.stabilization_seconds``, a scale-up the lowest of the last
+   ``scale_up.stabilization_seconds``; then **rate policies** (``pods`` or ``percent`` per
+   ``period_seconds``, the largest change allowed wins unless ``select: min``) bound the step.
+4. **Fallback** (KEDA): after ``failure_threshold`` decisions in a row without a forecast, the
+   recommendation is ``fallback_replicas`` (or, if unset, the current count is held).
+
+Where dprobe differs from the HPA: the input is a forecast ``horizon`` ahead, not the current
+average, so the scale-up happens before the load arrives; demand is the sum over pods
+(an absent pod adds nothing, it does not count as 0 % or 100 % as the HPA's missing-pod rule does).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class RatePolicy:
+    """At most ``value`` pods (or percent of the count at the period's start) per ``period_seconds``."""
+
+    type: Literal["pods", "percent"] = "percent"
+    value: float = 100.0
+    period_seconds: float = 15.0
+
+    def __post_init__(self) -> None:
+        if self.type not in ("pods", "percent"):
+            raise ValueError(f"rate policy type must be pods or percent, got {self.type!r}")
+        if self.value <= 0 or self.period_seconds <= 0:
+            raise ValueError(f"rate policy value and period_seconds must be positive, got {self}")
+
+
+@dataclass(frozen=True)
+class ScalingRules:
+    """One direction's behaviour, as the HPA's ``behavior.scaleUp`` / ``scaleDown``."""
+
+    stabilization_seconds: float = 0.0
+    policies: tuple[RatePolicy, ...] = (RatePolicy(),)
+    select: Literal["max", "min", "disabled"] = "max"
+
+    def __post_init__(self) -> None:
+        if self.stabilization_seconds < 0:
+            raise ValueError(f"stabilization_seconds must be >= 0, got {self.stabilization_seconds}")
+        if self.select not in ("max", "min", "disabled"):
+            raise ValueError(f"select must be max, min or disabled, got {self.select!r}")
+
+
+# the HPA's defaults: up at once by 100 % or 4 pods per 15 s; down after 5 min, by up to 100 % per 15 s
+DEFAULT_SCALE_UP = ScalingRules(0.0, (RatePolicy("percent", 100, 15), RatePolicy("pods", 4, 15)), "max")
+DEFAULT_SCALE_DOWN = ScalingRules(300.0, (RatePolicy("percent", 100, 15),), "max")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Everything that turns a demand into a count; one per scaled object."""
+
+    target: float = 0.8  # demand one replica (GPU) should carry: utilisation 0-1 per replica
+    margin: float = 0.1  # safety margin on the forecast demand (VPA)
+    tolerance: float = 0.1  # no change while demand / capacity is within this of 1 (HPA)
+    min_replicas: int = 1
+    max_replicas: int = 100
+    activation: float = 0.0  # with min_replicas 0: below this demand, scale to zero (KEDA)
+    fallback_replicas: int | None = None  # after failure_threshold cycles without a forecast; None: hold
+    failure_threshold: int = 3
+    scale_up: ScalingRules = field(default_factory=lambda: DEFAULT_SCALE_UP)
+    scale_down: ScalingRules = field(default_factory=lambda: DEFAULT_SCALE_DOWN)
+
+    def __post_init__(self) -> None:
+        if self.target <= 0:
+            raise ValueError(f"target must be positive, got {self.target}")
+        if self.margin < 0 or self.tolerance < 0 or self.activation < 0:
+            raise ValueError("margin, tolerance and activation must be >= 0")
+        if not 0 <= self.min_replicas <= self.max_replicas:
+            raise ValueError(f"need 0 <= min_replicas <= max_replicas, got {self.min_replicas}, {self.max_replicas}")
+        if self.failure_threshold < 1:
+            raise ValueError(f"failure_threshold must be >= 1, got {self.failure_threshold}")
+        if self.fallback_replicas is not None and not (
+                self.min_replicas <= self.fallback_replicas <= self.max_replicas):
+            raise ValueError(f"fallback_replicas {self.fallback_replicas} is outside "
+                             f"[{self.min_replicas}, {self.max_replicas}]")
+
+    def desired(self, demand: float, current: int) -> tuple[int, str]:
+        """The count ``demand`` asks for (step 2 above), before stabilisation, and why."""
+        if not math.isfinite(demand) or demand < 0:
+            raise ValueError(f"demand must be a finite number >= 0, got {demand}")
+        if self.min_replicas == 0 and demand < self.activation:
+            return 0, "below activation"
+        if current > 0 and abs(demand / (current * self.target) - 1.0) <= self.tolerance:
+            return self.bound(current), "within tolerance"
+        raw = math.ceil(demand * (1.0 + self.margin) / self.target - 1e-9)
+        count = self.bound(raw)
+        why = "forecast" if count == raw else ("at max_replicas" if raw > count else "at min_replicas")
+        return count, why
+
+    def bound(self, count: int) -> int:
+        return max(self.min_replicas, min(self.max_replicas, count))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One decision: the recommendation and what led to it."""
+
+    replicas: int  # the recommendation
+    desired: int  # what the demand alone asked for (before stabilisation and rate limits)
+    current: int
+    demand: float | None  # None: no forecast this cycle
+    reason: str
+
+    @property
+    def direction(self) -> str:
+        return "up" if self.replicas > self.current else "down" if self.replicas < self.current else "none"
+
+
+class Recommender:
+    """The stateful part of a :class:`Policy`: stabilisation windows, rate limits and fallback.
+
+    Call :meth:`decide` once per cycle with the time, the forecast demand (None where there was
+    none) and the current count; report the count actually set with :meth:`applied` (the
+    decision is taken as applied when not reported, as in a dry run).
+    """
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self._desired: deque[tuple[float, int]] = deque()  # (time, desired count) for stabilisation
+        self._changes: deque[tuple[float, int]] = deque()  # (time, signed change) for rate policies
+        self.failures = 0
+
+    def _window(self, now: float, seconds: float) -> list[int]:
+        return [d for t, d in self._desired if now - t <= seconds]
+
+    def _limit(self, now: float, current: int, rules: ScalingRules, up: bool) -> int | None:
+        """The furthest count the rate policies allow from ``current`` (None: no limit)."""
+        if rules.select == "disabled":
+            return current
+        bounds = []
+        for p in rules.policies:
+            moved = sum(c for t, c in self._changes if now - t < p.period_seconds and (c > 0) == up)
+            start = current - moved  # the count at the period's start
+            step = p.value if p.type == "pods" else math.ceil(abs(start) * p.value / 100.0) if up \
+                else math.floor(abs(start) * p.value / 100.0)
+            bounds.append(start + step if up else start - step)
+        if not bounds:
+            return None
+        pick = max if (rules.select == "max") == up else min
+        return pick(bounds)
+
+    def decide(self, now: float, demand: float | None, current: int) -> Decision:
+        p = self.policy
+        horizon = max(p.scale_up.stabilization_seconds, p.scale_down.stabilization_seconds,
+                      *(r.period_seconds for r in (*p.scale_up.policies, *p.scale_down.policies)))
+        while self._desired and now - self._desired[0][0] > horizon:
+            self._desired.popleft()
+        while self._changes and now - self._changes[0][0] > horizon:
+            self._changes.popleft()
+        if demand is None:
+            self.failures += 1
+            if self.failures < p.failure_threshold or p.fallback_replicas is None:
+                return Decision(current, current, current, None, "no forecast: holding")
+            return self._commit(now, current, p.fallback_replicas, p.fallback_replicas, None, "fallback")
+        self.failures = 0
+        desired, why = p.desired(demand, current)
+        self._desired.append((now, desired))
+        target = desired
+        if desired < current:  # the highest recent recommendation: no flapping down
+            target = max(self._window(now, p.scale_down.stabilization_seconds))
+            limit = self._limit(now, current, p.scale_down, up=False)
+            if target < current and limit is not None and target < limit:
+                target, why = limit, "scale-down limited by rate policy"
+            elif target > desired:
+                why = "scale-down stabilised"
+        elif desired > current:  # the lowest recent recommendation
+            target = min(self._window(now, p.scale_up.stabilization_seconds))
+            limit = self._limit(now, current, p.scale_up, up=True)
+            if target > current and limit is not None and target > limit:
+                target, why = limit, "scale-up limited by rate policy"
+            elif target < desired:
+                why = "scale-up stabilised"
+        target = min(max(target, min(current, desired)), max(current, desired))  # never past the desired count
+        return self._commit(now, current, p.bound(target) if target != current else current, desired, demand, why)
+
+    def _commit(self, now: float, current: int, replicas: int, desired: int, demand: float | None,
+                why: str) -> Decision:
+        if replicas != current:
+            self._changes.append((now, replicas - current))
+        return Decision(replicas, desired, current, demand, why)
+
+    def applied(self, now: float, recommended: int, actual: int) -> None:
+        """The count set differs from the recommendation (e.g. the apply failed): correct the record."""
+        if actual != recommended and self._changes and self._changes[-1][0] == now:
+            t, c = self._changes.pop()
+            corrected = c - (recommended - actual)
+            if corrected:
+                self._changes.append((t, corrected))

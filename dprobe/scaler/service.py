@@ -1,0 +1,199 @@
+"""The scaler process: forecasts (Prometheus) -> demand per workload and virtual cluster -> decisions
+-> /metrics, logs and, in apply mode, the workloads' scale subresource."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+
+from prometheus_client import Histogram
+from prometheus_client.registry import CollectorRegistry
+
+from dprobe.exporter.server import ExporterServer, run_until_signalled
+from dprobe.scaler.collector import ScalerCollector
+from dprobe.scaler.config import ScalerConfig, WorkloadSpec
+from dprobe.scaler.demand import Demand, DemandView, group_demand, pod_forecasts, pod_gpus
+from dprobe.scaler.kube import KubernetesError, ScaleClient
+from dprobe.scaler.policy import Decision, Recommender
+from dprobe.sources.base import SourceError
+
+log = logging.getLogger(__name__)
+CYCLE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class Scaler:
+    """One decision per cycle for every configured workload, discovered workload and virtual cluster.
+
+    The count a decision starts from: in apply mode the workload's scale (Kubernetes); in recommend
+    mode the previous recommendation, as if it had been followed (as KEDA does when it scales on
+    ``dprobe_recommended_replicas``), else the pods seen. A virtual cluster starts from its previous
+    recommendation too, at first from the GPUs its pods hold. Discovered workloads and virtual clusters are forgotten when their pods are gone.
+    """
+
+    def __init__(self, config: ScalerConfig, kube: ScaleClient | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.config = config.validate()
+        self.specs: list[WorkloadSpec] = config.workload_specs()
+        self.apply = config.mode == "apply"
+        self.kube = kube if kube is not None or not self.apply else ScaleClient(config.kubeconfig,
+                                                                                config.http_timeout)
+        self.clock = clock
+        self.recommenders: dict[tuple[str, str], Recommender] = {s.key: Recommender(s.policy) for s in self.specs}
+        self.vc_recommenders: dict[str, Recommender] = {}
+        self.decisions: dict[tuple[str, str], Decision] = {}
+        self.vc_decisions: dict[str, Decision] = {}
+        self.vc_held_gpus: dict[str, int] = {}
+        self.events_total: Counter[tuple[str, str, str]] = Counter()
+        self.errors_total: Counter[str] = Counter()
+        self.last_cycle_at: float | None = None
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.cycle_seconds = Histogram("dprobe_scaler_cycle_seconds", "Duration of a decision cycle.",
+                                       buckets=CYCLE_BUCKETS, registry=self.registry)
+        self.registry.register(ScalerCollector(self))
+        self.stop_event = threading.Event()
+        self.server: ExporterServer | None = None
+        self._thread: threading.Thread | None = None
+        self._gpus_warned = False
+        self._query_failure = ""
+        self._recommended: set[tuple[str, str]] = set()  # workloads a recommendation was made for
+
+    # one cycle ------------------------------------------------------------------------------------
+    def read(self) -> DemandView | None:
+        """This cycle's demand, or None when Prometheus could not be read (counted, logged)."""
+        try:
+            forecasts = pod_forecasts(self.config)
+        except SourceError as exc:
+            self.errors_total["query"] += 1
+            # once when it starts failing (and again if the reason changes), not every cycle
+            (log.warning if str(exc) != self._query_failure else log.debug)("reading forecasts failed: %s", exc)
+            self._query_failure = str(exc)
+            return None
+        if self._query_failure:
+            log.info("reading forecasts again after %s", self._query_failure)
+            self._query_failure = ""
+        gpus: dict[tuple[str, str], int] = {}
+        if self.config.vc_label:
+            try:
+                gpus = pod_gpus(self.config)
+            except SourceError as exc:  # virtual clusters then count one GPU per pod
+                if not self._gpus_warned:
+                    log.warning("GPU counts per pod unavailable (%s): counting one per pod", exc)
+                    self._gpus_warned = True
+        return group_demand(forecasts, self.specs, gpus, self.config.vc_label, self.config.discover)
+
+    def cycle(self) -> None:
+        started = time.perf_counter()
+        now = self.clock()
+        view = self.read()
+        decisions: dict[tuple[str, str], Decision] = {}
+        for spec in self.specs:
+            demand = view.workloads.get(spec.key) if view else None
+            decision = self._decide_workload(now, spec, demand)
+            if decision is not None:
+                decisions[spec.key] = decision
+        if view is not None:
+            for key, demand in view.discovered.items():
+                rec = self.recommenders.setdefault(key, Recommender(self.config.default_policy()))
+                decisions[key] = self._decide(now, key, rec, demand.total, self._followed(key, len(demand.pods)),
+                                              apply=None)
+            for key in set(self.recommenders) - {s.key for s in self.specs} - set(view.discovered):
+                del self.recommenders[key]
+                self._recommended.discard(key)
+            self.vc_decisions = self._decide_vcs(now, view.vcs)
+            self.vc_held_gpus = {vc: d.gpus for vc, d in view.vcs.items()}
+        # (without a view, virtual clusters keep showing their last decision)
+        self.decisions = decisions
+        self.last_cycle_at = now
+        self.cycle_seconds.observe(time.perf_counter() - started)
+
+    def _decide_workload(self, now: float, spec: WorkloadSpec, demand: Demand | None) -> Decision | None:
+        observed = len(demand.pods) if demand else 0
+        total = demand.total if demand and demand.pods else None
+        if self.kube is not None and self.apply:
+            try:
+                current = self.kube.replicas(spec)
+            except KubernetesError as exc:
+                self.errors_total["kubernetes"] += 1
+                log.warning("%s", exc)
+                return self.decisions.get(spec.key)
+        else:
+            current = self._followed(spec.key, observed)
+        return self._decide(now, spec.key, self.recommenders[spec.key], total, current,
+                            apply=spec if self.apply else None)
+
+    def _followed(self, key: tuple[str, str], observed: int) -> int:
+        """The count a recommend-mode decision starts from: the last recommendation once one has been made
+        from a forecast (or the fallback), else the pods seen."""
+        previous = self.decisions.get(key)
+        return previous.replicas if previous is not None and key in self._recommended else observed
+
+    def _decide(self, now: float, key: tuple[str, str], rec: Recommender, demand: float | None, current: int,
+                apply: WorkloadSpec | None) -> Decision:
+        decision = rec.decide(now, demand, current)
+        if decision.demand is not None or decision.reason == "fallback":
+            self._recommended.add(key)
+        if decision.replicas != current:
+            shown = "no forecast" if demand is None else f"demand {demand:.2f}"
+            log.info("%s/%s: %d -> %d replicas (%s, %s; desired %d)", *key, current, decision.replicas,
+                     decision.reason, shown, decision.desired)
+            if apply is not None and self.kube is not None:
+                try:
+                    self.kube.scale(apply, decision.replicas)
+                except KubernetesError as exc:
+                    self.errors_total["kubernetes"] += 1
+                    log.warning("%s", exc)
+                    rec.applied(now, decision.replicas, current)
+                    return decision
+            self.events_total[(*key, decision.direction)] += 1
+        return decision
+
+    def _decide_vcs(self, now: float, vcs: dict[str, Demand]) -> dict[str, Decision]:
+        out = {}
+        for vc, demand in vcs.items():
+            rec = self.vc_recommenders.setdefault(vc, Recommender(self.config.gpu_policy()))
+            previous = self.vc_decisions.get(vc)
+            out[vc] = rec.decide(now, demand.total, previous.replicas if previous else demand.gpus)
+        for vc in set(self.vc_recommenders) - set(vcs):
+            del self.vc_recommenders[vc]
+        return out
+
+    # lifecycle ------------------------------------------------------------------------------------
+    def ready(self) -> tuple[bool, str]:
+        if self.last_cycle_at is None:
+            return False, "no decision cycle yet"
+        return True, f"{len(self.decisions)} workloads, {len(self.vc_decisions)} virtual clusters"
+
+    def _loop(self) -> None:
+        interval = self.config.interval
+        next_at = time.monotonic()
+        while not self.stop_event.wait(max(0.0, next_at - time.monotonic())):
+            try:
+                self.cycle()
+            except Exception:  # a bug in one cycle must not stop the service
+                self.errors_total["cycle"] += 1
+                log.exception("decision cycle failed")
+            next_at = max(next_at + interval, time.monotonic() + 0.05 * interval)
+
+    def start(self, serve: bool = True) -> None:
+        if serve:
+            self.server = ExporterServer(self.registry, self, self.config.listen_address, self.config.port)
+            self.server.start()
+            log.info("serving http://%s:%d/metrics (%s mode, %d configured workloads, forecasts from %s)",
+                     self.config.listen_address, self.server.port, self.config.mode, len(self.specs),
+                     self.config.prometheus_url)
+        self._thread = threading.Thread(target=self._loop, name="scaler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 3.0) -> None:
+        self.stop_event.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self.server is not None:
+            self.server.stop()
+
+    def run(self) -> int:
+        """Run until SIGTERM / SIGINT; returns the exit code."""
+        return run_until_signalled(self.stop_event, self.start, self.stop)

@@ -1,0 +1,78 @@
+"""dcgm-exporter -> sidecar -> Prometheus -> scaler -> Prometheus: recommendations from real forecasts."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from dprobe.forecasting.loading import open_forecaster
+from dprobe.scaler.config import ScalerConfig
+from dprobe.scaler.service import Scaler
+from dprobe.sidecar.config import SidecarConfig
+from dprobe.sidecar.service import Sidecar
+from dprobe.sources.dcgm import DcgmSource
+
+pytestmark = pytest.mark.integration
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "dprobe-scaler.json"
+
+# (namespace, pod, GPU utilisation %) per GPU: two replicas of a Deployment, a training pod on two GPUs
+GPUS = [("serving", "llm-7d9f8c6b5d-aaaaa", 90), ("serving", "llm-7d9f8c6b5d-bbbbb", 90),
+        ("team-a", "train-0", 50), ("team-a", "train-0", 50)]
+
+
+def dcgm_text() -> str:
+    lines = []
+    for field, value in (("DCGM_FI_DEV_GPU_UTIL", lambda u: u), ("DCGM_FI_DEV_FB_USED", lambda u: 40 * u)):
+        lines.append(f"# TYPE {field} gauge")
+        for gpu, (ns, pod, util) in enumerate(GPUS):
+            lines.append(f'{field}{{gpu="{gpu}",UUID="GPU-{gpu}",modelName="NVIDIA H200",Hostname="n1",'
+                         f'container="main",namespace="{ns}",pod="{pod}"}} {value(util)}')
+    return "\n".join(lines) + "\n"
+
+
+def _value(prom, query: str, deadline: float) -> float:
+    while not (rows := prom.query(query)):
+        assert time.time() < deadline, f"no answer to {query}"
+        time.sleep(0.5)
+    return float(rows[0]["value"][1])
+
+
+def test_scaler_recommends_from_the_sidecars_forecasts(prometheus_server, http_peer, check_dashboard) -> None:
+    with http_peer(lambda path: (200, dcgm_text(), 0.0)) as dcgm_url:
+        sidecar = Sidecar(SidecarConfig(listen_address="127.0.0.1", port=0, source="dcgm", sample_interval=0.1,
+                                        forecast_interval=0.5, step_seconds=0.5, window_seconds=30, horizons=[5],
+                                        min_points=4, stale_after=120, drop_after=300, model="ewma"),
+                          sources=[DcgmSource(dcgm_url + "/metrics", targets="pod")],
+                          model=open_forecaster(None, "ewma"))
+        sidecar.start()
+        scaler = None
+        try:
+            with prometheus_server([dcgm_url.removeprefix("http://"), f"127.0.0.1:{sidecar.server.port}"],
+                                   honor_labels=True) as prom:
+                scaler = Scaler(ScalerConfig(
+                    prometheus_url=str(prom), listen_address="127.0.0.1", port=0, interval=0.5, horizon_seconds=5,
+                    target=0.5, margin=0.0, workloads=[{"namespace": "serving", "name": "llm", "max_replicas": 8}]))
+                scaler.start()
+                deadline = time.time() + 40
+                while ("serving", "llm") not in scaler.decisions or scaler.decisions[("serving", "llm")].demand is None:
+                    assert time.time() < deadline, "the scaler never saw the forecasts"
+                    time.sleep(0.2)
+                # a second Prometheus scrapes the scaler, as one would for Grafana and KEDA
+                with prometheus_server([f"127.0.0.1:{scaler.server.port}"]) as prom2:
+                    deadline = time.time() + 30
+                    # two replicas at 90 %, 0.5 each: ceil(1.8 / 0.5) = 4 replicas
+                    assert _value(prom2, 'dprobe_recommended_replicas{namespace="serving",workload="llm"}',
+                                  deadline) == 4
+                    assert _value(prom2, 'dprobe_scaler_demand_ratio{workload="llm"}', deadline) == pytest.approx(1.8)
+                    # the training pod's two GPUs at 50 %: 1 GPU of demand, 2 GPUs at 0.5 each, what it holds
+                    assert _value(prom2, 'dprobe_recommended_gpus{vc="team-a"}', deadline) == 2
+                    assert _value(prom2, 'dprobe_scaler_vc_held_gpus{vc="team-a"}', deadline) == 2
+                    assert _value(prom2, 'dprobe_recommended_gpus{vc="serving"}', deadline) == 4
+                    assert _value(prom2, "sum(dprobe_scaler_errors_total) or vector(0)", deadline) == 0
+                    check_dashboard(prom2, DASHBOARD, {"namespace": "serving", "workload": "llm", "vc": "team-a"})
+        finally:
+            if scaler is not None:
+                scaler.stop()
+            sidecar.stop()

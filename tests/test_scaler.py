@@ -1,0 +1,316 @@
+"""The scaler: its policy (HPA / KEDA / VPA semantics), config, demand grouping, service and apply mode."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dprobe.scaler.config import ScalerConfig, WorkloadSpec, load_config
+from dprobe.scaler.demand import forecast_query, group_demand
+from dprobe.scaler.kube import KubernetesError, ScaleClient
+from dprobe.scaler.policy import Policy, RatePolicy, Recommender, ScalingRules
+from dprobe.scaler.service import Scaler
+
+ROOT = Path(__file__).resolve().parents[1]
+NO_LIMIT = ScalingRules(0.0, (RatePolicy("percent", 1000, 15),))
+
+
+# policy -------------------------------------------------------------------------------------------
+def test_desired_count_is_the_hpa_formula_on_the_forecast() -> None:
+    p = Policy(target=0.5, margin=0.0, tolerance=0.1, min_replicas=1, max_replicas=10)
+    assert p.desired(1.8, current=2) == (4, "forecast")  # ceil(1.8 / 0.5)
+    assert p.desired(1.05, current=2) == (2, "within tolerance")  # 1.05 / (2 * 0.5) = 1.05
+    assert p.desired(30.0, current=2) == (10, "at max_replicas")
+    assert p.desired(0.0, current=2) == (1, "at min_replicas")
+    assert Policy(target=0.5, margin=0.2, tolerance=0.0).desired(1.0, current=1) == (3, "forecast")  # 1.2/0.5
+    zero = Policy(min_replicas=0, activation=0.05)
+    assert zero.desired(0.01, current=3) == (0, "below activation")
+    assert zero.desired(0.06, current=0)[0] == 1
+    with pytest.raises(ValueError, match="demand"):
+        p.desired(float("nan"), current=1)
+
+
+def test_policy_refuses_inconsistent_settings() -> None:
+    with pytest.raises(ValueError, match="min_replicas"):
+        Policy(min_replicas=5, max_replicas=2)
+    with pytest.raises(ValueError, match="fallback_replicas"):
+        Policy(min_replicas=1, max_replicas=4, fallback_replicas=9)
+    with pytest.raises(ValueError, match="target"):
+        Policy(target=0)
+    with pytest.raises(ValueError, match="rate policy type"):
+        RatePolicy("nodes", 1, 15)
+
+
+def test_scale_down_waits_for_the_stabilisation_window_scale_up_does_not() -> None:
+    rules_down = ScalingRules(300.0, (RatePolicy("percent", 100, 15),))
+    rec = Recommender(Policy(target=1.0, margin=0.0, tolerance=0.0, scale_up=NO_LIMIT, scale_down=rules_down))
+    assert rec.decide(0, 6.0, current=2).replicas == 6  # up at once
+    d = rec.decide(60, 2.0, current=6)
+    assert (d.replicas, d.desired, d.reason) == (6, 2, "scale-down stabilised")  # 6 was asked 60 s ago
+    assert rec.decide(200, 3.0, current=6).replicas == 6
+    d = rec.decide(301, 2.0, current=6)  # the 6 left the window; 3 (t=200) is now the highest
+    assert (d.replicas, d.direction) == (3, "down")
+    assert rec.decide(501, 2.0, current=3).replicas == 2
+
+
+def test_rate_policies_bound_each_period_and_select_max_or_min() -> None:
+    one_pod = ScalingRules(0.0, (RatePolicy("pods", 1, 60),))
+    rec = Recommender(Policy(target=1.0, margin=0.0, tolerance=0.0, max_replicas=50, scale_up=one_pod))
+    d = rec.decide(0, 10.0, current=2)
+    assert (d.replicas, d.desired, d.reason) == (3, 10, "scale-up limited by rate policy")
+    assert rec.decide(30, 10.0, current=3).replicas == 3  # the period's one pod is spent
+    assert rec.decide(61, 10.0, current=3).replicas == 4
+    both = (RatePolicy("pods", 4, 15), RatePolicy("percent", 100, 15))  # the HPA's default scale-up
+    fast = Recommender(Policy(target=1.0, margin=0.0, tolerance=0.0, max_replicas=100,
+                              scale_up=ScalingRules(0.0, both, "max")))
+    assert fast.decide(0, 50.0, current=10).replicas == 20  # max(10 + 4, 10 * 2)
+    slow = Recommender(Policy(target=1.0, margin=0.0, tolerance=0.0, max_replicas=100,
+                              scale_up=ScalingRules(0.0, both, "min")))
+    assert slow.decide(0, 50.0, current=10).replicas == 14
+    frozen = Recommender(Policy(target=1.0, margin=0.0, tolerance=0.0,
+                                scale_down=ScalingRules(0.0, (RatePolicy(),), "disabled")))
+    assert frozen.decide(0, 1.0, current=5).replicas == 5
+
+
+def test_fallback_after_failure_threshold_cycles_without_forecast() -> None:
+    rec = Recommender(Policy(fallback_replicas=4, failure_threshold=3, scale_up=NO_LIMIT))
+    assert [rec.decide(t, None, current=2).replicas for t in (0, 30)] == [2, 2]  # holding
+    d = rec.decide(60, None, current=2)
+    assert (d.replicas, d.reason) == (4, "fallback")
+    assert rec.decide(90, 0.8 * 2, current=4).reason != "fallback"  # forecasts back: normal decisions
+    hold = Recommender(Policy(failure_threshold=1))
+    assert hold.decide(0, None, current=7).replicas == 7  # no fallback set: hold
+
+
+# config -------------------------------------------------------------------------------------------
+def test_config_reads_workloads_from_yaml_env_and_flags(tmp_path: Path) -> None:
+    path = tmp_path / "scaler.yaml"
+    path.write_text(yaml.safe_dump({"scaler": {
+        "prometheus": {"url": "http://prom:9090"}, "target": 0.7, "max_replicas": 12,
+        "workloads": [{"namespace": "serving", "name": "llm", "max_replicas": 6,
+                       "scale_down": {"stabilization_seconds": 600,
+                                      "policies": [{"type": "pods", "value": 1, "period_seconds": 60}]}},
+                      {"namespace": "batch", "name": "db", "kind": "StatefulSet", "pods": "db-[0-9]+"}]}}))
+    config = load_config({"config": str(path), "interval": "10"}, env={"DPROBE_SCALER_TARGET": "0.6"})
+    assert (config.prometheus_url, config.interval, config.target) == ("http://prom:9090", 10.0, 0.6)
+    llm, db = config.workload_specs()
+    assert (llm.policy.target, llm.policy.max_replicas, llm.policy.scale_down.stabilization_seconds) == (0.6, 6, 600)
+    assert llm.policy.scale_down.policies == (RatePolicy("pods", 1, 60),)
+    assert llm.pods.fullmatch("llm-7d9f8c6b5d-x2k4p") and not llm.pods.fullmatch("llm-proxy-7d9f8c6b5d-x2k4p")
+    assert (db.kind, db.policy.max_replicas, bool(db.pods.fullmatch("db-2"))) == ("StatefulSet", 12, True)
+    env = {"DPROBE_SCALER_WORKLOADS": json.dumps([{"namespace": "a", "name": "b"}])}
+    assert [s.key for s in load_config({}, env=env).workload_specs()] == [("a", "b")]
+
+
+@pytest.mark.parametrize(("workload", "message"), [
+    ({"namespace": "a"}, r"workloads\[0\]: name is required"),
+    ({"namespace": "a", "name": "b", "replicas": 3}, r"unknown key\(s\) replicas"),
+    ({"namespace": "a", "name": "b", "kind": "Job"}, "kind must be one of"),
+    ({"namespace": "a", "name": "b", "pods": "b-("}, r"workloads\[0\] \(a/b\)"),
+    ({"namespace": "a", "name": "b", "min_replicas": 9, "max_replicas": 2}, "min_replicas"),
+    ({"namespace": "a", "name": "b", "scale_up": {"policies": [{"type": "pods"}]}}, "value"),
+])
+def test_bad_workload_entries_are_refused_with_their_place(workload: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ScalerConfig(workloads=[workload]).validate()
+
+
+def test_config_refuses_bad_values() -> None:
+    with pytest.raises(ValueError, match="prometheus_url"):
+        ScalerConfig(prometheus_url="prom:9090").validate()
+    with pytest.raises(ValueError, match="quantile"):
+        ScalerConfig(quantile=90).validate()
+    with pytest.raises(ValueError, match="DPROBE_SCALER_INTERVAL"):
+        load_config({}, env={"DPROBE_SCALER_INTERVAL": "soon"})
+
+
+# demand -------------------------------------------------------------------------------------------
+def _forecast(ns: str, pod: str, value: float, **labels: str) -> tuple[tuple[str, str], tuple[float, dict]]:
+    return (ns, pod), (value, {"target": f"{ns}/{pod}", "namespace": ns, "pod": pod, **labels})
+
+
+def test_demand_sums_pods_per_workload_discovered_deployment_and_virtual_cluster() -> None:
+    spec = WorkloadSpec.parse({"namespace": "serving", "name": "llm"}, Policy())
+    forecasts = dict([
+        _forecast("serving", "llm-7d9f8c6b5d-aaaaa", 0.9), _forecast("serving", "llm-7d9f8c6b5d-bbbbb", 0.7),
+        _forecast("serving", "embed-5c8d7f9b6-ccccc", 0.4), _forecast("team-a", "train-0", 0.5),
+        _forecast("serving", "standalone", 0.2),
+    ])
+    view = group_demand(forecasts, [spec], {("team-a", "train-0"): 4}, vc_label="namespace", discover=True)
+    llm = view.workloads[("serving", "llm")]
+    assert (round(llm.total, 6), len(llm.pods)) == (1.6, 2)
+    assert list(view.discovered) == [("serving", "embed")]  # train-0 and standalone are not Deployment pods
+    assert round(view.vcs["team-a"].total, 6) == 2.0 and view.vcs["team-a"].gpus == 4  # 0.5 x 4 GPUs
+    assert round(view.vcs["serving"].total, 6) == 2.2 and view.vcs["serving"].gpus == 4
+    quiet = group_demand(forecasts, [spec], {}, vc_label="", discover=False)
+    assert (quiet.discovered, quiet.vcs) == ({}, {})
+
+
+def test_forecast_query_selects_horizon_quantile_and_extra_matchers() -> None:
+    q = forecast_query(ScalerConfig(horizon_seconds=900, quantile=0.99, forecast_selector='job="dprobe"'))
+    assert q == 'dprobe_predicted_gpu_utilization_ratio{horizon_seconds="900",quantile="0.99",pod!="",job="dprobe"}'
+
+
+# the service against stand-ins ----------------------------------------------------------------------
+def _vector(rows: list[tuple[dict, float]]) -> str:
+    return json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": m, "value": [0, str(v)]} for m, v in rows]}})
+
+
+def _prometheus_reply(pods: dict[str, float], up: list[bool]):
+    """A Prometheus API answering the forecast query with ``pods`` (pod -> p90), and GPU counts of 1."""
+    def reply(path: str) -> tuple[int, str, float]:
+        if not up[0]:
+            return 503, "down", 0.0
+        if "dprobe_predicted" in path:
+            return 200, _vector([({"target": f"serving/{p}", "namespace": "serving", "pod": p}, v)
+                                 for p, v in pods.items()]), 0.0
+        return 200, _vector([({"namespace": "serving", "pod": p}, 1) for p in pods]), 0.0
+    return reply
+
+
+def test_scaler_recommends_follows_its_recommendation_and_falls_back(http_peer) -> None:
+    pods = {"llm-7d9f8c6b5d-aaaaa": 0.9, "llm-7d9f8c6b5d-bbbbb": 0.9}
+    up = [True]
+    clock = iter(range(0, 10**6, 30))
+    with http_peer(_prometheus_reply(pods, up)) as url:
+        config = ScalerConfig(prometheus_url=url, target=0.5, margin=0.0, fallback_replicas=2, failure_threshold=2,
+                              workloads=[{"namespace": "serving", "name": "llm", "max_replicas": 8}])
+        scaler = Scaler(config, clock=lambda: float(next(clock)))
+        scaler.cycle()
+        d = scaler.decisions[("serving", "llm")]
+        assert (d.current, d.replicas, round(d.demand, 6)) == (2, 4, 1.8)  # two pods seen; ceil(1.8 / 0.5)
+        assert scaler.vc_decisions["serving"].replicas == 4  # 1.8 GPUs busy, 0.5 each: ceil(3.6)
+        scaler.cycle()  # recommend mode: starts from its recommendation, as if followed
+        assert (scaler.decisions[("serving", "llm")].current, scaler.decisions[("serving", "llm")].replicas) == (4, 4)
+        up[0] = False
+        scaler.cycle()
+        scaler.cycle()
+        d = scaler.decisions[("serving", "llm")]
+        assert (d.replicas, d.reason) == (2, "fallback")
+        assert scaler.errors_total["query"] == 2 and scaler.vc_decisions  # clusters keep their last decision
+        from prometheus_client import generate_latest
+
+        text = generate_latest(scaler.registry).decode()
+    assert 'dprobe_recommended_replicas{namespace="serving",workload="llm"} 2.0' in text
+    assert 'dprobe_scaler_errors_total{stage="query"} 2.0' in text
+    assert 'dprobe_recommended_gpus{vc="serving"} 4.0' in text
+    assert 'dprobe_scaler_scale_events_total{direction="up",namespace="serving",workload="llm"} 1.0' in text
+    assert 'dprobe_scaler_scale_events_total{direction="down",namespace="serving",workload="llm"} 1.0' in text
+
+
+class _FakeApiServer(BaseHTTPRequestHandler):
+    """The Kubernetes API's scale subresource of Deployments and StatefulSets, as the client calls it."""
+
+    PATH = re.compile(r"/apis/apps/v1/namespaces/([^/]+)/(deployments|statefulsets)/([^/]+)/scale")
+
+    def _reply(self, code: int, doc: dict) -> None:
+        body = json.dumps(doc).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _scale(self) -> tuple[tuple[str, str, str] | None, dict]:
+        m = self.PATH.fullmatch(self.path.split("?")[0])
+        key = m.groups() if m else None
+        if key not in self.server.replicas:  # type: ignore[attr-defined]
+            return None, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
+                          "code": 404, "message": f"{self.path} not found"}
+        n = self.server.replicas[key]  # type: ignore[attr-defined]
+        return key, {"kind": "Scale", "apiVersion": "autoscaling/v1",
+                     "metadata": {"name": key[2], "namespace": key[0]}, "spec": {"replicas": n},
+                     "status": {"replicas": n}}
+
+    def do_GET(self) -> None:  # noqa: N802
+        key, doc = self._scale()
+        self._reply(200 if key else 404, doc)
+
+    def do_PATCH(self) -> None:  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.patches.append((self.path, self.headers["Content-Type"], body))  # type: ignore[attr-defined]
+        key, doc = self._scale()
+        if key:
+            self.server.replicas[key] = body["spec"]["replicas"]  # type: ignore[attr-defined]
+            doc["spec"]["replicas"] = body["spec"]["replicas"]
+        self._reply(200 if key else 404, doc)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def fake_kubernetes(tmp_path: Path, replicas: dict) -> Iterator[tuple[str, ThreadingHTTPServer]]:
+    """A stand-in API server and a kubeconfig pointing at it (the real client talks to it)."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _FakeApiServer)
+    srv.replicas, srv.patches = replicas, []  # type: ignore[attr-defined]
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "test",
+        "clusters": [{"name": "test", "cluster": {"server": f"http://127.0.0.1:{srv.server_address[1]}"}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
+        "users": [{"name": "test", "user": {"token": "t"}}]}))
+    try:
+        yield str(kubeconfig), srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_apply_mode_reads_and_patches_the_scale_subresource(http_peer, tmp_path: Path) -> None:
+    pods = {"llm-7d9f8c6b5d-aaaaa": 0.9, "llm-7d9f8c6b5d-bbbbb": 0.9, "db-0": 0.1, "db-1": 0.1}
+    replicas = {("serving", "deployments", "llm"): 2, ("serving", "statefulsets", "db"): 2}
+    clock = iter(range(0, 10**6, 30))
+    with http_peer(_prometheus_reply(pods, [True])) as url, fake_kubernetes(tmp_path, replicas) as (kubeconfig, api):
+        config = ScalerConfig(prometheus_url=url, mode="apply", kubeconfig=kubeconfig, target=0.5, margin=0.0,
+                              scale_down_stabilization_seconds=0, workloads=[
+                                  {"namespace": "serving", "name": "llm"},
+                                  {"namespace": "serving", "name": "db", "kind": "StatefulSet"},
+                                  {"namespace": "serving", "name": "gone"}])
+        scaler = Scaler(config, clock=lambda: float(next(clock)))
+        scaler.cycle()
+        assert replicas == {("serving", "deployments", "llm"): 4, ("serving", "statefulsets", "db"): 1}
+        assert {p[0].split("?")[0] for p in api.patches} == {
+            "/apis/apps/v1/namespaces/serving/deployments/llm/scale",
+            "/apis/apps/v1/namespaces/serving/statefulsets/db/scale"}
+        assert all(body == {"spec": {"replicas": replicas[k]}} for k, (_, _, body) in
+                   zip(sorted(replicas), sorted(api.patches, key=lambda p: p[0]), strict=True))
+        assert scaler.errors_total["kubernetes"] == 1  # "gone" does not exist: counted, the rest applied
+        replicas[("serving", "deployments", "llm")] = 3  # someone scaled it by hand: the scaler reads it
+        scaler.cycle()
+        assert scaler.decisions[("serving", "llm")].current == 3 and replicas[("serving", "deployments", "llm")] == 4
+        # discovered workloads are recommended, never applied
+        assert all("/gone/" not in p[0] for p in api.patches)
+
+
+def test_kubernetes_errors_name_the_workload(tmp_path: Path) -> None:
+    with fake_kubernetes(tmp_path, {}) as (kubeconfig, _):
+        client = ScaleClient(kubeconfig, timeout=2)
+        spec = WorkloadSpec.parse({"namespace": "ns", "name": "missing"}, Policy())
+        with pytest.raises(KubernetesError, match=r"Deployment ns/missing: read scale: HTTP 404"):
+            client.replicas(spec)
+
+
+def test_cli_help_and_bad_config_exit_code(tmp_path: Path) -> None:
+    run = [sys.executable, "-m", "dprobe.cli", "scaler"]
+    out = subprocess.run([*run, "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0
+    for flag in ("--prometheus-url", "--mode", "--horizon-seconds", "--quantile", "--scale-down-stabilization-seconds",
+                 "DPROBE_SCALER_TARGET"):
+        assert flag in out.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("workloads: [{namespace: a, name: b, kind: CronJob}]\n")
+    r = subprocess.run([*run, "--config", str(bad)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "kind must be one of" in r.stderr and "Traceback" not in r.stderr
