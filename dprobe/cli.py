@@ -21,6 +21,7 @@ SUBCOMMANDS: list[str] = [
     "dprobe.evaluation.cli",
     "dprobe.sidecar.cli",
     "dprobe.scaler.cli",
+    "dprobe.sim.cli",
     "dprobe.data.cli",
 ]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,6 +13,20 @@ from dprobe.data.helios import NAME as HELIOS
 from dprobe.data.helios import load_helios, vc_files
 
 SERIES_LOADERS: dict[str, Callable[[Path], SeriesDataset]] = {ALIBABA: load_alibaba, HELIOS: load_helios}
+
+
+def bundled_dir(folder: str, hint: str = "pass its directory") -> Path:
+    """Where bundled data set ``folder`` lives: ``$DPROBE_DATA_DIR``, ``./datasets`` or the source
+    checkout's; FileNotFoundError naming the places looked in and ``hint`` (how to point elsewhere)."""
+    candidates = []
+    if os.environ.get("DPROBE_DATA_DIR"):
+        candidates.append(Path(os.environ["DPROBE_DATA_DIR"]) / folder)
+    candidates += [Path.cwd() / "datasets" / folder, Path(__file__).resolve().parents[2] / "datasets" / folder]
+    for path in candidates:
+        if path.is_dir():
+            return path
+    raise FileNotFoundError(f"bundled data set {folder} not found (looked in {', '.join(map(str, candidates))});"
+                            f" set DPROBE_DATA_DIR or {hint}")
 
 
 def detect_dataset(directory: str | Path) -> str:

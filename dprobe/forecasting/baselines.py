@@ -167,9 +167,14 @@ def last_position_quantiles(y: np.ndarray, path: np.ndarray, leads: Sequence[int
         lo = max(0, t_len - h - window)
         err = y[:, lo + h :] - path[:, lo : t_len - h, j]  # errors of forecasts already verified
         n = (~np.isnan(err)).sum(axis=1)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # rows without errors: NaN, zeroed below
-            off = np.nanquantile(err, levels, axis=1).T if err.shape[1] else np.full((b, len(levels)), np.nan)
+        if not err.shape[1]:
+            off = np.full((b, len(levels)), np.nan)
+        elif not np.isnan(err).any():  # no gaps: the same quantiles, ten times faster than nanquantile
+            off = np.quantile(err, levels, axis=1).T
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # rows without errors: NaN, zeroed below
+                off = np.nanquantile(err, levels, axis=1).T
         off[n < MIN_RESIDUALS] = 0.0
         out[:, j] = path[:, -1, j][:, None] + np.nan_to_num(off, nan=0.0)
     return np.sort(out, axis=-1)

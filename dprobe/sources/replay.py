@@ -8,7 +8,6 @@ latest reading (as an exporter does between its own updates), stamped now.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,17 +22,10 @@ DEFAULT_SPEED = {"alibaba": 60.0, "h200": 1.0}
 
 
 def default_data_dir(dataset: str) -> Path:
-    """Where a bundled data set lives: ``$DPROBE_DATA_DIR``, ``./datasets`` or the source checkout's."""
-    folder = DATASET_DIRS[dataset]
-    candidates = []
-    if os.environ.get("DPROBE_DATA_DIR"):
-        candidates.append(Path(os.environ["DPROBE_DATA_DIR"]) / folder)
-    candidates += [Path.cwd() / "datasets" / folder, Path(__file__).resolve().parents[2] / "datasets" / folder]
-    for path in candidates:
-        if path.is_dir():
-            return path
-    raise FileNotFoundError(f"bundled data set {folder} not found (looked in {', '.join(map(str, candidates))});"
-                            " set DPROBE_DATA_DIR or the replay path")
+    """Where a bundled data set lives (see :func:`dprobe.data.registry.bundled_dir`)."""
+    from dprobe.data.registry import bundled_dir
+
+    return bundled_dir(DATASET_DIRS[dataset], "the replay path")
 
 
 @dataclass
