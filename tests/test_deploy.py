@@ -85,7 +85,8 @@ def test_scaler_manifests_match_the_scaler(tmp_path: Path) -> None:
     assert container["ports"][0]["containerPort"] == config.port
     assert container["volumeMounts"][0]["mountPath"] == args.config
     rbac = _objects(scaler / "rbac.yaml")
-    [rule] = rbac["ClusterRole"]["rules"]
-    assert set(rule["resources"]) == {"deployments/scale", "statefulsets/scale"}
-    assert set(rule["verbs"]) == {"get", "patch"}
+    granted = {(group, resource, verb) for rule in rbac["ClusterRole"]["rules"] for group in rule["apiGroups"]
+               for resource in rule["resources"] for verb in rule["verbs"]}
+    needed = {("apps", f"{kind}/scale", verb) for kind in ("deployments", "statefulsets") for verb in ("get", "patch")}
+    assert granted == needed | {("", "resourcequotas", "get"), ("", "resourcequotas", "patch")}
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == rbac["ServiceAccount"]["metadata"]["name"]

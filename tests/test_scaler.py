@@ -210,9 +210,11 @@ def test_scaler_recommends_follows_its_recommendation_and_falls_back(http_peer) 
 
 
 class _FakeApiServer(BaseHTTPRequestHandler):
-    """The Kubernetes API's scale subresource of Deployments and StatefulSets, as the client calls it."""
+    """The Kubernetes API's scale subresource of Deployments and StatefulSets, and ResourceQuotas, as the
+    client calls them: ``server.replicas[(ns, "deployments", name)]``, ``server.quotas[(ns, name)]``."""
 
-    PATH = re.compile(r"/apis/apps/v1/namespaces/([^/]+)/(deployments|statefulsets)/([^/]+)/scale")
+    SCALE = re.compile(r"/apis/apps/v1/namespaces/([^/]+)/(deployments|statefulsets)/([^/]+)/scale")
+    QUOTA = re.compile(r"/api/v1/namespaces/([^/]+)/resourcequotas/([^/]+)")
 
     def _reply(self, code: int, doc: dict) -> None:
         body = json.dumps(doc).encode()
@@ -222,39 +224,52 @@ class _FakeApiServer(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def _scale(self) -> tuple[tuple[str, str, str] | None, dict]:
-        m = self.PATH.fullmatch(self.path.split("?")[0])
-        key = m.groups() if m else None
-        if key not in self.server.replicas:  # type: ignore[attr-defined]
-            return None, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
-                          "code": 404, "message": f"{self.path} not found"}
-        n = self.server.replicas[key]  # type: ignore[attr-defined]
-        return key, {"kind": "Scale", "apiVersion": "autoscaling/v1",
-                     "metadata": {"name": key[2], "namespace": key[0]}, "spec": {"replicas": n},
-                     "status": {"replicas": n}}
+    def _object(self, patch: dict | None = None) -> dict | None:
+        """The object at this path (after applying ``patch``, a merge of spec), or None."""
+        path = self.path.split("?")[0]
+        srv = self.server
+        if m := self.SCALE.fullmatch(path):
+            key = m.groups()
+            if key not in srv.replicas:  # type: ignore[attr-defined]
+                return None
+            if patch:
+                srv.replicas[key] = patch["spec"]["replicas"]  # type: ignore[attr-defined]
+            n = srv.replicas[key]  # type: ignore[attr-defined]
+            return {"kind": "Scale", "apiVersion": "autoscaling/v1", "metadata": {"name": key[2], "namespace": key[0]},
+                    "spec": {"replicas": n}, "status": {"replicas": n}}
+        if m := self.QUOTA.fullmatch(path):
+            key = m.groups()
+            if key not in srv.quotas:  # type: ignore[attr-defined]
+                return None
+            if patch:
+                srv.quotas[key].update(patch["spec"]["hard"])  # type: ignore[attr-defined]
+            return {"kind": "ResourceQuota", "apiVersion": "v1", "metadata": {"name": key[1], "namespace": key[0]},
+                    "spec": {"hard": dict(srv.quotas[key])}}  # type: ignore[attr-defined]
+        return None
+
+    def _answer(self, doc: dict | None) -> None:
+        if doc is None:
+            doc = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404,
+                   "message": f"{self.path} not found"}
+        self._reply(404 if doc.get("kind") == "Status" else 200, doc)
 
     def do_GET(self) -> None:  # noqa: N802
-        key, doc = self._scale()
-        self._reply(200 if key else 404, doc)
+        self._answer(self._object())
 
     def do_PATCH(self) -> None:  # noqa: N802
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.patches.append((self.path, self.headers["Content-Type"], body))  # type: ignore[attr-defined]
-        key, doc = self._scale()
-        if key:
-            self.server.replicas[key] = body["spec"]["replicas"]  # type: ignore[attr-defined]
-            doc["spec"]["replicas"] = body["spec"]["replicas"]
-        self._reply(200 if key else 404, doc)
+        self._answer(self._object(body))
 
     def log_message(self, *args: object) -> None:
         pass
 
 
 @contextmanager
-def fake_kubernetes(tmp_path: Path, replicas: dict) -> Iterator[tuple[str, ThreadingHTTPServer]]:
+def fake_kubernetes(tmp_path: Path, replicas: dict, quotas: dict | None = None) -> Iterator[tuple[str, ThreadingHTTPServer]]:
     """A stand-in API server and a kubeconfig pointing at it (the real client talks to it)."""
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _FakeApiServer)
-    srv.replicas, srv.patches = replicas, []  # type: ignore[attr-defined]
+    srv.replicas, srv.quotas, srv.patches = replicas, quotas or {}, []  # type: ignore[attr-defined]
     threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(yaml.safe_dump({
@@ -295,12 +310,43 @@ def test_apply_mode_reads_and_patches_the_scale_subresource(http_peer, tmp_path:
         assert all("/gone/" not in p[0] for p in api.patches)
 
 
+def test_apply_mode_sets_virtual_cluster_quotas(http_peer, tmp_path: Path) -> None:
+    """With vc_quota_name, a virtual cluster's GPUs start from its ResourceQuota's limit and are written
+    back to it; a namespace without that quota is an error that does not stop the others."""
+    pods = {"llm-7d9f8c6b5d-aaaaa": 0.9, "llm-7d9f8c6b5d-bbbbb": 0.9}
+    gpu = "requests.nvidia.com/gpu"
+    quotas = {("serving", "gpu-quota"): {gpu: "10", "pods": "50"}}
+    clock = iter(range(0, 10**6, 30))
+    with http_peer(_prometheus_reply(pods, [True])) as url, fake_kubernetes(tmp_path, {}, quotas) as (kubeconfig, api):
+        config = ScalerConfig(prometheus_url=url, mode="apply", kubeconfig=kubeconfig, target=0.5, margin=0.0,
+                              scale_down_stabilization_seconds=0, vc_quota_name="gpu-quota")
+        scaler = Scaler(config, clock=lambda: float(next(clock)))
+        scaler.cycle()
+        d = scaler.vc_decisions["serving"]
+        assert (d.current, d.replicas) == (10, 4)  # from the quota's 10 GPUs to ceil(1.8 / 0.5)
+        assert quotas[("serving", "gpu-quota")] == {gpu: "4", "pods": "50"}  # only the GPU limit changed
+        assert api.patches[-1][2] == {"spec": {"hard": {gpu: "4"}}}
+        assert scaler.vc_events_total[("serving", "down")] == 1
+        quotas[("serving", "gpu-quota")][gpu] = "3"  # lowered by hand: read back, raised again
+        scaler.cycle()
+        assert (scaler.vc_decisions["serving"].current, quotas[("serving", "gpu-quota")][gpu]) == (3, "4")
+        del quotas[("serving", "gpu-quota")]
+        scaler.cycle()
+        assert scaler.errors_total["kubernetes"] == 1 and scaler.vc_decisions["serving"].replicas == 4
+    with pytest.raises(ValueError, match="vc_label: namespace"):
+        ScalerConfig(vc_quota_name="q", vc_label="team").validate()
+
+
 def test_kubernetes_errors_name_the_workload(tmp_path: Path) -> None:
-    with fake_kubernetes(tmp_path, {}) as (kubeconfig, _):
+    with fake_kubernetes(tmp_path, {}, {("ns", "cpu-only"): {"pods": "5"}}) as (kubeconfig, _):
         client = ScaleClient(kubeconfig, timeout=2)
         spec = WorkloadSpec.parse({"namespace": "ns", "name": "missing"}, Policy())
         with pytest.raises(KubernetesError, match=r"Deployment ns/missing: read scale: HTTP 404"):
             client.replicas(spec)
+        with pytest.raises(KubernetesError, match=r"ResourceQuota ns/q: read: HTTP 404"):
+            client.quota("ns", "q", "requests.nvidia.com/gpu")
+        with pytest.raises(KubernetesError, match=r"ResourceQuota ns/cpu-only: no hard limit on requests.nvidia.com/gpu"):
+            client.quota("ns", "cpu-only", "requests.nvidia.com/gpu")
 
 
 def test_cli_help_and_bad_config_exit_code(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ class ScalerState(Protocol):
     vc_decisions: Mapping[str, Decision]
     vc_held_gpus: Mapping[str, int]
     events_total: Mapping[tuple[str, str, str], int]
+    vc_events_total: Mapping[tuple[str, str], int]
     errors_total: Mapping[str, int]
     last_cycle_at: float | None
 
@@ -73,6 +74,11 @@ class ScalerCollector(Collector):
         for key, n in sorted(s.events_total.items()):
             events.add_metric(list(key), n)
         yield events
+        quota_events = CounterMetricFamily("dprobe_scaler_vc_scale_events", "Decisions that changed a virtual "
+                                           "cluster's GPUs, by direction.", labels=["vc", "direction"])
+        for key, n in sorted(s.vc_events_total.items()):
+            quota_events.add_metric(list(key), n)
+        yield quota_events
         errors = CounterMetricFamily("dprobe_scaler_errors", "Failed cycle stages: query (Prometheus), "
                                      "kubernetes (reading or setting a scale).", labels=["stage"])
         for stage, n in sorted(s.errors_total.items()):

@@ -49,6 +49,9 @@ class ScalerConfig:
                                   "under workloads")
     vc_label: str = option("namespace", "label grouping pods into virtual clusters for dprobe_recommended_gpus "
                                         "('' = no virtual clusters)")
+    vc_quota_name: str = option("", "apply mode: the ResourceQuota (in each virtual cluster's namespace) whose "
+                                    "GPU limit is set to the recommendation ('' = recommend GPUs only)")
+    vc_quota_resource: str = option("requests.nvidia.com/gpu", "the ResourceQuota resource that counts GPUs")
     gpus_query: str = option('count by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL{pod!=""})',
                              "PromQL giving each pod's GPU count (a pod it does not list counts 1)")
     kubeconfig: str = option("", "kubeconfig file for apply mode (default: in-cluster, else ~/.kube/config)")
@@ -83,6 +86,9 @@ class ScalerConfig:
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"prometheus_url must be an http(s) URL such as http://HOST:9090, "
                              f"got {self.prometheus_url!r}")
+        if self.vc_quota_name and self.vc_label != "namespace":
+            raise ValueError("vc_quota_name needs vc_label: namespace (a ResourceQuota lives in a namespace), "
+                             f"got vc_label {self.vc_label!r}")
         if not 0 <= self.min_gpus <= self.max_gpus:
             raise ValueError(f"need 0 <= min_gpus <= max_gpus, got {self.min_gpus}, {self.max_gpus}")
         self.default_policy()  # checks the policy options

@@ -19,12 +19,13 @@ class KubernetesError(RuntimeError):
 
 
 class ScaleClient:
-    """``replicas(spec)`` and ``scale(spec, n)`` on Deployments and StatefulSets."""
+    """``replicas(spec)`` / ``scale(spec, n)`` on Deployments and StatefulSets, ``quota`` / ``set_quota``
+    on a ResourceQuota's hard limit of one resource (a virtual cluster's GPUs)."""
 
-    def __init__(self, kubeconfig: str = "", timeout: float = 5.0, api: Any = None) -> None:
+    def __init__(self, kubeconfig: str = "", timeout: float = 5.0, apps: Any = None, core: Any = None) -> None:
         from kubernetes import client, config
 
-        if api is None:
+        if apps is None or core is None:
             if kubeconfig:
                 config.load_kube_config(config_file=kubeconfig)
             else:
@@ -32,29 +33,49 @@ class ScaleClient:
                     config.load_incluster_config()
                 except config.ConfigException:
                     config.load_kube_config()  # outside a cluster: ~/.kube/config
-            api = client.AppsV1Api()
-        self.api, self.timeout = api, timeout
+        self.apps = apps if apps is not None else client.AppsV1Api()
+        self.core = core if core is not None else client.CoreV1Api()
+        self.timeout = timeout
 
-    def _call(self, spec: WorkloadSpec, verb: str, *args: Any) -> Any:
+    def _call(self, what: str, method: Any, name: str, namespace: str, *args: Any) -> Any:
+        """``method(name, namespace, *args)``; any failure a :class:`KubernetesError` that names ``what``."""
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
-        kind = "deployment" if spec.kind == "Deployment" else "stateful_set"
-        method = getattr(self.api, f"{verb}_namespaced_{kind}_scale")
         try:
-            return method(spec.name, spec.namespace, *args, _request_timeout=self.timeout)
+            return method(name, namespace, *args, _request_timeout=self.timeout)
         except ApiException as exc:
-            reason = exc.reason or ""
-            raise KubernetesError(f"{spec.kind} {spec.namespace}/{spec.name}: {verb} scale: "
-                                  f"HTTP {exc.status} {reason}".rstrip()) from exc
+            raise KubernetesError(f"{what}: HTTP {exc.status} {exc.reason or ''}".rstrip()) from exc
         except (HTTPError, OSError) as exc:
-            raise KubernetesError(f"{spec.kind} {spec.namespace}/{spec.name}: {verb} scale: {exc}") from exc
+            raise KubernetesError(f"{what}: {exc}") from exc
+
+    def _scale(self, spec: WorkloadSpec, verb: str, *args: Any) -> Any:
+        kind = "deployment" if spec.kind == "Deployment" else "stateful_set"
+        return self._call(f"{spec.kind} {spec.namespace}/{spec.name}: {verb} scale",
+                          getattr(self.apps, f"{verb}_namespaced_{kind}_scale"), spec.name, spec.namespace, *args)
 
     def replicas(self, spec: WorkloadSpec) -> int:
         """The workload's desired replica count (``spec.replicas`` of its scale)."""
-        return int(self._call(spec, "read").spec.replicas or 0)
+        return int(self._scale(spec, "read").spec.replicas or 0)
 
     def scale(self, spec: WorkloadSpec, replicas: int) -> None:
         """Set the workload's replica count."""
-        self._call(spec, "patch", {"spec": {"replicas": int(replicas)}})
+        self._scale(spec, "patch", {"spec": {"replicas": int(replicas)}})
         log.debug("%s %s/%s scaled to %d", spec.kind, spec.namespace, spec.name, replicas)
+
+    def quota(self, namespace: str, name: str, resource: str) -> int:
+        """The hard limit of ``resource`` in ResourceQuota ``namespace/name`` (a whole number)."""
+        what = f"ResourceQuota {namespace}/{name}"
+        hard = (self._call(f"{what}: read", self.core.read_namespaced_resource_quota, name, namespace).spec.hard
+                or {})
+        if resource not in hard:
+            raise KubernetesError(f"{what}: no hard limit on {resource} (set one, e.g. {resource}: \"8\")")
+        try:
+            return int(float(hard[resource]))
+        except ValueError as exc:
+            raise KubernetesError(f"{what}: {resource} is {hard[resource]!r}, not a whole number") from exc
+
+    def set_quota(self, namespace: str, name: str, resource: str, value: int) -> None:
+        """Set the hard limit of ``resource`` in ResourceQuota ``namespace/name``."""
+        self._call(f"ResourceQuota {namespace}/{name}: patch", self.core.patch_namespaced_resource_quota, name,
+                   namespace, {"spec": {"hard": {resource: str(int(value))}}})

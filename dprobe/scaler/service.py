@@ -8,6 +8,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 
 from prometheus_client import Histogram
 from prometheus_client.registry import CollectorRegistry
@@ -46,7 +47,8 @@ class Scaler:
         self.decisions: dict[tuple[str, str], Decision] = {}
         self.vc_decisions: dict[str, Decision] = {}
         self.vc_held_gpus: dict[str, int] = {}
-        self.events_total: Counter[tuple[str, str, str]] = Counter()
+        self.events_total: Counter[tuple[str, str, str]] = Counter()  # (namespace, workload, direction)
+        self.vc_events_total: Counter[tuple[str, str]] = Counter()  # (vc, direction)
         self.errors_total: Counter[str] = Counter()
         self.last_cycle_at: float | None = None
         self.registry = CollectorRegistry(auto_describe=False)
@@ -98,7 +100,7 @@ class Scaler:
             for key, demand in view.discovered.items():
                 rec = self.recommenders.setdefault(key, Recommender(self.config.default_policy()))
                 decisions[key] = self._decide(now, key, rec, demand.total, self._followed(key, len(demand.pods)),
-                                              apply=None)
+                                              None, self.events_total)
             for key in set(self.recommenders) - {s.key for s in self.specs} - set(view.discovered):
                 del self.recommenders[key]
                 self._recommended.discard(key)
@@ -112,6 +114,7 @@ class Scaler:
     def _decide_workload(self, now: float, spec: WorkloadSpec, demand: Demand | None) -> Decision | None:
         observed = len(demand.pods) if demand else 0
         total = demand.total if demand and demand.pods else None
+        apply = None
         if self.kube is not None and self.apply:
             try:
                 current = self.kube.replicas(spec)
@@ -119,10 +122,10 @@ class Scaler:
                 self.errors_total["kubernetes"] += 1
                 log.warning("%s", exc)
                 return self.decisions.get(spec.key)
+            apply = partial(self.kube.scale, spec)
         else:
             current = self._followed(spec.key, observed)
-        return self._decide(now, spec.key, self.recommenders[spec.key], total, current,
-                            apply=spec if self.apply else None)
+        return self._decide(now, spec.key, self.recommenders[spec.key], total, current, apply, self.events_total)
 
     def _followed(self, key: tuple[str, str], observed: int) -> int:
         """The count a recommend-mode decision starts from: the last recommendation once one has been made
@@ -131,31 +134,47 @@ class Scaler:
         return previous.replicas if previous is not None and key in self._recommended else observed
 
     def _decide(self, now: float, key: tuple[str, str], rec: Recommender, demand: float | None, current: int,
-                apply: WorkloadSpec | None) -> Decision:
+                apply: Callable[[int], None] | None, events: Counter, unit: str = "replicas") -> Decision:
+        """Decide, log a change, ``apply`` it (if given) and count it in ``events`` by key and direction."""
         decision = rec.decide(now, demand, current)
         if decision.demand is not None or decision.reason == "fallback":
             self._recommended.add(key)
         if decision.replicas != current:
             shown = "no forecast" if demand is None else f"demand {demand:.2f}"
-            log.info("%s/%s: %d -> %d replicas (%s, %s; desired %d)", *key, current, decision.replicas,
-                     decision.reason, shown, decision.desired)
-            if apply is not None and self.kube is not None:
+            log.info("%s: %d -> %d %s (%s, %s; desired %d)", "/".join(filter(None, key)), current,
+                     decision.replicas, unit, decision.reason, shown, decision.desired)
+            if apply is not None:
                 try:
-                    self.kube.scale(apply, decision.replicas)
+                    apply(decision.replicas)
                 except KubernetesError as exc:
                     self.errors_total["kubernetes"] += 1
                     log.warning("%s", exc)
                     rec.applied(now, decision.replicas, current)
                     return decision
-            self.events_total[(*key, decision.direction)] += 1
+            events[(*filter(None, key), decision.direction)] += 1
         return decision
 
     def _decide_vcs(self, now: float, vcs: dict[str, Demand]) -> dict[str, Decision]:
+        """One GPU decision per virtual cluster; in apply mode with ``vc_quota_name``, from and to the GPU
+        limit of the ResourceQuota of that name in the cluster's namespace."""
         out = {}
+        quotas = self.apply and self.kube is not None and bool(self.config.vc_quota_name)
+        name, resource = self.config.vc_quota_name, self.config.vc_quota_resource
         for vc, demand in vcs.items():
             rec = self.vc_recommenders.setdefault(vc, Recommender(self.config.gpu_policy()))
             previous = self.vc_decisions.get(vc)
-            out[vc] = rec.decide(now, demand.total, previous.replicas if previous else demand.gpus)
+            current, apply = previous.replicas if previous else demand.gpus, None
+            if quotas:
+                try:
+                    current = self.kube.quota(vc, name, resource)
+                except KubernetesError as exc:
+                    self.errors_total["kubernetes"] += 1
+                    log.warning("%s", exc)
+                    if previous is not None:
+                        out[vc] = previous
+                    continue
+                apply = partial(self.kube.set_quota, vc, name, resource)
+            out[vc] = self._decide(now, (vc, ""), rec, demand.total, current, apply, self.vc_events_total, "GPUs")
         for vc in set(self.vc_recommenders) - set(vcs):
             del self.vc_recommenders[vc]
         return out
