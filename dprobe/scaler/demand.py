@@ -88,10 +88,3 @@ def group_demand(forecasts: dict[tuple[str, str], tuple[float, dict[str, str]]],
             vcs[vc].gpus += n
             vcs[vc].pods.append(f"{ns}/{pod}")
     return DemandView(workloads, dict(discovered), dict(vcs))
-
-
-def read_demand(config: ScalerConfig, specs: list[WorkloadSpec]) -> DemandView:
-    """Query Prometheus and group (raises :class:`~dprobe.sources.base.SourceError` when it fails)."""
-    forecasts = pod_forecasts(config)
-    gpus = pod_gpus(config) if config.vc_label else {}
-    return group_demand(forecasts, specs, gpus, config.vc_label, config.discover)

@@ -1,5 +1,5 @@
 """The scaler process: forecasts (Prometheus) -> demand per workload and virtual cluster -> decisions
--> /metrics, logs and, in apply mode, the workloads' scale subresource."""
+-> /metrics, logs and, in apply mode, the workloads' scale subresource and the clusters' GPU quotas."""
 
 from __future__ import annotations
 
@@ -30,8 +30,9 @@ class Scaler:
 
     The count a decision starts from: in apply mode the workload's scale (Kubernetes); in recommend
     mode the previous recommendation, as if it had been followed (as KEDA does when it scales on
-    ``dprobe_recommended_replicas``), else the pods seen. A virtual cluster starts from its previous
-    recommendation too, at first from the GPUs its pods hold. Discovered workloads and virtual clusters are forgotten when their pods are gone.
+    ``dprobe_recommended_replicas``), else the pods seen. A virtual cluster starts from its quota's GPU
+    limit (apply mode with ``vc_quota_name``), else from its previous recommendation, at first from the
+    GPUs its pods hold. Discovered workloads and virtual clusters are forgotten when their pods are gone.
     """
 
     def __init__(self, config: ScalerConfig, kube: ScaleClient | None = None,
