@@ -284,6 +284,25 @@ def fake_kubernetes(tmp_path: Path, replicas: dict, quotas: dict | None = None) 
         srv.server_close()
 
 
+def test_discovered_workloads_and_clusters_are_forgotten_with_their_pods(http_peer) -> None:
+    """Pods of an unlisted Deployment get recommendations (never applied); when they are gone, so is
+    everything the scaler kept for them (the series stay bounded as workloads come and go)."""
+    pods = {"embed-5c8d7f9b6-aaaaa": 0.9, "embed-5c8d7f9b6-bbbbb": 0.9}
+    clock = iter(range(0, 10**6, 30))
+    with http_peer(_prometheus_reply(pods, [True])) as url:
+        scaler = Scaler(ScalerConfig(prometheus_url=url, target=0.5, margin=0.0), clock=lambda: float(next(clock)))
+        scaler.cycle()
+        assert scaler.decisions[("serving", "embed")].replicas == 4 and scaler.events_total
+        pods.clear()
+        pods["other-0"] = 0.5  # not a Deployment's pod; the namespace stays a virtual cluster
+        scaler.cycle()
+        assert ("serving", "embed") not in scaler.decisions and ("serving", "embed") not in scaler.recommenders
+        assert not scaler.events_total and set(scaler.vc_decisions) == {"serving"}
+        pods.clear()
+        scaler.cycle()
+        assert not scaler.vc_decisions and not scaler.vc_recommenders and not scaler.vc_events_total
+
+
 def test_apply_mode_reads_and_patches_the_scale_subresource(http_peer, tmp_path: Path) -> None:
     pods = {"llm-7d9f8c6b5d-aaaaa": 0.9, "llm-7d9f8c6b5d-bbbbb": 0.9, "db-0": 0.1, "db-1": 0.1}
     replicas = {("serving", "deployments", "llm"): 2, ("serving", "statefulsets", "db"): 2}

@@ -103,8 +103,10 @@ class Scaler:
                 decisions[key] = self._decide(now, key, rec, demand.total, self._followed(key, len(demand.pods)),
                                               None, self.events_total)
             for key in set(self.recommenders) - {s.key for s in self.specs} - set(view.discovered):
-                del self.recommenders[key]
+                del self.recommenders[key]  # a discovered workload whose pods are gone: forget it all
                 self._recommended.discard(key)
+                for direction in ("up", "down"):
+                    self.events_total.pop((*key, direction), None)
             self.vc_decisions = self._decide_vcs(now, view.vcs)
             self.vc_held_gpus = {vc: d.gpus for vc, d in view.vcs.items()}
         # (without a view, virtual clusters keep showing their last decision)
@@ -178,6 +180,8 @@ class Scaler:
             out[vc] = self._decide(now, (vc, ""), rec, demand.total, current, apply, self.vc_events_total, "GPUs")
         for vc in set(self.vc_recommenders) - set(vcs):
             del self.vc_recommenders[vc]
+            for direction in ("up", "down"):
+                self.vc_events_total.pop((vc, direction), None)
         return out
 
     # lifecycle ------------------------------------------------------------------------------------
