@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from dprobe.forecasting.loading import open_forecaster
 from dprobe.scaler.config import ScalerConfig
@@ -15,7 +16,9 @@ from dprobe.sidecar.service import Sidecar
 from dprobe.sources.dcgm import DcgmSource
 
 pytestmark = pytest.mark.integration
-DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "dprobe-scaler.json"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+DASHBOARD = DEPLOY / "grafana" / "dprobe-scaler.json"
+KEDA = DEPLOY / "keda" / "scaledobject-scaler.yaml"
 
 # (namespace, pod, GPU utilisation %) per GPU: two replicas of a Deployment, a training pod on two GPUs
 GPUS = [("serving", "llm-7d9f8c6b5d-aaaaa", 90), ("serving", "llm-7d9f8c6b5d-bbbbb", 90),
@@ -72,6 +75,11 @@ def test_scaler_recommends_from_the_sidecars_forecasts(prometheus_server, http_p
                     assert _value(prom2, 'dprobe_recommended_gpus{vc="serving"}', deadline) == 4
                     assert _value(prom2, "sum(dprobe_scaler_errors_total) or vector(0)", deadline) == 0
                     check_dashboard(prom2, DASHBOARD, {"namespace": "serving", "workload": "llm", "vc": "team-a"})
+                    # the KEDA example's query, pointed at this workload: the replicas KEDA would set
+                    trigger = yaml.safe_load(KEDA.read_text())["spec"]["triggers"][0]["metadata"]
+                    assert trigger["threshold"] == "1"
+                    query = trigger["query"].replace('workload="llm-server"', 'workload="llm"')
+                    assert _value(prom2, query, deadline) == 4
         finally:
             if scaler is not None:
                 scaler.stop()
