@@ -148,6 +148,14 @@ def test_evaluate_cli_scores_a_checkpoint(tmp_path, small_alibaba_dir, small_hel
     assert {r["target"] for r in rows} == {"gpu_memory_bytes"} and {r["method"] for r in rows} == {"dprobe",
                                                                                                    "last_value"}
     assert all(np.isfinite(r["mae"]) and r["n_forecasts"] > 0 for r in rows)
+    # the same checkpoint's gpu_demand task drives the simulator's forecast policy, at its own 300 s step
+    assert main(["simulate", "--checkpoint", summary["checkpoint"], "--start-day", "30", "--days", "1",
+                 "--policies", "reactive,forecast", "--json", "--quiet"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["forecaster"].startswith("dprobe") and summary["checkpoint"] in report["forecaster"]
+    reactive, forecast = report["policies"]
+    assert forecast["policy"] == "forecast" and forecast["jobs"] == reactive["jobs"] > 0
+    assert 0 < forecast["gpu_hours_used"] <= forecast["gpu_hours_provisioned"]
 
 
 def test_bad_checkpoint_is_refused_by_name(tmp_path, small_helios_dir, capsys):
