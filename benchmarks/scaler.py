@@ -1,14 +1,18 @@
 """Scaler benchmark: one decision cycle for many pods, against the Prometheus queries it makes.
 
-    python benchmarks/scaler.py [--pods 1000,10000] [--pods-per-workload 4] [--cycles 30]
+    python benchmarks/scaler.py [--pods 1000,10000] [--pods-per-workload 4] [--cycles 30] [--churn-cycles 300]
 
 A stand-in Prometheus API on loopback answers the forecast and GPU-count queries with ``--pods`` pods
 in Deployments of ``--pods-per-workload`` replicas across 20 namespaces (virtual clusters). Printed per
 size: the cycle's p50 / p99 (query both, group, decide for every workload and virtual cluster), the
 p50 of the two queries alone (HTTP + JSON, the floor any client pays), and their ratio.
 
-Target (dprobe's own: a cycle must fit well inside the default 30 s interval): cycle p99 <= 1 s at
-10,000 pods.
+Then a churn run: 1,000 pods whose Deployments are replaced, a tenth of them every cycle (new names, as
+rollouts and short-lived services bring), for ``--churn-cycles`` cycles: the workloads tracked and the
+process's RSS at the start and the end (what is kept for workloads that are gone must not pile up).
+
+Targets (dprobe's own: a cycle must fit well inside the default 30 s interval; unattended, it must
+not grow): cycle p99 <= 1 s at 10,000 pods; RSS growth over the churn run < 5 %.
 """
 
 from __future__ import annotations
@@ -26,12 +30,23 @@ from dprobe.scaler.demand import forecast_query, pod_forecasts, pod_gpus
 from dprobe.scaler.service import Scaler
 
 
-def answers(n_pods: int, per_workload: int) -> dict[str, bytes]:
-    """The two query answers (forecasts, GPU counts) as a Prometheus server would give them."""
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def answers(n_pods: int, per_workload: int, generation: int = 0) -> dict[str, bytes]:
+    """The two query answers (forecasts, GPU counts) as a Prometheus server would give them; each
+    ``generation`` replaces a tenth of the Deployments by new ones."""
     rng = np.random.default_rng(0)
     forecasts, gpus = [], []
     for i in range(n_pods):
-        ns, w = f"team-{i // per_workload % 20}", f"svc-{i // per_workload}"
+        k = i // per_workload
+        renamed = max(0, generation - (generation - k) % 10)  # the last generation that replaced workload k
+        ns, w = f"team-{k % 20}", f"svc-{k}-g{renamed}"
         pod = f"{w}-7d9f8c6b5d-{i:05d}"
         labels = {"__name__": "dprobe_predicted_gpu_utilization_ratio", "target": f"{ns}/{pod}", "namespace": ns,
                   "pod": pod, "container": "main", "UUID": "", "gpu": "", "horizon_seconds": "300",
@@ -63,6 +78,7 @@ def main() -> None:
     parser.add_argument("--pods", default="1000,10000", help="comma-separated pod counts")
     parser.add_argument("--pods-per-workload", type=int, default=4)
     parser.add_argument("--cycles", type=int, default=30)
+    parser.add_argument("--churn-cycles", type=int, default=300)
     args = parser.parse_args()
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Prometheus)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
@@ -92,6 +108,19 @@ def main() -> None:
     if at_target is not None:
         print(f"{'PASS' if at_target <= 1000 else 'OVER'}: cycle p99 at 10,000 pods {at_target:.0f} ms "
               "(target <= 1000 ms)")
+    scaler = Scaler(ScalerConfig(prometheus_url=url, http_timeout=30), clock=iter(range(0, 10**9, 30)).__next__)
+    tracked, rss = [], []
+    for g in range(args.churn_cycles):
+        srv.answers = answers(1000, args.pods_per_workload, g)  # type: ignore[attr-defined]
+        scaler.cycle()
+        tracked.append(len(scaler.recommenders) + len(scaler.events_total))
+        if g == args.churn_cycles // 10:
+            rss.append(rss_mb())  # after warm-up
+    rss.append(rss_mb())
+    growth = 100 * (rss[-1] / rss[0] - 1)
+    print(f"churn: {args.churn_cycles} cycles, workloads + event series tracked {min(tracked)}-{max(tracked)}, "
+          f"RSS {rss[0]:.0f} -> {rss[-1]:.0f} MB ({growth:+.1f} %)")
+    print(f"{'PASS' if growth < 5 else 'OVER'}: RSS growth over the churn run {growth:+.1f} % (target < 5 %)")
     srv.shutdown()
 
 
