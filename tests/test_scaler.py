@@ -193,8 +193,11 @@ def test_scaler_recommends_follows_its_recommendation_and_falls_back(http_peer) 
         assert scaler.vc_decisions["serving"].replicas == 4  # 1.8 GPUs busy, 0.5 each: ceil(3.6)
         scaler.cycle()  # recommend mode: starts from its recommendation, as if followed
         assert (scaler.decisions[("serving", "llm")].current, scaler.decisions[("serving", "llm")].replicas) == (4, 4)
+        assert scaler.ready()[0]
         up[0] = False
         scaler.cycle()
+        ready, why = scaler.ready()
+        assert not ready and "HTTP 503" in why and "dprobe_predicted_gpu_utilization_ratio{" in why  # as written
         scaler.cycle()
         d = scaler.decisions[("serving", "llm")]
         assert (d.replicas, d.reason) == (2, "fallback")

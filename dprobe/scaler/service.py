@@ -188,6 +188,8 @@ class Scaler:
     def ready(self) -> tuple[bool, str]:
         if self.last_cycle_at is None:
             return False, "no decision cycle yet"
+        if self._query_failure:
+            return False, f"cannot read the forecasts: {self._query_failure}"
         return True, f"{len(self.decisions)} workloads, {len(self.vc_decisions)} virtual clusters"
 
     def _loop(self) -> None:

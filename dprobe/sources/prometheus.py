@@ -45,8 +45,11 @@ def parse_matrix(body: str) -> list[tuple[dict[str, str], list[tuple[float, floa
 def query_vector(url: str, query: str, timeout: float) -> list[tuple[dict[str, str], float]]:
     """An instant ``query`` at ``url`` (a Prometheus server): ``[(labels, value), ...]``, SourceError
     on any failure (unreachable, refused query, not an instant vector)."""
-    params = urllib.parse.urlencode({"query": query})
-    body = http_get(f"{url.rstrip('/')}/api/v1/query?{params}", timeout, accept="application/json")
+    full = f"{url.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
+    try:
+        body = http_get(full, timeout, accept="application/json")
+    except SourceError as exc:  # name the query as written, not URL-encoded
+        raise SourceError(f"{url}: {query!r}: {str(exc).removeprefix(full + ': ')}") from exc
     try:
         return [(dict(s.get("metric", {})), float(s["value"][1])) for s in _result(body, "vector")]
     except SourceError as exc:
