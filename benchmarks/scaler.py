@@ -24,18 +24,11 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
+from process import rss_mb  # benchmarks/process.py
 
 from dprobe.scaler.config import ScalerConfig
 from dprobe.scaler.demand import forecast_query, pod_forecasts, pod_gpus
 from dprobe.scaler.service import Scaler
-
-
-def rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def answers(n_pods: int, per_workload: int, generation: int = 0) -> dict[str, bytes]:

@@ -18,20 +18,13 @@ import time
 import urllib.request
 
 import numpy as np
+from process import rss_mb  # benchmarks/process.py
 
 from dprobe.forecasting.loading import open_forecaster
 from dprobe.sidecar.config import SidecarConfig
 from dprobe.sidecar.service import Sidecar
 from dprobe.sources.base import Sample
 from dprobe.sources.synthetic import SyntheticSource
-
-
-def rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 class ChurningSource(SyntheticSource):
