@@ -100,8 +100,7 @@ class Scaler:
         if view is not None:
             for key, demand in view.discovered.items():
                 rec = self.recommenders.setdefault(key, Recommender(self.config.default_policy()))
-                decisions[key] = self._decide(now, key, rec, demand.total, self._followed(key, len(demand.pods)),
-                                              None, self.events_total)
+                decisions[key] = self._recommend(now, key, rec, demand.total, len(demand.pods))
             for key in set(self.recommenders) - {s.key for s in self.specs} - set(view.discovered):
                 del self.recommenders[key]  # a discovered workload whose pods are gone: forget it all
                 self._recommended.discard(key)
@@ -117,31 +116,32 @@ class Scaler:
     def _decide_workload(self, now: float, spec: WorkloadSpec, demand: Demand | None) -> Decision | None:
         observed = len(demand.pods) if demand else 0
         total = demand.total if demand and demand.pods else None
-        apply = None
-        if self.kube is not None and self.apply:
-            try:
-                current = self.kube.replicas(spec)
-            except KubernetesError as exc:
-                self.errors_total["kubernetes"] += 1
-                log.warning("%s", exc)
-                return self.decisions.get(spec.key)
-            apply = partial(self.kube.scale, spec)
-        else:
-            current = self._followed(spec.key, observed)
-        return self._decide(now, spec.key, self.recommenders[spec.key], total, current, apply, self.events_total)
+        rec = self.recommenders[spec.key]
+        if self.kube is None or not self.apply:
+            return self._recommend(now, spec.key, rec, total, observed)
+        try:
+            current = self.kube.replicas(spec)
+        except KubernetesError as exc:
+            self.errors_total["kubernetes"] += 1
+            log.warning("%s", exc)
+            return self.decisions.get(spec.key)
+        return self._decide(now, spec.key, rec, total, current, partial(self.kube.scale, spec), self.events_total)
 
-    def _followed(self, key: tuple[str, str], observed: int) -> int:
-        """The count a recommend-mode decision starts from: the last recommendation once one has been made
-        from a forecast (or the fallback), else the pods seen."""
+    def _recommend(self, now: float, key: tuple[str, str], rec: Recommender, demand: float | None,
+                   observed: int) -> Decision:
+        """A recommend-mode decision. It starts from the last recommendation once one has been made from a
+        forecast (or the fallback), as if it had been followed, else from the ``observed`` pods."""
         previous = self.decisions.get(key)
-        return previous.replicas if previous is not None and key in self._recommended else observed
+        current = previous.replicas if previous is not None and key in self._recommended else observed
+        decision = self._decide(now, key, rec, demand, current, None, self.events_total)
+        if decision.demand is not None or decision.reason == "fallback":
+            self._recommended.add(key)
+        return decision
 
     def _decide(self, now: float, key: tuple[str, str], rec: Recommender, demand: float | None, current: int,
                 apply: Callable[[int], None] | None, events: Counter, unit: str = "replicas") -> Decision:
         """Decide, log a change, ``apply`` it (if given) and count it in ``events`` by key and direction."""
         decision = rec.decide(now, demand, current)
-        if decision.demand is not None or decision.reason == "fallback":
-            self._recommended.add(key)
         if decision.replicas != current:
             shown = "no forecast" if demand is None else f"demand {demand:.2f}"
             log.info("%s: %d -> %d %s (%s, %s; desired %d)", "/".join(filter(None, key)), current,

@@ -17,7 +17,7 @@ import heapq
 import math
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -58,7 +58,6 @@ class SimResult:
     demand_at_decision: np.ndarray  # (V, T) GPUs held + queued when deciding
     quota_at_decision: np.ndarray  # (V, T) quota set (incl. coming up) by the decision
     wall_seconds: float = 0.0
-    notes: dict = field(default_factory=dict)
 
     @property
     def unstarted(self) -> np.ndarray:
@@ -246,10 +245,9 @@ def simulate(jobs: JobTable, policy: QuotaPolicy, config: SimConfig | None = Non
             samples += 1
             next_sample = t0 + samples * policy.history_step
         elif next_decision == now:
-            held = np.array(cluster.held)
-            demand = held + np.array(cluster.queued_gpus)
+            demand = np.array(cluster.held) + np.array(cluster.queued_gpus)
             ordered = np.array([cluster.ordered(v) for v in range(n_vcs)])
-            view = ClusterView(now=now, demand=demand, held=held, quota=ordered, history=history)
+            view = ClusterView(now=now, demand=demand, quota=ordered, history=history)
             new_quota = policy.decide(view)
             for v in range(n_vcs):
                 if cluster.set_quota(v, int(new_quota[v]), now):

@@ -82,9 +82,6 @@ class JobTable:
         return JobTable(self.job_ids[keep], remap[self.vc[keep]], self.submit[keep], self.duration[keep],
                         self.gpus[keep], names)
 
-    def gpu_seconds(self) -> float:
-        return float(np.sum(self.duration * self.gpus))
-
 
 def bundled_dir(folder: str = DEFAULT_DATASET) -> Path:
     """Where a bundled job log lives (see :func:`dprobe.data.registry.bundled_dir`)."""

@@ -59,7 +59,6 @@ def policy_report(result: SimResult, per_vc: bool = False) -> dict:
     start = float(result.jobs.submit[0]) if len(result.jobs) else 0.0
     out = {"policy": result.policy, **summarise(result),
            "simulated_days": (result.end_time - start) / DAY, "wall_seconds": result.wall_seconds}
-    out.update(result.notes)
     if per_vc:
         out["vcs"] = [{"vc": name, **summarise(result, v)} for v, name in enumerate(result.jobs.vc_names)]
     return out

@@ -37,6 +37,5 @@ class ClusterView:
 
     now: float
     demand: np.ndarray  # GPUs held by running jobs + GPUs asked by queued jobs
-    held: np.ndarray  # GPUs held by running jobs
     quota: np.ndarray  # the quota last set (GPUs in service + GPUs still coming up)
     history: DemandHistory | None  # None unless the policy asked for one

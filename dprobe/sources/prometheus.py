@@ -15,45 +15,34 @@ DEFAULT_MEMORY_QUERY = "sum by (namespace, pod) (DCGM_FI_DEV_FB_USED{pod!=\"\"})
 DEFAULT_UTILIZATION_QUERY = "avg by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL{pod!=\"\"}) / 100"
 
 
-def _result(body: str, kind: str) -> list:
-    """The ``result`` list of a successful API answer of type ``kind``; SourceError otherwise."""
+def api_get(url: str, endpoint: str, params: dict[str, str], timeout: float, kind: str) -> list:
+    """The ``result`` list of ``GET {url}/api/v1/{endpoint}`` (a Prometheus server) when it answers with
+    a ``kind`` (vector, matrix); any failure is a SourceError naming the server and the query as written."""
+    full = f"{url.rstrip('/')}/api/v1/{endpoint}?{urllib.parse.urlencode(params)}"
+    where = f"{url}: {params.get('query', '')!r}"
+    try:
+        body = http_get(full, timeout, accept="application/json")
+    except SourceError as exc:  # the query as written, not URL-encoded
+        raise SourceError(f"{where}: {str(exc).removeprefix(full + ': ')}") from exc
     try:
         doc = json.loads(body)
     except json.JSONDecodeError as exc:
-        raise SourceError(f"answer is not JSON ({exc})") from exc
+        raise SourceError(f"{where}: answer is not JSON ({exc})") from exc
     if not isinstance(doc, dict) or doc.get("status") != "success":
         err = doc.get("error") if isinstance(doc, dict) else None
-        raise SourceError(f"query failed: {err or 'unexpected answer'}")
+        raise SourceError(f"{where}: query failed: {err or 'unexpected answer'}")
     data = doc.get("data") or {}
     if data.get("resultType") != kind:
-        raise SourceError(f"expected a {kind}, got {data.get('resultType')!r}")
+        raise SourceError(f"{where}: expected a {kind}, got {data.get('resultType')!r}")
     return data.get("result") or []
-
-
-def parse_matrix(body: str) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
-    """The series of a ``query_range`` answer: (labels, [(ts, value), ...]); SourceError if malformed."""
-    out = []
-    try:
-        for series in _result(body, "matrix"):
-            points = [(float(t), float(v)) for t, v in series.get("values", [])]
-            out.append((dict(series.get("metric", {})), points))
-    except (TypeError, ValueError, AttributeError) as exc:
-        raise SourceError(f"malformed matrix ({exc})") from exc
-    return out
 
 
 def query_vector(url: str, query: str, timeout: float) -> list[tuple[dict[str, str], float]]:
     """An instant ``query`` at ``url`` (a Prometheus server): ``[(labels, value), ...]``, SourceError
     on any failure (unreachable, refused query, not an instant vector)."""
-    full = f"{url.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
+    rows = api_get(url, "query", {"query": query}, timeout, "vector")
     try:
-        body = http_get(full, timeout, accept="application/json")
-    except SourceError as exc:  # name the query as written, not URL-encoded
-        raise SourceError(f"{url}: {query!r}: {str(exc).removeprefix(full + ': ')}") from exc
-    try:
-        return [(dict(s.get("metric", {})), float(s["value"][1])) for s in _result(body, "vector")]
-    except SourceError as exc:
-        raise SourceError(f"{url}: {query!r}: {exc}") from exc
+        return [(dict(s.get("metric", {})), float(s["value"][1])) for s in rows]
     except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
         raise SourceError(f"{url}: {query!r}: malformed vector ({exc})") from exc
 
@@ -93,13 +82,14 @@ class PrometheusSource:
                 return list(series.values())
 
     def _range_once(self, query: str, start: float, end: float) -> list:
-        params = urllib.parse.urlencode({"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}",
-                                         "step": f"{self.step:g}"})
-        body = http_get(f"{self.url}/api/v1/query_range?{params}", self.timeout, accept="application/json")
+        """One ``query_range``: ``[(labels, [(ts, value), ...]), ...]``."""
+        params = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{self.step:g}"}
+        series = api_get(self.url, "query_range", params, self.timeout, "matrix")
         try:
-            return parse_matrix(body)
-        except SourceError as exc:
-            raise SourceError(f"{self.url}: {query!r}: {exc}") from exc
+            return [(dict(s.get("metric", {})), [(float(t), float(v)) for t, v in s.get("values", [])])
+                    for s in series]
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise SourceError(f"{self.url}: {query!r}: malformed matrix ({exc})") from exc
 
     def _target(self, labels: dict[str, str]) -> str | None:
         if self.target_label:
