@@ -131,7 +131,8 @@ class OptionSet:
             env = self.env_prefix + name.upper()
             default = getattr(defaults, name)
             shown = ",".join(map(str, default)) if isinstance(default, list) else default
-            help_text = f"{f.metadata['help']} (env {env}; default: {shown!r})".replace("%", "%%")
+            shown = "unset" if default is None else repr(shown)
+            help_text = f"{f.metadata['help']} (env {env}; default: {shown})".replace("%", "%%")
             kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
             if str(f.type) == "bool":
                 kw["action"] = argparse.BooleanOptionalAction

@@ -40,6 +40,20 @@ def test_desired_count_is_the_hpa_formula_on_the_forecast() -> None:
         p.desired(float("nan"), current=1)
 
 
+def test_tolerance_per_direction_as_the_hpas_behavior_tolerance() -> None:
+    # capacity 2 x 0.5 = 1.0: demand 1.05 is 5 % above it, 0.95 is 5 % below
+    eager_up = Policy(target=0.5, margin=0.0, tolerance=0.1, scale_up=ScalingRules(tolerance=0.0))
+    assert eager_up.desired(1.05, current=2) == (3, "forecast")  # ceil(1.05 / 0.5): up at once
+    assert eager_up.desired(0.95, current=2) == (2, "within tolerance")  # down keeps the policy's 10 %
+    assert eager_up.desired(0.85, current=2) == (2, "forecast")  # 15 % below: ceil(1.7) = 2
+    lazy_down = Policy(target=0.5, margin=0.0, tolerance=0.0, scale_down=ScalingRules(tolerance=0.5))
+    assert lazy_down.desired(0.6, current=2) == (2, "within tolerance")  # 40 % below: held
+    assert lazy_down.desired(0.4, current=2) == (1, "forecast")  # 60 % below
+    assert lazy_down.desired(1.05, current=2) == (3, "forecast")
+    with pytest.raises(ValueError, match="tolerance must be >= 0"):
+        ScalingRules(tolerance=-0.1)
+
+
 def test_policy_refuses_inconsistent_settings() -> None:
     with pytest.raises(ValueError, match="min_replicas"):
         Policy(min_replicas=5, max_replicas=2)
@@ -97,7 +111,8 @@ def test_config_reads_workloads_from_yaml_env_and_flags(tmp_path: Path) -> None:
     path = tmp_path / "scaler.yaml"
     path.write_text(yaml.safe_dump({"scaler": {
         "prometheus": {"url": "http://prom:9090"}, "target": 0.7, "max_replicas": 12,
-        "workloads": [{"namespace": "serving", "name": "llm", "max_replicas": 6,
+        "scale_down_tolerance": 0.2,
+        "workloads": [{"namespace": "serving", "name": "llm", "max_replicas": 6, "scale_up": {"tolerance": 0},
                        "scale_down": {"stabilization_seconds": 600,
                                       "policies": [{"type": "pods", "value": 1, "period_seconds": 60}]}},
                       {"namespace": "batch", "name": "db", "kind": "StatefulSet", "pods": "db-[0-9]+"}]}}))
@@ -106,6 +121,8 @@ def test_config_reads_workloads_from_yaml_env_and_flags(tmp_path: Path) -> None:
     llm, db = config.workload_specs()
     assert (llm.policy.target, llm.policy.max_replicas, llm.policy.scale_down.stabilization_seconds) == (0.6, 6, 600)
     assert llm.policy.scale_down.policies == (RatePolicy("pods", 1, 60),)
+    assert (llm.policy.scale_up.tolerance, llm.policy.scale_down.tolerance, db.policy.scale_up.tolerance,
+            db.policy.scale_down.tolerance, db.policy.tolerance) == (0.0, 0.2, None, 0.2, 0.1)
     assert llm.pods.fullmatch("llm-7d9f8c6b5d-x2k4p") and not llm.pods.fullmatch("llm-proxy-7d9f8c6b5d-x2k4p")
     assert (db.kind, db.policy.max_replicas, bool(db.pods.fullmatch("db-2"))) == ("StatefulSet", 12, True)
     env = {"DPROBE_SCALER_WORKLOADS": json.dumps([{"namespace": "a", "name": "b"}])}
@@ -119,6 +136,7 @@ def test_config_reads_workloads_from_yaml_env_and_flags(tmp_path: Path) -> None:
     ({"namespace": "a", "name": "b", "pods": "b-("}, r"workloads\[0\] \(a/b\)"),
     ({"namespace": "a", "name": "b", "min_replicas": 9, "max_replicas": 2}, "min_replicas"),
     ({"namespace": "a", "name": "b", "scale_up": {"policies": [{"type": "pods"}]}}, "value"),
+    ({"namespace": "a", "name": "b", "scale_down": {"tolerance": -1}}, r"\(a/b\): tolerance must be >= 0"),
 ])
 def test_bad_workload_entries_are_refused_with_their_place(workload: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -132,6 +150,8 @@ def test_config_refuses_bad_values() -> None:
         ScalerConfig(quantile=90).validate()
     with pytest.raises(ValueError, match="DPROBE_SCALER_INTERVAL"):
         load_config({}, env={"DPROBE_SCALER_INTERVAL": "soon"})
+    with pytest.raises(ValueError, match="scale_up_tolerance must be >= 0"):
+        load_config({}, env={"DPROBE_SCALER_SCALE_UP_TOLERANCE": "-0.1"})
 
 
 # demand -------------------------------------------------------------------------------------------

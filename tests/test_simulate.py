@@ -119,6 +119,15 @@ def test_reactive_goes_through_the_scalers_policy() -> None:
     assert np.all(r.used_gpu_seconds <= r.provisioned_gpu_seconds)
 
 
+def test_scale_up_tolerance_zero_serves_a_demand_just_above_the_quota() -> None:
+    # 20 one-GPU jobs, then a 21st: 5 % above a quota of 20, inside the default tolerance of 10 %
+    jobs = one_vc(*[(0, 20000, 1)] * 20, (4000, 3600, 1))  # the quota reaches 20 at 2400 s
+    held = simulate(jobs, ReactiveQuota(np.array([40]), ScalerSettings(margin=0.0)), FIFO)
+    eager = simulate(jobs, ReactiveQuota(np.array([40]), ScalerSettings(margin=0.0, scale_up_tolerance=0.0)), FIFO)
+    assert held.quota_at_decision[0].max() == 20 and held.waits()[-1] > 10000  # until the others end
+    assert eager.quota_at_decision[0].max() == 21 and eager.waits()[-1] < 1200  # next decision + delay
+
+
 def test_reactive_rejects_jobs_above_max_gpus() -> None:
     r = simulate(one_vc((0, 10, 16), (0, 10, 1)), ReactiveQuota(np.array([8]), ScalerSettings()), FIFO)
     assert r.rejected.tolist() == [True, False]
@@ -194,6 +203,7 @@ def test_cli_table_for_one_itp_cluster(capsys: pytest.CaptureFixture[str]) -> No
     (["--interval", "-5", "--days", "1"], "--interval must be a positive number of seconds"),
     (["--policies", "static,oracle"], "unknown policy oracle"),
     (["--quantile", "0.8", "--days", "1"], "--quantile must be one of"),
+    (["--scale-up-tolerance", "-1", "--days", "1"], "--scale-up-tolerance must be >= 0, got -1"),
     (["--data", str(DATASETS / "helios-earth-vc")], "not a job log"),
 ])
 def test_cli_bad_input_exits_2_with_a_message(capsys: pytest.CaptureFixture[str], argv: list[str],

@@ -10,6 +10,7 @@ workload listed under ``workloads:`` may override any of them, and its behaviour
         pods: "llm-server-.*"      # regex on pod names (default: the Deployment's pod names)
         target: 0.6
         max_replicas: 8
+        scale_up: {tolerance: 0}   # scale up as soon as demand exceeds capacity
         scale_down: {stabilization_seconds: 600, policies: [{type: pods, value: 1, period_seconds: 60}]}
 """
 
@@ -58,6 +59,10 @@ class ScalerConfig:
     target: float = option(0.8, "utilisation (0-1) one replica should carry; for GPUs, one GPU")
     margin: float = option(0.1, "safety margin added to the forecast demand (VPA)")
     tolerance: float = option(0.1, "no change while demand / capacity is within this of 1 (HPA)")
+    scale_up_tolerance: float | None = option(None, "tolerance above 1 only: a scale-up needs demand / capacity "
+                                                    "above 1 + this (unset: tolerance)")
+    scale_down_tolerance: float | None = option(None, "tolerance below 1 only: a scale-down needs demand / "
+                                                      "capacity below 1 - this (unset: tolerance)")
     min_replicas: int = option(1, "fewest replicas recommended (0 allows scale to zero below activation)")
     max_replicas: int = option(100, "most replicas recommended")
     activation: float = option(0.0, "with min_replicas 0: demand below this scales to zero (KEDA)")
@@ -89,6 +94,9 @@ class ScalerConfig:
         if self.vc_quota_name and self.vc_label != "namespace":
             raise ValueError("vc_quota_name needs vc_label: namespace (a ResourceQuota lives in a namespace), "
                              f"got vc_label {self.vc_label!r}")
+        for name in ("scale_up_tolerance", "scale_down_tolerance"):
+            if getattr(self, name) is not None and not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0 (or unset: tolerance), got {getattr(self, name)}")
         if not 0 <= self.min_gpus <= self.max_gpus:
             raise ValueError(f"need 0 <= min_gpus <= max_gpus, got {self.min_gpus}, {self.max_gpus}")
         self.default_policy()  # checks the policy options
@@ -101,8 +109,10 @@ class ScalerConfig:
             target=self.target, margin=self.margin, tolerance=self.tolerance, min_replicas=self.min_replicas,
             max_replicas=self.max_replicas, activation=self.activation, fallback_replicas=self.fallback_replicas,
             failure_threshold=self.failure_threshold,
-            scale_up=replace(DEFAULT_SCALE_UP, stabilization_seconds=self.scale_up_stabilization_seconds),
-            scale_down=replace(DEFAULT_SCALE_DOWN, stabilization_seconds=self.scale_down_stabilization_seconds))
+            scale_up=replace(DEFAULT_SCALE_UP, stabilization_seconds=self.scale_up_stabilization_seconds,
+                             tolerance=self.scale_up_tolerance),
+            scale_down=replace(DEFAULT_SCALE_DOWN, stabilization_seconds=self.scale_down_stabilization_seconds,
+                               tolerance=self.scale_down_tolerance))
 
     def gpu_policy(self) -> Policy:
         """The policy of a virtual cluster's GPU count: one GPU carries ``target`` of utilisation."""
@@ -160,7 +170,7 @@ class WorkloadSpec:
 def _rules(doc: Any, defaults: ScalingRules) -> ScalingRules:
     if not isinstance(doc, Mapping):
         raise ValueError(f"a scaling behaviour must be a mapping, got {doc!r}")
-    unknown = sorted(set(doc) - {"stabilization_seconds", "policies", "select"})
+    unknown = sorted(set(doc) - {"stabilization_seconds", "policies", "select", "tolerance"})
     if unknown:
         raise ValueError(f"unknown behaviour key(s) {', '.join(unknown)}")
     policies = defaults.policies
@@ -170,8 +180,9 @@ def _rules(doc: Any, defaults: ScalingRules) -> ScalingRules:
             raise ValueError(f"policies must be a list of {{type, value, period_seconds}}, got {entries!r}")
         policies = tuple(RatePolicy(str(p.get("type", "percent")), float(p["value"]),
                                     float(p.get("period_seconds", 15))) for p in entries)
+    tolerance = doc.get("tolerance", defaults.tolerance)
     return ScalingRules(float(doc.get("stabilization_seconds", defaults.stabilization_seconds)), policies,
-                        str(doc.get("select", defaults.select)))
+                        str(doc.get("select", defaults.select)), None if tolerance is None else float(tolerance))
 
 
 OPTIONS = OptionSet(ScalerConfig, ENV_PREFIX, "scaler")

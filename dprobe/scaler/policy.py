@@ -7,7 +7,8 @@ Per decision, for one scaled object (a workload's replicas, a virtual cluster's 
    (a pod at 0.6 counts 0.6).
 2. **Desired** is ``ceil(demand * (1 + margin) / target)`` (VPA's safety margin, the HPA's
    target utilisation), kept at the current count while ``demand / (current * target)`` is
-   within ``tolerance`` of 1 (HPA), set to 0 below ``activation`` where ``min_replicas`` is 0
+   within ``tolerance`` of 1 (HPA; per direction, ``scale_up.tolerance`` above 1 and
+   ``scale_down.tolerance`` below, as the HPA's ``behavior.*.tolerance``), set to 0 below ``activation`` where ``min_replicas`` is 0
    (KEDA's activation threshold), and bounded by ``min_replicas`` / ``max_replicas``.
 3. **Stabilisation** (HPA ``behavior``): a scale-down takes the highest desired count of the
    last ``scale_down.stabilization_seconds``, a scale-up the lowest of the last
@@ -46,15 +47,19 @@ class RatePolicy:
 
 @dataclass(frozen=True)
 class ScalingRules:
-    """One direction's behaviour, as the HPA's ``behavior.scaleUp`` / ``scaleDown``."""
+    """One direction's behaviour, as the HPA's ``behavior.scaleUp`` / ``scaleDown``; ``tolerance``:
+    this direction's own (None: the policy's)."""
 
     stabilization_seconds: float = 0.0
     policies: tuple[RatePolicy, ...] = (RatePolicy(),)
     select: Literal["max", "min", "disabled"] = "max"
+    tolerance: float | None = None
 
     def __post_init__(self) -> None:
         if self.stabilization_seconds < 0:
             raise ValueError(f"stabilization_seconds must be >= 0, got {self.stabilization_seconds}")
+        if self.tolerance is not None and not self.tolerance >= 0:
+            raise ValueError(f"tolerance must be >= 0, got {self.tolerance}")
         if self.select not in ("max", "min", "disabled"):
             raise ValueError(f"select must be max, min or disabled, got {self.select!r}")
 
@@ -70,7 +75,7 @@ class Policy:
 
     target: float = 0.8  # demand one replica (GPU) should carry: utilisation 0-1 per replica
     margin: float = 0.1  # safety margin on the forecast demand (VPA)
-    tolerance: float = 0.1  # no change while demand / capacity is within this of 1 (HPA)
+    tolerance: float = 0.1  # no change while demand / capacity is within this of 1 (HPA); per direction below
     min_replicas: int = 1
     max_replicas: int = 100
     activation: float = 0.0  # with min_replicas 0: below this demand, scale to zero (KEDA)
@@ -99,8 +104,12 @@ class Policy:
             raise ValueError(f"demand must be a finite number >= 0, got {demand}")
         if self.min_replicas == 0 and demand < self.activation:
             return 0, "below activation"
-        if current > 0 and abs(demand / (current * self.target) - 1.0) <= self.tolerance:
-            return self.bound(current), "within tolerance"
+        if current > 0:
+            ratio = demand / (current * self.target)
+            rules = self.scale_up if ratio > 1.0 else self.scale_down
+            tolerance = self.tolerance if rules.tolerance is None else rules.tolerance
+            if abs(ratio - 1.0) <= tolerance:
+                return self.bound(current), "within tolerance"
         raw = math.ceil(demand * (1.0 + self.margin) / self.target - 1e-9)
         count = self.bound(raw)
         why = "forecast" if count == raw else ("at max_replicas" if raw > count else "at min_replicas")

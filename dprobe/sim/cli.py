@@ -62,6 +62,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--tolerance", type=float, default=0.1,
                      help="no change while demand / quota is within this of 1, the scaler's tolerance "
                      "(default: %(default)g)")
+    sim.add_argument("--scale-up-tolerance", type=float, metavar="T",
+                     help="tolerance above 1 only: raise the quota once demand exceeds it by more than this "
+                     "(the scaler's scale_up_tolerance; default: --tolerance)")
+    sim.add_argument("--scale-down-tolerance", type=float, metavar="T",
+                     help="tolerance below 1 only (the scaler's scale_down_tolerance; default: --tolerance)")
     sim.add_argument("--min-gpus", type=int, default=0, metavar="N",
                      help="least quota per VC, the scaler's min_replicas (default: %(default)d)")
     sim.add_argument("--max-gpus", type=int, metavar="N",
@@ -95,8 +100,10 @@ def _check(args: argparse.Namespace) -> list[str]:
                          f"{', '.join(POLICY_NAMES)}")
     if args.horizon is not None and not (math.isfinite(args.horizon) and args.horizon > 0):
         raise ValueError(f"--horizon must be a positive number of seconds, got {args.horizon:g}")
-    if args.margin < 0 or args.tolerance < 0:
-        raise ValueError("--margin and --tolerance must be >= 0")
+    for flag in ("margin", "tolerance", "scale_up_tolerance", "scale_down_tolerance"):
+        value = getattr(args, flag)
+        if value is not None and not value >= 0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 0, got {value:g}")
     if args.min_gpus < 0 or (args.max_gpus is not None and args.max_gpus < max(1, args.min_gpus)):
         raise ValueError(f"need 0 <= --min-gpus <= --max-gpus and --max-gpus >= 1, got {args.min_gpus}, "
                          f"{args.max_gpus}")
@@ -135,7 +142,9 @@ def run(args: argparse.Namespace) -> int:
     if not len(jobs):
         raise ValueError(f"{directory}: no jobs to simulate with these --vc / --days")
 
-    settings = ScalerSettings(margin=args.margin, tolerance=args.tolerance, min_gpus=args.min_gpus)
+    settings = ScalerSettings(margin=args.margin, tolerance=args.tolerance, min_gpus=args.min_gpus,
+                              scale_up_tolerance=args.scale_up_tolerance,
+                              scale_down_tolerance=args.scale_down_tolerance)
     n_vcs = len(jobs.vc_names)
     max_gpus = np.full(n_vcs, args.max_gpus) if args.max_gpus else peak_demand(jobs)
     static = (np.full(n_vcs, args.static_gpus) if args.static_gpus is not None
@@ -160,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
             "interval_seconds": args.interval, "provision_delay_seconds": args.provision_delay,
             "horizon_seconds": horizon, "quantile": args.quantile, "queue": args.queue,
             "margin": args.margin, "tolerance": args.tolerance, "min_gpus": args.min_gpus,
+            "scale_up_tolerance": args.scale_up_tolerance, "scale_down_tolerance": args.scale_down_tolerance,
             "max_gpus": dict(zip(jobs.vc_names, max_gpus.tolist(), strict=True)),
             "static_gpus": dict(zip(jobs.vc_names, static.tolist(), strict=True)),
             "static_percentile": args.static_percentile, "static_warmup": args.static_warmup,

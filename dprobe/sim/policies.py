@@ -8,12 +8,12 @@ and the demand is in GPUs (``target=1.0``). They differ only in the demand they 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from dprobe.forecasting.base import QUANTILES, Forecaster, ForecastInput
-from dprobe.scaler.policy import Policy, Recommender
+from dprobe.scaler.policy import DEFAULT_SCALE_DOWN, DEFAULT_SCALE_UP, Policy, Recommender
 from dprobe.sim.jobs import JobTable, sample_step_function, unconstrained_demand
 from dprobe.sim.view import ClusterView
 
@@ -81,10 +81,14 @@ class ScalerSettings:
     margin: float = 0.1
     tolerance: float = 0.1
     min_gpus: int = 0
+    scale_up_tolerance: float | None = None  # None: tolerance
+    scale_down_tolerance: float | None = None
 
     def policy(self, max_gpus: int) -> Policy:
         return Policy(target=1.0, margin=self.margin, tolerance=self.tolerance,
-                      min_replicas=min(self.min_gpus, max_gpus), max_replicas=max_gpus)
+                      min_replicas=min(self.min_gpus, max_gpus), max_replicas=max_gpus,
+                      scale_up=replace(DEFAULT_SCALE_UP, tolerance=self.scale_up_tolerance),
+                      scale_down=replace(DEFAULT_SCALE_DOWN, tolerance=self.scale_down_tolerance))
 
 
 class RecommenderQuota(QuotaPolicy):
