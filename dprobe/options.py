@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -130,8 +131,11 @@ class OptionSet:
             flag = "--" + name.replace("_", "-")
             env = self.env_prefix + name.upper()
             default = getattr(defaults, name)
-            shown = ",".join(map(str, default)) if isinstance(default, list) else default
-            shown = "unset" if default is None else repr(shown)
+            if isinstance(default, dict) or isinstance(default, list) and any(isinstance(v, dict) for v in default):
+                shown = json.dumps(default)  # as it would be written in the variable
+            else:
+                shown = "unset" if default is None else repr(
+                    ",".join(map(str, default)) if isinstance(default, list) else default)
             help_text = f"{f.metadata['help']} (env {env}; default: {shown})".replace("%", "%%")
             kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
             if str(f.type) == "bool":

@@ -111,7 +111,7 @@ def test_config_reads_workloads_from_yaml_env_and_flags(tmp_path: Path) -> None:
     path = tmp_path / "scaler.yaml"
     path.write_text(yaml.safe_dump({"scaler": {
         "prometheus": {"url": "http://prom:9090"}, "target": 0.7, "max_replicas": 12,
-        "scale_down_tolerance": 0.2,
+        "scale_down_tolerance": 0.2, "scale_up": {"policies": [{"type": "pods", "value": 16, "period_seconds": 60}]},
         "workloads": [{"namespace": "serving", "name": "llm", "max_replicas": 6, "scale_up": {"tolerance": 0},
                        "scale_down": {"stabilization_seconds": 600,
                                       "policies": [{"type": "pods", "value": 1, "period_seconds": 60}]}},
@@ -123,6 +123,10 @@ def test_config_reads_workloads_from_yaml_env_and_flags(tmp_path: Path) -> None:
     assert llm.policy.scale_down.policies == (RatePolicy("pods", 1, 60),)
     assert (llm.policy.scale_up.tolerance, llm.policy.scale_down.tolerance, db.policy.scale_up.tolerance,
             db.policy.scale_down.tolerance, db.policy.tolerance) == (0.0, 0.2, None, 0.2, 0.1)
+    # top-level scale_up: {policies: ...} is scale_up_policies, the default of every workload and VC
+    assert llm.policy.scale_up.policies == db.policy.scale_up.policies == config.gpu_policy().scale_up.policies \
+        == (RatePolicy("pods", 16, 60),)
+    assert config.default_policy().scale_down.policies == (RatePolicy("percent", 100, 15),)  # the HPA's
     assert llm.pods.fullmatch("llm-7d9f8c6b5d-x2k4p") and not llm.pods.fullmatch("llm-proxy-7d9f8c6b5d-x2k4p")
     assert (db.kind, db.policy.max_replicas, bool(db.pods.fullmatch("db-2"))) == ("StatefulSet", 12, True)
     env = {"DPROBE_SCALER_WORKLOADS": json.dumps([{"namespace": "a", "name": "b"}])}
@@ -150,6 +154,10 @@ def test_config_refuses_bad_values() -> None:
         ScalerConfig(quantile=90).validate()
     with pytest.raises(ValueError, match="DPROBE_SCALER_INTERVAL"):
         load_config({}, env={"DPROBE_SCALER_INTERVAL": "soon"})
+    with pytest.raises(ValueError, match="scale_down_policies: unknown rate policy key"):
+        load_config({}, env={"DPROBE_SCALER_SCALE_DOWN_POLICIES": '[{"type": "pods", "value": 1, "period": 60}]'})
+    with pytest.raises(ValueError, match="scale_up_policies: rate policy type must be pods or percent"):
+        ScalerConfig(scale_up_policies=[{"type": "gpus", "value": 2}]).validate()
     with pytest.raises(ValueError, match="scale_up_tolerance must be >= 0"):
         load_config({}, env={"DPROBE_SCALER_SCALE_UP_TOLERANCE": "-0.1"})
 

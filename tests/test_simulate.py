@@ -128,6 +128,13 @@ def test_scale_up_tolerance_zero_serves_a_demand_just_above_the_quota() -> None:
     assert eager.quota_at_decision[0].max() == 21 and eager.waits()[-1] < 1200  # next decision + delay
 
 
+def test_scale_up_gpus_sets_the_scale_up_rate_limit() -> None:
+    jobs = one_vc(*[(0, 3600, 1)] * 20)
+    r = simulate(jobs, ReactiveQuota(np.array([40]), ScalerSettings(margin=0.0, tolerance=0.0, scale_up_gpus=16)),
+                 FIFO)
+    assert r.quota_at_decision[0][1:3].tolist() == [16, 20]  # +16 (more than doubling 0), then the demand
+
+
 def test_reactive_rejects_jobs_above_max_gpus() -> None:
     r = simulate(one_vc((0, 10, 16), (0, 10, 1)), ReactiveQuota(np.array([8]), ScalerSettings()), FIFO)
     assert r.rejected.tolist() == [True, False]
@@ -204,6 +211,7 @@ def test_cli_table_for_one_itp_cluster(capsys: pytest.CaptureFixture[str]) -> No
     (["--policies", "static,oracle"], "unknown policy oracle"),
     (["--quantile", "0.8", "--days", "1"], "--quantile must be one of"),
     (["--scale-up-tolerance", "-1", "--days", "1"], "--scale-up-tolerance must be >= 0, got -1"),
+    (["--scale-up-gpus", "0", "--days", "1"], "--scale-up-gpus must be >= 1"),
     (["--data", str(DATASETS / "helios-earth-vc")], "not a job log"),
 ])
 def test_cli_bad_input_exits_2_with_a_message(capsys: pytest.CaptureFixture[str], argv: list[str],

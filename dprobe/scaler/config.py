@@ -20,7 +20,7 @@ import argparse
 import re
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from dprobe.options import OptionSet, option
@@ -72,6 +72,13 @@ class ScalerConfig:
     scale_up_stabilization_seconds: float = option(0.0, "a scale-up takes the lowest recommendation of this window")
     scale_down_stabilization_seconds: float = option(300.0, "a scale-down takes the highest recommendation of "
                                                             "this window")
+    scale_up_policies: list[dict[str, Any]] = option(
+        [asdict(r) for r in DEFAULT_SCALE_UP.policies],
+        "rate limits of a scale-up, the largest change allowed wins: [{type: pods|percent, value, period_seconds}] "
+        "(HPA behavior.scaleUp.policies; YAML, or JSON in env)")
+    scale_down_policies: list[dict[str, Any]] = option(
+        [asdict(r) for r in DEFAULT_SCALE_DOWN.policies],
+        "rate limits of a scale-down, as scale_up_policies (HPA behavior.scaleDown.policies)")
     min_gpus: int = option(0, "fewest GPUs recommended for a virtual cluster")
     max_gpus: int = option(1024, "most GPUs recommended for a virtual cluster")
     workloads: list[dict[str, Any]] = option([], "scaled workloads with their own settings (YAML, or JSON in env)")
@@ -97,6 +104,11 @@ class ScalerConfig:
         for name in ("scale_up_tolerance", "scale_down_tolerance"):
             if getattr(self, name) is not None and not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0 (or unset: tolerance), got {getattr(self, name)}")
+        for name in ("scale_up_policies", "scale_down_policies"):
+            try:
+                rate_policies(getattr(self, name))
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from exc
         if not 0 <= self.min_gpus <= self.max_gpus:
             raise ValueError(f"need 0 <= min_gpus <= max_gpus, got {self.min_gpus}, {self.max_gpus}")
         self.default_policy()  # checks the policy options
@@ -110,9 +122,10 @@ class ScalerConfig:
             max_replicas=self.max_replicas, activation=self.activation, fallback_replicas=self.fallback_replicas,
             failure_threshold=self.failure_threshold,
             scale_up=replace(DEFAULT_SCALE_UP, stabilization_seconds=self.scale_up_stabilization_seconds,
-                             tolerance=self.scale_up_tolerance),
+                             tolerance=self.scale_up_tolerance, policies=rate_policies(self.scale_up_policies)),
             scale_down=replace(DEFAULT_SCALE_DOWN, stabilization_seconds=self.scale_down_stabilization_seconds,
-                               tolerance=self.scale_down_tolerance))
+                               tolerance=self.scale_down_tolerance,
+                               policies=rate_policies(self.scale_down_policies)))
 
     def gpu_policy(self) -> Policy:
         """The policy of a virtual cluster's GPU count: one GPU carries ``target`` of utilisation."""
@@ -173,16 +186,24 @@ def _rules(doc: Any, defaults: ScalingRules) -> ScalingRules:
     unknown = sorted(set(doc) - {"stabilization_seconds", "policies", "select", "tolerance"})
     if unknown:
         raise ValueError(f"unknown behaviour key(s) {', '.join(unknown)}")
-    policies = defaults.policies
-    if "policies" in doc:
-        entries = doc["policies"]
-        if not isinstance(entries, list) or not all(isinstance(p, Mapping) and "value" in p for p in entries):
-            raise ValueError(f"policies must be a list of {{type, value, period_seconds}}, got {entries!r}")
-        policies = tuple(RatePolicy(str(p.get("type", "percent")), float(p["value"]),
-                                    float(p.get("period_seconds", 15))) for p in entries)
+    policies = rate_policies(doc["policies"]) if "policies" in doc else defaults.policies
     tolerance = doc.get("tolerance", defaults.tolerance)
     return ScalingRules(float(doc.get("stabilization_seconds", defaults.stabilization_seconds)), policies,
                         str(doc.get("select", defaults.select)), None if tolerance is None else float(tolerance))
+
+
+def rate_policies(entries: Any) -> tuple[RatePolicy, ...]:
+    """``[{type, value, period_seconds}, ...]`` as rate policies (type defaults to percent, period to 15 s)."""
+    if not isinstance(entries, list) or not all(isinstance(p, Mapping) and "value" in p for p in entries):
+        raise ValueError(f"policies must be a list of {{type, value, period_seconds}}, got {entries!r}")
+    unknown = sorted({str(k) for p in entries for k in p} - {"type", "value", "period_seconds"})
+    if unknown:
+        raise ValueError(f"unknown rate policy key(s) {', '.join(unknown)}")
+    try:
+        return tuple(RatePolicy(str(p.get("type", "percent")), float(p["value"]), float(p.get("period_seconds", 15)))
+                     for p in entries)
+    except TypeError as exc:
+        raise ValueError(f"rate policy values must be numbers: {exc}") from exc
 
 
 OPTIONS = OptionSet(ScalerConfig, ENV_PREFIX, "scaler")

@@ -67,6 +67,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      "(the scaler's scale_up_tolerance; default: --tolerance)")
     sim.add_argument("--scale-down-tolerance", type=float, metavar="T",
                      help="tolerance below 1 only (the scaler's scale_down_tolerance; default: --tolerance)")
+    sim.add_argument("--scale-up-gpus", type=int, default=4, metavar="N",
+                     help="a decision may add N GPUs to a VC's quota or double it, whichever is more: the "
+                     "scaler's scale_up_policies [{type: percent, value: 100}, {type: pods, value: N}] "
+                     "(default: %(default)d, the HPA's)")
     sim.add_argument("--min-gpus", type=int, default=0, metavar="N",
                      help="least quota per VC, the scaler's min_replicas (default: %(default)d)")
     sim.add_argument("--max-gpus", type=int, metavar="N",
@@ -104,6 +108,8 @@ def _check(args: argparse.Namespace) -> list[str]:
         value = getattr(args, flag)
         if value is not None and not value >= 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 0, got {value:g}")
+    if args.scale_up_gpus < 1:
+        raise ValueError(f"--scale-up-gpus must be >= 1, got {args.scale_up_gpus}")
     if args.min_gpus < 0 or (args.max_gpus is not None and args.max_gpus < max(1, args.min_gpus)):
         raise ValueError(f"need 0 <= --min-gpus <= --max-gpus and --max-gpus >= 1, got {args.min_gpus}, "
                          f"{args.max_gpus}")
@@ -144,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
 
     settings = ScalerSettings(margin=args.margin, tolerance=args.tolerance, min_gpus=args.min_gpus,
                               scale_up_tolerance=args.scale_up_tolerance,
-                              scale_down_tolerance=args.scale_down_tolerance)
+                              scale_down_tolerance=args.scale_down_tolerance, scale_up_gpus=args.scale_up_gpus)
     n_vcs = len(jobs.vc_names)
     max_gpus = np.full(n_vcs, args.max_gpus) if args.max_gpus else peak_demand(jobs)
     static = (np.full(n_vcs, args.static_gpus) if args.static_gpus is not None
@@ -170,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
             "horizon_seconds": horizon, "quantile": args.quantile, "queue": args.queue,
             "margin": args.margin, "tolerance": args.tolerance, "min_gpus": args.min_gpus,
             "scale_up_tolerance": args.scale_up_tolerance, "scale_down_tolerance": args.scale_down_tolerance,
+            "scale_up_gpus": args.scale_up_gpus,
             "max_gpus": dict(zip(jobs.vc_names, max_gpus.tolist(), strict=True)),
             "static_gpus": dict(zip(jobs.vc_names, static.tolist(), strict=True)),
             "static_percentile": args.static_percentile, "static_warmup": args.static_warmup,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from dprobe.forecasting.base import QUANTILES, Forecaster, ForecastInput
-from dprobe.scaler.policy import DEFAULT_SCALE_DOWN, DEFAULT_SCALE_UP, Policy, Recommender
+from dprobe.scaler.policy import DEFAULT_SCALE_DOWN, DEFAULT_SCALE_UP, Policy, RatePolicy, Recommender
 from dprobe.sim.jobs import JobTable, sample_step_function, unconstrained_demand
 from dprobe.sim.view import ClusterView
 
@@ -83,11 +83,13 @@ class ScalerSettings:
     min_gpus: int = 0
     scale_up_tolerance: float | None = None  # None: tolerance
     scale_down_tolerance: float | None = None
+    scale_up_gpus: int = 4  # a scale-up may add this many GPUs or double the quota, whichever is more (HPA: 4)
 
     def policy(self, max_gpus: int) -> Policy:
+        up = (RatePolicy("percent", 100, 15), RatePolicy("pods", self.scale_up_gpus, 15))
         return Policy(target=1.0, margin=self.margin, tolerance=self.tolerance,
                       min_replicas=min(self.min_gpus, max_gpus), max_replicas=max_gpus,
-                      scale_up=replace(DEFAULT_SCALE_UP, tolerance=self.scale_up_tolerance),
+                      scale_up=replace(DEFAULT_SCALE_UP, tolerance=self.scale_up_tolerance, policies=up),
                       scale_down=replace(DEFAULT_SCALE_DOWN, tolerance=self.scale_down_tolerance))
 
 
