@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
 from dprobe.exporter import ExporterServer, ForecastSnapshot, Latest, SidecarCollector, SourceStatus
+from dprobe.exporter.state import JobRow
 
 NOW = 10_000.0
 
@@ -26,6 +27,7 @@ class FakeState:
         labels = [{"namespace": "ns", "pod": f"pod-{i}", "container": "train", "gpu": str(i % 8), "UUID": f"GPU-{i}"}
                   for i in range(n)]
         self.latest = {t: Latest(NOW - 1.0, 1e9 * (i + 1), 0.25, "fake", labels[i]) for i, t in enumerate(self.targets)}
+        self.jobs: list[JobRow] = []
         q = np.arange(n * 3 * 3, dtype=float).reshape(n, 3, 3)
         self.snap = ForecastSnapshot(made_at=NOW - snapshot_age, targets=tuple(self.targets),
                                      input_ts=np.full(n, NOW - 1.0), horizons=(60, 300, 900),
@@ -48,6 +50,9 @@ class FakeState:
 
     def model_labels(self):
         return {"version": "0.1.0", "checkpoint": "/ckpt/model.pt", "kind": "dprobe-gnn"}
+
+    def job_rows(self, latest, fresh):
+        return [r for r in self.jobs if r.target in fresh]
 
     def ready(self):
         return self.is_ready
@@ -105,6 +110,26 @@ def test_stale_targets_and_old_forecasts_are_not_shown() -> None:
     assert "dprobe_predicted_gpu_memory_bytes" not in m and len(m["dprobe_observed_gpu_memory_bytes"]) == 3
 
 
+JOB = JobRow("ns/pod-0", {"namespace": "ns", "pod": "pod-0"},
+             {"gpu_memory_bytes": {"0.5": 5e9, "0.9": 6e9}, "step_seconds": {"0.5": 0.1, "0.9": 0.125}},
+             {"model": "torchvision:resnet50", "batch": "64", "precision": "bf16", "fits": "yes"})
+
+
+def test_job_profiles_are_exported_with_the_targets_identity() -> None:
+    state = FakeState()
+    state.jobs = [JOB]
+    m = scrape(state)
+    mem = {(s.labels["target"], s.labels["pod"], s.labels["quantile"]): s.value
+           for s in m["dprobe_job_predicted_gpu_memory_bytes"]}
+    assert mem == {("ns/pod-0", "pod-0", "0.5"): 5e9, ("ns/pod-0", "pod-0", "0.9"): 6e9}
+    assert [s.value for s in m["dprobe_job_predicted_step_seconds"]] == [0.1, 0.125]
+    [info] = m["dprobe_job_info"]
+    assert (info.labels["model"], info.labels["batch"], info.labels["fits"], info.labels["optimizer"]) == (
+        "torchvision:resnet50", "64", "yes", "")
+    state.latest["ns/pod-0"] = Latest(NOW - 31.0, 5e9, 0.5, "fake")  # stale: its job's profile is withdrawn too
+    assert "dprobe_job_info" not in scrape(state)
+
+
 def _get(url: str) -> tuple[int, str, str]:
     try:
         with urllib.request.urlopen(url, timeout=2) as r:
@@ -146,6 +171,7 @@ def test_fast_text_equals_client_python_rendering() -> None:
     state.latest["ns/pod-3"] = Latest(NOW - 99.0, 1.0, 0.5, "fake")
     state.latest['we"ird\\pod'] = Latest(NOW - 2.0, 7.0, None, "fake", {"pod": 'we"ird\\pod', "UUID": "GPU-\n"})
     state.latest["gpu-only"] = Latest(NOW - 2.0, 8.0, 0.1, "fake")  # a source without identity labels
+    state.jobs = [JOB]
     collector = SidecarCollector(state, clock=lambda: NOW)
     reg = CollectorRegistry(auto_describe=False)
     reg.register(collector)

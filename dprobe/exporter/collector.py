@@ -11,7 +11,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from dprobe.exporter.state import ExporterState, ForecastSnapshot, Latest
+from dprobe.exporter.state import ExporterState, ForecastSnapshot, JobRow, Latest
 from dprobe.sources.base import IDENTITY_LABELS
 
 PREDICTED = {
@@ -27,6 +27,15 @@ OBSERVED = {
     "gpu_utilization_ratio": ("dprobe_observed_gpu_utilization_ratio", "Latest GPU utilisation of the target (0-1)."),
 }
 AGE = ("dprobe_last_sample_age_seconds", "Seconds since the target's last sample.")
+JOB_PREDICTED = {
+    "gpu_memory_bytes": "Cold-start prediction of the GPU memory the target's training job holds per GPU while it "
+                        "trains, as NVML / DCGM show it, by quantile (bytes).",
+    "allocator_peak_bytes": "Cold-start prediction of the training peak of the job's PyTorch allocator per GPU, "
+                            "by quantile (bytes).",
+    "gpu_utilization_ratio": "Cold-start prediction of the job's GPU utilisation while it trains, by quantile (0-1).",
+    "step_seconds": "Cold-start prediction of the job's training step time, by quantile (seconds).",
+}
+JOB_INFO_LABELS = ["model", "batch", "precision", "optimizer", "gpu", "fits"]
 # every per-target series: the target, then its identity labels as the source gave them (dcgm-exporter's
 # names), so that PromQL can join on(namespace, pod) or on(UUID). Labels a target lacks are exported
 # empty rather than left out: scraped with honor_labels, an absent label would take the scraped pod's value.
@@ -149,6 +158,23 @@ class SidecarCollector(Collector):
         tracked.add_metric(["fresh"], len(fresh))
         tracked.add_metric(["stale"], len(latest) - len(fresh))
         yield tracked
+        yield from self._jobs(st.job_rows(latest, fresh))
+
+    @staticmethod
+    def _jobs(rows: list[JobRow]) -> Iterator[Metric]:
+        families = {stem: GaugeMetricFamily(f"dprobe_job_predicted_{stem}", doc, labels=[*TARGET_LABELS, "quantile"])
+                    for stem, doc in JOB_PREDICTED.items()}
+        info = InfoMetricFamily("dprobe_job", "The training job a target runs, as its cold-start profile reads it; "
+                                "fits: whether it fits the GPU's memory (yes, maybe, no).",
+                                labels=TARGET_LABELS)
+        for row in rows:
+            ident = _identity(row.target, row.labels)
+            for stem, by_quantile in row.values.items():
+                for q, v in by_quantile.items():
+                    families[stem].add_metric([*ident, q], v)
+            info.add_metric(ident, {k: str(row.info.get(k, "")) for k in JOB_INFO_LABELS})
+        yield from families.values()
+        yield info
 
     # fast path ------------------------------------------------------------------------------------
     def prepare(self, snap: ForecastSnapshot | None) -> dict[str, dict[str, str]]:

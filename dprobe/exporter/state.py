@@ -39,6 +39,17 @@ class ForecastSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class JobRow:
+    """The cold-start profile of the training job a target runs: ``values[stem][quantile]`` (stems such as
+    ``gpu_memory_bytes``, exported as ``dprobe_job_predicted_<stem>``) and ``info`` (the job's description)."""
+
+    target: str
+    labels: Mapping[str, str]
+    values: Mapping[str, Mapping[str, float]]
+    info: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
 class SourceStatus:
     name: str
     up: bool
@@ -60,5 +71,7 @@ class ExporterState(Protocol):
     def forecast_errors(self) -> int: ...
 
     def model_labels(self) -> dict[str, str]: ...
+
+    def job_rows(self, latest: dict[str, Latest], fresh: set[str]) -> list[JobRow]: ...
 
     def ready(self) -> tuple[bool, str]: ...

@@ -55,7 +55,14 @@ class SidecarConfig:
     synthetic_targets: int = option(64, "targets of the synthetic source")
     graph_file: str = option("", "model graph JSON (dprobe graph) for targets without a graphs entry")
     graphs: dict[str, str] = option({}, "target glob -> graph JSON path or model spec (YAML only, or JSON in env)")
-    annotations_file: str = option("", "downward-API annotations file; dprobe.io/model-graph names the graph")
+    annotations_file: str = option("", "downward-API annotations file; dprobe.io/model-graph names the graph, "
+                                       "dprobe.io/training-job the job")
+    job: str = option("", "training job of the targets without a jobs entry, as 'MODEL batch=N [precision=P] "
+                          "[optimizer=O] [image=N] [seq=N] [gpu=NAME]': its cold-start profile is exported "
+                          "(dprobe_job_*)")
+    jobs: dict[str, str] = option({}, "target glob -> training job, as job (YAML only, or JSON in env)")
+    coldstart_checkpoint: str | None = option(None, "cold-start checkpoint for the job profiles "
+                                                    "(default: the one shipped with dprobe)")
     log_level: str = option("info", "debug, info, warning or error")
 
     def validate(self) -> SidecarConfig:
@@ -80,6 +87,15 @@ class SidecarConfig:
                 # a typo here would otherwise only show as a source failing for ever, retried with backoff
                 raise ValueError(f"{name} must be an http(s) URL such as {example}, got {getattr(self, name)!r}")
         self.horizons = sorted({int(h) for h in self.horizons})
+        if self.job or self.jobs:  # a bad job stops the start (it would only ever be logged later)
+            from dprobe.sidecar.jobs import JobSpec
+
+            for where, text in [("job", self.job), *((f"jobs[{k!r}]", v) for k, v in self.jobs.items())]:
+                if text:
+                    try:
+                        JobSpec.parse(text)
+                    except ValueError as exc:
+                        raise ValueError(f"{where}: {exc}") from exc
         return self
 
     @property

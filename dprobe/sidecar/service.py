@@ -12,11 +12,12 @@ from prometheus_client.registry import CollectorRegistry
 
 from dprobe.exporter import ExporterServer, SidecarCollector
 from dprobe.exporter.server import run_until_signalled
-from dprobe.exporter.state import ForecastSnapshot, Latest, SourceStatus
+from dprobe.exporter.state import ForecastSnapshot, JobRow, Latest, SourceStatus
 from dprobe.forecasting.loading import LoadedModel, open_forecaster, serves
 from dprobe.sidecar.config import SidecarConfig
 from dprobe.sidecar.engine import ForecastEngine
 from dprobe.sidecar.graphs import GraphResolver
+from dprobe.sidecar.jobs import JobProfiles
 from dprobe.sidecar.poller import SourcePoller
 from dprobe.sidecar.window import METRICS, WindowStore
 from dprobe.sources.base import Sample, Source
@@ -115,6 +116,8 @@ class Sidecar:
         self.forecast_seconds = Histogram("dprobe_forecast_seconds", "Duration of a forecast cycle (all targets).",
                                           buckets=LATENCY_BUCKETS, registry=self.registry)
         self.graphs = GraphResolver(config.graphs, config.graph_file, config.annotations_file)
+        self.jobs = JobProfiles(config.jobs, config.job, config.annotations_file, own_target=config.pod_name,
+                                checkpoint=config.coldstart_checkpoint)
         self.engine = ForecastEngine(self.store, self.model.forecaster, config.horizons, config.stale_after,
                                      config.drop_after, config.min_points, self.graphs,
                                      observe_seconds=self.forecast_seconds.observe)
@@ -145,6 +148,23 @@ class Sidecar:
 
     def model_labels(self) -> dict[str, str]:
         return {"version": self.model.version, "checkpoint": self.model.checkpoint, "kind": self.model.kind}
+
+    def job_rows(self, latest: dict[str, Latest], fresh: set[str]) -> list[JobRow]:
+        """The cold-start profiles of the fresh targets' jobs (and of this sidecar's own pod's, from the start)."""
+        if not self.jobs.active:
+            return []
+        rows = []
+        for target, profile in self.jobs.profiles(sorted(fresh)).items():
+            if target in latest:
+                labels = latest[target].labels
+            else:  # the own pod, before its first sample
+                ns, _, pod = target.rpartition("/")
+                labels = {"namespace": ns, "pod": pod}
+            spec = profile.spec
+            info = {"model": spec.model, "batch": str(spec.batch), "precision": spec.precision,
+                    "optimizer": spec.optimizer, "gpu": spec.gpu, "fits": profile.fits}
+            rows.append(JobRow(target, labels, profile.values, info))
+        return rows
 
     def ready(self) -> tuple[bool, str]:
         if self.first_sample_at is None:
@@ -177,10 +197,14 @@ class Sidecar:
         t = threading.Thread(target=self._forecast_loop, name="forecast", daemon=True)
         t.start()
         self._threads.append(t)
+        if self.jobs.active:
+            self.jobs.profiles([])  # the own pod's job, before its first sample
+            self.jobs.start()
 
     def stop(self, timeout: float = 3.0) -> None:
         """Stop sampling and forecasting, then the server; bounded by ``timeout`` seconds in all."""
         self.stop_event.set()
+        self.jobs.stop()
         deadline = time.monotonic() + timeout
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))

@@ -116,7 +116,8 @@ def test_forecasts_join_dcgm_exporter_series(prometheus_server, http_peer, check
     with http_peer(lambda path: (200, dcgm_text(next(polls)), 0.0)) as dcgm_url:
         config = SidecarConfig(listen_address="127.0.0.1", port=0, source="dcgm", sample_interval=0.1,
                                forecast_interval=0.5, step_seconds=0.5, window_seconds=30, horizons=[5],
-                               min_points=4, stale_after=120, drop_after=300, model="ewma")
+                               min_points=4, stale_after=120, drop_after=300, model="ewma",
+                               jobs={"team-a/train-*": "torchvision:resnet18 batch=8 precision=bf16"})
         sidecar = Sidecar(config, sources=[DcgmSource(dcgm_url + "/metrics", targets="pod")],
                           model=open_forecaster(None, "ewma"))
         sidecar.start()
@@ -143,6 +144,11 @@ def test_forecasts_join_dcgm_exporter_series(prometheus_server, http_peer, check
                 gpu = prom.query("dprobe_observed_gpu_utilization_ratio * 100 - on(UUID) DCGM_FI_DEV_GPU_UTIL")
                 assert [(r["metric"]["UUID"], float(r["value"][1])) for r in gpu] == [("GPU-ccc", 0.0)]
                 check_dashboard(prom, DASHBOARD, {"namespace": ".*", "pod": "train-0", "horizon": "5"})
+                # the training job's cold-start profile against the pod's GPUs (143,000 MiB each): it fits
+                [room] = prom.query('dprobe:gpu_memory_per_gpu_bytes:by_pod - on(namespace, pod) '
+                                    'max by (namespace, pod) (dprobe_job_predicted_gpu_memory_bytes{quantile="0.9"})')
+                assert room["metric"]["pod"] == "train-0" and 0 < float(room["value"][1]) < 143000 * 2**20
+                assert not prom.query('ALERTS{alertname="DprobeJobExceedsGPUMemory"}')
                 # the KEDA example's query, pointed at this pod: its p90 utilisation forecast, 0-1
                 trigger = yaml.safe_load(KEDA.read_text())["spec"]["triggers"][0]["metadata"]["query"]
                 trigger = trigger.replace('namespace="serving"', 'namespace="team-a"').replace(

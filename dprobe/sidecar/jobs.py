@@ -1,0 +1,195 @@
+"""Cold-start profiles of the training jobs that targets run: what ``dprobe predict`` says of each job,
+computed once per job in a background thread and exported beside the forecasts.
+
+A job is given as ``MODEL key=value ...`` (``torchvision:resnet50 batch=64 precision=bf16``): by a
+``jobs`` entry (target glob -> job), the ``job`` option (every other target) or the pod annotation
+``dprobe.io/training-job`` (read from the downward-API annotations file; it overrides ``job``).
+The profile exists before the job's first sample, so it is what the sidecar knows of a job it has
+no metrics for yet; it never changes the forecasts.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+import queue
+import shlex
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dprobe.sidecar.graphs import read_annotations
+
+log = logging.getLogger(__name__)
+ANNOTATION = "dprobe.io/training-job"
+PRECISIONS = ("fp32", "bf16", "fp16", "bf16-pure")
+OPTIMIZERS = ("adamw", "adam", "sgd")
+KEYS = ("batch", "precision", "optimizer", "image", "seq", "gpu", "host_stall", "config_kwargs")
+# what a profile holds: (the prediction's key, the exported name's stem)
+TARGETS = (("device_memory_bytes", "gpu_memory_bytes"), ("peak_memory_bytes", "allocator_peak_bytes"),
+           ("gpu_utilization", "gpu_utilization_ratio"), ("step_time_seconds", "step_seconds"))
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One training job, as ``dprobe predict`` takes it."""
+
+    model: str
+    batch: int
+    precision: str = "fp32"
+    optimizer: str = "adamw"
+    image: int | None = None
+    seq: int | None = None
+    gpu: str = "h200"
+    host_stall_s: float = 0.0
+    config_kwargs: str = ""  # a JSON object (keys sorted): the spec is hashable, one profile per job
+
+    @staticmethod
+    def parse(text: str) -> JobSpec:
+        """``MODEL batch=N [precision=P] [optimizer=O] [image=N] [seq=N] [gpu=NAME] [host_stall=S]
+        [config_kwargs=JSON]`` (shell quoting for values with spaces); a ValueError naming what is wrong."""
+        from dprobe.coldstart.features import GPUS
+
+        try:
+            model, *opts = shlex.split(text)
+        except ValueError as exc:
+            raise ValueError(f"{text!r}: {exc}") from exc
+        kw: dict[str, Any] = {}
+        for opt in opts:
+            key, sep, value = opt.partition("=")
+            if not sep or not value:
+                raise ValueError(f"{text!r}: expected key=value, got {opt!r}")
+            if key not in KEYS:
+                raise ValueError(f"{text!r}: unknown key {key!r} ({', '.join(KEYS)})")
+            try:
+                if key in ("batch", "image", "seq"):
+                    kw[key] = int(value)
+                elif key == "host_stall":
+                    kw["host_stall_s"] = float(value)
+                elif key == "config_kwargs":
+                    parsed = json.loads(value)
+                    if not isinstance(parsed, dict):
+                        raise ValueError("must be a JSON object")
+                    kw[key] = json.dumps(parsed, sort_keys=True)
+                else:
+                    kw[key] = value.lower()
+            except ValueError as exc:  # includes json.JSONDecodeError
+                raise ValueError(f"{text!r}: {key}: {exc}") from exc
+        if "batch" not in kw or kw["batch"] < 1:
+            raise ValueError(f"{text!r}: batch=N (>= 1) is required")
+        for key, allowed in (("precision", PRECISIONS), ("optimizer", OPTIMIZERS), ("gpu", tuple(GPUS))):
+            if key in kw and kw[key] not in allowed:
+                raise ValueError(f"{text!r}: {key} must be one of {', '.join(allowed)}, got {kw[key]!r}")
+        if kw.get("host_stall_s", 0.0) < 0:
+            raise ValueError(f"{text!r}: host_stall must be >= 0 seconds")
+        return JobSpec(model, **kw)
+
+    def predict(self, checkpoint: str | None = None) -> dict[str, Any]:
+        """The cold-start prediction (:func:`dprobe.coldstart.predict.predict_job`; seconds on a CPU)."""
+        from dprobe.coldstart.predict import predict_job
+
+        return predict_job(self.model, self.batch, self.precision, self.optimizer, image=self.image, seq=self.seq,
+                           config_kwargs=self.config_kwargs or None, checkpoint=checkpoint, gpu=self.gpu,
+                           host_stall_s=self.host_stall_s)
+
+
+@dataclass(frozen=True)
+class JobProfile:
+    """A job's prediction as exported: ``values[stem][quantile]``, e.g. ``values["gpu_memory_bytes"]["0.9"]``."""
+
+    spec: JobSpec
+    values: Mapping[str, Mapping[str, float]]
+    fits: str  # "yes", "maybe" or "no" (dprobe.coldstart.predict.fits_on_gpu)
+
+    @staticmethod
+    def from_prediction(spec: JobSpec, result: Mapping[str, Any]) -> JobProfile:
+        values = {stem: {"0.5": float(result[key]["p50"]), "0.9": float(result[key]["p90"])} for key, stem in TARGETS}
+        return JobProfile(spec, values, str(result["fits"]))
+
+
+class JobProfiles:
+    """Which job each target runs, and the profiles computed so far (one background thread).
+
+    ``own_target`` (the sidecar's own pod, ``namespace/pod``) is listed from the start, before any
+    sample of it arrives. A job whose prediction fails is logged once and counted in ``errors_total``.
+    """
+
+    def __init__(self, jobs: Mapping[str, str] | None = None, default: str = "", annotations_file: str = "",
+                 own_target: str = "", checkpoint: str | None = None,
+                 predict: Callable[[JobSpec], Mapping[str, Any]] | None = None):
+        if annotations_file:
+            default = read_annotations(annotations_file).get(ANNOTATION, "") or default
+        self.patterns = {glob: JobSpec.parse(text) for glob, text in (jobs or {}).items()}
+        self.default = JobSpec.parse(default) if default else None
+        self.own_target = own_target
+        self._predict = predict or (lambda spec: spec.predict(checkpoint))
+        self._profiles: dict[JobSpec, JobProfile | None] = {}  # None: queued or failed
+        self._queue: queue.Queue[JobSpec | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.errors_total = 0
+
+    @property
+    def active(self) -> bool:
+        return bool(self.patterns or self.default)
+
+    def spec(self, target: str) -> JobSpec | None:
+        for pattern, spec in self.patterns.items():
+            if fnmatch.fnmatchcase(target, pattern):
+                return spec
+        return self.default
+
+    def profiles(self, targets: list[str]) -> dict[str, JobProfile]:
+        """The ready profiles of ``targets`` (and of the own pod); jobs not yet seen are queued."""
+        out = {}
+        names = [*targets, self.own_target] if self.own_target and self.own_target not in targets else targets
+        for target in names:
+            spec = self.spec(target)
+            if spec is None:
+                continue
+            with self._lock:
+                known = spec in self._profiles
+                profile = self._profiles.get(spec)
+                if not known:
+                    self._profiles[spec] = None
+            if not known:
+                self._queue.put(spec)
+            if profile is not None:
+                out[target] = profile
+        return out
+
+    def start(self) -> threading.Thread:
+        self._thread = threading.Thread(target=self._work, name="job-profiles", daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def stop(self) -> None:
+        self._queue.put(None)
+
+    def run_pending(self) -> None:
+        """Compute every queued job now, in this thread (tests; the service uses :meth:`start`)."""
+        while not self._queue.empty():
+            spec = self._queue.get_nowait()
+            if spec is not None:
+                self._compute(spec)
+
+    def _work(self) -> None:
+        while (spec := self._queue.get()) is not None:
+            self._compute(spec)
+
+    def _compute(self, spec: JobSpec) -> None:
+        try:
+            profile = JobProfile.from_prediction(spec, self._predict(spec))
+        except Exception as exc:  # an unknown model or one that cannot be replayed must not stop the sidecar
+            self.errors_total += 1
+            log.warning("no cold-start profile for job %s: %s: %s", spec.model, type(exc).__name__, exc)
+            return
+        with self._lock:
+            self._profiles[spec] = profile
+        log.info("cold-start profile of %s (batch %d, %s): GPU memory p50 %.2f GiB, utilisation p50 %.0f %%, "
+                 "step %.3f s; fits: %s", spec.model, spec.batch, spec.precision,
+                 profile.values["gpu_memory_bytes"]["0.5"] / 2**30,
+                 100 * profile.values["gpu_utilization_ratio"]["0.5"], profile.values["step_seconds"]["0.5"],
+                 profile.fits)

@@ -1,0 +1,143 @@
+"""The sidecar's job profiles: job specs, one cold-start prediction per job, and their export."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from dprobe.coldstart.predict import predict_job
+from dprobe.forecasting.loading import open_forecaster
+from dprobe.sidecar.config import SidecarConfig, load_config
+from dprobe.sidecar.jobs import JobProfiles, JobSpec
+from dprobe.sidecar.service import Sidecar
+from dprobe.sources import Sample, SourceError
+
+RESULT = {"device_memory_bytes": {"p50": 5e9, "p90": 6e9}, "peak_memory_bytes": {"p50": 3e9, "p90": 3.2e9},
+          "gpu_utilization": {"p50": 0.7, "p90": 0.9}, "step_time_seconds": {"p50": 0.1, "p90": 0.12}, "fits": "yes"}
+
+
+def test_job_spec_parses_what_dprobe_predict_takes() -> None:
+    spec = JobSpec.parse("transformers:GPT2Config/GPT2LMHeadModel batch=8 seq=512 precision=BF16 "
+                         "config_kwargs='{\"n_layer\": 2, \"n_embd\": 64}' gpu=a100 host_stall=0.01")
+    assert (spec.model, spec.batch, spec.seq, spec.precision, spec.optimizer, spec.gpu, spec.host_stall_s) == (
+        "transformers:GPT2Config/GPT2LMHeadModel", 8, 512, "bf16", "adamw", "a100", 0.01)
+    assert spec.config_kwargs == '{"n_embd": 64, "n_layer": 2}'  # canonical: one profile per job
+    assert JobSpec.parse("torchvision:resnet50 batch=4") == JobSpec("torchvision:resnet50", 4)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("torchvision:resnet50", "batch=N"),
+    ("torchvision:resnet50 batch=0", "batch=N"),
+    ("torchvision:resnet50 batch=four", "batch: invalid literal"),
+    ("torchvision:resnet50 batch=4 precision=int8", "precision must be one of"),
+    ("torchvision:resnet50 batch=4 gpu=v100", "gpu must be one of"),
+    ("torchvision:resnet50 batch=4 lr=0.1", "unknown key 'lr'"),
+    ("torchvision:resnet50 batch=4 config_kwargs=[1]", "must be a JSON object"),
+    ("torchvision:resnet50 batch=4 'x", "No closing quotation"),
+])
+def test_bad_job_specs_are_refused_by_name(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        JobSpec.parse(text)
+
+
+def test_one_prediction_per_job_and_failures_counted() -> None:
+    calls: list[JobSpec] = []
+
+    def predict(spec: JobSpec) -> dict:
+        calls.append(spec)
+        if spec.model == "timm:no_such_model":
+            raise ValueError("unknown timm model")
+        return RESULT
+
+    jobs = JobProfiles({"team-a/*": "timm:no_such_model batch=2"}, default="torchvision:resnet50 batch=4",
+                       own_target="team-b/trainer-0", predict=predict)
+    assert jobs.profiles(["team-b/x", "team-b/y"]) == {}  # queued, not computed at scrape time
+    jobs.run_pending()
+    ready = jobs.profiles(["team-b/x", "team-b/y", "team-a/z"])
+    assert set(ready) == {"team-b/x", "team-b/y", "team-b/trainer-0"}  # the own pod before any sample
+    assert ready["team-b/x"].values["gpu_memory_bytes"] == {"0.5": 5e9, "0.9": 6e9}
+    assert ready["team-b/x"].values["step_seconds"]["0.9"] == 0.12 and ready["team-b/x"].fits == "yes"
+    jobs.run_pending()
+    assert set(jobs.profiles(["team-a/z"])) == {"team-b/trainer-0"} and jobs.errors_total == 1  # not retried
+    assert [c.model for c in calls] == ["torchvision:resnet50", "timm:no_such_model"]
+
+
+def test_annotation_names_the_job(tmp_path: Path) -> None:
+    ann = tmp_path / "annotations"
+    ann.write_text('dprobe.io/training-job="torchvision:resnet18 batch=16 precision=bf16"\nother="x"\n')
+    jobs = JobProfiles(default="torchvision:resnet50 batch=4", annotations_file=str(ann))
+    assert jobs.spec("any/pod") == JobSpec("torchvision:resnet18", 16, "bf16")
+
+
+def test_bad_job_stops_the_start_with_its_place() -> None:
+    with pytest.raises(ValueError, match=r"jobs\['team-a/\*'\]: 'resnet50': batch=N"):
+        load_config({}, env={"DPROBE_SIDECAR_JOBS": '{"team-a/*": "resnet50"}'})
+    run = subprocess.run([sys.executable, "-m", "dprobe.cli", "sidecar", "--job", "torchvision:resnet50 batch=4 opt=sgd"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "job: 'torchvision:resnet50 batch=4 opt=sgd': unknown key 'opt'" in run.stderr
+
+
+class OnePod:
+    """A source with one pod that starts sampling only when told to."""
+
+    name = "onepod"
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+
+    def poll(self) -> list[Sample]:
+        if not self.started.is_set():
+            raise SourceError("pod not running yet")
+        return [Sample("ml/trainer-0", time.time(), 2e9, 0.5, {"namespace": "ml", "pod": "trainer-0"})]
+
+    def close(self) -> None:
+        pass
+
+
+def _samples(url: str) -> list:
+    with urllib.request.urlopen(url + "/metrics", timeout=2) as r:
+        text = r.read().decode()
+    return [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+
+
+def test_sidecar_exports_the_own_pods_profile_before_its_first_sample() -> None:
+    job = "torchvision:resnet18 batch=8 precision=bf16"
+    config = SidecarConfig(listen_address="127.0.0.1", port=0, sample_interval=0.05, forecast_interval=0.1,
+                           step_seconds=0.1, window_seconds=5.0, horizons=[1], stale_after=0.6, max_backoff=0.2,
+                           pod_name="ml/trainer-0", job=job)
+    src = OnePod()
+    sc = Sidecar(config, sources=[src], model=open_forecaster(None, "last_value"))
+    sc.start()
+    try:
+        deadline = time.time() + 120  # the replay of a training step takes seconds
+        while not any(s.name == "dprobe_job_predicted_gpu_memory_bytes" for s in _samples(sc.server.url)):
+            assert time.time() < deadline, "no job profile exported"
+            time.sleep(0.2)
+        got = _samples(sc.server.url)
+        expected = predict_job("torchvision:resnet18", 8, "bf16")  # what `dprobe predict` says of the job
+        mem = {s.labels["quantile"]: s.value for s in got if s.name == "dprobe_job_predicted_gpu_memory_bytes"}
+        assert mem == {"0.5": expected["device_memory_bytes"]["p50"], "0.9": expected["device_memory_bytes"]["p90"]}
+        step = {s.labels["quantile"]: s.value for s in got if s.name == "dprobe_job_predicted_step_seconds"}
+        assert step["0.5"] == pytest.approx(expected["step_time_seconds"]["p50"])
+        [info] = [s for s in got if s.name == "dprobe_job_info"]
+        assert (info.labels["target"], info.labels["namespace"], info.labels["pod"], info.labels["model"],
+                info.labels["batch"], info.labels["fits"]) == ("ml/trainer-0", "ml", "trainer-0",
+                                                               "torchvision:resnet18", "8", expected["fits"])
+        assert not any(s.name == "dprobe_predicted_gpu_memory_bytes" for s in got)  # no forecast without samples
+        src.started.set()
+        while not any(s.name == "dprobe_predicted_gpu_memory_bytes" for s in _samples(sc.server.url)):
+            assert time.time() < deadline
+            time.sleep(0.05)
+        got = _samples(sc.server.url)
+        assert {s.labels["target"] for s in got if s.name == "dprobe_job_predicted_gpu_utilization_ratio"} == {
+            "ml/trainer-0"}
+        assert sc.jobs.errors_total == 0
+    finally:
+        sc.stop()
