@@ -185,8 +185,13 @@ def test_demand_sums_pods_per_workload_discovered_deployment_and_virtual_cluster
 
 
 def test_forecast_query_selects_horizon_quantile_and_extra_matchers() -> None:
-    q = forecast_query(ScalerConfig(horizon_seconds=900, quantile=0.99, forecast_selector='job="dprobe"'))
+    q = forecast_query(ScalerConfig(horizon_seconds=900, quantile=0.99, forecast_selector='job="dprobe"',
+                                    job_profiles=False))
     assert q == 'dprobe_predicted_gpu_utilization_ratio{horizon_seconds="900",quantile="0.99",pod!="",job="dprobe"}'
+    # pods without a forecast yet: their training job's cold-start utilisation (p90, the profiles' highest)
+    assert forecast_query(ScalerConfig(horizon_seconds=900, quantile=0.99, forecast_selector='job="dprobe"')) == (
+        q + ' or on (namespace, pod) dprobe_job_predicted_gpu_utilization_ratio{quantile="0.9",pod!="",job="dprobe"}')
+    assert forecast_query(ScalerConfig(quantile=0.5)).endswith('ratio{quantile="0.5",pod!=""}')
 
 
 # the service against stand-ins ----------------------------------------------------------------------

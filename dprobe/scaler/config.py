@@ -46,6 +46,8 @@ class ScalerConfig:
     port: int = option(9478, "port of /metrics, /healthz and /readyz")
     http_timeout: float = option(5.0, "timeout of Prometheus queries and Kubernetes calls (s)")
     forecast_selector: str = option("", "extra PromQL label matchers for the forecasts, e.g. job=\"dprobe\"")
+    job_profiles: bool = option(True, "count a pod without a forecast yet at its training job's cold-start "
+                                      "utilisation, where its sidecar exports one (dprobe_job_*)")
     discover: bool = option(True, "also recommend (never apply) for Deployment-like pod groups not listed "
                                   "under workloads")
     vc_label: str = option("namespace", "label grouping pods into virtual clusters for dprobe_recommended_gpus "

@@ -1,7 +1,9 @@
 """Multi-level demand: the sidecars' per-pod forecasts, read from Prometheus, summed per workload and
 per virtual cluster.
 
-A pod's demand is its forecast GPU utilisation (0-1) at the configured horizon and quantile. A
+A pod's demand is its forecast GPU utilisation (0-1) at the configured horizon and quantile; a pod
+without a forecast yet (not sampled long enough) counts at its training job's cold-start utilisation
+where its sidecar exports one (``dprobe_job_predicted_gpu_utilization_ratio``, p50 or p90). A
 workload's demand is the sum over its replicas (pod-equivalents: three pods at 0.5 are 1.5); a
 virtual cluster's is the sum over its pods of utilisation times the pod's GPU count (GPUs).
 """
@@ -16,6 +18,7 @@ from dprobe.scaler.config import ScalerConfig, WorkloadSpec
 from dprobe.sources.prometheus import query_vector
 
 PREDICTED_UTILIZATION = "dprobe_predicted_gpu_utilization_ratio"
+JOB_UTILIZATION = "dprobe_job_predicted_gpu_utilization_ratio"
 # a Deployment's pods: <deployment>-<pod-template-hash>-<5 characters>
 DEPLOYMENT_POD = re.compile(r"(?P<workload>.+)-[a-z0-9]{5,10}-[a-z0-9]{5}")
 
@@ -39,10 +42,17 @@ class DemandView:
 
 
 def forecast_query(config: ScalerConfig) -> str:
-    """The PromQL selecting every pod's forecast at the configured horizon and quantile."""
+    """The PromQL selecting every pod's forecast at the configured horizon and quantile, and with
+    ``job_profiles`` the cold-start utilisation of pods without one (p50 for a quantile up to 0.5,
+    else p90: the profiles' highest)."""
     extra = f",{config.forecast_selector.strip().strip(',')}" if config.forecast_selector.strip() else ""
-    return (f'{PREDICTED_UTILIZATION}{{horizon_seconds="{config.horizon_seconds}",'
-            f'quantile="{config.quantile:g}",pod!=""{extra}}}')
+    query = (f'{PREDICTED_UTILIZATION}{{horizon_seconds="{config.horizon_seconds}",'
+             f'quantile="{config.quantile:g}",pod!=""{extra}}}')
+    if not config.job_profiles:
+        return query
+    profile = "0.5" if config.quantile <= 0.5 else "0.9"
+    return f'{query} or on (namespace, pod) {JOB_UTILIZATION}{{quantile="{profile}",pod!=""{extra}}}'
+
 
 
 def pod_forecasts(config: ScalerConfig) -> dict[tuple[str, str], tuple[float, dict[str, str]]]:

@@ -46,7 +46,9 @@ def test_scaler_recommends_from_the_sidecars_forecasts(prometheus_server, http_p
     with http_peer(lambda path: (200, dcgm_text(), 0.0)) as dcgm_url:
         sidecar = Sidecar(SidecarConfig(listen_address="127.0.0.1", port=0, source="dcgm", sample_interval=0.1,
                                         forecast_interval=0.5, step_seconds=0.5, window_seconds=30, horizons=[5],
-                                        min_points=4, stale_after=120, drop_after=300, model="ewma"),
+                                        min_points=4, stale_after=120, drop_after=300, model="ewma",
+                                        # a training pod without samples yet: only its job's cold-start profile
+                                        pod_name="team-b/trainer-new-0", job="torchvision:resnet18 batch=8"),
                           sources=[DcgmSource(dcgm_url + "/metrics", targets="pod")],
                           model=open_forecaster(None, "ewma"))
         sidecar.start()
@@ -73,6 +75,10 @@ def test_scaler_recommends_from_the_sidecars_forecasts(prometheus_server, http_p
                     assert _value(prom2, 'dprobe_recommended_gpus{vc="team-a"}', deadline) == 2
                     assert _value(prom2, 'dprobe_scaler_vc_held_gpus{vc="team-a"}', deadline) == 2
                     assert _value(prom2, 'dprobe_recommended_gpus{vc="serving"}', deadline) == 4
+                    # the new training pod counts at its job's p90 cold-start utilisation, on one GPU
+                    profile = _value(prom, 'dprobe_job_predicted_gpu_utilization_ratio{quantile="0.9"}', deadline)
+                    assert _value(prom2, 'dprobe_scaler_vc_demand_gpus{vc="team-b"}', deadline) == pytest.approx(profile)
+                    assert _value(prom2, 'dprobe_recommended_gpus{vc="team-b"}', deadline) == -(-profile // 0.5)
                     assert _value(prom2, "sum(dprobe_scaler_errors_total) or vector(0)", deadline) == 0
                     check_dashboard(prom2, DASHBOARD, {"namespace": "serving", "workload": "llm", "vc": "team-a"})
                     # the KEDA example's query, pointed at this workload: the replicas KEDA would set
