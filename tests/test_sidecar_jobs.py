@@ -72,8 +72,20 @@ def test_one_prediction_per_job_and_failures_counted() -> None:
 def test_annotation_names_the_job(tmp_path: Path) -> None:
     ann = tmp_path / "annotations"
     ann.write_text('dprobe.io/training-job="torchvision:resnet18 batch=16 precision=bf16"\nother="x"\n')
-    jobs = JobProfiles(default="torchvision:resnet50 batch=4", annotations_file=str(ann))
-    assert jobs.spec("any/pod") == JobSpec("torchvision:resnet18", 16, "bf16")
+    jobs = JobProfiles(default="torchvision:resnet50 batch=4", annotations_file=str(ann), gpu="a100")
+    assert jobs.spec("any/pod") == JobSpec("torchvision:resnet18", 16, "bf16", gpu="a100")
+
+
+@pytest.mark.parametrize(("names", "expected"), [
+    (["NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB"], "a100"), (["NVIDIA H100 80GB HBM3"], "h100"),
+    (["Tesla K80"], "h200"), ([], "h200")])
+def test_a_job_without_gpu_is_predicted_for_the_gpu_nvml_sees(monkeypatch: pytest.MonkeyPatch, names: list[str],
+                                                             expected: str) -> None:
+    import dprobe.sources.nvml
+
+    monkeypatch.setattr(dprobe.sources.nvml, "gpu_names", lambda: names)
+    jobs = JobProfiles({"a/*": "timm:resnet18 batch=2 gpu=l4"}, default="torchvision:resnet50 batch=4")
+    assert (jobs.spec("b/x").gpu, jobs.spec("a/x").gpu) == (expected, "l4")
 
 
 def test_bad_job_stops_the_start_with_its_place() -> None:
@@ -108,7 +120,7 @@ def _samples(url: str) -> list:
 
 
 def test_sidecar_exports_the_own_pods_profile_before_its_first_sample() -> None:
-    job = "torchvision:resnet18 batch=8 precision=bf16"
+    job = "torchvision:resnet18 batch=8 precision=bf16 gpu=h200"
     config = SidecarConfig(listen_address="127.0.0.1", port=0, sample_interval=0.05, forecast_interval=0.1,
                            step_seconds=0.1, window_seconds=5.0, horizons=[1], stale_after=0.6, max_backoff=0.2,
                            pod_name="ml/trainer-0", job=job)

@@ -14,7 +14,7 @@ import pytest
 
 from dprobe.sources import Sample, SourceError, target_name
 from dprobe.sources.dcgm import DcgmSource, parse_dcgm_text
-from dprobe.sources.nvml import NvmlSource, pod_of_cgroup
+from dprobe.sources.nvml import NvmlSource, gpu_names, pod_of_cgroup
 from dprobe.sources.prometheus import PrometheusSource
 from dprobe.sources.replay import ReplaySource
 from dprobe.sources.synthetic import SyntheticSource
@@ -208,6 +208,18 @@ def test_nvml_gpus_and_pods(monkeypatch: pytest.MonkeyPatch) -> None:
     assert by["GPU-1"].memory_bytes == 2e9 and by["GPU-1"].utilization_ratio == pytest.approx(0.51)
     assert by["GPU-0"].extra == {"memory_total_bytes": 80e9, "power_watts": 250.0, "sm_clock_hertz": 1.98e9}
     assert by["team-b/serve-0"].memory_bytes == 5e8 and by["team-b/serve-0"].labels["UUID"] == "GPU-0"
+
+
+def test_nvml_gpu_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    FakeNvml().install(monkeypatch)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetName", lambda h: [b"NVIDIA H100 80GB HBM3", "NVIDIA L4"][h])
+    assert gpu_names() == ["NVIDIA H100 80GB HBM3", "NVIDIA L4"]
+
+    def broken() -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", broken)
+    assert gpu_names() == []
 
 
 def test_nvml_absent_or_failing(monkeypatch: pytest.MonkeyPatch) -> None:

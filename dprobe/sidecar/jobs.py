@@ -17,7 +17,7 @@ import queue
 import shlex
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dprobe.sidecar.graphs import read_annotations
@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 ANNOTATION = "dprobe.io/training-job"
 PRECISIONS = ("fp32", "bf16", "fp16", "bf16-pure")
 OPTIMIZERS = ("adamw", "adam", "sgd")
+DEFAULT_GPU = "h200"  # the GPU of the profiles the cold-start model learnt from
 KEYS = ("batch", "precision", "optimizer", "image", "seq", "gpu", "host_stall", "config_kwargs")
 # what a profile holds: (the prediction's key, the exported name's stem)
 TARGETS = (("device_memory_bytes", "gpu_memory_bytes"), ("peak_memory_bytes", "allocator_peak_bytes"),
@@ -42,7 +43,7 @@ class JobSpec:
     optimizer: str = "adamw"
     image: int | None = None
     seq: int | None = None
-    gpu: str = "h200"
+    gpu: str = ""  # "": the GPU the sidecar sees (JobProfiles resolves it)
     host_stall_s: float = 0.0
     config_kwargs: str = ""  # a JSON object (keys sorted): the spec is hashable, one profile per job
 
@@ -91,8 +92,26 @@ class JobSpec:
         from dprobe.coldstart.predict import predict_job
 
         return predict_job(self.model, self.batch, self.precision, self.optimizer, image=self.image, seq=self.seq,
-                           config_kwargs=self.config_kwargs or None, checkpoint=checkpoint, gpu=self.gpu,
-                           host_stall_s=self.host_stall_s)
+                           config_kwargs=self.config_kwargs or None, checkpoint=checkpoint,
+                           gpu=self.gpu or DEFAULT_GPU, host_stall_s=self.host_stall_s)
+
+
+def local_gpu() -> str:
+    """The dprobe name (``h100``, ...) of the first GPU NVML sees, else :data:`DEFAULT_GPU` (with a log line
+    saying so): the GPU a job without ``gpu=`` is predicted for."""
+    from dprobe.coldstart.features import gpu_key
+    from dprobe.sources.nvml import gpu_names
+
+    names = gpu_names()
+    if not names:
+        log.info("job profiles: no GPU seen through NVML; jobs without gpu= are predicted for the %s",
+                 DEFAULT_GPU.upper())
+        return DEFAULT_GPU
+    try:
+        return gpu_key(names[0])
+    except ValueError as exc:
+        log.warning("job profiles: %s; jobs without gpu= are predicted for the %s", exc, DEFAULT_GPU.upper())
+        return DEFAULT_GPU
 
 
 @dataclass(frozen=True)
@@ -118,11 +137,17 @@ class JobProfiles:
 
     def __init__(self, jobs: Mapping[str, str] | None = None, default: str = "", annotations_file: str = "",
                  own_target: str = "", checkpoint: str | None = None,
-                 predict: Callable[[JobSpec], Mapping[str, Any]] | None = None):
+                 predict: Callable[[JobSpec], Mapping[str, Any]] | None = None,
+                 gpu: str | Callable[[], str] = local_gpu):
         if annotations_file:
             default = read_annotations(annotations_file).get(ANNOTATION, "") or default
         self.patterns = {glob: JobSpec.parse(text) for glob, text in (jobs or {}).items()}
         self.default = JobSpec.parse(default) if default else None
+        if any(not s.gpu for s in (*self.patterns.values(), self.default) if s is not None):
+            local = gpu() if callable(gpu) else gpu  # jobs that do not name their GPU run on this node's
+            self.patterns = {k: s if s.gpu else replace(s, gpu=local) for k, s in self.patterns.items()}
+            if self.default is not None and not self.default.gpu:
+                self.default = replace(self.default, gpu=local)
         self.own_target = own_target
         self._predict = predict or (lambda spec: spec.predict(checkpoint))
         self._profiles: dict[JobSpec, JobProfile | None] = {}  # None: queued or failed

@@ -127,6 +127,24 @@ class NvmlSource:
         self._shutdown()
 
 
+def gpu_names() -> list[str]:
+    """The names of the GPUs NVML sees ("NVIDIA H100 80GB HBM3", ...); empty without NVML or a GPU."""
+    try:
+        import pynvml as nv
+
+        nv.nvmlInit()
+    except Exception:  # no library, no driver: no GPU to name
+        return []
+    try:
+        names = [nv.nvmlDeviceGetName(nv.nvmlDeviceGetHandleByIndex(i)) for i in range(nv.nvmlDeviceGetCount())]
+        return [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+    except nv.NVMLError:
+        return []
+    finally:
+        with contextlib.suppress(nv.NVMLError):
+            nv.nvmlShutdown()
+
+
 def nvml_available() -> bool:
     """True when NVML loads and sees at least one GPU."""
     try:
