@@ -41,6 +41,7 @@ def test_job_spec_parses_what_dprobe_predict_takes() -> None:
     ("torchvision:resnet50 batch=4 lr=0.1", "unknown key 'lr'"),
     ("torchvision:resnet50 batch=4 config_kwargs=[1]", "must be a JSON object"),
     ("torchvision:resnet50 batch=4 'x", "No closing quotation"),
+    ("  ", "empty; expected MODEL batch=N"),
 ])
 def test_bad_job_specs_are_refused_by_name(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -74,6 +75,9 @@ def test_annotation_names_the_job(tmp_path: Path) -> None:
     ann.write_text('dprobe.io/training-job="torchvision:resnet18 batch=16 precision=bf16"\nother="x"\n')
     jobs = JobProfiles(default="torchvision:resnet50 batch=4", annotations_file=str(ann), gpu="a100")
     assert jobs.spec("any/pod") == JobSpec("torchvision:resnet18", 16, "bf16", gpu="a100")
+    ann.write_text('dprobe.io/training-job="torchvision:resnet18 batch=x"\n')
+    with pytest.raises(ValueError, match=r"annotations: annotation dprobe.io/training-job: .*batch: invalid literal"):
+        JobProfiles(annotations_file=str(ann))
 
 
 @pytest.mark.parametrize(("names", "expected"), [

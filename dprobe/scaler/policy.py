@@ -8,8 +8,9 @@ Per decision, for one scaled object (a workload's replicas, a virtual cluster's 
 2. **Desired** is ``ceil(demand * (1 + margin) / target)`` (VPA's safety margin, the HPA's
    target utilisation), kept at the current count while ``demand / (current * target)`` is
    within ``tolerance`` of 1 (HPA; per direction, ``scale_up.tolerance`` above 1 and
-   ``scale_down.tolerance`` below, as the HPA's ``behavior.*.tolerance``), set to 0 below ``activation`` where ``min_replicas`` is 0
-   (KEDA's activation threshold), and bounded by ``min_replicas`` / ``max_replicas``.
+   ``scale_down.tolerance`` below, as the HPA's ``behavior.*.tolerance``), set to 0 below
+   ``activation`` where ``min_replicas`` is 0 (KEDA's activation threshold), and bounded by
+   ``min_replicas`` / ``max_replicas``.
 3. **Stabilisation** (HPA ``behavior``): a scale-down takes the highest desired count of the
    last ``scale_down.stabilization_seconds``, a scale-up the lowest of the last
    ``scale_up.stabilization_seconds``; then **rate policies** (``pods`` or ``percent`` per

@@ -54,9 +54,12 @@ class JobSpec:
         from dprobe.coldstart.features import GPUS
 
         try:
-            model, *opts = shlex.split(text)
+            parts = shlex.split(text)
         except ValueError as exc:
             raise ValueError(f"{text!r}: {exc}") from exc
+        if not parts:
+            raise ValueError(f"{text!r}: empty; expected MODEL batch=N [key=value ...]")
+        model, *opts = parts
         kw: dict[str, Any] = {}
         for opt in opts:
             key, sep, value = opt.partition("=")
@@ -139,10 +142,14 @@ class JobProfiles:
                  own_target: str = "", checkpoint: str | None = None,
                  predict: Callable[[JobSpec], Mapping[str, Any]] | None = None,
                  gpu: str | Callable[[], str] = local_gpu):
-        if annotations_file:
-            default = read_annotations(annotations_file).get(ANNOTATION, "") or default
         self.patterns = {glob: JobSpec.parse(text) for glob, text in (jobs or {}).items()}
         self.default = JobSpec.parse(default) if default else None
+        annotated = read_annotations(annotations_file).get(ANNOTATION, "") if annotations_file else ""
+        if annotated:
+            try:
+                self.default = JobSpec.parse(annotated)
+            except ValueError as exc:
+                raise ValueError(f"{annotations_file}: annotation {ANNOTATION}: {exc}") from exc
         if any(not s.gpu for s in (*self.patterns.values(), self.default) if s is not None):
             local = gpu() if callable(gpu) else gpu  # jobs that do not name their GPU run on this node's
             self.patterns = {k: s if s.gpu else replace(s, gpu=local) for k, s in self.patterns.items()}
