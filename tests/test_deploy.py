@@ -88,5 +88,5 @@ def test_scaler_manifests_match_the_scaler(tmp_path: Path) -> None:
     granted = {(group, resource, verb) for rule in rbac["ClusterRole"]["rules"] for group in rule["apiGroups"]
                for resource in rule["resources"] for verb in rule["verbs"]}
     needed = {("apps", f"{kind}/scale", verb) for kind in ("deployments", "statefulsets") for verb in ("get", "patch")}
-    assert granted == needed | {("", "resourcequotas", "get"), ("", "resourcequotas", "patch")}
+    assert granted == needed | {("", "resourcequotas", "get"), ("", "resourcequotas", "patch"), ("", "events", "create")}
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == rbac["ServiceAccount"]["metadata"]["name"]

@@ -297,6 +297,15 @@ class _FakeApiServer(BaseHTTPRequestHandler):
         self.server.patches.append((self.path, self.headers["Content-Type"], body))  # type: ignore[attr-defined]
         self._answer(self._object(body))
 
+    def do_POST(self) -> None:  # noqa: N802 - only Events are created
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if not re.fullmatch(r"/api/v1/namespaces/[^/]+/events", self.path.split("?")[0]):
+            self._answer(None)
+            return
+        self.server.events.append(body)  # type: ignore[attr-defined]
+        self._reply(201, {**body, "kind": "Event", "apiVersion": "v1",
+                          "metadata": {**body["metadata"], "name": body["metadata"]["generateName"] + "x1"}})
+
     def log_message(self, *args: object) -> None:
         pass
 
@@ -305,7 +314,7 @@ class _FakeApiServer(BaseHTTPRequestHandler):
 def fake_kubernetes(tmp_path: Path, replicas: dict, quotas: dict | None = None) -> Iterator[tuple[str, ThreadingHTTPServer]]:
     """A stand-in API server and a kubeconfig pointing at it (the real client talks to it)."""
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _FakeApiServer)
-    srv.replicas, srv.quotas, srv.patches = replicas, quotas or {}, []  # type: ignore[attr-defined]
+    srv.replicas, srv.quotas, srv.patches, srv.events = replicas, quotas or {}, [], []  # type: ignore[attr-defined]
     threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(yaml.safe_dump({
@@ -358,6 +367,14 @@ def test_apply_mode_reads_and_patches_the_scale_subresource(http_peer, tmp_path:
         assert all(body == {"spec": {"replicas": replicas[k]}} for k, (_, _, body) in
                    zip(sorted(replicas), sorted(api.patches, key=lambda p: p[0]), strict=True))
         assert scaler.errors_total["kubernetes"] == 1  # "gone" does not exist: counted, the rest applied
+        # an Event on each workload it rescaled, as the HPA records on itself (kubectl describe shows them)
+        events = {(e["involvedObject"]["kind"], e["involvedObject"]["name"]): e for e in api.events}
+        assert set(events) == {("Deployment", "llm"), ("StatefulSet", "db")} and not scaler.errors_total["events"]
+        llm = events[("Deployment", "llm")]
+        assert (llm["reason"], llm["type"], llm["source"]["component"], llm["involvedObject"]["apiVersion"]) == (
+            "SuccessfulRescale", "Normal", "dprobe-scaler", "apps/v1")
+        assert llm["message"] == ("New size: 4; reason: forecast; demand 1.80 pod-equivalents "
+                                  "(p90 of GPU utilisation 300 s ahead)")
         replicas[("serving", "deployments", "llm")] = 3  # someone scaled it by hand: the scaler reads it
         scaler.cycle()
         assert scaler.decisions[("serving", "llm")].current == 3 and replicas[("serving", "deployments", "llm")] == 4
@@ -381,6 +398,9 @@ def test_apply_mode_sets_virtual_cluster_quotas(http_peer, tmp_path: Path) -> No
         assert (d.current, d.replicas) == (10, 4)  # from the quota's 10 GPUs to ceil(1.8 / 0.5)
         assert quotas[("serving", "gpu-quota")] == {gpu: "4", "pods": "50"}  # only the GPU limit changed
         assert api.patches[-1][2] == {"spec": {"hard": {gpu: "4"}}}
+        [event] = api.events
+        assert (event["involvedObject"]["kind"], event["involvedObject"]["name"], event["message"][:12]) == (
+            "ResourceQuota", "gpu-quota", "New size: 4;")
         assert scaler.vc_events_total[("serving", "down")] == 1
         quotas[("serving", "gpu-quota")][gpu] = "3"  # lowered by hand: read back, raised again
         scaler.cycle()
@@ -390,6 +410,42 @@ def test_apply_mode_sets_virtual_cluster_quotas(http_peer, tmp_path: Path) -> No
         assert scaler.errors_total["kubernetes"] == 1 and scaler.vc_decisions["serving"].replicas == 4
     with pytest.raises(ValueError, match="vc_label: namespace"):
         ScalerConfig(vc_quota_name="q", vc_label="team").validate()
+
+
+def test_a_failed_rescale_is_an_event_and_a_failed_event_only_counted(http_peer) -> None:
+    class Kube:
+        def __init__(self) -> None:
+            self.events: list[tuple] = []
+
+        def replicas(self, spec: WorkloadSpec) -> int:
+            return 2
+
+        def scale(self, spec: WorkloadSpec, n: int) -> None:
+            raise KubernetesError(f"Deployment {spec.namespace}/{spec.name}: patch scale: HTTP 409 Conflict")
+
+        def record_event(self, obj, reason: str, message: str, warning: bool = False) -> None:
+            self.events.append((obj.kind, obj.name, reason, message, warning))
+            if len(self.events) > 1:
+                raise KubernetesError("Deployment serving/llm: record event: HTTP 403 Forbidden")
+
+    kube = Kube()
+    pods = {"llm-7d9f8c6b5d-aaaaa": 0.9, "llm-7d9f8c6b5d-bbbbb": 0.9}
+    clock = iter(range(0, 10**6, 30))
+    with http_peer(_prometheus_reply(pods, [True])) as url:
+        scaler = Scaler(ScalerConfig(prometheus_url=url, mode="apply", target=0.5, margin=0.0,
+                                     workloads=[{"namespace": "serving", "name": "llm"}]),
+                        kube=kube, clock=lambda: float(next(clock)))  # type: ignore[arg-type]
+        scaler.cycle()
+        assert kube.events == [("Deployment", "llm", "FailedRescale",
+                                "New size: 4; error: Deployment serving/llm: patch scale: HTTP 409 Conflict", True)]
+        scaler.cycle()  # the event itself fails now: counted, the cycle goes on
+        assert scaler.errors_total["events"] == 1 and scaler.errors_total["kubernetes"] == 2
+        assert scaler.decisions[("serving", "llm")].replicas == 4
+        quiet = Kube()
+        Scaler(ScalerConfig(prometheus_url=url, mode="apply", events=False,
+                            workloads=[{"namespace": "serving", "name": "llm"}]),
+               kube=quiet, clock=lambda: float(next(clock))).cycle()  # type: ignore[arg-type]
+        assert quiet.events == []
 
 
 def test_kubernetes_errors_name_the_workload(tmp_path: Path) -> None:

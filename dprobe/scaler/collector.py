@@ -80,7 +80,8 @@ class ScalerCollector(Collector):
             quota_events.add_metric(list(key), n)
         yield quota_events
         errors = CounterMetricFamily("dprobe_scaler_errors", "Failed cycle stages: query (Prometheus), "
-                                     "kubernetes (reading or setting a scale).", labels=["stage"])
+                                     "kubernetes (reading or setting a scale or quota), events (recording an "
+                                     "Event), cycle.", labels=["stage"])
         for stage, n in sorted(s.errors_total.items()):
             errors.add_metric([stage], n)
         yield errors

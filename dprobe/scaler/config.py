@@ -58,6 +58,8 @@ class ScalerConfig:
     gpus_query: str = option('count by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL{pod!=""})',
                              "PromQL giving each pod's GPU count (a pod it does not list counts 1)")
     kubeconfig: str = option("", "kubeconfig file for apply mode (default: in-cluster, else ~/.kube/config)")
+    events: bool = option(True, "apply mode: record a Kubernetes Event (SuccessfulRescale, FailedRescale) on each "
+                                "workload or ResourceQuota it changes, as the HPA does")
     target: float = option(0.8, "utilisation (0-1) one replica should carry; for GPUs, one GPU")
     margin: float = option(0.1, "safety margin added to the forecast demand (VPA)")
     tolerance: float = option(0.1, "no change while demand / capacity is within this of 1 (HPA)")

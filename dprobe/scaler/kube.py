@@ -1,12 +1,16 @@
 """Reading and setting a workload's replicas through the Kubernetes scale subresource (apply mode).
 
 The official ``kubernetes`` client; the scaler needs RBAC ``get`` and ``patch`` on
-``deployments/scale`` and ``statefulsets/scale`` (``deploy/scaler/rbac.yaml``).
+``deployments/scale`` and ``statefulsets/scale``, and ``create`` on ``events`` for the Events it records
+on what it rescales, as the HPA does (``deploy/scaler/rbac.yaml``).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
+import socket
+from dataclasses import dataclass
 from typing import Any
 
 from dprobe.scaler.config import WorkloadSpec
@@ -16,6 +20,23 @@ log = logging.getLogger(__name__)
 
 class KubernetesError(RuntimeError):
     """The API server refused or could not be reached; names the workload and the reason."""
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    """The object an Event is about (its ``involvedObject``)."""
+
+    namespace: str
+    kind: str
+    name: str
+    api_version: str
+
+    @staticmethod
+    def of(spec: WorkloadSpec) -> ObjectRef:
+        return ObjectRef(spec.namespace, spec.kind, spec.name, "apps/v1")
+
+
+EVENT_SOURCE = "dprobe-scaler"
 
 
 class ScaleClient:
@@ -37,13 +58,13 @@ class ScaleClient:
         self.core = core if core is not None else client.CoreV1Api()
         self.timeout = timeout
 
-    def _call(self, what: str, method: Any, name: str, namespace: str, *args: Any) -> Any:
-        """``method(name, namespace, *args)``; any failure a :class:`KubernetesError` that names ``what``."""
+    def _call(self, what: str, method: Any, *args: Any) -> Any:
+        """``method(*args)``; any failure a :class:`KubernetesError` that names ``what``."""
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
         try:
-            return method(name, namespace, *args, _request_timeout=self.timeout)
+            return method(*args, _request_timeout=self.timeout)
         except ApiException as exc:
             raise KubernetesError(f"{what}: HTTP {exc.status} {exc.reason or ''}".rstrip()) from exc
         except (HTTPError, OSError) as exc:
@@ -79,3 +100,16 @@ class ScaleClient:
         """Set the hard limit of ``resource`` in ResourceQuota ``namespace/name``."""
         self._call(f"ResourceQuota {namespace}/{name}: patch", self.core.patch_namespaced_resource_quota, name,
                    namespace, {"spec": {"hard": {resource: str(int(value))}}})
+
+    def record_event(self, obj: ObjectRef, reason: str, message: str, warning: bool = False) -> None:
+        """An Event on ``obj`` (``kubectl describe`` and ``kubectl get events`` show it), as the HPA records
+        ``SuccessfulRescale`` / ``FailedRescale`` on itself."""
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {"metadata": {"generateName": f"{obj.name}.", "namespace": obj.namespace},
+                "involvedObject": {"kind": obj.kind, "name": obj.name, "namespace": obj.namespace,
+                                   "apiVersion": obj.api_version},
+                "reason": reason, "message": message[:1024], "type": "Warning" if warning else "Normal",
+                "source": {"component": EVENT_SOURCE}, "reportingComponent": EVENT_SOURCE,
+                "reportingInstance": socket.gethostname(), "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+        self._call(f"{obj.kind} {obj.namespace}/{obj.name}: record event", self.core.create_namespaced_event,
+                   obj.namespace, body)

@@ -17,7 +17,7 @@ from dprobe.exporter.server import ExporterServer, run_until_signalled
 from dprobe.scaler.collector import ScalerCollector
 from dprobe.scaler.config import ScalerConfig, WorkloadSpec
 from dprobe.scaler.demand import Demand, DemandView, group_demand, pod_forecasts, pod_gpus
-from dprobe.scaler.kube import KubernetesError, ScaleClient
+from dprobe.scaler.kube import KubernetesError, ObjectRef, ScaleClient
 from dprobe.scaler.policy import Decision, Recommender
 from dprobe.sources.base import SourceError
 
@@ -125,7 +125,8 @@ class Scaler:
             self.errors_total["kubernetes"] += 1
             log.warning("%s", exc)
             return self.decisions.get(spec.key)
-        return self._decide(now, spec.key, rec, total, current, partial(self.kube.scale, spec), self.events_total)
+        return self._decide(now, spec.key, rec, total, current, partial(self.kube.scale, spec), self.events_total,
+                            obj=ObjectRef.of(spec))
 
     def _recommend(self, now: float, key: tuple[str, str], rec: Recommender, demand: float | None,
                    observed: int) -> Decision:
@@ -139,8 +140,10 @@ class Scaler:
         return decision
 
     def _decide(self, now: float, key: tuple[str, str], rec: Recommender, demand: float | None, current: int,
-                apply: Callable[[int], None] | None, events: Counter, unit: str = "replicas") -> Decision:
-        """Decide, log a change, ``apply`` it (if given) and count it in ``events`` by key and direction."""
+                apply: Callable[[int], None] | None, events: Counter, unit: str = "replicas",
+                obj: ObjectRef | None = None) -> Decision:
+        """Decide, log a change, ``apply`` it (if given; with an Event on ``obj``) and count it in ``events``
+        by key and direction."""
         decision = rec.decide(now, demand, current)
         if decision.replicas != current:
             shown = "no forecast" if demand is None else f"demand {demand:.2f}"
@@ -152,10 +155,28 @@ class Scaler:
                 except KubernetesError as exc:
                     self.errors_total["kubernetes"] += 1
                     log.warning("%s", exc)
+                    self._event(obj, "FailedRescale", f"New size: {decision.replicas}; error: {exc}", warning=True)
                     rec.applied(now, decision.replicas, current)
                     return decision
+                c = self.config
+                why = "no forecast" if demand is None else (
+                    f"demand {demand:.2f} {'GPUs' if unit == 'GPUs' else 'pod-equivalents'} "
+                    f"(p{100 * c.quantile:g} of GPU utilisation {c.horizon_seconds} s ahead)")
+                self._event(obj, "SuccessfulRescale", f"New size: {decision.replicas}; reason: {decision.reason}; {why}")
             events[(*filter(None, key), decision.direction)] += 1
         return decision
+
+    def _event(self, obj: ObjectRef | None, reason: str, message: str, warning: bool = False) -> None:
+        """Record a Kubernetes Event on ``obj`` (``events`` option); a failure is counted, logged once."""
+        if obj is None or self.kube is None or not self.config.events:
+            return
+        try:
+            self.kube.record_event(obj, reason, message, warning)
+        except KubernetesError as exc:
+            self.errors_total["events"] += 1
+            log.log(logging.WARNING if self.errors_total["events"] == 1 else logging.DEBUG,
+                    "%s (further failures to record events are counted in dprobe_scaler_errors_total"
+                    "{stage=\"events\"})", exc)
 
     def _decide_vcs(self, now: float, vcs: dict[str, Demand]) -> dict[str, Decision]:
         """One GPU decision per virtual cluster; in apply mode with ``vc_quota_name``, from and to the GPU
@@ -177,7 +198,8 @@ class Scaler:
                         out[vc] = previous
                     continue
                 apply = partial(self.kube.set_quota, vc, name, resource)
-            out[vc] = self._decide(now, (vc, ""), rec, demand.total, current, apply, self.vc_events_total, "GPUs")
+            out[vc] = self._decide(now, (vc, ""), rec, demand.total, current, apply, self.vc_events_total, "GPUs",
+                                   obj=ObjectRef(vc, "ResourceQuota", name, "v1") if quotas else None)
         for vc in set(self.vc_recommenders) - set(vcs):
             del self.vc_recommenders[vc]
             for direction in ("up", "down"):
