@@ -197,6 +197,27 @@ def test_cli_json_on_two_days_of_philly(capsys: pytest.CaptureFixture[str], tmp_
     assert plot.stat().st_size > 10_000
 
 
+def test_scaler_config_is_simulated_as_the_flags_that_say_the_same(capsys: pytest.CaptureFixture[str],
+                                                                   tmp_path: Path) -> None:
+    config = tmp_path / "scaler.yaml"
+    config.write_text("scaler:\n  target: 0.7\n  max_gpus: 64\n"
+                      "  scale_up: {tolerance: 0, policies: [{type: percent, value: 100}, {type: pods, value: 16}]}\n")
+    days = ["--start-day", "30", "--days", "2", "--json", "--policies", "reactive,forecast"]
+    code, out, _ = run_cli(capsys, *days, "--scaler-config", str(config), "--max-gpus", "64")
+    assert code == 0
+    from_file = json.loads(out)
+    policy = from_file["settings"]["policy"]
+    assert (policy["target"], policy["scale_up"]["tolerance"], policy["scale_up"]["policies"][1]["value"]) == (
+        1.0, 0.0, 16.0)  # the file's rules, demand in GPUs
+    code, out, _ = run_cli(capsys, *days, "--scale-up-tolerance", "0", "--scale-up-gpus", "16", "--max-gpus", "64")
+    from_flags = json.loads(out)
+    assert [p["mean_wait_seconds"] for p in from_file["policies"]] == [
+        p["mean_wait_seconds"] for p in from_flags["policies"]]
+    assert [p["scale_events"] for p in from_file["policies"]] == [p["scale_events"] for p in from_flags["policies"]]
+    code, _, err = run_cli(capsys, "--scaler-config", str(config), "--margin", "0.2", "--tolerance", "0")
+    assert code == 2 and "set --margin, --tolerance in that file instead" in err
+
+
 def test_cli_table_for_one_itp_cluster(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_cli(capsys, "--data", str(DATASETS / "itp-elasticflow"), "--vc", "cluster10",
                            "--policies", "static,reactive", "--static-gpus", "8")

@@ -57,22 +57,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--quantile", type=float, default=0.9,
                      help="forecast quantile the forecast policy provisions for: 0.5, 0.9 or 0.99 "
                      "(default: %(default)g)")
-    sim.add_argument("--margin", type=float, default=0.1,
-                     help="safety margin on the demand, the scaler's margin (default: %(default)g)")
-    sim.add_argument("--tolerance", type=float, default=0.1,
+    sim.add_argument("--scaler-config", metavar="FILE",
+                     help="the scaler's YAML config (dprobe scaler --config): its virtual-cluster policy "
+                     "(margin, tolerances, rate policies, stabilisation windows, min_gpus, max_gpus) "
+                     "instead of the options below; demand stays counted in GPUs (target 1)")
+    sim.add_argument("--margin", type=float,
+                     help="safety margin on the demand, the scaler's margin (default: 0.1)")
+    sim.add_argument("--tolerance", type=float,
                      help="no change while demand / quota is within this of 1, the scaler's tolerance "
-                     "(default: %(default)g)")
+                     "(default: 0.1)")
     sim.add_argument("--scale-up-tolerance", type=float, metavar="T",
                      help="tolerance above 1 only: raise the quota once demand exceeds it by more than this "
                      "(the scaler's scale_up_tolerance; default: --tolerance)")
     sim.add_argument("--scale-down-tolerance", type=float, metavar="T",
                      help="tolerance below 1 only (the scaler's scale_down_tolerance; default: --tolerance)")
-    sim.add_argument("--scale-up-gpus", type=int, default=4, metavar="N",
+    sim.add_argument("--scale-up-gpus", type=int, metavar="N",
                      help="a decision may add N GPUs to a VC's quota or double it, whichever is more: the "
                      "scaler's scale_up_policies [{type: percent, value: 100}, {type: pods, value: N}] "
-                     "(default: %(default)d, the HPA's)")
-    sim.add_argument("--min-gpus", type=int, default=0, metavar="N",
-                     help="least quota per VC, the scaler's min_replicas (default: %(default)d)")
+                     "(default: 4, the HPA's)")
+    sim.add_argument("--min-gpus", type=int, metavar="N",
+                     help="least quota per VC, the scaler's min_gpus (default: 0)")
     sim.add_argument("--max-gpus", type=int, metavar="N",
                      help="most quota per VC, the scaler's max_replicas (default per VC: the most GPUs its "
                      "jobs would hold at once if each started at submission)")
@@ -93,6 +97,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+# the options that set the scaler's policy, with their defaults (None: the --tolerance)
+POLICY_FLAGS = {"margin": 0.1, "tolerance": 0.1, "scale_up_tolerance": None, "scale_down_tolerance": None,
+                "scale_up_gpus": 4, "min_gpus": 0}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _policy_settings(policy: object) -> dict:
+    """The simulated policy as JSON (its max_replicas aside: per VC, reported as max_gpus)."""
+    import dataclasses
+
+    doc = dataclasses.asdict(policy)  # type: ignore[call-overload]
+    doc.pop("max_replicas")
+    return doc
+
+
 def _check(args: argparse.Namespace) -> list[str]:
     """The policies asked for; a ValueError for any option out of range."""
     from dprobe.sim.policies import POLICY_NAMES
@@ -104,15 +126,22 @@ def _check(args: argparse.Namespace) -> list[str]:
                          f"{', '.join(POLICY_NAMES)}")
     if args.horizon is not None and not (math.isfinite(args.horizon) and args.horizon > 0):
         raise ValueError(f"--horizon must be a positive number of seconds, got {args.horizon:g}")
+    given = [f for f in POLICY_FLAGS if getattr(args, f) is not None]
+    if args.scaler_config and given:
+        raise ValueError(f"--scaler-config sets the scaler's policy; set {', '.join(_flag(f) for f in given)} "
+                         "in that file instead")
+    for flag, default in POLICY_FLAGS.items():
+        if getattr(args, flag) is None and not args.scaler_config:
+            setattr(args, flag, default)
     for flag in ("margin", "tolerance", "scale_up_tolerance", "scale_down_tolerance"):
         value = getattr(args, flag)
         if value is not None and not value >= 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 0, got {value:g}")
-    if args.scale_up_gpus < 1:
+    if args.scale_up_gpus is not None and args.scale_up_gpus < 1:
         raise ValueError(f"--scale-up-gpus must be >= 1, got {args.scale_up_gpus}")
-    if args.min_gpus < 0 or (args.max_gpus is not None and args.max_gpus < max(1, args.min_gpus)):
-        raise ValueError(f"need 0 <= --min-gpus <= --max-gpus and --max-gpus >= 1, got {args.min_gpus}, "
-                         f"{args.max_gpus}")
+    least = args.min_gpus or 0
+    if least < 0 or (args.max_gpus is not None and args.max_gpus < max(1, least)):
+        raise ValueError(f"need 0 <= --min-gpus <= --max-gpus and --max-gpus >= 1, got {least}, {args.max_gpus}")
     if args.static_gpus is not None and args.static_gpus < 0:
         raise ValueError(f"--static-gpus must be >= 0, got {args.static_gpus}")
     if not 0 <= args.static_percentile <= 100:
@@ -148,9 +177,14 @@ def run(args: argparse.Namespace) -> int:
     if not len(jobs):
         raise ValueError(f"{directory}: no jobs to simulate with these --vc / --days")
 
-    settings = ScalerSettings(margin=args.margin, tolerance=args.tolerance, min_gpus=args.min_gpus,
-                              scale_up_tolerance=args.scale_up_tolerance,
-                              scale_down_tolerance=args.scale_down_tolerance, scale_up_gpus=args.scale_up_gpus)
+    if args.scaler_config:
+        from dprobe.scaler.config import load_config
+
+        settings = ScalerSettings(configured=load_config({"config": args.scaler_config}, env={}).gpu_policy())
+    else:
+        settings = ScalerSettings(margin=args.margin, tolerance=args.tolerance, min_gpus=args.min_gpus,
+                                  scale_up_tolerance=args.scale_up_tolerance,
+                                  scale_down_tolerance=args.scale_down_tolerance, scale_up_gpus=args.scale_up_gpus)
     n_vcs = len(jobs.vc_names)
     max_gpus = np.full(n_vcs, args.max_gpus) if args.max_gpus else peak_demand(jobs)
     static = (np.full(n_vcs, args.static_gpus) if args.static_gpus is not None
@@ -174,9 +208,7 @@ def run(args: argparse.Namespace) -> int:
         "settings": {
             "interval_seconds": args.interval, "provision_delay_seconds": args.provision_delay,
             "horizon_seconds": horizon, "quantile": args.quantile, "queue": args.queue,
-            "margin": args.margin, "tolerance": args.tolerance, "min_gpus": args.min_gpus,
-            "scale_up_tolerance": args.scale_up_tolerance, "scale_down_tolerance": args.scale_down_tolerance,
-            "scale_up_gpus": args.scale_up_gpus,
+            "scaler_config": args.scaler_config, "policy": _policy_settings(settings.policy(1 << 30)),
             "max_gpus": dict(zip(jobs.vc_names, max_gpus.tolist(), strict=True)),
             "static_gpus": dict(zip(jobs.vc_names, static.tolist(), strict=True)),
             "static_percentile": args.static_percentile, "static_warmup": args.static_warmup,

@@ -87,6 +87,8 @@ def markdown_table(report: dict) -> str:
     if report.get("forecaster"):
         setting += (f"; forecast {s['horizon_seconds']:g} s ahead at p{s['quantile'] * 100:g} "
                     f"by {report['forecaster']}")
+    if s.get("scaler_config"):
+        setting += f"; the scaler's policy from {s['scaler_config']}"
     lines += ["", setting + "."]
     unstarted = [f"{p['policy']} {p['unstarted_jobs']}" for p in report["policies"] if p["unstarted_jobs"]]
     if unstarted:
