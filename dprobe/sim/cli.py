@@ -136,7 +136,7 @@ def _check(args: argparse.Namespace) -> list[str]:
     for flag in ("margin", "tolerance", "scale_up_tolerance", "scale_down_tolerance"):
         value = getattr(args, flag)
         if value is not None and not value >= 0:
-            raise ValueError(f"--{flag.replace('_', '-')} must be >= 0, got {value:g}")
+            raise ValueError(f"{_flag(flag)} must be >= 0, got {value:g}")
     if args.scale_up_gpus is not None and args.scale_up_gpus < 1:
         raise ValueError(f"--scale-up-gpus must be >= 1, got {args.scale_up_gpus}")
     least = args.min_gpus or 0
