@@ -208,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
         "settings": {
             "interval_seconds": args.interval, "provision_delay_seconds": args.provision_delay,
             "horizon_seconds": horizon, "quantile": args.quantile, "queue": args.queue,
-            "scaler_config": args.scaler_config, "policy": _policy_settings(settings.policy(1 << 30)),
+            "scaler_config": args.scaler_config, "policy": _policy_settings(settings.base()),
             "max_gpus": dict(zip(jobs.vc_names, max_gpus.tolist(), strict=True)),
             "static_gpus": dict(zip(jobs.vc_names, static.tolist(), strict=True)),
             "static_percentile": args.static_percentile, "static_warmup": args.static_warmup,

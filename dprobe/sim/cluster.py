@@ -101,8 +101,8 @@ class _Cluster:
         dt = now - self.last[v]
         if dt <= 0:
             return
-        held, ordered = self.held[v], self.quota[v] + self.coming_total[v]
-        self.provisioned[v] += max(ordered, held) * dt
+        held = self.held[v]
+        self.provisioned[v] += max(self.ordered(v), held) * dt
         self.used[v] += held * dt
         self.last[v] = now
 
@@ -131,11 +131,10 @@ class _Cluster:
         self.total_running -= 1
         self.try_start(v, now)
 
-    def try_start(self, v: int, now: float) -> bool:
+    def try_start(self, v: int, now: float) -> None:
         """Start queued jobs that the free quota covers: the head only (FIFO) or any (backfill)."""
         free = self.quota[v] - self.held[v]
         queues = self.queues[v]
-        started = False
         while free > 0 and queues:
             pick = -1
             for size, queue in queues.items():  # the earliest submitted head (of those that fit)
@@ -157,8 +156,6 @@ class _Cluster:
             self.total_running += 1
             self.total_queued -= 1
             heapq.heappush(self.events, (now + self.duration[pick], FINISH, pick))
-            started = True
-        return started
 
     def set_quota(self, v: int, new: int, now: float) -> bool:
         """Order ``new`` GPUs of quota: increases arrive after the delay, decreases cancel GPUs still

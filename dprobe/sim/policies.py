@@ -86,16 +86,21 @@ class ScalerSettings:
     scale_up_gpus: int = 4  # a scale-up may add this many GPUs or double the quota, whichever is more (HPA: 4)
     configured: Policy | None = None  # a scaler config's GPU policy: replaces all of the above
 
-    def policy(self, max_gpus: int) -> Policy:
-        if self.configured is not None:  # its rules as they are; demand is counted in GPUs, as jobs ask them
-            cap = min(self.configured.max_replicas, max_gpus)
-            return replace(self.configured, target=1.0, min_replicas=min(self.configured.min_replicas, cap),
-                           max_replicas=cap, fallback_replicas=None)
+    def base(self) -> Policy:
+        """The policy before the per-VC cap: demand counted in GPUs, as jobs ask them (``target`` 1)."""
+        if self.configured is not None:  # its rules as they are
+            return replace(self.configured, target=1.0, fallback_replicas=None)
         up = (RatePolicy("percent", 100, 15), RatePolicy("pods", self.scale_up_gpus, 15))
-        return Policy(target=1.0, margin=self.margin, tolerance=self.tolerance,
-                      min_replicas=min(self.min_gpus, max_gpus), max_replicas=max_gpus,
+        return Policy(target=1.0, margin=self.margin, tolerance=self.tolerance, min_replicas=self.min_gpus,
+                      max_replicas=max(self.min_gpus, 1 << 30),
                       scale_up=replace(DEFAULT_SCALE_UP, tolerance=self.scale_up_tolerance, policies=up),
                       scale_down=replace(DEFAULT_SCALE_DOWN, tolerance=self.scale_down_tolerance))
+
+    def policy(self, max_gpus: int) -> Policy:
+        """One VC's policy: at most ``max_gpus`` (and the base's own most)."""
+        base = self.base()
+        cap = min(base.max_replicas, max_gpus)
+        return replace(base, min_replicas=min(base.min_replicas, cap), max_replicas=cap)
 
 
 class RecommenderQuota(QuotaPolicy):
