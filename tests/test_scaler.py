@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client import generate_latest
 
 from dprobe.scaler.config import ScalerConfig, WorkloadSpec, load_config
 from dprobe.scaler.demand import forecast_query, group_demand
@@ -38,6 +40,21 @@ def test_desired_count_is_the_hpa_formula_on_the_forecast() -> None:
     assert zero.desired(0.06, current=0)[0] == 1
     with pytest.raises(ValueError, match="demand"):
         p.desired(float("nan"), current=1)
+
+
+def test_activation_query_wakes_from_zero_and_holds_off_zero_as_kedas_activation() -> None:
+    p = Policy(target=0.5, margin=0.0, min_replicas=0, max_replicas=8, activation=0.05)
+    assert p.desired(0.0, current=0, active=True) == (1, "activated")  # no pods yet: one to start with
+    assert p.desired(1.8, current=0, active=True) == (4, "activated")  # pods already forecast: as many as asked
+    assert p.desired(0.0, current=0, active=False) == (0, "below activation")
+    assert p.desired(0.9, current=0, active=False) == (0, "below activation")  # inactive at zero stays there
+    assert p.desired(0.0, current=2, active=True) == (1, "held by activation query")  # never to zero while active
+    assert p.desired(0.01, current=2, active=False) == (0, "below activation")
+    assert p.desired(0.01, current=2) == (0, "below activation")  # no activation query: as before
+    rec = Recommender(p)  # the scale-down to zero waits for the stabilisation window: KEDA's cooldown
+    assert rec.decide(0, 0.0, current=0, active=True).replicas == 1
+    assert rec.decide(30, 0.0, current=1, active=False).replicas == 1
+    assert rec.decide(331, 0.0, current=1, active=False).replicas == 0
 
 
 def test_tolerance_per_direction_as_the_hpas_behavior_tolerance() -> None:
@@ -141,6 +158,10 @@ def test_config_reads_workloads_from_yaml_env_and_flags(tmp_path: Path) -> None:
     ({"namespace": "a", "name": "b", "min_replicas": 9, "max_replicas": 2}, "min_replicas"),
     ({"namespace": "a", "name": "b", "scale_up": {"policies": [{"type": "pods"}]}}, "value"),
     ({"namespace": "a", "name": "b", "scale_down": {"tolerance": -1}}, r"\(a/b\): tolerance must be >= 0"),
+    ({"namespace": "a", "name": "b", "activation_query": "up"}, r"\(a/b\): activation_query .* needs min_replicas: 0"),
+    ({"namespace": "a", "name": "b", "min_replicas": 0, "activation_query_threshold": 2}, "needs an activation_query"),
+    ({"namespace": "a", "name": "b", "min_replicas": 0, "activation_query": "up", "activation_query_threshold": "x"},
+     "activation_query_threshold must be a number"),
 ])
 def test_bad_workload_entries_are_refused_with_their_place(workload: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -235,8 +256,6 @@ def test_scaler_recommends_follows_its_recommendation_and_falls_back(http_peer) 
         d = scaler.decisions[("serving", "llm")]
         assert (d.replicas, d.reason) == (2, "fallback")
         assert scaler.errors_total["query"] == 2 and scaler.vc_decisions  # clusters keep their last decision
-        from prometheus_client import generate_latest
-
         text = generate_latest(scaler.registry).decode()
     assert 'dprobe_recommended_replicas{namespace="serving",workload="llm"} 2.0' in text
     assert 'dprobe_scaler_errors_total{stage="query"} 2.0' in text
@@ -380,6 +399,69 @@ def test_apply_mode_reads_and_patches_the_scale_subresource(http_peer, tmp_path:
         assert scaler.decisions[("serving", "llm")].current == 3 and replicas[("serving", "deployments", "llm")] == 4
         # discovered workloads are recommended, never applied
         assert all("/gone/" not in p[0] for p in api.patches)
+
+
+def test_apply_mode_scales_from_zero_on_the_activation_query_and_leaves_paused_workloads(http_peer,
+                                                                                        tmp_path: Path) -> None:
+    """A workload with min_replicas 0 rests at zero (its missing forecasts are no failure, so no fallback),
+    is woken when its activation query passes the threshold, scaled on its pods' forecasts from then on,
+    and sent back to zero when both fall. One scaled to zero by hand with min_replicas 1 is left there."""
+    pods: dict[str, float] = {}
+    queue = ["0"]  # the activation query's answer
+    asked: list[str] = []
+
+    def reply(path: str) -> tuple[int, str, float]:
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query).get("query", [""])[0]
+        asked.append(query)
+        if query.startswith("sum(queue_length"):
+            if queue[0] == "error":
+                return 400, json.dumps({"status": "error", "error": "parse error"}), 0.0
+            return 200, _vector([({}, float(queue[0]))] if queue[0] != "none" else []), 0.0
+        return 200, _vector([({"target": f"batch/{p}", "namespace": "batch", "pod": p}, v if "dprobe" in query else 1)
+                             for p, v in pods.items()]), 0.0
+
+    replicas = {("batch", "deployments", "trainer"): 0, ("batch", "deployments", "paused"): 0}
+    clock = iter(range(0, 10**6, 30))
+    with http_peer(reply) as url, fake_kubernetes(tmp_path, replicas) as (kubeconfig, api):
+        config = ScalerConfig(prometheus_url=url, mode="apply", kubeconfig=kubeconfig, target=0.5, margin=0.0,
+                              fallback_replicas=3, failure_threshold=1, scale_down_stabilization_seconds=60,
+                              workloads=[{"namespace": "batch", "name": "trainer", "min_replicas": 0,
+                                          "activation_query": 'sum(queue_length{queue="batch"})',
+                                          "activation_query_threshold": 2},
+                                         {"namespace": "batch", "name": "paused"}])
+        scaler = Scaler(config, clock=lambda: float(next(clock)))
+        for _ in range(3):  # nothing queued, no pods: resting at zero, never the fallback
+            scaler.cycle()
+        assert replicas == {("batch", "deployments", "trainer"): 0, ("batch", "deployments", "paused"): 0}
+        assert not api.patches and scaler.decisions[("batch", "paused")].reason == "paused: scaled to zero by hand"
+        assert scaler.decisions[("batch", "trainer")].reason == "below activation"
+        queue[0] = "2"  # at the threshold: not above it
+        scaler.cycle()
+        assert replicas[("batch", "deployments", "trainer")] == 0
+        queue[0] = "5"
+        scaler.cycle()
+        d = scaler.decisions[("batch", "trainer")]
+        assert (d.current, d.replicas, d.reason, replicas[("batch", "deployments", "trainer")]) == (0, 1, "activated", 1)
+        assert api.events[-1]["message"].startswith("New size: 1; reason: activated")
+        pods.update({"trainer-6b7c8d9f5-aaaaa": 0.9})  # its pod runs and is forecast busy
+        scaler.cycle()
+        assert replicas[("batch", "deployments", "trainer")] == 2  # ceil(0.9 / 0.5), on the forecast
+        queue[0] = "error"  # a failing query: counted, the workload kept running
+        pods["trainer-6b7c8d9f5-aaaaa"] = 0.0
+        scaler.cycle()
+        d = scaler.decisions[("batch", "trainer")]
+        assert scaler.errors_total["query"] == 1 and (d.desired, d.replicas) == (1, 2)  # held off zero, stabilised
+        queue[0] = "none"  # an empty answer is 0: inactive and idle, so back to zero once the window has passed
+        trace = []
+        for _ in range(3):
+            scaler.cycle()
+            trace.append(replicas[("batch", "deployments", "trainer")])
+        assert trace == [2, 1, 0]  # 60 s of stabilisation: the 2 and then the 1 leave the window
+        assert all("/paused/" not in p[0] for p in api.patches)
+        text = generate_latest(scaler.registry).decode()
+    assert 'dprobe_scaler_active{namespace="batch",workload="trainer"} 0.0' in text
+    assert 'dprobe_scaler_activation_query_value{namespace="batch",workload="trainer"} 0.0' in text
+    assert 'sum(queue_length{queue="batch"})' in asked
 
 
 def test_apply_mode_sets_virtual_cluster_quotas(http_peer, tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ class ScalerState(Protocol):
     events_total: Mapping[tuple[str, str, str], int]
     vc_events_total: Mapping[tuple[str, str], int]
     errors_total: Mapping[str, int]
+    activations: Mapping[tuple[str, str], tuple[float, bool]]
     last_cycle_at: float | None
 
 
@@ -52,6 +53,15 @@ class ScalerCollector(Collector):
                 v = value(d)
                 if v is not None:
                     fam.add_metric([ns, workload], float(v))
+            yield fam
+        activations = dict(s.activations)
+        for name, doc, pick in (
+                ("dprobe_scaler_activation_query_value", "Value of the workload's activation query.", 0),
+                ("dprobe_scaler_active", "1 while the workload's activation query is above its threshold "
+                                         "(KEDA's scaler active), else 0.", 1)):
+            fam = GaugeMetricFamily(name, doc, labels=WORKLOAD_LABELS)
+            for (ns, workload), row in sorted(activations.items()):
+                fam.add_metric([ns, workload], float(row[pick]))
             yield fam
         per_vc = [
             ("dprobe_recommended_gpus", "GPUs recommended for the virtual cluster.", lambda d: d.replicas),

@@ -12,11 +12,17 @@ workload listed under ``workloads:`` may override any of them, and its behaviour
         max_replicas: 8
         scale_up: {tolerance: 0}   # scale up as soon as demand exceeds capacity
         scale_down: {stabilization_seconds: 600, policies: [{type: pods, value: 1, period_seconds: 60}]}
+      - namespace: batch
+        name: trainer
+        min_replicas: 0            # scales to zero, and is woken from it by the activation query
+        activation_query: sum(kueue_pending_workloads{cluster_queue="batch"})
+        activation_query_threshold: 0
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import urllib.parse
 from collections.abc import Mapping
@@ -30,6 +36,7 @@ ENV_PREFIX = "DPROBE_SCALER_"
 MODES = ("recommend", "apply")
 KINDS = ("Deployment", "StatefulSet")
 POLICY_FIELDS = {f.name for f in fields(Policy)} - {"scale_up", "scale_down"}
+ACTIVATION_KEYS = ("activation_query", "activation_query_threshold")
 
 
 @dataclass
@@ -149,6 +156,8 @@ class WorkloadSpec:
     kind: str
     pods: re.Pattern[str]
     policy: Policy
+    activation_query: str = ""  # PromQL: the workload is active while its value (summed) is above the threshold
+    activation_query_threshold: float = 0.0
 
     @property
     def key(self) -> tuple[str, str]:
@@ -160,7 +169,7 @@ class WorkloadSpec:
         where = f"workloads[{index}]"
         entry = {str(k).replace("-", "_"): v for k, v in entry.items()}
         unknown = sorted(set(entry) - POLICY_FIELDS - {"namespace", "name", "kind", "pods", "scale_up",
-                                                         "scale_down"})
+                                                         "scale_down", *ACTIVATION_KEYS})
         if unknown:
             raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}")
         for key in ("namespace", "name"):
@@ -179,9 +188,26 @@ class WorkloadSpec:
                 if direction in entry:
                     overrides[direction] = _rules(entry[direction], getattr(defaults, direction))
             policy = replace(defaults, **overrides)
+            query, threshold = _activation(entry, policy)
         except (re.error, TypeError, ValueError) as exc:
             raise ValueError(f"{where}: {exc}") from exc
-        return WorkloadSpec(entry["namespace"], entry["name"], kind, pods, policy)
+        return WorkloadSpec(entry["namespace"], entry["name"], kind, pods, policy, query, threshold)
+
+
+def _activation(entry: Mapping[str, Any], policy: Policy) -> tuple[str, float]:
+    """A workload's activation query and threshold; only a workload that may scale to zero has one."""
+    query = entry.get("activation_query") or ""
+    if not isinstance(query, str):
+        raise ValueError(f"activation_query must be a PromQL string, got {query!r}")
+    threshold = entry.get("activation_query_threshold", 0.0)
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
+        raise ValueError(f"activation_query_threshold must be a number, got {threshold!r}")
+    if "activation_query_threshold" in entry and not query:
+        raise ValueError("activation_query_threshold needs an activation_query")
+    if query and policy.min_replicas != 0:
+        raise ValueError(f"activation_query wakes a workload from zero replicas: it needs min_replicas: 0, "
+                         f"got {policy.min_replicas}")
+    return query.strip(), float(threshold)
 
 
 def _rules(doc: Any, defaults: ScalingRules) -> ScalingRules:

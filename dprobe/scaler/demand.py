@@ -77,6 +77,13 @@ def pod_gpus(config: ScalerConfig) -> dict[tuple[str, str], int]:
     return {(lab.get("namespace", ""), lab.get("pod", "")): max(1, int(round(v))) for lab, v in rows if v == v}
 
 
+def activation_value(config: ScalerConfig, query: str) -> float:
+    """A workload's activation query, its samples summed (no samples: 0, as KEDA's Prometheus
+    scaler reads an empty result)."""
+    rows = query_vector(config.prometheus_url, query, config.http_timeout)
+    return float(sum(v for _, v in rows if v == v))
+
+
 def group_demand(forecasts: dict[tuple[str, str], tuple[float, dict[str, str]]], specs: list[WorkloadSpec],
                  gpus: dict[tuple[str, str], int], vc_label: str, discover: bool) -> DemandView:
     """Sum the pods' forecasts per workload (the first spec whose pattern matches the pod), per

@@ -10,7 +10,9 @@ Per decision, for one scaled object (a workload's replicas, a virtual cluster's 
    within ``tolerance`` of 1 (HPA; per direction, ``scale_up.tolerance`` above 1 and
    ``scale_down.tolerance`` below, as the HPA's ``behavior.*.tolerance``), set to 0 below
    ``activation`` where ``min_replicas`` is 0 (KEDA's activation threshold), and bounded by
-   ``min_replicas`` / ``max_replicas``.
+   ``min_replicas`` / ``max_replicas``. A workload with an activation query (KEDA's trigger
+   activation: a queue's length, a request rate) is woken from zero while the query is active and
+   never sent to zero then; while it is inactive, a workload at zero stays there.
 3. **Stabilisation** (HPA ``behavior``): a scale-down takes the highest desired count of the
    last ``scale_down.stabilization_seconds``, a scale-up the lowest of the last
    ``scale_up.stabilization_seconds``; then **rate policies** (``pods`` or ``percent`` per
@@ -99,12 +101,17 @@ class Policy:
             raise ValueError(f"fallback_replicas {self.fallback_replicas} is outside "
                              f"[{self.min_replicas}, {self.max_replicas}]")
 
-    def desired(self, demand: float, current: int) -> tuple[int, str]:
-        """The count ``demand`` asks for (step 2 above), before stabilisation, and why."""
+    def desired(self, demand: float, current: int, active: bool | None = None) -> tuple[int, str]:
+        """The count ``demand`` asks for (step 2 above), before stabilisation, and why. ``active``: what a
+        workload's activation query says (KEDA's trigger activation; None: it has none). An active
+        workload is never recommended zero replicas; an inactive one at zero stays there."""
         if not math.isfinite(demand) or demand < 0:
             raise ValueError(f"demand must be a finite number >= 0, got {demand}")
-        if self.min_replicas == 0 and demand < self.activation:
+        if self.min_replicas == 0 and not active and (demand < self.activation or (active is False and current == 0)):
             return 0, "below activation"
+        if active and current == 0:
+            count = self.bound(max(1, math.ceil(demand * (1.0 + self.margin) / self.target - 1e-9)))
+            return count, "activated"
         if current > 0:
             ratio = demand / (current * self.target)
             rules = self.scale_up if ratio > 1.0 else self.scale_down
@@ -114,6 +121,8 @@ class Policy:
         raw = math.ceil(demand * (1.0 + self.margin) / self.target - 1e-9)
         count = self.bound(raw)
         why = "forecast" if count == raw else ("at max_replicas" if raw > count else "at min_replicas")
+        if active and count == 0:  # the forecast says idle, the activation query says otherwise
+            return self.bound(1), "held by activation query"
         return count, why
 
     def bound(self, count: int) -> int:
@@ -168,7 +177,8 @@ class Recommender:
         pick = max if (rules.select == "max") == up else min
         return pick(bounds)
 
-    def decide(self, now: float, demand: float | None, current: int) -> Decision:
+    def decide(self, now: float, demand: float | None, current: int, active: bool | None = None) -> Decision:
+        """This cycle's decision; ``active``: the workload's activation query (see :meth:`Policy.desired`)."""
         p = self.policy
         horizon = max(p.scale_up.stabilization_seconds, p.scale_down.stabilization_seconds,
                       *(r.period_seconds for r in (*p.scale_up.policies, *p.scale_down.policies)))
@@ -182,7 +192,7 @@ class Recommender:
                 return Decision(current, current, current, None, "no forecast: holding")
             return self._commit(now, current, p.fallback_replicas, p.fallback_replicas, None, "fallback")
         self.failures = 0
-        desired, why = p.desired(demand, current)
+        desired, why = p.desired(demand, current, active)
         self._desired.append((now, desired))
         target = desired
         if desired < current:  # the highest recent recommendation: no flapping down

@@ -16,7 +16,7 @@ from prometheus_client.registry import CollectorRegistry
 from dprobe.exporter.server import ExporterServer, run_until_signalled
 from dprobe.scaler.collector import ScalerCollector
 from dprobe.scaler.config import ScalerConfig, WorkloadSpec
-from dprobe.scaler.demand import Demand, DemandView, group_demand, pod_forecasts, pod_gpus
+from dprobe.scaler.demand import Demand, DemandView, activation_value, group_demand, pod_forecasts, pod_gpus
 from dprobe.scaler.kube import KubernetesError, ObjectRef, ScaleClient
 from dprobe.scaler.policy import Decision, Recommender
 from dprobe.sources.base import SourceError
@@ -62,6 +62,8 @@ class Scaler:
         self._gpus_warned = False
         self._query_failure = ""
         self._recommended: set[tuple[str, str]] = set()  # workloads a recommendation was made for
+        self.activations: dict[tuple[str, str], tuple[float, bool]] = {}  # activation queries: (value, active)
+        self._activation_failures: dict[tuple[str, str], str] = {}
 
     # one cycle ------------------------------------------------------------------------------------
     def read(self) -> DemandView | None:
@@ -93,14 +95,13 @@ class Scaler:
         view = self.read()
         decisions: dict[tuple[str, str], Decision] = {}
         for spec in self.specs:
-            demand = view.workloads.get(spec.key) if view else None
-            decision = self._decide_workload(now, spec, demand)
+            decision = self._decide_workload(now, spec, view)
             if decision is not None:
                 decisions[spec.key] = decision
         if view is not None:
             for key, demand in view.discovered.items():
                 rec = self.recommenders.setdefault(key, Recommender(self.config.default_policy()))
-                decisions[key] = self._recommend(now, key, rec, demand.total, len(demand.pods))
+                decisions[key] = self._recommend(now, key, rec, demand.total, self._start(key, len(demand.pods)))
             for key in set(self.recommenders) - {s.key for s in self.specs} - set(view.discovered):
                 del self.recommenders[key]  # a discovered workload whose pods are gone: forget it all
                 self._recommended.discard(key)
@@ -113,38 +114,72 @@ class Scaler:
         self.last_cycle_at = now
         self.cycle_seconds.observe(time.perf_counter() - started)
 
-    def _decide_workload(self, now: float, spec: WorkloadSpec, demand: Demand | None) -> Decision | None:
-        observed = len(demand.pods) if demand else 0
+    def _decide_workload(self, now: float, spec: WorkloadSpec, view: DemandView | None) -> Decision | None:
+        """A listed workload's decision. One at zero replicas with no pods has nothing to forecast: with
+        ``min_replicas: 0`` its demand is 0 (its activation query may wake it); otherwise, in apply mode,
+        it was scaled to zero by hand and is left there, as the HPA leaves it."""
+        demand = view.workloads.get(spec.key) if view else None
         total = demand.total if demand and demand.pods else None
+        active = self._active(spec)
         rec = self.recommenders[spec.key]
-        if self.kube is None or not self.apply:
-            return self._recommend(now, spec.key, rec, total, observed)
-        try:
-            current = self.kube.replicas(spec)
-        except KubernetesError as exc:
-            self.errors_total["kubernetes"] += 1
-            log.warning("%s", exc)
-            return self.decisions.get(spec.key)
+        apply = self.kube is not None and self.apply
+        if not apply:
+            current = self._start(spec.key, len(demand.pods) if demand else 0)
+        else:
+            try:
+                current = self.kube.replicas(spec)
+            except KubernetesError as exc:
+                self.errors_total["kubernetes"] += 1
+                log.warning("%s", exc)
+                return self.decisions.get(spec.key)
+            if current == 0 and spec.policy.min_replicas > 0:
+                return Decision(0, 0, 0, total, "paused: scaled to zero by hand")
+        if total is None and view is not None and current == 0 and spec.policy.min_replicas == 0:
+            total = 0.0
+        if not apply:
+            return self._recommend(now, spec.key, rec, total, current, active)
         return self._decide(now, spec.key, rec, total, current, partial(self.kube.scale, spec), self.events_total,
-                            obj=ObjectRef.of(spec))
+                            obj=ObjectRef.of(spec), active=active)
 
-    def _recommend(self, now: float, key: tuple[str, str], rec: Recommender, demand: float | None,
-                   observed: int) -> Decision:
-        """A recommend-mode decision. It starts from the last recommendation once one has been made from a
-        forecast (or the fallback), as if it had been followed, else from the ``observed`` pods."""
+    def _active(self, spec: WorkloadSpec) -> bool | None:
+        """What the workload's activation query says (None: it has none). A query that fails keeps the
+        workload as it is: counted, logged once, taken as active while it runs, inactive at zero."""
+        if not spec.activation_query:
+            return None
+        try:
+            value = activation_value(self.config, spec.activation_query)
+        except SourceError as exc:
+            self.errors_total["query"] += 1
+            (log.warning if self._activation_failures.get(spec.key) != str(exc) else log.debug)(
+                "%s/%s: activation query failed: %s", *spec.key, exc)
+            self._activation_failures[spec.key] = str(exc)
+            self.activations.pop(spec.key, None)
+            previous = self.decisions.get(spec.key)
+            return bool(previous and previous.replicas > 0)
+        self._activation_failures.pop(spec.key, None)
+        self.activations[spec.key] = value, value > spec.activation_query_threshold
+        return self.activations[spec.key][1]
+
+    def _start(self, key: tuple[str, str], observed: int) -> int:
+        """The count a recommend-mode decision starts from: the last recommendation once one has been made
+        from a forecast (or the fallback), as if it had been followed, else the ``observed`` pods."""
         previous = self.decisions.get(key)
-        current = previous.replicas if previous is not None and key in self._recommended else observed
-        decision = self._decide(now, key, rec, demand, current, None, self.events_total)
+        return previous.replicas if previous is not None and key in self._recommended else observed
+
+    def _recommend(self, now: float, key: tuple[str, str], rec: Recommender, demand: float | None, current: int,
+                   active: bool | None = None) -> Decision:
+        """A recommend-mode decision from ``current`` (:meth:`_start`)."""
+        decision = self._decide(now, key, rec, demand, current, None, self.events_total, active=active)
         if decision.demand is not None or decision.reason == "fallback":
             self._recommended.add(key)
         return decision
 
     def _decide(self, now: float, key: tuple[str, str], rec: Recommender, demand: float | None, current: int,
                 apply: Callable[[int], None] | None, events: Counter, unit: str = "replicas",
-                obj: ObjectRef | None = None) -> Decision:
+                obj: ObjectRef | None = None, active: bool | None = None) -> Decision:
         """Decide, log a change, ``apply`` it (if given; with an Event on ``obj``) and count it in ``events``
         by key and direction."""
-        decision = rec.decide(now, demand, current)
+        decision = rec.decide(now, demand, current, active)
         if decision.replicas != current:
             shown = "no forecast" if demand is None else f"demand {demand:.2f}"
             log.info("%s: %d -> %d %s (%s, %s; desired %d)", "/".join(filter(None, key)), current,

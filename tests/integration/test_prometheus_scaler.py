@@ -58,7 +58,13 @@ def test_scaler_recommends_from_the_sidecars_forecasts(prometheus_server, http_p
                                    honor_labels=True) as prom:
                 scaler = Scaler(ScalerConfig(
                     prometheus_url=str(prom), listen_address="127.0.0.1", port=0, interval=0.5, horizon_seconds=5,
-                    target=0.5, margin=0.0, workloads=[{"namespace": "serving", "name": "llm", "max_replicas": 8}]))
+                    target=0.5, margin=0.0, workloads=[
+                        # may rest at zero; woken (and kept up) while its GPUs report any utilisation
+                        {"namespace": "serving", "name": "llm", "max_replicas": 8, "min_replicas": 0,
+                         "activation_query": 'sum(DCGM_FI_DEV_GPU_UTIL{namespace="serving"})',
+                         "activation_query_threshold": 10},
+                        {"namespace": "serving", "name": "idle", "min_replicas": 0,
+                         "activation_query": 'sum(DCGM_FI_DEV_GPU_UTIL{namespace="nobody"})'}]))
                 scaler.start()
                 deadline = time.time() + 40
                 while ("serving", "llm") not in scaler.decisions or scaler.decisions[("serving", "llm")].demand is None:
@@ -71,6 +77,12 @@ def test_scaler_recommends_from_the_sidecars_forecasts(prometheus_server, http_p
                     assert _value(prom2, 'dprobe_recommended_replicas{namespace="serving",workload="llm"}',
                                   deadline) == 4
                     assert _value(prom2, 'dprobe_scaler_demand_ratio{workload="llm"}', deadline) == pytest.approx(1.8)
+                    # the activation queries, answered by the real Prometheus: 180 % summed is active; no series
+                    # is 0, inactive, and the workload without pods rests at zero without a fallback
+                    assert _value(prom2, 'dprobe_scaler_activation_query_value{workload="llm"}', deadline) == 180
+                    assert _value(prom2, 'dprobe_scaler_active{workload="llm"}', deadline) == 1
+                    assert _value(prom2, 'dprobe_scaler_active{workload="idle"}', deadline) == 0
+                    assert _value(prom2, 'dprobe_recommended_replicas{workload="idle"}', deadline) == 0
                     # the training pod's two GPUs at 50 %: 1 GPU of demand, 2 GPUs at 0.5 each, what it holds
                     assert _value(prom2, 'dprobe_recommended_gpus{vc="team-a"}', deadline) == 2
                     assert _value(prom2, 'dprobe_scaler_vc_held_gpus{vc="team-a"}', deadline) == 2
