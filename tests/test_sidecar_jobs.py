@@ -92,6 +92,41 @@ def test_a_job_without_gpu_is_predicted_for_the_gpu_nvml_sees(monkeypatch: pytes
     assert (jobs.spec("b/x").gpu, jobs.spec("a/x").gpu) == (expected, "l4")
 
 
+def test_a_job_without_gpu_is_predicted_for_the_gpu_its_samples_name() -> None:
+    """dcgm-exporter's modelName of a target's GPU names the GPU its job is predicted for (one profile per
+    job and GPU); a name dprobe has no figures for, or none, falls back to this node's GPU, looked up once."""
+    asked: list[str] = []
+    local = ["l4"]
+
+    def node_gpu() -> str:
+        asked.append("nvml")
+        return local[0]
+
+    jobs = JobProfiles({"a/pinned-*": "timm:resnet18 batch=2 gpu=a10"}, default="torchvision:resnet50 batch=4",
+                       predict=lambda spec: RESULT, gpu=node_gpu)
+    models = {"a/x": "NVIDIA H100 80GB HBM3", "a/y": "NVIDIA A100-SXM4-80GB", "a/z": "Tesla K80",
+              "a/pinned-0": "NVIDIA H100 80GB HBM3"}
+    jobs.profiles(sorted(models) + ["a/w"], models)
+    jobs.run_pending()
+    ready = jobs.profiles(sorted(models) + ["a/w"], models)
+    assert {t: p.spec.gpu for t, p in ready.items()} == {"a/x": "h100", "a/y": "a100", "a/z": "l4", "a/w": "l4",
+                                                          "a/pinned-0": "a10"}
+    assert asked == ["nvml"]
+    assert len({p.spec for p in ready.values()}) == 4  # resnet50 on h100, a100, l4; resnet18 on a10
+
+
+def test_sidecar_predicts_a_targets_job_for_the_gpu_its_samples_name() -> None:
+    config = SidecarConfig(listen_address="127.0.0.1", port=0, job="torchvision:resnet50 batch=4")
+    sc = Sidecar(config, sources=[OnePod()], model=open_forecaster(None, "last_value"))
+    sc.jobs._predict = lambda spec: RESULT  # the prediction itself is tested elsewhere
+    sc._sink([Sample("ml/trainer-0", time.time(), 2e9, 0.5, {"namespace": "ml", "pod": "trainer-0"},
+                     gpu_model="NVIDIA A100-SXM4-80GB")], "dcgm")
+    assert sc.job_rows(sc.latest_samples(), {"ml/trainer-0"}) == []  # queued
+    sc.jobs.run_pending()
+    [row] = sc.job_rows(sc.latest_samples(), {"ml/trainer-0"})
+    assert (row.target, row.info["gpu"], row.labels["pod"]) == ("ml/trainer-0", "a100", "trainer-0")
+
+
 def test_bad_job_stops_the_start_with_its_place() -> None:
     with pytest.raises(ValueError, match=r"jobs\['team-a/\*'\]: 'resnet50': batch=N"):
         load_config({}, env={"DPROBE_SIDECAR_JOBS": '{"team-a/*": "resnet50"}'})

@@ -68,6 +68,7 @@ def test_dcgm_text_pods_and_base_units() -> None:
     assert pod.labels["UUID"] == "GPU-aaa,GPU-bbb"
     free_gpu = samples["GPU-ccc"]
     assert free_gpu.memory_bytes == 0 and free_gpu.labels["gpu"] == "2" and pod.ts == 100.0
+    assert pod.gpu_model == free_gpu.gpu_model == "NVIDIA H200"  # modelName, for the jobs' cold-start profiles
 
 
 def test_dcgm_gpu_targets_and_engine_active() -> None:
@@ -117,7 +118,8 @@ def test_prometheus_source_query_range(http_peer) -> None:
     def reply(path: str):
         seen.append(path)
         if "FB_USED" in path:
-            return 200, _matrix([({"namespace": "ns", "pod": "p1"}, [(now - 20, 1e9), (now - 10, 2e9)])]), 0.0
+            return 200, _matrix([({"namespace": "ns", "pod": "p1", "modelName": "NVIDIA L4"},
+                                  [(now - 20, 1e9), (now - 10, 2e9)])]), 0.0
         return 200, _matrix([({"namespace": "ns", "pod": "p1"}, [(now - 10, 0.5)]),
                              ({"UUID": "GPU-x"}, [(now - 10, "NaN")])]), 0.0
 
@@ -125,8 +127,8 @@ def test_prometheus_source_query_range(http_peer) -> None:
         src = PrometheusSource(url, step=10, lookback=600)
         samples = src.poll()
     assert all("/api/v1/query_range?" in p for p in seen) and len(seen) == 2
-    assert [(s.target, s.memory_bytes, s.utilization_ratio) for s in samples] == [
-        ("ns/p1", 1e9, None), ("ns/p1", 2e9, 0.5)]
+    assert [(s.target, s.memory_bytes, s.utilization_ratio, s.gpu_model) for s in samples] == [
+        ("ns/p1", 1e9, None, "NVIDIA L4"), ("ns/p1", 2e9, 0.5, "NVIDIA L4")]
     assert src._since == pytest.approx(now - 10)
 
 

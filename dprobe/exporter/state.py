@@ -11,13 +11,15 @@ import numpy as np
 
 @dataclass(frozen=True, slots=True)
 class Latest:
-    """The latest sample of a target; ``labels``: its identity labels (dcgm-exporter's names)."""
+    """The latest sample of a target; ``labels``: its identity labels (dcgm-exporter's names); ``gpu_model``:
+    its GPU's model name where the source gives it."""
 
     ts: float
     memory_bytes: float | None
     utilization_ratio: float | None
     source: str
     labels: Mapping[str, str] = field(default_factory=dict)
+    gpu_model: str = ""
 
 
 @dataclass(frozen=True)

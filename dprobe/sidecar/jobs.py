@@ -150,11 +150,8 @@ class JobProfiles:
                 self.default = JobSpec.parse(annotated)
             except ValueError as exc:
                 raise ValueError(f"{annotations_file}: annotation {ANNOTATION}: {exc}") from exc
-        if any(not s.gpu for s in (*self.patterns.values(), self.default) if s is not None):
-            local = gpu() if callable(gpu) else gpu  # jobs that do not name their GPU run on this node's
-            self.patterns = {k: s if s.gpu else replace(s, gpu=local) for k, s in self.patterns.items()}
-            if self.default is not None and not self.default.gpu:
-                self.default = replace(self.default, gpu=local)
+        self._local_gpu = gpu  # jobs that do not name their GPU run on their target's, else this node's
+        self._model_gpus: dict[str, str] = {}  # a GPU's model name -> the dprobe GPU it is predicted for
         self.own_target = own_target
         self._predict = predict or (lambda spec: spec.predict(checkpoint))
         self._profiles: dict[JobSpec, JobProfile | None] = {}  # None: queued or failed
@@ -167,18 +164,40 @@ class JobProfiles:
     def active(self) -> bool:
         return bool(self.patterns or self.default)
 
-    def spec(self, target: str) -> JobSpec | None:
-        for pattern, spec in self.patterns.items():
-            if fnmatch.fnmatchcase(target, pattern):
-                return spec
-        return self.default
+    def spec(self, target: str, gpu_model: str = "") -> JobSpec | None:
+        """The job ``target`` runs; without ``gpu=``, on ``gpu_model`` (its GPU's model name, as
+        dcgm-exporter's ``modelName``), else on the GPU NVML sees here, else the H200."""
+        spec = next((s for pattern, s in self.patterns.items() if fnmatch.fnmatchcase(target, pattern)),
+                    self.default)
+        if spec is None or spec.gpu:
+            return spec
+        return replace(spec, gpu=self._gpu_of(gpu_model))
 
-    def profiles(self, targets: list[str]) -> dict[str, JobProfile]:
-        """The ready profiles of ``targets`` (and of the own pod); jobs not yet seen are queued."""
+    def _gpu_of(self, gpu_model: str) -> str:
+        if gpu_model not in self._model_gpus:  # resolved (and logged) once per name
+            gpu = ""
+            if gpu_model:
+                from dprobe.coldstart.features import gpu_key
+
+                try:
+                    gpu = gpu_key(gpu_model)
+                except ValueError as exc:
+                    log.warning("job profiles: %s; its jobs without gpu= are predicted for this node's GPU", exc)
+            if not gpu:
+                if callable(self._local_gpu):
+                    self._local_gpu = self._local_gpu()
+                gpu = self._local_gpu
+            self._model_gpus[gpu_model] = gpu
+        return self._model_gpus[gpu_model]
+
+    def profiles(self, targets: list[str], gpu_models: Mapping[str, str] | None = None) -> dict[str, JobProfile]:
+        """The ready profiles of ``targets`` (and of the own pod); jobs not yet seen are queued. ``gpu_models``:
+        each target's GPU model name, where its samples give one."""
         out = {}
+        gpu_models = gpu_models or {}
         names = [*targets, self.own_target] if self.own_target and self.own_target not in targets else targets
         for target in names:
-            spec = self.spec(target)
+            spec = self.spec(target, gpu_models.get(target, ""))
             if spec is None:
                 continue
             with self._lock:

@@ -154,7 +154,8 @@ class Sidecar:
         if not self.jobs.active:
             return []
         rows = []
-        for target, profile in self.jobs.profiles(sorted(fresh)).items():
+        gpu_models = {t: latest[t].gpu_model for t in fresh if t in latest and latest[t].gpu_model}
+        for target, profile in self.jobs.profiles(sorted(fresh), gpu_models).items():
             if target in latest:
                 labels = latest[target].labels
             else:  # the own pod, before its first sample

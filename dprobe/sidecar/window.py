@@ -83,7 +83,7 @@ class WindowStore:
                     self._last[row] = b
                 prev = self.latest.get(s.target)
                 if prev is None or s.ts >= prev.ts:
-                    self.latest[s.target] = Latest(s.ts, s.memory_bytes, s.utilization_ratio, source, s.labels)
+                    self.latest[s.target] = Latest(s.ts, s.memory_bytes, s.utilization_ratio, source, s.labels, s.gpu_model)
 
     def drop_older_than(self, cutoff: float) -> list[str]:
         """Forget targets whose latest sample is older than ``cutoff``; returns their names."""

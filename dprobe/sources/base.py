@@ -21,7 +21,9 @@ class Sample:
     ``target`` names a pod (``namespace/pod``) or a GPU (its UUID); ``ts`` is
     unix seconds. ``memory_bytes`` / ``utilization_ratio`` (0-1) are None when
     the source does not measure them. ``extra`` holds further readings
-    (``memory_total_bytes``, ``power_watts``, ``sm_clock_hertz``, ...).
+    (``memory_total_bytes``, ``power_watts``, ``sm_clock_hertz``, ...). ``gpu_model``:
+    the GPU's model as the source names it (dcgm-exporter's ``modelName``, e.g.
+    "NVIDIA H100 80GB HBM3"; "" where it does not say).
     """
 
     target: str
@@ -30,6 +32,7 @@ class Sample:
     utilization_ratio: float | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     extra: Mapping[str, float] = field(default_factory=dict)
+    gpu_model: str = ""
 
 
 @runtime_checkable

@@ -31,6 +31,7 @@ def parse_dcgm_text(text: str, ts: float, targets: str = "pod", utilization: str
     """
     per_gpu: dict[tuple, dict[str, float]] = defaultdict(dict)
     ident: dict[tuple, dict[str, str]] = {}
+    models: dict[tuple, str] = {}  # the GPU's modelName
     try:
         for family in text_string_to_metric_families(text):
             for s in family.samples:
@@ -40,6 +41,8 @@ def parse_dcgm_text(text: str, ts: float, targets: str = "pod", utilization: str
                 labels = {k: s.labels.get(k, "") for k in IDENTITY_LABELS}
                 key = tuple(labels[k] for k in IDENTITY_LABELS)
                 ident[key] = labels
+                if s.labels.get("modelName"):
+                    models[key] = s.labels["modelName"]
                 per_gpu[key][key_name] = float(s.value) * scale
     except (ValueError, TypeError, IndexError, KeyError) as exc:
         raise SourceError(f"not Prometheus text format: {exc}") from exc
@@ -79,7 +82,7 @@ def parse_dcgm_text(text: str, ts: float, targets: str = "pod", utilization: str
             target=target, ts=ts,
             memory_bytes=sum(mems) if mems else None,
             utilization_ratio=min(1.0, max(0.0, sum(utils) / len(utils))) if utils else None,
-            labels=labels, extra=extra,
+            labels=labels, extra=extra, gpu_model=next((models[k] for k in sorted(keys) if k in models), ""),
         ))
     return out
 

@@ -117,7 +117,8 @@ class PrometheusSource:
             self._since = max(ts for _, ts in points)
         return [
             Sample(target=t, ts=ts, memory_bytes=v.get("memory"), utilization_ratio=v.get("utilization"),
-                   labels={k: labels_of[t][k] for k in IDENTITY_LABELS if k in labels_of[t]})
+                   labels={k: labels_of[t][k] for k in IDENTITY_LABELS if k in labels_of[t]},
+                   gpu_model=labels_of[t].get("modelName", ""))
             for (t, ts), v in sorted(points.items(), key=lambda kv: kv[0][1])
         ]
 
