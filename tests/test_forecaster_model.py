@@ -12,7 +12,7 @@ from dprobe.data.windows import SeriesDataModule
 from dprobe.forecasting.base import ForecastInput
 from dprobe.forecasting.model import ModelForecaster, export_checkpoint
 from dprobe.forecasting.tasks import TaskSpec
-from dprobe.models.features import N_STATS, make_features, nanmedian_rows, window_stats
+from dprobe.models.features import N_STATS, REGIMES, make_features, nanmedian_rows, window_stats
 from dprobe.models.forecaster import PatchForecaster, QuantileHead
 from dprobe.models.lightning_module import ForecasterModule, pinball_loss
 
@@ -173,14 +173,35 @@ def test_point_source_is_chosen_on_validation_and_applied(tmp_path, small_helios
     dm.setup()
     module = ForecasterModule(n_tasks=1, context_length=32, d_model=16, n_heads=2, n_layers=1)
     sources = select_point_sources(module, dm)
-    assert len(sources) == 1 and len(sources[0]) == 3
-    assert set(sources[0]) <= set(POINT_CANDIDATES)
+    assert len(sources) == 1 and len(sources[0]) == 3  # per lead, one choice per regime (moved, held)
+    assert all(len(c) == len(REGIMES) and set(c) <= set(POINT_CANDIDATES) for c in sources[0])
     obj = torch.load(export_checkpoint(module, dm.task_specs, tmp_path / "m.pt",
                                        point_sources=[["median_5", "model", "last_value"]]), weights_only=True)
     model = ModelForecaster(obj)
     values = np.array([[10.0] * 28 + [30.0, 12.0, 14.0, 11.0]])
     f = model.predict(ForecastInput(values=values, metric="gpu_demand", leads=(6, 12, 24), step_seconds=300))
     np.testing.assert_allclose(f.point, [[12.0, 11.0, 11.0]])  # median of the last 5; last value twice
+    # per regime: the median where the last step moved, the last value where it held
+    obj = torch.load(export_checkpoint(module, dm.task_specs, tmp_path / "r.pt",
+                                       point_sources=[[["median_5", "last_value"]] * 3]), weights_only=True)
+    held = np.array([[10.0] * 27 + [30.0, 12.0, 14.0, 11.0, 11.0]])
+    f = ModelForecaster(obj).predict(ForecastInput(values=np.concatenate([values, held]), metric="gpu_demand",
+                                                   leads=(6, 12, 24), step_seconds=300))
+    np.testing.assert_allclose(f.point, [[12.0] * 3, [11.0] * 3])
+
+
+def test_window_regime_says_whether_the_last_step_moved() -> None:
+    from dprobe.models.features import window_regime
+
+    nan = np.nan
+    windows = np.array([[1.0, 2.0, 3.0],  # moved
+                        [1.0, 3.0, 3.0],  # held
+                        [1.0, 2.0, nan],  # a gap at the end: the last value is held until it is seen again
+                        [2.0, nan, 3.0],  # moved across a gap
+                        [nan, nan, 3.0],  # first value: nothing to compare with
+                        [nan, nan, nan]])
+    assert [REGIMES[r] for r in window_regime(windows)] == ["moved", "held", "held", "moved", "held", "held"]
+    assert window_regime(np.ones((2, 1))).tolist() == [1, 1]
 
 
 def test_onnx_export_forecasts_like_the_torch_model_without_torch(tmp_path):
@@ -198,8 +219,11 @@ def test_onnx_export_forecasts_like_the_torch_model_without_torch(tmp_path):
         torch.nn.init.normal_(p, std=0.2)  # a non-trivial network
     specs = [TaskSpec("gpu_demand", "helios-earth-vc", (6, 12, 24), 300.0, (), 1.0),
              TaskSpec("gpu_duty_cycle_pct", "alibaba-genai-2026", (5, 15, 30), 60.0, (), 1.0)]
-    pt = export_checkpoint(module, specs, tmp_path / "m.pt", point_sources=[["model", "median_5", "model"],
-                                                                            ["model"] * 3])
+    shifts = np.random.default_rng(1).uniform(0, 0.5, (len(REGIMES), 3, 3))  # per regime, lead, quantile
+    shifts[..., 0] = 0
+    pt = export_checkpoint(module, specs, tmp_path / "m.pt",
+                           point_sources=[["model", ["median_5", "last_value"], "model"], ["model"] * 3],
+                           quantile_shifts=[shifts.tolist(), np.zeros((3, 3)).tolist()])
     onnx_path = export_onnx(read_checkpoint(pt), tmp_path / "m.onnx")
     values = np.random.default_rng(0).uniform(0, 50, (6, 80))
     values[0, -10:] = np.nan
@@ -241,18 +265,23 @@ def test_conformal_shifts_make_validation_coverage_nominal(small_helios_dir, tmp
     every = {tuple(r) for r in dm._calibration_rows}
     assert len(every) > len(dm._val_rows) == 100 and {tuple(r) for r in dm._val_rows} <= every
     module = ForecasterModule(n_tasks=1, context_length=32, d_model=16, n_heads=2, n_layers=1).eval()
-    shifts = np.asarray(conformal_shifts(module, dm)[0])  # (H, Q)
-    assert shifts.shape == (3, 3) and (shifts[:, 0] == 0).all()
-    ys, qs = [], []
+    shifts = np.asarray(conformal_shifts(module, dm)[0])  # (R, H, Q): per regime of the window
+    assert shifts.shape == (len(REGIMES), 3, 3) and (shifts[..., 0] == 0).all()
+    ys, qs, rs = [], [], []
     with torch.no_grad():
         for batch in dm.calibration_dataloader():
-            qs.append(module(batch["x"], batch["s"], batch["task"]).numpy() + shifts[None])
+            qs.append(module(batch["x"], batch["s"], batch["task"]).numpy() + shifts[batch["r"].numpy()])
             ys.append(batch["y"].numpy())
-    y, q = np.concatenate(ys), np.concatenate(qs)
-    ok = ~np.isnan(y)
-    for i, level in ((1, 0.9), (2, 0.99)):
-        cover = (y[ok] <= q[..., i][ok]).mean()
-        assert level - 0.01 <= cover <= level + 0.02
+            rs.append(batch["r"].numpy())
+    y, q, r = np.concatenate(ys), np.concatenate(qs), np.concatenate(rs)
+    assert 0 < r.mean() < 1  # both regimes occur (here few windows moved: they take the shift of all)
+    # overall, and within each regime with enough windows for a shift of its own (Mondrian)
+    for rows, slack in [(np.ones(len(y), bool), 0.02)] + [(r == k, 0.04) for k in range(len(REGIMES))
+                                                          if (r == k).sum() >= 50]:  # fewer windows, more ties
+        ok = ~np.isnan(y) & rows[:, None]
+        for i, level in ((1, 0.9), (2, 0.99)):
+            cover = (y[ok] <= q[..., i][ok]).mean()
+            assert level - 0.01 <= cover <= level + slack
     # the shifts travel in the checkpoint and move the forecaster's quantiles
     spec = dm.task_specs
     plain = ModelForecaster(torch.load(export_checkpoint(module, spec, tmp_path / "a.pt"), weights_only=True))
@@ -416,7 +445,8 @@ def test_conformal_shifts_calibrate_what_is_served_after_the_point_choice():
     cands = np.zeros((n, len(SIMPLE_POINTS)), dtype=np.float32)
     cands[: n // 2, SIMPLE_POINTS.index("median_30")] = 3.0  # half the points above every y
     batch = {"x": torch.zeros(n, 1), "s": torch.zeros(n, 1), "task": torch.zeros(n, dtype=torch.long),
-             "y": torch.from_numpy(y).float(), "p": torch.from_numpy(cands)}
+             "y": torch.from_numpy(y).float(), "p": torch.from_numpy(cands), "r": torch.zeros(n, dtype=torch.long),
+             "series": torch.arange(n) % 20, "scale": torch.ones(n)}
 
     class Fixed(torch.nn.Module):  # quantiles 0, 0, 0 for every window
         hparams = SimpleNamespace(quantiles=(0.5, 0.9, 0.99), n_leads=1)
@@ -425,11 +455,55 @@ def test_conformal_shifts_calibrate_what_is_served_after_the_point_choice():
             return torch.zeros(len(x), 1, 3)
 
     dm = SimpleNamespace(tasks=[None], calibration_dataloader=lambda: [batch])
-    plain = np.asarray(conformal_shifts(Fixed(), dm)[0])
-    served = np.asarray(conformal_shifts(Fixed(), dm, [["median_30"]])[0])
+    plain = np.asarray(conformal_shifts(Fixed(), dm)[0])[0]  # every window "moved": regime 0
+    served = np.asarray(conformal_shifts(Fixed(), dm, [["median_30"]])[0])[0]
     assert abs(plain[0, 1] - 1.8) < 0.05  # 90 % of y below it
     assert abs(served[0, 1] - 1.6) < 0.05  # half covered by the point: 80 % of the rest suffice
     point = cands[:, SIMPLE_POINTS.index("median_30")]
     for shift, expected in ((plain[0, 1], 0.95), (served[0, 1], 0.90)):
         cover = (y[:, 0] <= np.maximum(shift, point)).mean()
         assert abs(cover - expected) < 0.01
+
+
+def test_quantiles_are_calibrated_per_regime_and_the_point_choice_starts_from_the_overall_one():
+    """Mondrian calibration: windows whose last step moved spread wider than held ones, and each regime
+    gets the shift that covers its own windows; a regime with too few windows takes the shift of all.
+    The point choice of a regime must beat the choice made on all windows, not only the last value."""
+    from types import SimpleNamespace
+
+    from dprobe.forecasting.model import _robust_choice, conformal_shifts
+    from dprobe.models.features import SIMPLE_POINTS
+
+    rng = np.random.default_rng(0)
+    n = 6000
+    regime = (np.arange(n) % 3 > 0).astype(np.int64)  # a third moved, the rest held
+    y = np.where(regime == 0, rng.uniform(0, 4, n), rng.uniform(0, 1, n))[:, None]
+    batch = {"x": torch.zeros(n, 1), "s": torch.zeros(n, 1), "task": torch.zeros(n, dtype=torch.long),
+             "y": torch.from_numpy(y).float(), "p": torch.zeros(n, len(SIMPLE_POINTS)),
+             "r": torch.from_numpy(regime), "series": torch.arange(n) % 20, "scale": torch.ones(n)}
+
+    class Fixed(torch.nn.Module):
+        hparams = SimpleNamespace(quantiles=(0.5, 0.9, 0.99), n_leads=1)
+
+        def forward(self, x, *rest):
+            return torch.zeros(len(x), 1, 3)
+
+    dm = SimpleNamespace(tasks=[None], calibration_dataloader=lambda: [batch])
+    shifts = np.asarray(conformal_shifts(Fixed(), dm)[0])  # (R, H, Q); cross-fitting keeps the regimes apart
+    assert abs(shifts[0, 0, 1] - 3.6) < 0.15 and abs(shifts[1, 0, 1] - 0.9) < 0.05
+    for r in (0, 1):
+        assert abs((y[regime == r, 0] <= shifts[r, 0, 1]).mean() - 0.9) < 0.01
+    pooled = np.asarray(conformal_shifts(Fixed(), dm, by_regime=False)[0])
+    np.testing.assert_allclose(pooled[0], pooled[1])
+    assert shifts[1, 0, 1] < pooled[0, 0, 1] < shifts[0, 0, 1]
+    few = np.asarray(conformal_shifts(Fixed(), dm, min_windows=3000, by_regime=True)[0])  # 2,000 moved: too few
+    assert shifts[1, 0, 1] < few[0, 0, 1] < shifts[0, 0, 1]  # the moved regime takes the shift of all windows
+    np.testing.assert_allclose(few[1], shifts[1])  # held: its own 4,000 windows
+
+    # candidates 0 / 1 equally good; 2 worse. From the default "b" nothing moves it; from "c", "a" or "b" win
+    names = ["a", "b", "c", "last_value"]
+    err = np.stack([rng.uniform(0, 1, 2000), rng.uniform(0, 1, 2000), rng.uniform(1, 2, 2000),
+                    rng.uniform(0.9, 1.9, 2000)], axis=1)[:, :, None]
+    series = np.arange(2000) % 40
+    assert _robust_choice(err, series, names, 0.9, 300, rng, ["b"]) == ["b"]
+    assert _robust_choice(err, series, names, 0.9, 300, rng, ["c"])[0] in ("a", "b")

@@ -26,6 +26,7 @@ from dprobe.models.features import (
     make_features,
     normalise_targets,
     window_change,
+    window_regime,
     window_scale,
 )
 
@@ -75,7 +76,8 @@ class WindowCollate:
 
     def __call__(self, rows: list[np.ndarray]) -> dict[str, torch.Tensor]:
         rows_arr = np.stack(rows)
-        feats, stats, targets, task_ids, weights, cond, known, points, scales, series = ([] for _ in range(10))
+        feats, stats, targets, task_ids, weights, cond, known, points, scales, series, regimes = (
+            [] for _ in range(11))
         for k, ts in enumerate(self.tasks):
             sel = np.flatnonzero(rows_arr[:, 0] == k)
             if not len(sel):
@@ -95,6 +97,7 @@ class WindowCollate:
             feats.append(x)
             stats.append(st)
             points.append(candidate_points(vals, last, scale))
+            regimes.append(window_regime(vals))
             scales.append(scale)
             series.append(s)
             w = np.full(len(sel), self.task_weights[k], dtype=np.float32)
@@ -118,6 +121,7 @@ class WindowCollate:
             "p": torch.from_numpy(np.concatenate(points)).float(),  # simple point forecasts, window units
             "scale": torch.from_numpy(np.concatenate(scales)).float(),  # window units -> the metric's units
             "series": torch.from_numpy(np.concatenate(series)).long(),  # index of the series in its task
+            "r": torch.from_numpy(np.concatenate(regimes)).long(),  # what the last step did (REGIMES)
         }
 
 

@@ -5,7 +5,8 @@
 
     {"kind": "dprobe-forecaster", "format": 1, "dprobe_version": ...,
      "hparams": {...ForecasterModule arguments...}, "tasks": [TaskSpec dicts],
-     "point_sources": [[...] per task], "quantile_shifts": [per task [per lead [per quantile]]],
+     "point_sources": [per task [per lead [per regime]]],
+     "quantile_shifts": [per task [per regime [per lead [per quantile]]]],
      "state_dict": {...}}
 
 ``dprobe.onnx`` is the same network exported to ONNX, with everything but the
@@ -16,6 +17,7 @@ Runtime, without importing torch (a fraction of the memory).
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -26,10 +28,12 @@ from dprobe.forecasting.loading import register_forecaster_loader
 from dprobe.forecasting.tasks import TaskSpec
 from dprobe.forecasting.trained import FORMAT, KIND, TrainedForecaster
 
+log = logging.getLogger(__name__)
+
 
 @torch.no_grad()
 def select_point_sources(module, datamodule, confidence: float = 0.9, n_boot: int = 500,
-                         seed: int = 0) -> list[list[str]]:
+                         seed: int = 0, min_regime: int = 200) -> list[list[list[str]]]:
     """For each task and lead, the point forecast to serve, chosen on the validation windows.
 
     Candidates: the model's p50 held within the simple forecasts, as served (``model``: within all of
@@ -42,13 +46,20 @@ def select_point_sources(module, datamodule, confidence: float = 0.9, n_boot: in
     candidate that beats it is chosen, and ``model`` must also beat ``model_recent``, the more
     cautious version of itself. The choice is stored in the checkpoint; the quantiles stay the
     model's (raised where needed to at least the chosen point, which is kept as chosen).
+
+    The choice is made per regime of the window (:data:`~dprobe.models.features.REGIMES`: its last
+    step ``moved`` or ``held``), each lead's entry being one name per regime: after a change the
+    network knows more of what follows than the last value does, while a held value is often best
+    left as it is. A regime with fewer than ``min_regime`` validation windows takes the choice made
+    on all of them.
     """
-    from dprobe.models.features import POINT_CANDIDATES, within_candidates
+    from dprobe.models.features import POINT_CANDIDATES, REGIMES, within_candidates
 
     names = list(POINT_CANDIDATES)
     module.eval()
     errs: dict[int, list[np.ndarray]] = {}
     ids: dict[int, list[np.ndarray]] = {}
+    regimes: dict[int, list[np.ndarray]] = {}
     for batch in datamodule.calibration_dataloader():
         p50 = module(batch["x"], batch["s"], batch["task"], batch.get("c"), batch.get("k"))[..., 0].numpy()  # (B, H)
         cands = batch["p"].numpy()  # (B, C)
@@ -60,20 +71,25 @@ def select_point_sources(module, datamodule, confidence: float = 0.9, n_boot: in
         for k in np.unique(task):
             errs.setdefault(int(k), []).append(err[task == k])
             ids.setdefault(int(k), []).append(batch["series"].numpy()[task == k])
+            regimes.setdefault(int(k), []).append(batch["r"].numpy()[task == k])
     rng = np.random.default_rng(seed)
     choice = []
     for k in range(len(datamodule.tasks)):
         if k not in errs:
             choice.append(["model"] * module.hparams.n_leads)
             continue
-        choice.append(_robust_choice(np.concatenate(errs[k]), np.concatenate(ids[k]), names, confidence,
-                                     n_boot, rng))
+        err, series, regime = (np.concatenate(a[k]) for a in (errs, ids, regimes))
+        overall = _robust_choice(err, series, names, confidence, n_boot, rng)
+        per_regime = [_robust_choice(err[regime == r], series[regime == r], names, confidence, n_boot, rng, overall)
+                      if (regime == r).sum() >= min_regime else overall for r in range(len(REGIMES))]
+        choice.append([list(c) for c in zip(*per_regime, strict=True)])
     return choice
 
 
 def _robust_choice(err: np.ndarray, series: np.ndarray, names: list[str], confidence: float, n_boot: int,
-                   rng: np.random.Generator) -> list[str]:
-    """``err`` (N, C, H) absolute errors, ``series`` (N,) -> per lead the chosen candidate's name."""
+                   rng: np.random.Generator, defaults: list[str] | None = None) -> list[str]:
+    """``err`` (N, C, H) absolute errors, ``series`` (N,) -> per lead the chosen candidate's name.
+    ``defaults``: per lead, what a candidate has to beat (the last value when not given)."""
     uniq, inv = np.unique(series, return_inverse=True)
     sums = np.zeros((len(uniq), *err.shape[1:]))  # per series: error sums and window counts
     counts = np.zeros((len(uniq), *err.shape[1:]))
@@ -82,11 +98,11 @@ def _robust_choice(err: np.ndarray, series: np.ndarray, names: list[str], confid
     draws = rng.integers(0, len(uniq), size=(n_boot, len(uniq)))
     boot = sums[draws].sum(1) / np.maximum(counts[draws].sum(1), 1)  # (n_boot, C, H) MAE per resample
     mae = sums.sum(0) / np.maximum(counts.sum(0), 1)  # (C, H)
-    base = names.index("last_value")
     # a candidate and the more cautious one it must also beat
     cautious = {names.index("model"): names.index("model_recent")} if "model_recent" in names else {}
     out = []
     for h in range(err.shape[2]):
+        base = names.index(defaults[h] if defaults else "last_value")
         beats = (boot[:, :, None, h] < boot[:, None, :, h]).mean(0) >= confidence  # (C, C): row beats column
         ok = [c for c in range(len(names)) if c == base or beats[c, base]]
         best = min(ok, key=lambda c: mae[c, h])
@@ -97,8 +113,9 @@ def _robust_choice(err: np.ndarray, series: np.ndarray, names: list[str], confid
 
 
 @torch.no_grad()
-def conformal_shifts(module, datamodule, point_sources: list[list[str]] | None = None) -> list[list[list[float]]]:
-    """Per task, lead and quantile: the shift (window units) that makes validation coverage nominal.
+def conformal_shifts(module, datamodule, point_sources: list[list] | None = None, min_windows: int = 50,
+                     by_regime: bool | None = None) -> list[list[list[list[float]]]]:
+    """Per task, regime, lead and quantile: the shift (window units) that makes validation coverage nominal.
 
     Conformalised quantile regression, one-sided: for level a, the shift is the
     a-quantile (finite-sample corrected: :func:`dprobe.conformal.conformal_shift`) of ``y - q_a``
@@ -106,40 +123,92 @@ def conformal_shifts(module, datamodule, point_sources: list[list[str]] | None =
     With ``point_sources``, coverage is that of what is served: an upper quantile
     is raised to at least the chosen point, so windows at or below the point are
     covered whatever the shift, and the shift is calibrated on the others.
+
+    Each regime of the window (:data:`~dprobe.models.features.REGIMES`) may be calibrated on its own
+    windows (Mondrian conformal prediction: a value that just moved is less certain than one held for
+    a while), a lead of a regime with fewer than ``min_windows`` of them taking the shift of all.
+    ``by_regime`` None decides per task by two-fold cross-fitting over the validation series: the
+    regimes get shifts of their own where that lowers the pinball loss (in the metric's units) of the
+    upper quantiles on the series they were not calibrated on, else all regimes share one.
     """
-    from dprobe.conformal import conformal_shift
-    from dprobe.models.features import served_point
+    from dprobe.models.features import REGIMES, served_point
 
     levels = np.asarray(module.hparams.quantiles, dtype=float)
-    scores: dict[int, list[np.ndarray]] = {}
+    cols: dict[int, dict[str, list[np.ndarray]]] = {}
     module.eval()
     for batch in datamodule.calibration_dataloader():
         q = module(batch["x"], batch["s"], batch["task"], batch.get("c"), batch.get("k")).numpy()  # (B, H, Q)
-        y, task = batch["y"].numpy(), batch["task"].numpy()
+        y, task, regime = batch["y"].numpy(), batch["task"].numpy(), batch["r"].numpy()
         for k in np.unique(task):
             rows = task == k
-            s = y[rows][..., None] - q[rows]
-            if point_sources is not None:
-                point = served_point(q[rows][..., 0], batch["p"].numpy()[rows], point_sources[int(k)])
-                covered = (y[rows] <= point)[..., None] & (levels > 0.5)[None, None, :]
-                s = np.where(covered, -np.inf, s)
-            scores.setdefault(int(k), []).append(s)
+            point = (served_point(q[rows][..., 0], batch["p"].numpy()[rows], point_sources[int(k)], regime[rows])
+                     if point_sources is not None else np.full(y[rows].shape, -np.inf))
+            got = cols.setdefault(int(k), {})
+            for name, value in (("y", y[rows]), ("q", q[rows]), ("point", point), ("r", regime[rows]),
+                                ("series", batch["series"].numpy()[rows]), ("scale", batch["scale"].numpy()[rows])):
+                got.setdefault(name, []).append(value)
     shifts = []
     for k in range(len(datamodule.tasks)):
-        out = np.zeros((module.hparams.n_leads, len(levels)))
-        if k in scores:
-            sc = np.concatenate(scores[k])  # (N, H, Q)
-            for i, a in enumerate(levels):
-                if a == 0.5:
-                    continue
-                for j in range(sc.shape[1]):
-                    col = sc[:, j, i][~np.isnan(sc[:, j, i])]
-                    if len(col) >= 50:
-                        # windows the point covers (-inf) need no shift: count them at the lowest one needed
-                        finite = col[np.isfinite(col)]
-                        out[j, i] = conformal_shift(np.maximum(col, finite.min() if len(finite) else 0.0), a)
+        out = np.zeros((len(REGIMES), module.hparams.n_leads, len(levels)))
+        if k in cols:
+            w = {name: np.concatenate(v) for name, v in cols[k].items()}
+            split = by_regime
+            if split is None:
+                fold = w["series"] % 2
+                loss = {b: sum(_upper_pinball(w, fold == f, _fit_shifts(w, fold != f, levels, min_windows, b), levels)
+                               for f in (0, 1)) for b in (False, True)}
+                split = bool(loss[True] < loss[False])
+                log.info("%s: quantiles calibrated %s (cross-fitted pinball %.4g by regime, %.4g pooled)",
+                         datamodule.task_specs[k].name if hasattr(datamodule, "task_specs") else k,
+                         "per regime" if split else "on all windows", loss[True], loss[False])
+            out = _fit_shifts(w, np.ones(len(w["y"]), bool), levels, min_windows, split)
         shifts.append(out.tolist())
     return shifts
+
+
+def _fit_shifts(w: dict[str, np.ndarray], rows: np.ndarray, levels: np.ndarray, min_windows: int,
+                by_regime: bool) -> np.ndarray:
+    """``(R, H, Q)`` shifts from the validation windows ``rows`` of one task (see :func:`conformal_shifts`)."""
+    from dprobe.models.features import REGIMES
+
+    y, q, point, regime = w["y"][rows], w["q"][rows], w["point"][rows], w["r"][rows]
+    sc = y[..., None] - q
+    covered = (y <= point)[..., None] & (levels > 0.5)[None, None, :]
+    sc = np.where(covered, -np.inf, sc)
+    overall = _shifts(sc, levels, min_windows)
+    out = np.repeat(overall[None], len(REGIMES), axis=0)
+    for r in range(len(REGIMES) if by_regime else 0):  # Mondrian: each regime on its own windows
+        out[r] = _shifts(sc[regime == r], levels, min_windows, overall)
+    return out
+
+
+def _upper_pinball(w: dict[str, np.ndarray], rows: np.ndarray, shifts: np.ndarray, levels: np.ndarray) -> float:
+    """Summed pinball loss, in the metric's units, of the served upper quantiles (shifted, raised to the
+    point) on the validation windows ``rows``."""
+    upper = levels > 0.5
+    q = w["q"][rows][..., upper] + shifts[w["r"][rows]][..., upper]
+    q = np.maximum(q, w["point"][rows][..., None])
+    err = (w["y"][rows][..., None] - q) * w["scale"][rows][:, None, None]  # (N, H, U)
+    loss = np.maximum(levels[upper] * err, (levels[upper] - 1) * err)
+    return float(np.nansum(loss))
+
+
+def _shifts(sc: np.ndarray, levels: np.ndarray, min_windows: int, fallback: np.ndarray | None = None) -> np.ndarray:
+    """``(N, H, Q)`` conformity scores -> ``(H, Q)`` shifts; a lead with fewer than ``min_windows`` scores
+    keeps ``fallback`` (0 without one)."""
+    from dprobe.conformal import conformal_shift
+
+    out = np.zeros(sc.shape[1:]) if fallback is None else np.array(fallback, dtype=float)
+    for i, a in enumerate(levels):
+        if a == 0.5:
+            continue
+        for j in range(sc.shape[1]):
+            col = sc[:, j, i][~np.isnan(sc[:, j, i])]
+            if len(col) >= min_windows:
+                # windows the point covers (-inf) need no shift: count them at the lowest one needed
+                finite = col[np.isfinite(col)]
+                out[j, i] = conformal_shift(np.maximum(col, finite.min() if len(finite) else 0.0), a)
+    return out
 
 
 def export_checkpoint(module, tasks: list[TaskSpec], path: str | Path,

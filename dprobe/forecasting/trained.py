@@ -15,7 +15,7 @@ import numpy as np
 
 from dprobe.forecasting.base import Forecast, ForecastInput
 from dprobe.forecasting.tasks import TaskSpec
-from dprobe.models.features import candidate_points, last_observed, make_features, served_point
+from dprobe.models.features import candidate_points, last_observed, make_features, served_point, window_regime
 
 KIND = "dprobe-forecaster"
 # metric asked for -> (task it can be served by, factor from the metric's units to the task's)
@@ -98,11 +98,13 @@ class TrainedForecaster:
             cov = cov[:, -n:]
         x, stats, last, scale = make_features(values, cov, spec.scale_floor)
         q = self._network(x, stats, np.full(len(x), k, dtype=np.int64), cond, known).astype(np.float64)
-        if self.quantile_shifts:  # conformal calibration on the validation windows
-            q = q + self.quantile_shifts[k][None, : q.shape[1], :]
+        regime = window_regime(values)
+        if self.quantile_shifts:  # conformal calibration on the validation windows (per regime: (R, H, Q))
+            shift = self.quantile_shifts[k]
+            q = q + (shift[regime] if shift.ndim == 3 else shift[None])[:, : q.shape[1], :]
         q = np.sort(q, axis=-1)
         # the validation-selected point forecast replaces the p50
-        q[..., 0] = served_point(q[..., 0], candidate_points(values, last, scale), self.point_sources[k])
+        q[..., 0] = served_point(q[..., 0], candidate_points(values, last, scale), self.point_sources[k], regime)
         q = np.maximum.accumulate(q, axis=-1)  # upper quantiles at least the point, which stays as chosen
         return last[:, None, None] + scale[:, None, None] * q
 

@@ -22,6 +22,8 @@ SIMPLE_POINTS = ("last_value", "median_5", "median_30", "mean_30", "ewma")
 RECENT_POINTS = ("last_value", "median_5", "ewma")
 MODEL_POINTS = ("model", "model_recent")
 POINT_CANDIDATES = MODEL_POINTS + SIMPLE_POINTS
+# what a window's last step did; the point forecast is chosen, and the quantiles calibrated, per regime
+REGIMES = ("moved", "held")
 
 
 def last_observed(values: np.ndarray) -> np.ndarray:
@@ -116,18 +118,42 @@ def within_candidates(p50: np.ndarray, cands: np.ndarray, recent: bool = False) 
     return np.clip(p50, lo, hi)
 
 
-def served_point(p50: np.ndarray, cands: np.ndarray, sources: list[str]) -> np.ndarray:
+def window_regime(values: np.ndarray) -> np.ndarray:
+    """``(B, L)`` raw window (NaN at gaps) -> ``(B,)`` index into :data:`REGIMES`: 0 (``moved``) where the
+    last step changed the value (gaps forward-filled, as the baselines see them), else 1 (``held``)."""
+    from dprobe.forecasting.baselines import ffill
+
+    if values.shape[1] < 2:
+        return np.ones(len(values), dtype=np.int64)
+    tail = ffill(np.asarray(values, dtype=np.float64)[:, -min(values.shape[1], 64):])
+    moved = (tail[:, -1] != tail[:, -2]) & ~np.isnan(tail[:, -1]) & ~np.isnan(tail[:, -2])
+    return np.where(moved, 0, 1).astype(np.int64)
+
+
+def regime_sources(sources: list, regime: int) -> list[str]:
+    """A task's point sources for one regime: per lead a name, or a name per regime (:data:`REGIMES`)."""
+    return [s if isinstance(s, str) else s[regime] for s in sources]
+
+
+def served_point(p50: np.ndarray, cands: np.ndarray, sources: list, regime: np.ndarray | None = None
+                 ) -> np.ndarray:
     """The point forecast served per lead: the model's ``p50`` ``(B, H)`` held within the simple
     forecasts (:func:`within_candidates`; within the recent ones where ``sources`` says
     ``model_recent``) or, where ``sources`` names a simple forecast, that column of ``cands``
-    ``(B, C)`` (:func:`candidate_points`)."""
+    ``(B, C)`` (:func:`candidate_points`). A lead's source may be a list, one per regime of
+    :data:`REGIMES`; ``regime`` ``(B,)`` (:func:`window_regime`) then picks it per window."""
     p50 = np.asarray(p50, dtype=np.float64)
+    if regime is None and not all(isinstance(c, str) for c in sources):
+        raise ValueError("point sources per regime need the windows' regimes")
     point = within_candidates(p50, cands)
-    for j, source in enumerate(sources):
-        if source == "model_recent":
-            point[:, j] = within_candidates(p50[:, j : j + 1], cands, recent=True)[:, 0]
-        elif source != "model":
-            point[:, j] = cands[:, SIMPLE_POINTS.index(source)]
+    for j, choice in enumerate(sources):
+        names = [choice] if isinstance(choice, str) else list(choice)
+        for r, source in enumerate(names):
+            rows = slice(None) if len(names) == 1 else (regime == r)
+            if source == "model_recent":
+                point[rows, j] = within_candidates(p50[rows, j : j + 1], cands[rows], recent=True)[:, 0]
+            elif source != "model":
+                point[rows, j] = cands[rows, SIMPLE_POINTS.index(source)]
     return point
 
 

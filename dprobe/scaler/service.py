@@ -116,8 +116,9 @@ class Scaler:
 
     def _decide_workload(self, now: float, spec: WorkloadSpec, view: DemandView | None) -> Decision | None:
         """A listed workload's decision. One at zero replicas with no pods has nothing to forecast: with
-        ``min_replicas: 0`` its demand is 0 (its activation query may wake it); otherwise, in apply mode,
-        it was scaled to zero by hand and is left there, as the HPA leaves it."""
+        ``min_replicas: 0`` its demand is 0 (its activation query may wake it; in recommend mode, once
+        the zero is known); otherwise, in apply mode, it was scaled to zero by hand and is left there,
+        as the HPA leaves it."""
         demand = view.workloads.get(spec.key) if view else None
         total = demand.total if demand and demand.pods else None
         active = self._active(spec)
@@ -134,7 +135,10 @@ class Scaler:
                 return self.decisions.get(spec.key)
             if current == 0 and spec.policy.min_replicas > 0:
                 return Decision(0, 0, 0, total, "paused: scaled to zero by hand")
-        if total is None and view is not None and current == 0 and spec.policy.min_replicas == 0:
+        # at zero for sure: the scale read in apply mode, the last recommendation, or the activation query says
+        # whether work waits (in recommend mode a workload never recommended may have pods not forecast yet)
+        known_zero = apply or spec.key in self._recommended or active is not None
+        if total is None and view is not None and current == 0 and spec.policy.min_replicas == 0 and known_zero:
             total = 0.0
         if not apply:
             return self._recommend(now, spec.key, rec, total, current, active)

@@ -67,7 +67,7 @@ def test_scaler_recommends_from_the_sidecars_forecasts(prometheus_server, http_p
                          "activation_query": 'sum(DCGM_FI_DEV_GPU_UTIL{namespace="nobody"})'}]))
                 scaler.start()
                 deadline = time.time() + 40
-                while ("serving", "llm") not in scaler.decisions or scaler.decisions[("serving", "llm")].demand is None:
+                while not (scaler.decisions.get(("serving", "llm")) and scaler.decisions[("serving", "llm")].demand):
                     assert time.time() < deadline, "the scaler never saw the forecasts"
                     time.sleep(0.2)
                 # a second Prometheus scrapes the scaler, as one would for Grafana and KEDA
