@@ -212,11 +212,13 @@ def _shifts(sc: np.ndarray, levels: np.ndarray, min_windows: int, fallback: np.n
 
 
 def export_checkpoint(module, tasks: list[TaskSpec], path: str | Path,
-                      point_sources: list[list[str]] | None = None,
-                      quantile_shifts: list[list[list[float]]] | None = None,
+                      point_sources: list[list] | None = None,
+                      quantile_shifts: list | None = None,
                       workloads_trained: bool = False) -> Path:
     """Write what inference needs (no optimizer state, no pickled classes).
 
+    ``point_sources``: per task and lead a name, or a name per regime (:func:`select_point_sources`);
+    ``quantile_shifts``: per task ``(H, Q)`` or, per regime, ``(R, H, Q)`` (:func:`conformal_shifts`).
     ``workloads_trained``: some training series had a known workload, so the model's
     known-workload path was trained; without it, forecasts ignore any graph they are given.
     """

@@ -130,11 +130,6 @@ def window_regime(values: np.ndarray) -> np.ndarray:
     return np.where(moved, 0, 1).astype(np.int64)
 
 
-def regime_sources(sources: list, regime: int) -> list[str]:
-    """A task's point sources for one regime: per lead a name, or a name per regime (:data:`REGIMES`)."""
-    return [s if isinstance(s, str) else s[regime] for s in sources]
-
-
 def served_point(p50: np.ndarray, cands: np.ndarray, sources: list, regime: np.ndarray | None = None
                  ) -> np.ndarray:
     """The point forecast served per lead: the model's ``p50`` ``(B, H)`` held within the simple
