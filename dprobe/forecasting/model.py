@@ -7,7 +7,7 @@
      "hparams": {...ForecasterModule arguments...}, "tasks": [TaskSpec dicts],
      "point_sources": [per task [per lead [per regime]]],
      "quantile_shifts": [per task [per regime [per lead [per quantile]]]],
-     "state_dict": {...}}
+     "regimes": ["moved", "recent", "held"], "state_dict": {...}}
 
 ``dprobe.onnx`` is the same network exported to ONNX, with everything but the
 weights in its metadata (``dprobe`` key, JSON). The sidecar runs it with ONNX
@@ -27,6 +27,7 @@ from dprobe import __version__
 from dprobe.forecasting.loading import register_forecaster_loader
 from dprobe.forecasting.tasks import TaskSpec
 from dprobe.forecasting.trained import FORMAT, KIND, TrainedForecaster
+from dprobe.models.features import REGIMES
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +49,12 @@ def select_point_sources(module, datamodule, confidence: float = 0.9, n_boot: in
     model's (raised where needed to at least the chosen point, which is kept as chosen).
 
     The choice is made per regime of the window (:data:`~dprobe.models.features.REGIMES`: its last
-    step ``moved`` or ``held``), each lead's entry being one name per regime: after a change the
-    network knows more of what follows than the last value does, while a held value is often best
-    left as it is. A regime with fewer than ``min_regime`` validation windows takes the choice made
+    step ``moved``, an earlier one of the last few did, or it ``held``), each lead's entry being one
+    name per regime: after a change the network knows more of what follows than the last value
+    does, while a held value is often best left as it is. A regime with fewer than ``min_regime`` validation windows takes the choice made
     on all of them.
     """
-    from dprobe.models.features import POINT_CANDIDATES, REGIMES, within_candidates
+    from dprobe.models.features import POINT_CANDIDATES, within_candidates
 
     names = list(POINT_CANDIDATES)
     module.eval()
@@ -131,7 +132,7 @@ def conformal_shifts(module, datamodule, point_sources: list[list] | None = None
     regimes get shifts of their own where that lowers the pinball loss (in the metric's units) of the
     upper quantiles on the series they were not calibrated on, else all regimes share one.
     """
-    from dprobe.models.features import REGIMES, served_point
+    from dprobe.models.features import served_point
 
     levels = np.asarray(module.hparams.quantiles, dtype=float)
     cols: dict[int, dict[str, list[np.ndarray]]] = {}
@@ -169,8 +170,6 @@ def conformal_shifts(module, datamodule, point_sources: list[list] | None = None
 def _fit_shifts(w: dict[str, np.ndarray], rows: np.ndarray, levels: np.ndarray, min_windows: int,
                 by_regime: bool) -> np.ndarray:
     """``(R, H, Q)`` shifts from the validation windows ``rows`` of one task (see :func:`conformal_shifts`)."""
-    from dprobe.models.features import REGIMES
-
     y, q, point, regime = w["y"][rows], w["q"][rows], w["point"][rows], w["r"][rows]
     sc = y[..., None] - q
     covered = (y <= point)[..., None] & (levels > 0.5)[None, None, :]
@@ -231,6 +230,7 @@ def export_checkpoint(module, tasks: list[TaskSpec], path: str | Path,
         "tasks": [t.to_dict() for t in tasks],
         "point_sources": point_sources or [["model"] * len(t.leads) for t in tasks],
         "quantile_shifts": quantile_shifts or [],
+        "regimes": list(REGIMES),  # what the per-regime entries above are of
         "workloads_trained": bool(workloads_trained),
         "state_dict": {k: v.detach().cpu() for k, v in module.state_dict().items()},
     }
@@ -280,7 +280,7 @@ def export_onnx(obj: dict, path: str | Path) -> Path:
                           dynamic_axes={**{n: batch_axis for n in names}, "quantiles": batch_axis})
     model = onnx.load_from_string(buf.getvalue())
     meta = {k: obj[k] for k in ("kind", "format", "dprobe_version", "hparams", "tasks", "point_sources",
-                                    "quantile_shifts", "workloads_trained")
+                                    "quantile_shifts", "regimes", "workloads_trained")
             if k in obj}
     entry = model.metadata_props.add()
     entry.key, entry.value = "dprobe", json.dumps(meta)

@@ -15,7 +15,14 @@ import numpy as np
 
 from dprobe.forecasting.base import Forecast, ForecastInput
 from dprobe.forecasting.tasks import TaskSpec
-from dprobe.models.features import candidate_points, last_observed, make_features, served_point, window_regime
+from dprobe.models.features import (
+    REGIMES,
+    candidate_points,
+    last_observed,
+    make_features,
+    served_point,
+    window_regime,
+)
 
 KIND = "dprobe-forecaster"
 # metric asked for -> (task it can be served by, factor from the metric's units to the task's)
@@ -35,6 +42,11 @@ class TrainedForecaster:
         self.tasks = [TaskSpec.from_dict(t) for t in meta["tasks"]]
         self.point_sources = meta.get("point_sources") or [["model"] * len(t.leads) for t in self.tasks]
         self.quantile_shifts = [np.asarray(s, dtype=float) for s in meta.get("quantile_shifts") or []]
+        per_regime = (any(not isinstance(c, str) for task in self.point_sources for c in task)
+                      or any(s.ndim == 3 for s in self.quantile_shifts))
+        if per_regime and tuple(meta.get("regimes") or ()) != REGIMES:
+            raise ValueError(f"its point forecasts and quantiles are per regime of {meta.get('regimes')}, this "
+                             f"dprobe's regimes are {list(REGIMES)}: train it again")
         self.context_length = int(hp["context_length"])
         self.quantile_levels = tuple(hp.get("quantiles", (0.5, 0.9, 0.99)))
         self.version = meta.get("dprobe_version", "?")

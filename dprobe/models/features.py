@@ -22,8 +22,10 @@ SIMPLE_POINTS = ("last_value", "median_5", "median_30", "mean_30", "ewma")
 RECENT_POINTS = ("last_value", "median_5", "ewma")
 MODEL_POINTS = ("model", "model_recent")
 POINT_CANDIDATES = MODEL_POINTS + SIMPLE_POINTS
-# what a window's last step did; the point forecast is chosen, and the quantiles calibrated, per regime
-REGIMES = ("moved", "held")
+# what the window's last steps did; the point forecast is chosen, and the quantiles calibrated, per regime:
+# the last step changed the value, an earlier one of the last RECENT_STEPS did, or none did
+REGIMES = ("moved", "recent", "held")
+RECENT_STEPS = 6  # about the shortest lead of the bundled tasks (5 and 6 steps)
 
 
 def last_observed(values: np.ndarray) -> np.ndarray:
@@ -119,15 +121,18 @@ def within_candidates(p50: np.ndarray, cands: np.ndarray, recent: bool = False) 
 
 
 def window_regime(values: np.ndarray) -> np.ndarray:
-    """``(B, L)`` raw window (NaN at gaps) -> ``(B,)`` index into :data:`REGIMES`: 0 (``moved``) where the
-    last step changed the value (gaps forward-filled, as the baselines see them), else 1 (``held``)."""
+    """``(B, L)`` raw window (NaN at gaps) -> ``(B,)`` index into :data:`REGIMES`, gaps forward-filled as
+    the baselines see them: 0 (``moved``) where the last step changed the value, 1 (``recent``) where an
+    earlier one of the last :data:`RECENT_STEPS` did, 2 (``held``) where none did."""
     from dprobe.forecasting.baselines import ffill
 
-    if values.shape[1] < 2:
-        return np.ones(len(values), dtype=np.int64)
-    tail = ffill(np.asarray(values, dtype=np.float64)[:, -min(values.shape[1], 64):])
-    moved = (tail[:, -1] != tail[:, -2]) & ~np.isnan(tail[:, -1]) & ~np.isnan(tail[:, -2])
-    return np.where(moved, 0, 1).astype(np.int64)
+    values = np.asarray(values, dtype=np.float64)
+    tail = ffill(values[:, -min(values.shape[1], 64):])  # a gap longer than this is a gap: held
+    changed = np.diff(tail, axis=1)[:, -RECENT_STEPS:]
+    changed = ~np.isnan(changed) & (changed != 0)  # (B, <= RECENT_STEPS), the last step last
+    if not changed.shape[1]:
+        return np.full(len(values), REGIMES.index("held"), dtype=np.int64)
+    return np.where(changed[:, -1], 0, np.where(changed.any(axis=1), 1, 2)).astype(np.int64)
 
 
 def served_point(p50: np.ndarray, cands: np.ndarray, sources: list, regime: np.ndarray | None = None
