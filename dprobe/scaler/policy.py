@@ -109,16 +109,15 @@ class Policy:
             raise ValueError(f"demand must be a finite number >= 0, got {demand}")
         if self.min_replicas == 0 and not active and (demand < self.activation or (active is False and current == 0)):
             return 0, "below activation"
+        raw = math.ceil(demand * (1.0 + self.margin) / self.target - 1e-9)
         if active and current == 0:
-            count = self.bound(max(1, math.ceil(demand * (1.0 + self.margin) / self.target - 1e-9)))
-            return count, "activated"
+            return self.bound(max(1, raw)), "activated"
         if current > 0:
             ratio = demand / (current * self.target)
             rules = self.scale_up if ratio > 1.0 else self.scale_down
             tolerance = self.tolerance if rules.tolerance is None else rules.tolerance
             if abs(ratio - 1.0) <= tolerance:
                 return self.bound(current), "within tolerance"
-        raw = math.ceil(demand * (1.0 + self.margin) / self.target - 1e-9)
         count = self.bound(raw)
         why = "forecast" if count == raw else ("at max_replicas" if raw > count else "at min_replicas")
         if active and count == 0:  # the forecast says idle, the activation query says otherwise
