@@ -27,6 +27,7 @@ def train_forecaster(cfg: DictConfig, out_dir: Path) -> Path:
         export_checkpoint,
         export_onnx,
         select_point_sources,
+        validation_outputs,
     )
     from dprobe.models.lightning_module import ForecasterModule
 
@@ -46,11 +47,13 @@ def train_forecaster(cfg: DictConfig, out_dir: Path) -> Path:
     # point selection, calibration and export run on the CPU, wherever training ran (their batches are CPU
     # tensors, and a checkpoint must load on a machine without a GPU)
     model = model.cpu()
-    sources = select_point_sources(model, datamodule) if cfg.get("select_point", True) else None
+    outputs = validation_outputs(model, datamodule)  # one pass over the validation windows serves both
+    sources = select_point_sources(model, datamodule, outputs=outputs) if cfg.get("select_point", True) else None
     if sources:
         log.info("point forecast per task and lead (chosen on validation): %s",
                  {t.name: s for t, s in zip(datamodule.task_specs, sources, strict=True)})
-    shifts = conformal_shifts(model, datamodule, sources) if cfg.get("calibrate_quantiles", True) else None
+    shifts = (conformal_shifts(model, datamodule, sources, outputs=outputs) if cfg.get("calibrate_quantiles", True)
+              else None)
     known = sum(int(t.known.sum()) for t in datamodule.tasks)
     if model.hparams.use_graph:
         log.info("workload conditioning: %d training series with a known workload%s", known,

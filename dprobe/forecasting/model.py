@@ -33,8 +33,28 @@ log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
+def validation_outputs(module, datamodule) -> dict[int, dict[str, np.ndarray]]:
+    """One pass of the network over the validation windows, per task: its quantiles ``q`` (N, H, Q),
+    the windows' simple forecasts ``p`` (N, C), targets ``y`` (N, H), ``scale`` (N,), ``series`` (N,)
+    and regime ``r`` (N,). What :func:`select_point_sources` and :func:`conformal_shifts` work on."""
+    module.eval()
+    cols: dict[int, dict[str, list[np.ndarray]]] = {}
+    for batch in datamodule.calibration_dataloader():
+        q = module(batch["x"], batch["s"], batch["task"], batch.get("c"), batch.get("k")).numpy()  # (B, H, Q)
+        task = batch["task"].numpy()
+        for k in np.unique(task):
+            rows = task == k
+            got = cols.setdefault(int(k), {})
+            for name, value in (("q", q), ("p", batch["p"].numpy()), ("y", batch["y"].numpy()),
+                                ("scale", batch["scale"].numpy()), ("series", batch["series"].numpy()),
+                                ("r", batch["r"].numpy())):
+                got.setdefault(name, []).append(value[rows])
+    return {k: {name: np.concatenate(v) for name, v in got.items()} for k, got in cols.items()}
+
+
 def select_point_sources(module, datamodule, confidence: float = 0.9, n_boot: int = 500,
-                         seed: int = 0, min_regime: int = 200) -> list[list[list[str]]]:
+                         seed: int = 0, min_regime: int = 200,
+                         outputs: dict[int, dict[str, np.ndarray]] | None = None) -> list[list[list[str]]]:
     """For each task and lead, the point forecast to serve, chosen on the validation windows.
 
     Candidates: the model's p50 held within the simple forecasts, as served (``model``: within all of
@@ -52,34 +72,24 @@ def select_point_sources(module, datamodule, confidence: float = 0.9, n_boot: in
     step ``moved``, an earlier one of the last few did, or it ``held``), each lead's entry being one
     name per regime: after a change the network knows more of what follows than the last value
     does, while a held value is often best left as it is. A regime with fewer than ``min_regime`` validation windows takes the choice made
-    on all of them.
+    on all of them. ``outputs``: :func:`validation_outputs`, when already at hand.
     """
     from dprobe.models.features import POINT_CANDIDATES, within_candidates
 
     names = list(POINT_CANDIDATES)
-    module.eval()
-    errs: dict[int, list[np.ndarray]] = {}
-    ids: dict[int, list[np.ndarray]] = {}
-    regimes: dict[int, list[np.ndarray]] = {}
-    for batch in datamodule.calibration_dataloader():
-        p50 = module(batch["x"], batch["s"], batch["task"], batch.get("c"), batch.get("k"))[..., 0].numpy()  # (B, H)
-        cands = batch["p"].numpy()  # (B, C)
-        model_points = [within_candidates(p50, cands), within_candidates(p50, cands, recent=True)]  # as served
-        points = np.concatenate([np.stack(model_points, axis=1), np.repeat(cands[:, :, None], p50.shape[1], axis=2)],
-                                axis=1)
-        err = np.abs(points - batch["y"].numpy()[:, None, :]) * batch["scale"].numpy()[:, None, None]  # (B, 2+C, H)
-        task = batch["task"].numpy()
-        for k in np.unique(task):
-            errs.setdefault(int(k), []).append(err[task == k])
-            ids.setdefault(int(k), []).append(batch["series"].numpy()[task == k])
-            regimes.setdefault(int(k), []).append(batch["r"].numpy()[task == k])
+    outputs = validation_outputs(module, datamodule) if outputs is None else outputs
     rng = np.random.default_rng(seed)
     choice = []
     for k in range(len(datamodule.tasks)):
-        if k not in errs:
+        if k not in outputs:
             choice.append(["model"] * module.hparams.n_leads)
             continue
-        err, series, regime = (np.concatenate(a[k]) for a in (errs, ids, regimes))
+        w = outputs[k]
+        p50, cands, series, regime = w["q"][..., 0], w["p"], w["series"], w["r"]  # (N, H), (N, C), (N,), (N,)
+        model_points = [within_candidates(p50, cands), within_candidates(p50, cands, recent=True)]  # as served
+        points = np.concatenate([np.stack(model_points, axis=1), np.repeat(cands[:, :, None], p50.shape[1], axis=2)],
+                                axis=1)
+        err = np.abs(points - w["y"][:, None, :]) * w["scale"][:, None, None]  # (N, 2+C, H)
         overall = _robust_choice(err, series, names, confidence, n_boot, rng)
         per_regime = [_robust_choice(err[regime == r], series[regime == r], names, confidence, n_boot, rng, overall)
                       if (regime == r).sum() >= min_regime else overall for r in range(len(REGIMES))]
@@ -113,9 +123,9 @@ def _robust_choice(err: np.ndarray, series: np.ndarray, names: list[str], confid
     return out
 
 
-@torch.no_grad()
 def conformal_shifts(module, datamodule, point_sources: list[list] | None = None, min_windows: int = 50,
-                     by_regime: bool | None = None) -> list[list[list[list[float]]]]:
+                     by_regime: bool | None = None,
+                     outputs: dict[int, dict[str, np.ndarray]] | None = None) -> list[list[list[list[float]]]]:
     """Per task, regime, lead and quantile: the shift (window units) that makes validation coverage nominal.
 
     Conformalised quantile regression, one-sided: for level a, the shift is the
@@ -131,28 +141,19 @@ def conformal_shifts(module, datamodule, point_sources: list[list] | None = None
     ``by_regime`` None decides per task by two-fold cross-fitting over the validation series: the
     regimes get shifts of their own where that lowers the pinball loss (in the metric's units) of the
     upper quantiles on the series they were not calibrated on, else all regimes share one.
+    ``outputs``: :func:`validation_outputs`, when already at hand.
     """
     from dprobe.models.features import served_point
 
     levels = np.asarray(module.hparams.quantiles, dtype=float)
-    cols: dict[int, dict[str, list[np.ndarray]]] = {}
-    module.eval()
-    for batch in datamodule.calibration_dataloader():
-        q = module(batch["x"], batch["s"], batch["task"], batch.get("c"), batch.get("k")).numpy()  # (B, H, Q)
-        y, task, regime = batch["y"].numpy(), batch["task"].numpy(), batch["r"].numpy()
-        for k in np.unique(task):
-            rows = task == k
-            point = (served_point(q[rows][..., 0], batch["p"].numpy()[rows], point_sources[int(k)], regime[rows])
-                     if point_sources is not None else np.full(y[rows].shape, -np.inf))
-            got = cols.setdefault(int(k), {})
-            for name, value in (("y", y[rows]), ("q", q[rows]), ("point", point), ("r", regime[rows]),
-                                ("series", batch["series"].numpy()[rows]), ("scale", batch["scale"].numpy()[rows])):
-                got.setdefault(name, []).append(value)
+    outputs = validation_outputs(module, datamodule) if outputs is None else outputs
     shifts = []
     for k in range(len(datamodule.tasks)):
         out = np.zeros((len(REGIMES), module.hparams.n_leads, len(levels)))
-        if k in cols:
-            w = {name: np.concatenate(v) for name, v in cols[k].items()}
+        if k in outputs:
+            w = dict(outputs[k])
+            w["point"] = (served_point(w["q"][..., 0], w["p"], point_sources[k], w["r"])
+                          if point_sources is not None else np.full(w["y"].shape, -np.inf))
             split = by_regime
             if split is None:
                 fold = w["series"] % 2
