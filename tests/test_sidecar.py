@@ -188,6 +188,20 @@ def test_graph_resolution_without_graph_module(tmp_path: Path) -> None:
     assert not GraphResolver().active
 
 
+def test_graph_follows_a_changed_annotation(tmp_path: Path) -> None:
+    ann = tmp_path / "annotations"
+    ann.write_text('other="x"\n')
+    r = GraphResolver({"team-a/*": "pinned.json"}, graph_file="/graphs/default.json", annotations_file=str(ann))
+    r._by_target["b/y"] = "cached"  # stands for a graph loaded for the old reference
+    assert r.reference("b/y") == "/graphs/default.json" and not r.refresh()
+    new = tmp_path / "annotations.new"
+    new.write_text('other="x"\ndprobe.io/model-graph="/graphs/gpt2.json"\n')
+    new.replace(ann)  # as the kubelet swaps the file
+    assert r.refresh() and r.reference("b/y") == "/graphs/gpt2.json" and r.reference("team-a/x") == "pinned.json"
+    assert "b/y" not in r._by_target  # loaded again on the next forecast
+    assert not r.refresh()
+
+
 # source faults ---------------------------------------------------------------------------------
 class Flaky:
     name = "flaky"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import threading
@@ -80,6 +81,31 @@ def test_annotation_names_the_job(tmp_path: Path) -> None:
         JobProfiles(annotations_file=str(ann))
 
 
+def _annotate(path: Path, text: str) -> None:
+    """Rewrite a downward-API file as the kubelet does: a new file swapped in (new inode and mtime)."""
+    tmp = path.with_suffix(".new")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def test_a_changed_annotation_changes_the_job_without_a_restart(tmp_path: Path,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    ann = tmp_path / "annotations"
+    _annotate(ann, 'other="x"\n')
+    jobs = JobProfiles(default="torchvision:resnet50 batch=4", annotations_file=str(ann), gpu="a100")
+    assert jobs.spec("ml/a").model == "torchvision:resnet50" and not jobs.refresh()  # unchanged: no re-read
+    _annotate(ann, 'other="x"\ndprobe.io/training-job="timm:resnet18 batch=16 precision=bf16"\n')
+    assert jobs.refresh() and jobs.spec("ml/a") == JobSpec("timm:resnet18", 16, "bf16", gpu="a100")
+    _annotate(ann, 'dprobe.io/training-job="timm:resnet18 batch=sixteen"\n')
+    with caplog.at_level(logging.WARNING, logger="dprobe"):
+        assert not jobs.refresh()  # a bad annotation is logged, and the job stays what it was
+    assert jobs.spec("ml/a").batch == 16 and "batch=sixteen" in caplog.text and "stays timm:resnet18" in caplog.text
+    _annotate(ann, 'other="y"\n')
+    assert jobs.refresh() and jobs.spec("ml/a").model == "torchvision:resnet50"  # removed: the configured job
+    ann.unlink()
+    assert not jobs.refresh() and jobs.spec("ml/a").model == "torchvision:resnet50"
+
+
 @pytest.mark.parametrize(("names", "expected"), [
     (["NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB"], "a100"), (["NVIDIA H100 80GB HBM3"], "h100"),
     (["Tesla K80"], "h200"), ([], "h200")])
@@ -125,6 +151,22 @@ def test_sidecar_predicts_a_targets_job_for_the_gpu_its_samples_name() -> None:
     sc.jobs.run_pending()
     [row] = sc.job_rows(sc.latest_samples(), {"ml/trainer-0"})
     assert (row.target, row.info["gpu"], row.labels["pod"]) == ("ml/trainer-0", "a100", "trainer-0")
+
+
+def test_sidecar_follows_a_job_annotated_after_its_start(tmp_path: Path) -> None:
+    """No job at the start; ``kubectl annotate`` names one: the own pod's profile is computed and exported."""
+    ann = tmp_path / "annotations"
+    _annotate(ann, 'app="trainer"\n')
+    config = SidecarConfig(listen_address="127.0.0.1", port=0, pod_name="ml/trainer-0", annotations_file=str(ann))
+    sc = Sidecar(config, sources=[OnePod()], model=open_forecaster(None, "last_value"))
+    sc.jobs._predict = lambda spec: RESULT  # the prediction itself is tested elsewhere
+    assert not sc.jobs.active and sc.job_rows({}, set()) == []
+    _annotate(ann, 'app="trainer"\ndprobe.io/training-job="torchvision:resnet18 batch=8 gpu=l4"\n')
+    sc.refresh_annotations()
+    sc.jobs.run_pending()
+    [row] = sc.job_rows({}, set())
+    assert (row.target, row.info["model"], row.info["batch"], row.info["gpu"]) == (
+        "ml/trainer-0", "torchvision:resnet18", "8", "l4")
 
 
 def test_bad_job_stops_the_start_with_its_place() -> None:

@@ -56,7 +56,7 @@ class SidecarConfig:
     graph_file: str = option("", "model graph JSON (dprobe graph) for targets without a graphs entry")
     graphs: dict[str, str] = option({}, "target glob -> graph JSON path or model spec (YAML only, or JSON in env)")
     annotations_file: str = option("", "downward-API annotations file; dprobe.io/model-graph names the graph, "
-                                       "dprobe.io/training-job the job")
+                                       "dprobe.io/training-job the job (followed when they change)")
     job: str = option("", "training job of the targets without a jobs entry, as 'MODEL batch=N [precision=P] "
                           "[optimizer=O] [image=N] [seq=N] [gpu=NAME]': its cold-start profile is exported "
                           "(dprobe_job_*)")

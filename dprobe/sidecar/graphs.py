@@ -12,38 +12,40 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from dprobe.sidecar.annotations import AnnotationsFile, read_annotations
+
+__all__ = ["ANNOTATION", "GraphResolver", "read_annotations"]
+
 log = logging.getLogger(__name__)
 ANNOTATION = "dprobe.io/model-graph"
 
 
-def read_annotations(path: str | Path) -> dict[str, str]:
-    """A Kubernetes downward-API annotations file (``key="value"`` per line)."""
-    out = {}
-    try:
-        text = Path(path).read_text()
-    except OSError:
-        return out
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            value = value.strip()
-            if len(value) >= 2 and value[0] == value[-1] == '"':
-                value = value[1:-1].encode().decode("unicode_escape")
-            out[key.strip()] = value
-    return out
-
-
 class GraphResolver:
-    """Maps targets to model graphs (cached; a failure is logged once per reference)."""
+    """Maps targets to model graphs (cached; a failure is logged once per reference).
+
+    The pod annotation, where there is one, overrides ``graph_file``; :meth:`refresh` follows it when
+    it changes."""
 
     def __init__(self, graphs: dict[str, str] | None = None, graph_file: str = "", annotations_file: str = ""):
         self.patterns = dict(graphs or {})
-        default = graph_file
-        if annotations_file:
-            default = read_annotations(annotations_file).get(ANNOTATION, "") or default
-        self.default = default
+        self.graph_file = graph_file
+        self.annotations = AnnotationsFile(annotations_file, ANNOTATION) if annotations_file else None
+        self.default = (self.annotations and self.annotations.value) or graph_file
         self._cache: dict[str, Any] = {}
         self._by_target: dict[str, Any] = {}
+
+    def refresh(self) -> bool:
+        """Follow a changed ``dprobe.io/model-graph`` annotation; True when the default graph changed."""
+        if self.annotations is None or not self.annotations.changed():
+            return False
+        default = self.annotations.value or self.graph_file
+        if default == self.default:
+            return False
+        log.info("annotation %s changed: targets without a graph of their own now use %s", ANNOTATION,
+                 default or "none")
+        self.default = default
+        self._by_target.clear()
+        return True
 
     @property
     def active(self) -> bool:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dprobe.sidecar.graphs import read_annotations
+from dprobe.sidecar.annotations import AnnotationsFile
 
 log = logging.getLogger(__name__)
 ANNOTATION = "dprobe.io/training-job"
@@ -99,22 +99,24 @@ class JobSpec:
                            gpu=self.gpu or DEFAULT_GPU, host_stall_s=self.host_stall_s)
 
 
-def local_gpu() -> str:
-    """The dprobe name (``h100``, ...) of the first GPU NVML sees, else :data:`DEFAULT_GPU` (with a log line
-    saying so): the GPU a job without ``gpu=`` is predicted for."""
+def _known_gpu(name: str, otherwise: str) -> str:
+    """The dprobe GPU (``h100``, ...) of a GPU name, or "" with a log line (ending in ``otherwise``) when
+    dprobe has no figures for it."""
     from dprobe.coldstart.features import gpu_key
+
+    try:
+        return gpu_key(name)
+    except ValueError as exc:
+        log.warning("job profiles: %s; %s", exc, otherwise)
+        return ""
+
+
+def node_gpu_name() -> str:
+    """The name NVML gives the first GPU of this node ("" without one)."""
     from dprobe.sources.nvml import gpu_names
 
     names = gpu_names()
-    if not names:
-        log.info("job profiles: no GPU seen through NVML; jobs without gpu= are predicted for the %s",
-                 DEFAULT_GPU.upper())
-        return DEFAULT_GPU
-    try:
-        return gpu_key(names[0])
-    except ValueError as exc:
-        log.warning("job profiles: %s; jobs without gpu= are predicted for the %s", exc, DEFAULT_GPU.upper())
-        return DEFAULT_GPU
+    return names[0] if names else ""
 
 
 @dataclass(frozen=True)
@@ -136,21 +138,24 @@ class JobProfiles:
 
     ``own_target`` (the sidecar's own pod, ``namespace/pod``) is listed from the start, before any
     sample of it arrives. A job whose prediction fails is logged once and counted in ``errors_total``.
+    The pod annotation, where there is one, overrides ``default``; :meth:`refresh` follows it when it
+    changes. ``gpu``: this node's GPU name (or a function giving it, called once when first needed).
     """
 
     def __init__(self, jobs: Mapping[str, str] | None = None, default: str = "", annotations_file: str = "",
                  own_target: str = "", checkpoint: str | None = None,
                  predict: Callable[[JobSpec], Mapping[str, Any]] | None = None,
-                 gpu: str | Callable[[], str] = local_gpu):
+                 gpu: str | Callable[[], str] = node_gpu_name):
         self.patterns = {glob: JobSpec.parse(text) for glob, text in (jobs or {}).items()}
-        self.default = JobSpec.parse(default) if default else None
-        annotated = read_annotations(annotations_file).get(ANNOTATION, "") if annotations_file else ""
-        if annotated:
+        self.configured = JobSpec.parse(default) if default else None
+        self.default = self.configured
+        self.annotations = AnnotationsFile(annotations_file, ANNOTATION) if annotations_file else None
+        if self.annotations is not None and self.annotations.value:
             try:
-                self.default = JobSpec.parse(annotated)
+                self.default = JobSpec.parse(self.annotations.value)
             except ValueError as exc:
                 raise ValueError(f"{annotations_file}: annotation {ANNOTATION}: {exc}") from exc
-        self._local_gpu = gpu  # jobs that do not name their GPU run on their target's, else this node's
+        self._node_gpu = gpu  # jobs that do not name their GPU run on their target's, else this node's
         self._model_gpus: dict[str, str] = {}  # a GPU's model name -> the dprobe GPU it is predicted for
         self.own_target = own_target
         self._predict = predict or (lambda spec: spec.predict(checkpoint))
@@ -164,6 +169,25 @@ class JobProfiles:
     def active(self) -> bool:
         return bool(self.patterns or self.default)
 
+    def refresh(self) -> bool:
+        """Follow a changed ``dprobe.io/training-job`` annotation; True when the default job changed. An
+        annotation that does not parse is logged and the job stays what it was."""
+        if self.annotations is None or not self.annotations.changed():
+            return False
+        text = self.annotations.value
+        try:
+            default = JobSpec.parse(text) if text else self.configured
+        except ValueError as exc:
+            log.warning("annotation %s=%r ignored: %s; the job stays %s", ANNOTATION, text, exc,
+                        self.default.model if self.default else "none")
+            return False
+        if default == self.default:
+            return False
+        log.info("annotation %s changed: targets without a job of their own now run %s", ANNOTATION,
+                 f"{default.model} (batch {default.batch}, {default.precision})" if default else "none")
+        self.default = default
+        return True
+
     def spec(self, target: str, gpu_model: str = "") -> JobSpec | None:
         """The job ``target`` runs; without ``gpu=``, on ``gpu_model`` (its GPU's model name, as
         dcgm-exporter's ``modelName``), else on the GPU NVML sees here, else the H200."""
@@ -175,18 +199,16 @@ class JobProfiles:
 
     def _gpu_of(self, gpu_model: str) -> str:
         if gpu_model not in self._model_gpus:  # resolved (and logged) once per name
-            gpu = ""
-            if gpu_model:
-                from dprobe.coldstart.features import gpu_key
-
-                try:
-                    gpu = gpu_key(gpu_model)
-                except ValueError as exc:
-                    log.warning("job profiles: %s; its jobs without gpu= are predicted for this node's GPU", exc)
+            gpu = _known_gpu(gpu_model, "jobs on it without gpu= are predicted for this node's GPU") if gpu_model else ""
             if not gpu:
-                if callable(self._local_gpu):
-                    self._local_gpu = self._local_gpu()
-                gpu = self._local_gpu
+                if callable(self._node_gpu):
+                    self._node_gpu = self._node_gpu()
+                    if not self._node_gpu:
+                        log.info("job profiles: no GPU seen through NVML; jobs without gpu= on GPUs of unknown "
+                                 "model are predicted for the %s", DEFAULT_GPU.upper())
+                gpu = _known_gpu(self._node_gpu, f"jobs without gpu= are predicted for the {DEFAULT_GPU.upper()}"
+                                 ) if self._node_gpu else ""
+            gpu = gpu or DEFAULT_GPU
             self._model_gpus[gpu_model] = gpu
         return self._model_gpus[gpu_model]
 

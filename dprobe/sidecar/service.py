@@ -179,10 +179,18 @@ class Sidecar:
             log.info("first sample from %s", source)
         self.store.add(samples, source)
 
+    def refresh_annotations(self) -> None:
+        """Follow the pod's ``dprobe.io/model-graph`` and ``dprobe.io/training-job`` annotations (``kubectl
+        annotate`` reaches the downward-API file without a restart)."""
+        self.graphs.refresh()
+        if self.jobs.refresh():
+            self.jobs.profiles([])  # the own pod's new job, before its next sample
+
     def _forecast_loop(self) -> None:
         interval = self.config.forecast_interval
         next_at = time.monotonic() + min(interval, 2 * self.config.sample_interval)
         while not self.stop_event.wait(max(0.0, next_at - time.monotonic())):
+            self.refresh_annotations()
             self.engine.cycle()
             next_at = max(next_at + interval, time.monotonic() + 0.05 * interval)
 
@@ -198,7 +206,7 @@ class Sidecar:
         t = threading.Thread(target=self._forecast_loop, name="forecast", daemon=True)
         t.start()
         self._threads.append(t)
-        if self.jobs.active:
+        if self.jobs.active or self.jobs.annotations is not None:  # an annotation may name a job later
             self.jobs.profiles([])  # the own pod's job, before its first sample
             self.jobs.start()
 
