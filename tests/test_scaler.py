@@ -10,6 +10,7 @@ import threading
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -92,6 +93,21 @@ def test_scale_down_waits_for_the_stabilisation_window_scale_up_does_not() -> No
     d = rec.decide(301, 2.0, current=6)  # the 6 left the window; 3 (t=200) is now the highest
     assert (d.replicas, d.direction) == (3, "down")
     assert rec.decide(501, 2.0, current=3).replicas == 2
+
+
+def test_a_new_recommender_scales_down_only_after_a_full_window_as_the_hpa() -> None:
+    """The count found at the first decision is a recommendation of that moment (the HPA's initial
+    recommendation): a restarted scaler cannot skip the scale-down window, and scale-ups are not held."""
+    rules_down = ScalingRules(300.0, (RatePolicy("percent", 100, 15),))
+    policy = Policy(target=1.0, margin=0.0, tolerance=0.0, scale_up=NO_LIMIT, scale_down=rules_down)
+    rec = Recommender(policy)
+    d = rec.decide(1000, 2.0, current=8)
+    assert (d.replicas, d.desired, d.reason) == (8, 2, "scale-down stabilised")
+    assert rec.decide(1299, 2.0, current=8).replicas == 8
+    assert rec.decide(1300, 2.0, current=8).replicas == 2  # a full window after the first decision
+    assert Recommender(policy).decide(1000, 12.0, current=8).replicas == 12  # up at once
+    no_window = ScalingRules(0.0, (RatePolicy("percent", 100, 15),))
+    assert Recommender(replace(policy, scale_down=no_window)).decide(0, 2.0, current=8).replicas == 2
 
 
 def test_rate_policies_bound_each_period_and_select_max_or_min() -> None:

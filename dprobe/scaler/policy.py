@@ -15,7 +15,8 @@ Per decision, for one scaled object (a workload's replicas, a virtual cluster's 
    never sent to zero then; while it is inactive, a workload at zero stays there.
 3. **Stabilisation** (HPA ``behavior``): a scale-down takes the highest desired count of the
    last ``scale_down.stabilization_seconds``, a scale-up the lowest of the last
-   ``scale_up.stabilization_seconds``; then **rate policies** (``pods`` or ``percent`` per
+   ``scale_up.stabilization_seconds`` (the count found at the first decision counts as desired then,
+   as the HPA's initial recommendation); then **rate policies** (``pods`` or ``percent`` per
    ``period_seconds``, the largest change allowed wins unless ``select: min``) bound the step.
 4. **Fallback** (KEDA): after ``failure_threshold`` decisions in a row without a forecast, the
    recommendation is ``fallback_replicas`` (or, if unset, the current count is held).
@@ -155,6 +156,7 @@ class Recommender:
         self.policy = policy
         self._desired: deque[tuple[float, int]] = deque()  # (time, desired count) for stabilisation
         self._changes: deque[tuple[float, int]] = deque()  # (time, signed change) for rate policies
+        self._initial: tuple[float, int] | None = None  # (time, count) found at the first decision
         self.failures = 0
 
     def _window(self, now: float, seconds: float) -> list[int]:
@@ -177,8 +179,14 @@ class Recommender:
         return pick(bounds)
 
     def decide(self, now: float, demand: float | None, current: int, active: bool | None = None) -> Decision:
-        """This cycle's decision; ``active``: the workload's activation query (see :meth:`Policy.desired`)."""
+        """This cycle's decision; ``active``: the workload's activation query (see :meth:`Policy.desired`).
+
+        The count found at the first decision counts as a recommendation of that moment, as the HPA
+        records one (``recordInitialRecommendation``): a new (or restarted) recommender scales down only
+        after a full ``scale_down.stabilization_seconds``, so a restart cannot skip the window."""
         p = self.policy
+        if self._initial is None:
+            self._initial = (now, current)
         horizon = max(p.scale_up.stabilization_seconds, p.scale_down.stabilization_seconds,
                       *(r.period_seconds for r in (*p.scale_up.policies, *p.scale_down.policies)))
         while self._desired and now - self._desired[0][0] > horizon:
@@ -195,7 +203,10 @@ class Recommender:
         self._desired.append((now, desired))
         target = desired
         if desired < current:  # the highest recent recommendation: no flapping down
-            target = max(self._window(now, p.scale_down.stabilization_seconds))
+            window = self._window(now, p.scale_down.stabilization_seconds)
+            if now - self._initial[0] < p.scale_down.stabilization_seconds:
+                window.append(self._initial[1])
+            target = max(window)
             limit = self._limit(now, current, p.scale_down, up=False)
             if target < current and limit is not None and target < limit:
                 target, why = limit, "scale-down limited by rate policy"
