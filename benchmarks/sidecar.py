@@ -58,9 +58,9 @@ def config(**kw) -> SidecarConfig:
     return SidecarConfig(listen_address="127.0.0.1", port=0, **kw)
 
 
-def bench_cycle(n_targets: int, cycles: int, checkpoint: str | None = None) -> dict:
+def bench_cycle(n_targets: int, cycles: int, checkpoint: str | None = None, model: str = "dprobe") -> dict:
     src = SyntheticSource(n_targets)
-    sc = Sidecar(config(), sources=[src], model=open_forecaster(checkpoint, "ewma"))
+    sc = Sidecar(config(), sources=[src], model=open_forecaster(checkpoint, model))
     prefill(sc, src, sc.config.window_seconds, sc.config.sample_interval)
     times = []
     for _ in range(cycles):
@@ -73,10 +73,11 @@ def bench_cycle(n_targets: int, cycles: int, checkpoint: str | None = None) -> d
             "p99_ms": float(np.percentile(ms, 99)), "max_ms": float(ms.max())}
 
 
-def bench_live(n_targets: int, seconds: float, soak: float, churn: float, checkpoint: str | None = None) -> dict:
+def bench_live(n_targets: int, seconds: float, soak: float, churn: float, checkpoint: str | None = None,
+               model: str = "dprobe") -> dict:
     src = ChurningSource(n_targets, churn) if soak else SyntheticSource(n_targets)
     cfg = config(drop_after=max(30.0, churn)) if soak else config()
-    sc = Sidecar(cfg, sources=[src], model=open_forecaster(checkpoint, "ewma"))
+    sc = Sidecar(cfg, sources=[src], model=open_forecaster(checkpoint, model))
     prefill(sc, SyntheticSource(n_targets), sc.config.window_seconds, sc.config.sample_interval)
     sc.start()
     try:
@@ -97,9 +98,9 @@ def bench_live(n_targets: int, seconds: float, soak: float, churn: float, checkp
             "forecast_seconds_total": count}
 
 
-def bench_scrape(n_targets: int, scrapes: int, checkpoint: str | None = None) -> dict:
+def bench_scrape(n_targets: int, scrapes: int, checkpoint: str | None = None, model: str = "dprobe") -> dict:
     src = SyntheticSource(n_targets)
-    sc = Sidecar(config(), sources=[src], model=open_forecaster(checkpoint, "ewma"))
+    sc = Sidecar(config(), sources=[src], model=open_forecaster(checkpoint, model))
     prefill(sc, src, 600, 10.0)
     sc.store.add(src.poll(), src.name)
     sc.engine.cycle()
@@ -131,11 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scrape-targets", type=int, default=1000, help="targets in the /metrics scrapes timed")
     p.add_argument("--scrapes", type=int, default=30, help="/metrics scrapes timed")
     p.add_argument("--json", action="store_true", help="also print the figures as one JSON object")
-    p.add_argument("--checkpoint", help="a trained dprobe.pt to forecast with (default: the EWMA baseline)")
+    p.add_argument("--checkpoint", help="a trained dprobe.onnx or dprobe.pt to forecast with (default: --model)")
+    p.add_argument("--model", default="dprobe",
+                   help="without --checkpoint: dprobe (the forecaster shipped with dprobe) or a baseline (ewma, ...)")
     a = p.parse_args(argv)
-    cycle = bench_cycle(a.targets, a.cycles, a.checkpoint)
-    live = bench_live(a.targets, a.seconds, a.soak_seconds, a.churn_seconds, a.checkpoint)
-    scrape = bench_scrape(a.scrape_targets, a.scrapes, a.checkpoint)
+    cycle = bench_cycle(a.targets, a.cycles, a.checkpoint, a.model)
+    live = bench_live(a.targets, a.seconds, a.soak_seconds, a.churn_seconds, a.checkpoint, a.model)
+    scrape = bench_scrape(a.scrape_targets, a.scrapes, a.checkpoint, a.model)
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     checks = [
         ("forecast cycle p99 (ms)", cycle["p99_ms"], 100.0),

@@ -56,8 +56,8 @@ def check_rows(out: dict, dataset: str, targets: set[str], leads: set[int]) -> N
         assert r["n_forecasts"] > 0 and r["mae"] >= 0
         assert r["coverage_p90"] is None or 0 <= r["coverage_p90"] <= 1
     seen = {(r["method"], r["target"], r["lead_steps"]) for r in rows}
-    assert seen == {(m, t, h) for m in BASELINES for t in targets for h in leads}
-    assert "dprobe" not in {r["method"] for r in rows}  # no checkpoint given
+    # without --checkpoint, the forecaster shipped with dprobe is scored beside every baseline
+    assert seen == {(m, t, h) for m in (*BASELINES, "dprobe") for t in targets for h in leads}
 
 
 def test_json_helios(capsys: pytest.CaptureFixture[str], helios_dir: Path) -> None:
@@ -71,9 +71,13 @@ def test_json_alibaba(capsys: pytest.CaptureFixture[str], alibaba_dir: Path) -> 
     check_rows(out, "alibaba-genai-2026", {"gpu_duty_cycle_pct", "gpu_memory_bytes"}, {5, 15, 30})
 
 
-def test_baseline_subset(capsys: pytest.CaptureFixture[str], helios_dir: Path) -> None:
-    out = run_json(capsys, helios_dir, "--baselines", "last_value,ewma")
-    assert {r["method"] for r in out["rows"]} == {"last_value", "ewma"}
+def test_baseline_subset_and_no_model(capsys: pytest.CaptureFixture[str], helios_dir: Path) -> None:
+    assert main(["evaluate", "--data", str(helios_dir), "--json", "--baselines", "last_value,ewma"]) == 0
+    captured = capsys.readouterr()
+    assert {r["method"] for r in json.loads(captured.out)["rows"]} == {"last_value", "ewma", "dprobe"}
+    assert "scoring the forecaster shipped with dprobe (default_forecaster.onnx)" in captured.err
+    out = run_json(capsys, helios_dir, "--baselines", "last_value", "--checkpoint", "none")
+    assert {r["method"] for r in out["rows"]} == {"last_value"}
 
 
 def test_markdown_and_plot(capsys: pytest.CaptureFixture[str], helios_dir: Path, tmp_path: Path) -> None:

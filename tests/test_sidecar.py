@@ -22,16 +22,18 @@ from dprobe.forecasting.base import QUANTILES, Forecast, ForecastInput
 from dprobe.forecasting.baselines import make_baseline
 from dprobe.forecasting.loading import (
     FORECASTER_LOADERS,
+    SHIPPED_FORECASTER,
     CheckpointError,
     load_forecaster,
     open_forecaster,
+    serves,
 )
 from dprobe.sidecar.config import SidecarConfig, add_arguments, load_config
 from dprobe.sidecar.engine import ForecastEngine
 from dprobe.sidecar.graphs import GraphResolver, read_annotations
 from dprobe.sidecar.poller import SourcePoller
 from dprobe.sidecar.service import Sidecar
-from dprobe.sidecar.window import WindowStore
+from dprobe.sidecar.window import METRICS, WindowStore
 from dprobe.sources import Sample, SourceError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,6 +78,7 @@ def test_config_errors_name_the_option(env: dict, message: str) -> None:
 def test_example_config_loads() -> None:
     c = load_config({"config": str(REPO / "conf" / "sidecar.example.yaml")}, env={})
     assert c.source == "dcgm" and c.horizons == [60, 300, 900] and "team-b/bert-*" in c.graphs
+    assert c.model == "dprobe" and c.checkpoint is None
 
 
 def test_config_file_errors(tmp_path: Path) -> None:
@@ -344,6 +347,38 @@ def test_bad_checkpoints_name_the_file_and_why(tmp_path: Path) -> None:
     assert fallback.forecaster.name == "moving_median" and "truncated.pt" in fallback.fallback_reason
 
 
+def test_the_shipped_forecaster_is_the_default_and_the_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """Without --checkpoint the sidecar runs the forecaster shipped with dprobe (ONNX: no torch needed); a
+    checkpoint that cannot be used falls back to it; --model NAME picks a baseline instead."""
+    import dprobe.forecasting.loading as loading
+
+    config = load_config({}, env={})
+    assert (config.checkpoint, config.model) == (None, "dprobe")
+    loaded = open_forecaster(config.checkpoint, config.model, metrics=METRICS)
+    assert loaded.kind == "dprobe-forecaster (onnx)" and loaded.checkpoint == str(SHIPPED_FORECASTER)
+    assert all(serves(loaded.forecaster, m) for m in METRICS)
+    y = np.linspace(2e9, 4e9, 800)[None]  # a rising memory series, 10 s steps
+    fc = loaded.forecaster.predict(ForecastInput(y, "gpu_memory_bytes", (6, 30), 10.0))
+    assert np.isfinite(fc.quantiles).all() and (np.diff(fc.quantiles, axis=-1) >= 0).all()
+    assert 3.5e9 < fc.point[0, 0] < 5e9  # near where the series is
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not onnx")
+    fallback = open_forecaster(str(broken), "dprobe", fallback_on_error=True, metrics=METRICS)
+    assert fallback.checkpoint == str(SHIPPED_FORECASTER) and "broken.onnx" in fallback.fallback_reason
+    assert load_config(_flags("--model", "last_value"), env={}).model == "last_value"
+    with pytest.raises(SystemExit):
+        _flags("--model", "prophet")
+    with pytest.raises(ValueError, match="model must be one of dprobe, last_value"):
+        load_config({}, env={"DPROBE_SIDECAR_MODEL": "prophet"})
+    monkeypatch.setattr(loading, "SHIPPED_FORECASTER", tmp_path / "gone.onnx")  # a damaged installation
+    with pytest.raises(CheckpointError, match="gone.onnx: no such file"):
+        open_forecaster(None, "dprobe")
+    with caplog.at_level(logging.WARNING, logger="dprobe"):
+        assert open_forecaster(None, "dprobe", fallback_on_error=True).kind == "baseline:ewma"
+    assert "gone.onnx" in caplog.text
+
+
 @pytest.mark.parametrize("name", ["last_value", "ewma", "moving_median", "seasonal_naive"])
 def test_online_baseline_matches_the_baseline(name: str) -> None:
     rng = np.random.default_rng(3)
@@ -477,7 +512,6 @@ def test_a_checkpoint_for_other_metrics(tmp_path: Path, caplog: pytest.LogCaptur
     from dprobe.forecasting.model import export_checkpoint
     from dprobe.forecasting.tasks import TaskSpec
     from dprobe.models.lightning_module import ForecasterModule
-    from dprobe.sidecar.window import METRICS
 
     memory = TaskSpec("gpu_memory_bytes", "alibaba-genai-2026", (5, 15, 30), 57.0, (), 1e9)
     demand = TaskSpec("gpu_demand", "helios-earth-vc", (6, 12, 24), 300.0, (), 10.0)

@@ -16,11 +16,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Rolling-origin evaluation over the last part of each series (--test-fraction, 30 % by "
         "default) at the data set's lead "
         "times (alibaba-genai-2026: 5/15/30 steps of 57 s; helios-earth-vc: 30/60/120 min). Every "
-        "baseline always runs; with --checkpoint the model's rows are added as method 'dprobe'. DIR is "
-        "laid out like one of the bundled data sets (same file names and columns; any pods or VCs).",
+        "baseline runs, and the model's rows are added as method 'dprobe': the forecaster shipped with dprobe, "
+        "or --checkpoint. DIR is laid out like one of the bundled data sets (same file names and columns; any "
+        "pods or VCs).",
     )
     p.add_argument("--data", required=True, metavar="DIR", help="data directory, e.g. datasets/helios-earth-vc")
-    p.add_argument("--checkpoint", metavar="CKPT", help="a trained dprobe checkpoint to score beside the baselines")
+    p.add_argument("--checkpoint", metavar="CKPT",
+                   help="the trained forecaster to score beside the baselines (dprobe.pt or dprobe.onnx of python "
+                        "train.py; default: the one shipped with dprobe; none: the baselines alone)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a Markdown table")
     p.add_argument("--plot", metavar="FILE.png", help="also draw forecasts against actuals for a few series")
     p.add_argument("--baselines", default=",".join(BASELINES),
@@ -44,10 +47,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"unknown baseline(s) {', '.join(unknown)}; choose from {', '.join(BASELINES)}")
     ds = load_series_dataset(args.data)
     models = {}
-    if args.checkpoint:
-        from dprobe.forecasting.loading import load_forecaster
+    if (args.checkpoint or "").lower() != "none":
+        from dprobe.forecasting.loading import SHIPPED_FORECASTER, load_forecaster
 
-        models["dprobe"] = load_forecaster(args.checkpoint)
+        models["dprobe"] = load_forecaster(args.checkpoint or SHIPPED_FORECASTER)
+        if not args.checkpoint:
+            print(f"scoring the forecaster shipped with dprobe ({SHIPPED_FORECASTER.name}) as 'dprobe'; "
+                  "--checkpoint CKPT scores yours", file=sys.stderr)
     cfg = EvalConfig(test_fraction=args.test_fraction, baselines=baselines,
                      progress=not args.no_progress and sys.stderr.isatty())
     graphs = None

@@ -1,7 +1,9 @@
-"""Load the forecaster the services run: a trained checkpoint, or a baseline until one exists.
+"""Load the forecaster the services run: a trained checkpoint, the one shipped with dprobe, or a baseline.
 
 A path ending in ``.onnx`` is a trained forecaster exported to ONNX (``python
 train.py`` writes ``dprobe.onnx`` beside ``dprobe.pt``), run with ONNX Runtime.
+:data:`SHIPPED_FORECASTER` is such an export, of ``python train.py +exp=gnn`` on the
+bundled data, installed with the package: the model named :data:`SHIPPED`.
 
 A checkpoint is a ``torch.save``-d dict with at least ``"kind"`` (which loader
 in :data:`FORECASTER_LOADERS` rebuilds it) and ``"dprobe_version"``; it is
@@ -25,6 +27,8 @@ FORECASTER_LOADERS: dict[str, Callable[[dict], Forecaster]] = {}
 REQUIRED_KEYS = ("kind", "dprobe_version")
 # modules whose import registers the trained models' loaders (imported on first use)
 BUILTIN_LOADER_MODULES = ("dprobe.forecasting.model",)
+SHIPPED = "dprobe"  # the shipped forecaster, where a model is named (beside the baselines' names)
+SHIPPED_FORECASTER = Path(__file__).resolve().parent.parent / "default_forecaster.onnx"
 
 
 class CheckpointError(ValueError):
@@ -164,16 +168,16 @@ def serves(forecaster: Forecaster, metric: str) -> bool:
 
 def open_forecaster(checkpoint: str | Path | None, fallback: str = "ewma",
                     fallback_on_error: bool = False, metrics: tuple[str, ...] = ()) -> LoadedModel:
-    """A checkpoint's forecaster, or the ``fallback`` baseline when there is none.
+    """A checkpoint's forecaster, or the ``fallback`` model when there is none: a baseline's name, or
+    :data:`SHIPPED` for the forecaster shipped with dprobe.
 
     A bad checkpoint raises :class:`CheckpointError` naming the file and the
-    reason, unless ``fallback_on_error``: then the baseline is used and the
-    reason is logged and kept in ``fallback_reason``. With ``metrics``, a checkpoint
-    that forecasts none of them is a bad one.
+    reason, unless ``fallback_on_error``: then the ``fallback`` model is used and the
+    reason is logged and kept in ``fallback_reason`` (should the shipped forecaster fail too, the
+    EWMA baseline). With ``metrics``, a checkpoint that forecasts none of them is a bad one.
     """
-    from dprobe import __version__
-    from dprobe.forecasting.baselines import make_baseline
-
+    if not checkpoint and fallback == SHIPPED:
+        checkpoint, fallback = SHIPPED_FORECASTER, "ewma"
     if checkpoint:
         try:
             loaded = _load_checked(checkpoint)
@@ -186,10 +190,19 @@ def open_forecaster(checkpoint: str | Path | None, fallback: str = "ewma",
         except CheckpointError as exc:
             if not fallback_on_error:
                 raise
-            log.warning("%s; using the %s baseline instead", exc, fallback)
-            return LoadedModel(make_baseline(fallback), kind=f"baseline:{fallback}", version=__version__,
-                               checkpoint="", fallback_reason=str(exc))
-    return LoadedModel(make_baseline(fallback), kind=f"baseline:{fallback}", version=__version__, checkpoint="")
+            log.warning("%s; using the %s instead", exc,
+                        "forecaster shipped with dprobe" if fallback == SHIPPED else f"{fallback} baseline")
+            loaded = open_forecaster(None, fallback, True, metrics)
+            loaded.fallback_reason = str(exc)
+            return loaded
+    return _baseline(fallback)
+
+
+def _baseline(name: str) -> LoadedModel:
+    from dprobe import __version__
+    from dprobe.forecasting.baselines import make_baseline
+
+    return LoadedModel(make_baseline(name), kind=f"baseline:{name}", version=__version__, checkpoint="")
 
 
 def load_forecaster(checkpoint: str | Path | None, fallback: str = "ewma",

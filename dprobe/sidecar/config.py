@@ -8,10 +8,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dprobe.forecasting.baselines import BASELINES
+from dprobe.forecasting.loading import SHIPPED
 from dprobe.options import OptionSet, option
 
 ENV_PREFIX = "DPROBE_SIDECAR_"
 SOURCES = ("auto", "nvml", "dcgm", "prometheus", "replay", "synthetic")
+MODELS = (SHIPPED, *BASELINES)
 
 
 @dataclass
@@ -31,9 +34,11 @@ class SidecarConfig:
     stale_after: float = option(30.0, "a target whose last sample is older than this is stale: no forecast shown")
     drop_after: float = option(300.0, "a target without samples for this long is forgotten")
     max_targets: int = option(5000, "at most this many targets are tracked (bounds memory)")
-    checkpoint: str | None = option(None, "trained model checkpoint; none = the baseline model")
-    model: str = option("ewma", "baseline forecaster used without a checkpoint (ewma, last_value, moving_median, ...)")
-    fallback_on_bad_checkpoint: bool = option(False, "start with the baseline when the checkpoint cannot be used")
+    checkpoint: str | None = option(None, "your trained forecaster (dprobe.onnx or dprobe.pt of python train.py); "
+                                          "unset: --model")
+    model: str = option("dprobe", "forecaster used without --checkpoint: dprobe (the one shipped with dprobe, "
+                                  "trained on the bundled traces) or a baseline", choices=MODELS)
+    fallback_on_bad_checkpoint: bool = option(False, "start with --model when the checkpoint cannot be used")
     http_timeout: float = option(3.0, "timeout of requests to dcgm-exporter / Prometheus (s)")
     max_backoff: float = option(60.0, "longest delay between retries of a failing source (s)")
     dcgm_url: str = option("http://127.0.0.1:9400/metrics", "dcgm-exporter endpoint")
