@@ -510,6 +510,47 @@ def test_apply_mode_sets_virtual_cluster_quotas(http_peer, tmp_path: Path) -> No
         ScalerConfig(vc_quota_name="q", vc_label="team").validate()
 
 
+PENDING_QUERY = ('sum by (namespace) (kube_pod_container_resource_requests{resource="nvidia_com_gpu"} '
+                 '* on (namespace, pod) group_left() (kube_pod_status_phase{phase="Pending"} == 1))')
+
+
+def test_waiting_gpus_count_in_a_virtual_clusters_demand(http_peer) -> None:
+    """vc_pending_query adds the GPUs waiting in each virtual cluster (pods not scheduled, queued jobs, which
+    no sidecar forecasts) to its demand, a cluster with nothing running too; a failing query is counted and
+    the demand is the forecasts' alone."""
+    pods = {"llm-7d9f8c6b5d-aaaaa": 0.9, "llm-7d9f8c6b5d-bbbbb": 0.9}
+    forecasts, pending_up = _prometheus_reply(pods, [True]), [True]
+    asked: list[str] = []
+
+    def reply(path: str) -> tuple[int, str, float]:
+        if "kube_pod_status_phase" not in urllib.parse.unquote_plus(path):
+            return forecasts(path)
+        asked.append(urllib.parse.unquote_plus(path))
+        if not pending_up[0]:
+            return 400, '{"status": "error", "error": "parse error"}', 0.0
+        return 200, _vector([({"namespace": "serving"}, 2), ({"namespace": "serving"}, 1),
+                             ({"namespace": "batch"}, 2), ({}, 7)]), 0.0
+
+    clock = iter(range(0, 10**6, 30))
+    with http_peer(reply) as url:
+        config = ScalerConfig(prometheus_url=url, target=0.5, margin=0.0, vc_pending_query=PENDING_QUERY)
+        scaler = Scaler(config, clock=lambda: float(next(clock)))
+        scaler.cycle()
+        serving, batch = scaler.vc_decisions["serving"], scaler.vc_decisions["batch"]
+        assert (round(serving.demand, 6), serving.desired) == (4.8, 10)  # 1.8 busy + 3 waiting, 0.5 each
+        assert (serving.current, serving.replicas) == (2, 6)  # from the 2 GPUs held, by the HPA's rate limit
+        assert (batch.demand, batch.replicas, scaler.vc_held_gpus["batch"]) == (2.0, 4, 0)  # only waiting GPUs
+        text = generate_latest(scaler.registry).decode()
+        assert 'dprobe_scaler_vc_pending_gpus{vc="serving"} 3.0' in text
+        assert 'dprobe_scaler_vc_demand_gpus{vc="serving"} 4.8' in text
+        pending_up[0] = False
+        scaler.cycle()
+        assert scaler.errors_total["query"] == 1 and round(scaler.vc_decisions["serving"].demand, 6) == 1.8
+        assert "batch" not in scaler.vc_decisions and PENDING_QUERY in asked[0]
+    with pytest.raises(ValueError, match="vc_pending_query needs vc_label"):
+        ScalerConfig(vc_pending_query=PENDING_QUERY, vc_label="").validate()
+
+
 def test_a_failed_rescale_is_an_event_and_a_failed_event_only_counted(http_peer) -> None:
     class Kube:
         def __init__(self) -> None:

@@ -19,6 +19,7 @@ class ScalerState(Protocol):
     decisions: Mapping[tuple[str, str], Decision]
     vc_decisions: Mapping[str, Decision]
     vc_held_gpus: Mapping[str, int]
+    vc_pending_gpus: Mapping[str, float]
     events_total: Mapping[tuple[str, str, str], int]
     vc_events_total: Mapping[tuple[str, str], int]
     errors_total: Mapping[str, int]
@@ -66,7 +67,8 @@ class ScalerCollector(Collector):
         per_vc = [
             ("dprobe_recommended_gpus", "GPUs recommended for the virtual cluster.", lambda d: d.replicas),
             ("dprobe_scaler_vc_demand_gpus", "Forecast GPU demand of the virtual cluster: its pods' predicted "
-                                             "utilisation times their GPUs, summed.", lambda d: d.demand),
+                                             "utilisation times their GPUs, summed, plus the GPUs waiting.",
+             lambda d: d.demand),
         ]
         for name, doc, value in per_vc:
             fam = GaugeMetricFamily(name, doc, labels=["vc"])
@@ -79,6 +81,11 @@ class ScalerCollector(Collector):
         for vc, n in sorted(dict(s.vc_held_gpus).items()):
             held.add_metric([vc], n)
         yield held
+        pending = GaugeMetricFamily("dprobe_scaler_vc_pending_gpus", "GPUs waiting in the virtual cluster "
+                                    "(vc_pending_query), counted in its demand.", labels=["vc"])
+        for vc, n in sorted(dict(s.vc_pending_gpus).items()):
+            pending.add_metric([vc], n)
+        yield pending
         events = CounterMetricFamily("dprobe_scaler_scale_events", "Decisions that changed a workload's "
                                      "replicas, by direction.", labels=[*WORKLOAD_LABELS, "direction"])
         for key, n in sorted(s.events_total.items()):

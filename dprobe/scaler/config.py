@@ -64,6 +64,9 @@ class ScalerConfig:
     vc_quota_resource: str = option("requests.nvidia.com/gpu", "the ResourceQuota resource that counts GPUs")
     gpus_query: str = option('count by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL{pod!=""})',
                              "PromQL giving each pod's GPU count (a pod it does not list counts 1)")
+    vc_pending_query: str = option("", "PromQL giving the GPUs waiting in each virtual cluster, by its vc_label "
+                                       "label (pending pods, queued jobs: no sidecar forecasts them), added to "
+                                       "the cluster's demand ('' = none)")
     kubeconfig: str = option("", "kubeconfig file for apply mode (default: in-cluster, else ~/.kube/config)")
     events: bool = option(True, "apply mode: record a Kubernetes Event (SuccessfulRescale, FailedRescale) on each "
                                 "workload or ResourceQuota it changes, as the HPA does")
@@ -109,6 +112,8 @@ class ScalerConfig:
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"prometheus_url must be an http(s) URL such as http://HOST:9090, "
                              f"got {self.prometheus_url!r}")
+        if self.vc_pending_query.strip() and not self.vc_label:
+            raise ValueError("vc_pending_query needs vc_label (the label that names each virtual cluster)")
         if self.vc_quota_name and self.vc_label != "namespace":
             raise ValueError("vc_quota_name needs vc_label: namespace (a ResourceQuota lives in a namespace), "
                              f"got vc_label {self.vc_label!r}")

@@ -5,7 +5,9 @@ A pod's demand is its forecast GPU utilisation (0-1) at the configured horizon a
 without a forecast yet (not sampled long enough) counts at its training job's cold-start utilisation
 where its sidecar exports one (``dprobe_job_predicted_gpu_utilization_ratio``, p50 or p90). A
 workload's demand is the sum over its replicas (pod-equivalents: three pods at 0.5 are 1.5); a
-virtual cluster's is the sum over its pods of utilisation times the pod's GPU count (GPUs).
+virtual cluster's is the sum over its pods of utilisation times the pod's GPU count (GPUs), plus the
+GPUs waiting in it where ``vc_pending_query`` says (pods not scheduled, jobs queued: none of them has a
+sidecar yet).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class Demand:
     total: float = 0.0
     pods: list[str] = field(default_factory=list)
     gpus: int = 0  # GPUs those pods hold (virtual clusters)
+    pending: float = 0.0  # GPUs waiting, from vc_pending_query (virtual clusters; part of total)
 
 
 @dataclass
@@ -75,6 +78,25 @@ def pod_gpus(config: ScalerConfig) -> dict[tuple[str, str], int]:
         return {}
     rows = query_vector(config.prometheus_url, config.gpus_query, config.http_timeout)
     return {(lab.get("namespace", ""), lab.get("pod", "")): max(1, int(round(v))) for lab, v in rows if v == v}
+
+
+def pending_gpus(config: ScalerConfig) -> dict[str, float]:
+    """GPUs waiting per virtual cluster from ``vc_pending_query`` (samples without the ``vc_label``
+    label are left out; several samples of one cluster are summed)."""
+    out: dict[str, float] = defaultdict(float)
+    for labels, value in query_vector(config.prometheus_url, config.vc_pending_query, config.http_timeout):
+        vc = labels.get(config.vc_label, "")
+        if vc and value == value:
+            out[vc] += max(0.0, value)
+    return dict(out)
+
+
+def add_pending(vcs: dict[str, Demand], pending: dict[str, float]) -> None:
+    """Count each virtual cluster's waiting GPUs in its demand (a cluster with nothing running yet too)."""
+    for vc, gpus in pending.items():
+        demand = vcs.setdefault(vc, Demand())
+        demand.pending = gpus
+        demand.total += gpus
 
 
 def activation_value(config: ScalerConfig, query: str) -> float:

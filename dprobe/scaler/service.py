@@ -16,7 +16,16 @@ from prometheus_client.registry import CollectorRegistry
 from dprobe.exporter.server import ExporterServer, run_until_signalled
 from dprobe.scaler.collector import ScalerCollector
 from dprobe.scaler.config import ScalerConfig, WorkloadSpec
-from dprobe.scaler.demand import Demand, DemandView, activation_value, group_demand, pod_forecasts, pod_gpus
+from dprobe.scaler.demand import (
+    Demand,
+    DemandView,
+    activation_value,
+    add_pending,
+    group_demand,
+    pending_gpus,
+    pod_forecasts,
+    pod_gpus,
+)
 from dprobe.scaler.kube import KubernetesError, ObjectRef, ScaleClient
 from dprobe.scaler.policy import Decision, Recommender
 from dprobe.sources.base import SourceError
@@ -48,6 +57,7 @@ class Scaler:
         self.decisions: dict[tuple[str, str], Decision] = {}
         self.vc_decisions: dict[str, Decision] = {}
         self.vc_held_gpus: dict[str, int] = {}
+        self.vc_pending_gpus: dict[str, float] = {}  # from vc_pending_query
         self.events_total: Counter[tuple[str, str, str]] = Counter()  # (namespace, workload, direction)
         self.vc_events_total: Counter[tuple[str, str]] = Counter()  # (vc, direction)
         self.errors_total: Counter[str] = Counter()
@@ -60,6 +70,7 @@ class Scaler:
         self.server: ExporterServer | None = None
         self._thread: threading.Thread | None = None
         self._gpus_warned = False
+        self._pending_failure = ""
         self._query_failure = ""
         self._recommended: set[tuple[str, str]] = set()  # workloads a recommendation was made for
         self.activations: dict[tuple[str, str], tuple[float, bool]] = {}  # activation queries: (value, active)
@@ -87,7 +98,17 @@ class Scaler:
                 if not self._gpus_warned:
                     log.warning("GPU counts per pod unavailable (%s): counting one per pod", exc)
                     self._gpus_warned = True
-        return group_demand(forecasts, self.specs, gpus, self.config.vc_label, self.config.discover)
+        view = group_demand(forecasts, self.specs, gpus, self.config.vc_label, self.config.discover)
+        if self.config.vc_pending_query.strip():
+            try:
+                add_pending(view.vcs, pending_gpus(self.config))
+                self._pending_failure = ""
+            except SourceError as exc:  # the clusters' demand is then their pods' forecasts alone
+                self.errors_total["query"] += 1
+                (log.warning if str(exc) != self._pending_failure else log.debug)(
+                    "vc_pending_query failed (demand without waiting GPUs this cycle): %s", exc)
+                self._pending_failure = str(exc)
+        return view
 
     def cycle(self) -> None:
         started = time.perf_counter()
@@ -109,6 +130,7 @@ class Scaler:
                     self.events_total.pop((*key, direction), None)
             self.vc_decisions = self._decide_vcs(now, view.vcs)
             self.vc_held_gpus = {vc: d.gpus for vc, d in view.vcs.items()}
+            self.vc_pending_gpus = {vc: d.pending for vc, d in view.vcs.items() if self.config.vc_pending_query}
         # (without a view, virtual clusters keep showing their last decision)
         self.decisions = decisions
         self.last_cycle_at = now

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.integration
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 DASHBOARD = DEPLOY / "grafana" / "dprobe-scaler.json"
 KEDA = DEPLOY / "keda" / "scaledobject-scaler.yaml"
+CONFIGMAP = DEPLOY / "scaler" / "configmap.yaml"
 
 # (namespace, pod, GPU utilisation %) per GPU: two replicas of a Deployment, a training pod on two GPUs
 GPUS = [("serving", "llm-7d9f8c6b5d-aaaaa", 90), ("serving", "llm-7d9f8c6b5d-bbbbb", 90),
@@ -32,7 +33,20 @@ def dcgm_text() -> str:
         for gpu, (ns, pod, util) in enumerate(GPUS):
             lines.append(f'{field}{{gpu="{gpu}",UUID="GPU-{gpu}",modelName="NVIDIA H200",Hostname="n1",'
                          f'container="main",namespace="{ns}",pod="{pod}"}} {value(util)}')
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + KUBE_STATE
+
+
+# kube-state-metrics' series of two pods: one running in team-a, one of team-c not scheduled (no sidecar yet)
+KUBE_STATE = "".join(
+    f'kube_pod_container_resource_requests{{namespace="{ns}",pod="{pod}",container="main",node="n1",'
+    f'resource="nvidia_com_gpu",unit="integer"}} {gpus}\n'
+    + "".join(f'kube_pod_status_phase{{namespace="{ns}",pod="{pod}",phase="{phase}"}} {int(phase == now)}\n'
+              for phase in ("Pending", "Running"))
+    for ns, pod, gpus, now in (("team-a", "train-0", 2, "Running"), ("team-c", "queued-0", 3, "Pending")))
+
+
+# the deployed scaler's query of the GPUs waiting per virtual cluster
+PENDING_QUERY = yaml.safe_load(yaml.safe_load(CONFIGMAP.read_text())["data"]["scaler.yaml"])["vc_pending_query"]
 
 
 def _value(prom, query: str, deadline: float) -> float:
@@ -58,7 +72,7 @@ def test_scaler_recommends_from_the_sidecars_forecasts(prometheus_server, http_p
                                    honor_labels=True) as prom:
                 scaler = Scaler(ScalerConfig(
                     prometheus_url=str(prom), listen_address="127.0.0.1", port=0, interval=0.5, horizon_seconds=5,
-                    target=0.5, margin=0.0, workloads=[
+                    target=0.5, margin=0.0, vc_pending_query=PENDING_QUERY, workloads=[
                         # may rest at zero; woken (and kept up) while its GPUs report any utilisation
                         {"namespace": "serving", "name": "llm", "max_replicas": 8, "min_replicas": 0,
                          "activation_query": 'sum(DCGM_FI_DEV_GPU_UTIL{namespace="serving"})',
@@ -91,6 +105,10 @@ def test_scaler_recommends_from_the_sidecars_forecasts(prometheus_server, http_p
                     profile = _value(prom, 'dprobe_job_predicted_gpu_utilization_ratio{quantile="0.9"}', deadline)
                     assert _value(prom2, 'dprobe_scaler_vc_demand_gpus{vc="team-b"}', deadline) == pytest.approx(profile)
                     assert _value(prom2, 'dprobe_recommended_gpus{vc="team-b"}', deadline) == -(-profile // 0.5)
+                    # the GPUs of a pod not scheduled yet, from kube-state-metrics through the real Prometheus
+                    assert _value(prom2, 'dprobe_scaler_vc_pending_gpus{vc="team-c"}', deadline) == 3
+                    assert _value(prom2, 'dprobe_scaler_vc_demand_gpus{vc="team-c"}', deadline) == 3
+                    assert _value(prom2, 'dprobe_scaler_vc_pending_gpus{vc="team-a"} or vector(0)', deadline) == 0
                     assert _value(prom2, "sum(dprobe_scaler_errors_total) or vector(0)", deadline) == 0
                     check_dashboard(prom2, DASHBOARD, {"namespace": "serving", "workload": "llm", "vc": "team-a"})
                     # the KEDA example's query, pointed at this workload: the replicas KEDA would set
