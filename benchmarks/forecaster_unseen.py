@@ -5,7 +5,7 @@ helios-earth-vc) into a training directory and a held-out directory laid out exa
 original, trains the forecaster on the training directories only (the default config, or with
 ``--quick`` a shorter run), and scores it with the evaluation harness beside every baseline on the
 held-out series. Prints, per target and lead, the model's MAE and pinball loss against the best
-baseline's, and their ratio.
+baseline's, their ratio, and the model's p90 and p99 coverage.
 
     python benchmarks/forecaster_unseen.py [--holdout 0.25] [--quick] [--out DIR]
 """
@@ -78,7 +78,7 @@ def main() -> None:
         reports = json.loads((base / "run" / "report.json").read_text())
         print("\nHeld-out series (never seen in training): dprobe against the best baseline")
         print(f"{'dataset':<20} {'target':<20} {'lead':>4} {'MAE':>10} {'best':>10} {'ratio':>6} "
-              f"{'pinball':>10} {'best':>10} {'ratio':>6}")
+              f"{'pinball':>10} {'best':>10} {'ratio':>6} {'p90 cov':>8} {'p99 cov':>8}")
         for rep in reports:
             rows = rep["rows"]
             for key in sorted({(r["target"], r["lead_steps"]) for r in rows}):
@@ -89,7 +89,8 @@ def main() -> None:
                 best_pin = min(r["pinball"] for r in base_rows)
                 print(f"{rep['dataset']:<20} {key[0]:<20} {key[1]:>4} {model['mae']:>10.4g} {best_mae:>10.4g} "
                       f"{model['mae'] / best_mae:>6.2f} {model['pinball']:>10.4g} {best_pin:>10.4g} "
-                      f"{model['pinball'] / best_pin:>6.2f}")
+                      f"{model['pinball'] / best_pin:>6.2f} {model['coverage_p90']:>8.1%} "
+                      f"{model.get('coverage_p99', float('nan')):>8.1%}")
 
 
 if __name__ == "__main__":
