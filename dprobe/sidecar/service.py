@@ -199,8 +199,9 @@ class Sidecar:
             self.server = ExporterServer(self.registry, self, self.config.listen_address, self.config.port,
                                          fast=lambda _reg: self.collector.render_text([self.forecast_seconds]))
             self.server.start()
+            model = self.model.kind + (f" from {self.model.checkpoint}" if self.model.checkpoint else "")
             log.info("serving http://%s:%d/metrics (model %s, source %s)", self.config.listen_address,
-                        self.server.port, self.model.kind, ",".join(s.name for s in self.sources))
+                     self.server.port, model, ",".join(s.name for s in self.sources))
         for p in self.pollers:
             self._threads.append(p.start())
         t = threading.Thread(target=self._forecast_loop, name="forecast", daemon=True)
