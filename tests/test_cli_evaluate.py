@@ -78,6 +78,8 @@ def test_baseline_subset_and_no_model(capsys: pytest.CaptureFixture[str], helios
     assert "scoring the forecaster shipped with dprobe (default_forecaster.onnx)" in captured.err
     out = run_json(capsys, helios_dir, "--baselines", "last_value", "--checkpoint", "none")
     assert {r["method"] for r in out["rows"]} == {"last_value"}
+    named = run_json(capsys, helios_dir, "--baselines", "last_value", "--checkpoint", "dprobe")  # by its name
+    assert named["rows"] == [r for r in json.loads(captured.out)["rows"] if r["method"] in ("last_value", "dprobe")]
 
 
 def test_markdown_and_plot(capsys: pytest.CaptureFixture[str], helios_dir: Path, tmp_path: Path) -> None:

@@ -218,6 +218,22 @@ def test_scaler_config_is_simulated_as_the_flags_that_say_the_same(capsys: pytes
     assert code == 2 and "set --margin, --tolerance in that file instead" in err
 
 
+def test_the_shipped_forecaster_drives_the_forecast_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    from dprobe.forecasting.loading import SHIPPED_FORECASTER, checkpoint_path
+
+    assert (checkpoint_path("dprobe"), checkpoint_path(None), checkpoint_path("x.pt")) == (SHIPPED_FORECASTER, None,
+                                                                                          "x.pt")
+    days = ["--start-day", "30", "--days", "1", "--json", "--policies", "forecast"]
+    code, out, _ = run_cli(capsys, *days, "--checkpoint", "dprobe")
+    assert code == 0
+    shipped = json.loads(out)
+    assert "dprobe-forecaster (onnx)" in shipped["forecaster"]
+    code, out, _ = run_cli(capsys, *days)
+    baseline = json.loads(out)
+    assert baseline["forecaster"].startswith("baseline:last_value")
+    assert shipped["policies"][0]["jobs"] == baseline["policies"][0]["jobs"]
+
+
 def test_cli_table_for_one_itp_cluster(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_cli(capsys, "--data", str(DATASETS / "itp-elasticflow"), "--vc", "cluster10",
                            "--policies", "static,reactive", "--static-gpus", "8")

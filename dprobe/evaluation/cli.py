@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", required=True, metavar="DIR", help="data directory, e.g. datasets/helios-earth-vc")
     p.add_argument("--checkpoint", metavar="CKPT",
                    help="the trained forecaster to score beside the baselines (dprobe.pt or dprobe.onnx of python "
-                        "train.py; default: the one shipped with dprobe; none: the baselines alone)")
+                        "train.py; default, or 'dprobe': the one shipped with dprobe; none: the baselines alone)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a Markdown table")
     p.add_argument("--plot", metavar="FILE.png", help="also draw forecasts against actuals for a few series")
     p.add_argument("--baselines", default=",".join(BASELINES),
@@ -48,10 +48,11 @@ def run(args: argparse.Namespace) -> int:
     ds = load_series_dataset(args.data)
     models = {}
     if (args.checkpoint or "").lower() != "none":
-        from dprobe.forecasting.loading import SHIPPED_FORECASTER, load_forecaster
+        from dprobe.forecasting.loading import SHIPPED_FORECASTER, checkpoint_path, load_forecaster
 
-        models["dprobe"] = load_forecaster(args.checkpoint or SHIPPED_FORECASTER)
-        if not args.checkpoint:
+        checkpoint = checkpoint_path(args.checkpoint) or SHIPPED_FORECASTER
+        models["dprobe"] = load_forecaster(checkpoint)
+        if checkpoint == SHIPPED_FORECASTER:
             print(f"scoring the forecaster shipped with dprobe ({SHIPPED_FORECASTER.name}) as 'dprobe'; "
                   "--checkpoint CKPT scores yours", file=sys.stderr)
     cfg = EvalConfig(test_fraction=args.test_fraction, baselines=baselines,

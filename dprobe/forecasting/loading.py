@@ -31,6 +31,12 @@ SHIPPED = "dprobe"  # the shipped forecaster, where a model is named (beside the
 SHIPPED_FORECASTER = Path(__file__).resolve().parent.parent / "default_forecaster.onnx"
 
 
+def checkpoint_path(value: str | Path | None) -> str | Path | None:
+    """A ``--checkpoint`` value as the commands take it: :data:`SHIPPED` names the shipped forecaster's
+    file; anything else is a path (None or "" for none)."""
+    return SHIPPED_FORECASTER if str(value or "") == SHIPPED else (value or None)
+
+
 class CheckpointError(ValueError):
     """A checkpoint file cannot be used: missing, corrupt, truncated or incompatible."""
 

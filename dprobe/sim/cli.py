@@ -81,7 +81,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="most quota per VC, the scaler's max_replicas (default per VC: the most GPUs its "
                      "jobs would hold at once if each started at submission)")
     sim.add_argument("--checkpoint", metavar="CKPT",
-                     help="a trained dprobe checkpoint with a gpu_demand task for the forecast policy")
+                     help="a trained dprobe checkpoint with a gpu_demand task for the forecast policy; "
+                          "'dprobe': the forecaster shipped with dprobe")
     sim.add_argument("--static-gpus", type=int, metavar="N", help="static policy: this quota for every VC")
     sim.add_argument("--static-percentile", type=float, default=95.0, metavar="P",
                      help="static policy: percentile of the warm-up demand (default: %(default)g)")
@@ -154,6 +155,7 @@ def _check(args: argparse.Namespace) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from dprobe.forecasting.loading import checkpoint_path
     from dprobe.sim.cluster import SimConfig, simulate
     from dprobe.sim.jobs import DAY, bundled_dir, load_jobs, peak_demand
     from dprobe.sim.policies import (
@@ -170,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
     config = SimConfig(interval=args.interval, provision_delay=args.provision_delay,
                        backfill=args.queue == "backfill")
     horizon = args.horizon or max(1, math.ceil(args.provision_delay / args.interval - 1e-9)) * args.interval
-    setup = forecast_setup(args.checkpoint, args.interval, horizon, args.quantile) if "forecast" in names else None
+    setup = (forecast_setup(checkpoint_path(args.checkpoint), args.interval, horizon, args.quantile)
+             if "forecast" in names else None)
     directory = args.data or str(bundled_dir())
     dataset, jobs = load_jobs(directory)
     jobs = jobs.select(args.vc, args.days, args.start_day)
