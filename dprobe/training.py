@@ -26,7 +26,9 @@ def train_forecaster(cfg: DictConfig, out_dir: Path) -> Path:
         conformal_shifts,
         export_checkpoint,
         export_onnx,
+        load_model_forecaster,
         select_point_sources,
+        select_short_lead_exponents,
         validation_outputs,
     )
     from dprobe.models.lightning_module import ForecasterModule
@@ -60,6 +62,12 @@ def train_forecaster(cfg: DictConfig, out_dir: Path) -> Path:
                  "" if known else " (no workloads.csv: graphs given at inference will be ignored)")
     path = export_checkpoint(model, datamodule.task_specs, out_dir / "dprobe.pt", point_sources=sources,
                              quantile_shifts=shifts, workloads_trained=known > 0)
+    # how the quantiles widen below the first lead, chosen with the exported forecaster as it will serve
+    exponents = select_short_lead_exponents(load_model_forecaster(read_checkpoint(path)), datamodule)
+    log.info("quantile spread below the first lead per task (1: linear, 0.5: square root): %s",
+             {t.name: e for t, e in zip(datamodule.task_specs, exponents, strict=True)})
+    path = export_checkpoint(model, datamodule.task_specs, path, point_sources=sources, quantile_shifts=shifts,
+                             workloads_trained=known > 0, short_lead_exponents=exponents)
     export_onnx(read_checkpoint(path), out_dir / "dprobe.onnx")  # for the sidecar: no torch needed
     return path
 

@@ -143,6 +143,43 @@ def test_leads_between_trained_ones_are_interpolated(tmp_path):
     np.testing.assert_allclose(f.point, [[10.0, 10.0, 10.0]])  # a flat window: the point is its last value
     with pytest.raises(ValueError, match="up to 24 steps"):
         model.predict(ForecastInput(values=values, metric="gpu_demand", leads=(25,), step_seconds=300))
+    model.short_lead_exponents = [0.5, 1.0]  # below the first lead the spread grows as a random walk's
+    f = model.predict(ForecastInput(values=values, metric="gpu_demand", leads=(3, 6, 18), step_seconds=300))
+    np.testing.assert_allclose(f.quantiles[..., 2], [[10 + 0.5**0.5 * 10 * P99, 10 + 10 * P99, 10 + 10 * P99]])
+    np.testing.assert_allclose(f.point, [[10.0, 10.0, 10.0]])
+
+
+def test_the_quantile_spread_below_the_first_lead_is_chosen_on_validation():
+    """A random walk's spread grows as the square root of the lead; that of a series whose slope is
+    unknown grows linearly. Given a forecaster exact at the first trained lead, the choice follows."""
+    from types import SimpleNamespace
+
+    from dprobe.data.windows import TaskSeries
+    from dprobe.forecasting.model import select_short_lead_exponents
+    from dprobe.models.features import last_observed
+
+    rng = np.random.default_rng(0)
+    n_series, length, first, z = 40, 400, 8, np.array([0.0, 1.2816, 2.3263])  # p50 / p90 / p99 of N(0, 1)
+    walk = 100 + rng.normal(size=(n_series, length)).cumsum(axis=1)
+    slope = 100 + rng.normal(size=(n_series, 1)) * np.arange(length)[None]
+
+    class Exact:  # the right quantiles at the first lead: last + z * sd(lead)
+        quantile_levels, context_length, conditioned = (0.5, 0.9, 0.99), 32, False
+
+        def __init__(self, sd_at_first: float) -> None:
+            self.sd = sd_at_first
+
+        def _predict_task(self, k, spec, values, cov, cond=None, known=None):
+            return (last_observed(values)[:, None, None] + self.sd * z[None, None, :]).repeat(len(spec.leads), 1)
+
+    for values, sd, expected in ((walk, first**0.5, 0.5), (slope, float(first), 1.0)):
+        spec = TaskSpec("gpu_demand", "x", (first, 2 * first), 300.0, (), 1.0)
+        ts = TaskSeries(spec, values, None, np.full(n_series, length), np.zeros((n_series, 1)),
+                        np.zeros(n_series, bool))
+        origins = np.arange(100, length - 2 * first, 7)
+        rows = np.array([(0, s, o) for s in range(n_series) for o in origins])
+        dm = SimpleNamespace(tasks=[ts], calibration_rows=rows)
+        assert select_short_lead_exponents(Exact(sd), dm) == [expected]
 
 
 def test_finer_windows_are_averaged_to_the_trained_step(tmp_path):
@@ -233,14 +270,16 @@ def test_onnx_export_forecasts_like_the_torch_model_without_torch(tmp_path):
     shifts[..., 0] = 0
     pt = export_checkpoint(module, specs, tmp_path / "m.pt",
                            point_sources=[["model", ["median_5", "last_value", "median_5"], "model"], ["model"] * 3],
-                           quantile_shifts=[shifts.tolist(), np.zeros((3, 3)).tolist()])
+                           quantile_shifts=[shifts.tolist(), np.zeros((3, 3)).tolist()],
+                           short_lead_exponents=[0.5, 1.0])  # lead 3 below: the square root
+    assert read_checkpoint(pt)["short_lead_exponents"] == [0.5, 1.0]
     onnx_path = export_onnx(read_checkpoint(pt), tmp_path / "m.onnx")
     values = np.random.default_rng(0).uniform(0, 50, (6, 80))
     values[0, -10:] = np.nan
     batch = ForecastInput(values=values, metric="gpu_demand", leads=(3, 12, 24), step_seconds=300)
     ref = open_forecaster(str(pt)).forecaster.predict(batch).quantiles
     loaded = open_forecaster(str(onnx_path))
-    assert loaded.kind.endswith("(onnx)")
+    assert loaded.kind.endswith("(onnx)") and loaded.forecaster.short_lead_exponents == [0.5, 1.0]
     np.testing.assert_allclose(loaded.forecaster.predict(batch).quantiles, ref, rtol=1e-4, atol=1e-4)
 
     code = ("import sys, json, numpy as np\n"

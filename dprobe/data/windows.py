@@ -251,6 +251,11 @@ class SeriesDataModule(pl.LightningDataModule):
         """``val_samples`` windows drawn from the validation span, for early stopping each epoch."""
         return self._loader(self._val_rows)
 
+    @property
+    def calibration_rows(self) -> np.ndarray:
+        """``(N, 3)`` (task, series, origin) of every window of the validation span."""
+        return self._calibration_rows
+
     def calibration_dataloader(self) -> DataLoader:
         """Every window of the validation span, for choosing the point forecast and calibrating the
         quantiles after training (one pass, so it can afford more windows than each epoch's check)."""

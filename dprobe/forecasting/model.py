@@ -7,7 +7,8 @@
      "hparams": {...ForecasterModule arguments...}, "tasks": [TaskSpec dicts],
      "point_sources": [per task [per lead [per regime]]],
      "quantile_shifts": [per task [per regime [per lead [per quantile]]]],
-     "regimes": ["moved", "recent", "held"], "state_dict": {...}}
+     "regimes": ["moved", "recent", "held"], "short_lead_exponents": [per task],
+     "state_dict": {...}}
 
 ``dprobe.onnx`` is the same network exported to ONNX, with everything but the
 weights in its metadata (``dprobe`` key, JSON). The sidecar runs it with ONNX
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +29,7 @@ from dprobe import __version__
 from dprobe.forecasting.loading import register_forecaster_loader
 from dprobe.forecasting.tasks import TaskSpec
 from dprobe.forecasting.trained import FORMAT, KIND, TrainedForecaster
-from dprobe.models.features import REGIMES
+from dprobe.models.features import REGIMES, last_observed
 
 log = logging.getLogger(__name__)
 
@@ -211,14 +213,70 @@ def _shifts(sc: np.ndarray, levels: np.ndarray, min_windows: int, fallback: np.n
     return out
 
 
+SHORT_LEAD_EXPONENTS = (1.0, 0.5)  # the default first: linear, then the square root
+
+
+def select_short_lead_exponents(forecaster: TrainedForecaster, datamodule, confidence: float = 0.9,
+                                n_boot: int = 500, seed: int = 0, max_windows: int = 20000) -> list[float]:
+    """Per task, how the quantiles' spread grows below the first trained lead
+    (:func:`~dprobe.forecasting.trained.interpolate_leads`): linearly (1.0) unless the square root of
+    the lead (0.5) has the lower pinball loss, in the metric's units, at leads 1 .. L-1 of the validation
+    windows in at least ``confidence`` of ``n_boot`` resamples of the validation series.
+
+    The sidecar's horizons often fall there (a minute ahead of a task trained at 5, 15 and 30 steps of
+    57 s): series that move like a random walk widen fast at first, those that jump now and then
+    (jobs arriving in a virtual cluster) about linearly.
+    """
+    from dprobe.forecasting.trained import interpolate_leads
+
+    rng = np.random.default_rng(seed)
+    names = [str(e) for e in SHORT_LEAD_EXPONENTS]
+    levels = np.asarray(forecaster.quantile_levels, dtype=float)
+    out = []
+    for k, ts in enumerate(datamodule.tasks):
+        first = int(ts.spec.leads[0])
+        rows = datamodule.calibration_rows[datamodule.calibration_rows[:, 0] == k]
+        if first < 2 or not len(rows):
+            out.append(SHORT_LEAD_EXPONENTS[0])
+            continue
+        if len(rows) > max_windows:
+            rows = rows[rng.choice(len(rows), max_windows, replace=False)]
+        series, origin = rows[:, 1], rows[:, 2]
+        idx = origin[:, None] + np.arange(-forecaster.context_length + 1, 1)  # (N, context)
+        valid = idx >= 0
+        values = np.where(valid, ts.values[series[:, None], np.clip(idx, 0, None)], np.nan)
+        cov = None
+        if ts.covariates is not None and ts.spec.covariates:
+            cov = np.where(valid[..., None], ts.covariates[series[:, None], np.clip(idx, 0, None)], np.nan)
+        cond = known = None
+        if forecaster.conditioned and ts.known.any():
+            cond, known = ts.workload[series].astype(np.float32), ts.known[series].astype(np.float32)
+        q = forecaster._predict_task(k, ts.spec, values, cov, cond, known)  # (N, H, Q) at the trained leads
+        short = np.arange(1, first)
+        y = ts.values[series[:, None], origin[:, None] + short]  # (N, L-1)
+        err = np.empty((len(rows), len(names), 1))
+        for c, exponent in enumerate(SHORT_LEAD_EXPONENTS):
+            quantiles = interpolate_leads(last_observed(values), q, ts.spec.leads, short, exponent)
+            e = y[..., None] - quantiles
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # windows whose targets are all gaps: NaN
+                err[:, c, 0] = np.nanmean(np.maximum(levels * e, (levels - 1) * e), axis=(1, 2))
+        choice = _robust_choice(err, series, names, confidence, n_boot, rng, [names[0]])[0]
+        out.append(float(choice))
+    return out
+
+
 def export_checkpoint(module, tasks: list[TaskSpec], path: str | Path,
                       point_sources: list[list] | None = None,
                       quantile_shifts: list | None = None,
-                      workloads_trained: bool = False) -> Path:
+                      workloads_trained: bool = False,
+                      short_lead_exponents: list[float] | None = None) -> Path:
     """Write what inference needs (no optimizer state, no pickled classes).
 
     ``point_sources``: per task and lead a name, or a name per regime (:func:`select_point_sources`);
-    ``quantile_shifts``: per task ``(H, Q)`` or, per regime, ``(R, H, Q)`` (:func:`conformal_shifts`).
+    ``quantile_shifts``: per task ``(H, Q)`` or, per regime, ``(R, H, Q)`` (:func:`conformal_shifts`);
+    ``short_lead_exponents``: per task, how the quantiles widen below the first lead
+    (:func:`select_short_lead_exponents`; linearly when not given).
     ``workloads_trained``: some training series had a known workload, so the model's
     known-workload path was trained; without it, forecasts ignore any graph they are given.
     """
@@ -233,6 +291,7 @@ def export_checkpoint(module, tasks: list[TaskSpec], path: str | Path,
         "quantile_shifts": quantile_shifts or [],
         "regimes": list(REGIMES),  # what the per-regime entries above are of
         "workloads_trained": bool(workloads_trained),
+        "short_lead_exponents": [float(e) for e in short_lead_exponents or [1.0] * len(tasks)],
         "state_dict": {k: v.detach().cpu() for k, v in module.state_dict().items()},
     }
     path = Path(path)
@@ -281,7 +340,7 @@ def export_onnx(obj: dict, path: str | Path) -> Path:
                           dynamic_axes={**{n: batch_axis for n in names}, "quantiles": batch_axis})
     model = onnx.load_from_string(buf.getvalue())
     meta = {k: obj[k] for k in ("kind", "format", "dprobe_version", "hparams", "tasks", "point_sources",
-                                    "quantile_shifts", "regimes", "workloads_trained")
+                                    "quantile_shifts", "regimes", "workloads_trained", "short_lead_exponents")
             if k in obj}
     entry = model.metadata_props.add()
     entry.key, entry.value = "dprobe", json.dumps(meta)

@@ -47,6 +47,9 @@ class TrainedForecaster:
         if per_regime and tuple(meta.get("regimes") or ()) != REGIMES:
             raise ValueError(f"its point forecasts and quantiles are per regime of {meta.get('regimes')}, this "
                              f"dprobe's regimes are {list(REGIMES)}: train it again")
+        # per task: how the quantiles' spread grows from lead 0 to the first trained lead (1: linearly,
+        # 0.5: as the square root of the lead; select_short_lead_exponents); older checkpoints: linearly
+        self.short_lead_exponents = [float(e) for e in meta.get("short_lead_exponents") or [1.0] * len(self.tasks)]
         self.context_length = int(hp["context_length"])
         self.quantile_levels = tuple(hp.get("quantiles", (0.5, 0.9, 0.99)))
         self.version = meta.get("dprobe_version", "?")
@@ -148,16 +151,7 @@ class TrainedForecaster:
                              f"{batch.leads[int(np.argmax(too_far))] * batch.step_seconds:g} s")
         q = self._predict_task(k, spec, values, cov, *self._workloads(batch.graphs, len(values)))
 
-        last = last_observed(values)
-        grid = np.array([0.0, *spec.leads])
-        full = np.concatenate([np.repeat(last[:, None, None], q.shape[2], axis=2), q], axis=1)  # (B, 1+H, Q)
-        out = np.empty((len(values), len(leads), q.shape[2]))
-        for j, lead in enumerate(leads):
-            hi = int(np.searchsorted(grid, lead - 1e-9))
-            hi = min(max(hi, 1), len(grid) - 1)
-            w = (lead - grid[hi - 1]) / (grid[hi] - grid[hi - 1])
-            out[:, j] = (1 - w) * full[:, hi - 1] + w * full[:, hi]
-        out = np.sort(out, axis=-1) / factor
+        out = interpolate_leads(last_observed(values), q, spec.leads, leads, self.short_lead_exponents[k]) / factor
         return Forecast(point=out[..., 0], quantiles=out, leads=batch.leads, quantile_levels=self.quantile_levels)
 
 
@@ -189,6 +183,28 @@ class OnnxForecaster(TrainedForecaster):
             feed["cond"] = cond if cond is not None else np.zeros((len(x), workload_dim()), dtype=np.float32)
             feed["known"] = known if known is not None else np.zeros(len(x), dtype=np.float32)
         return self.session.run(None, feed)[0]
+
+
+def interpolate_leads(last: np.ndarray, q: np.ndarray, trained: tuple[int, ...], leads: np.ndarray,
+                      exponent: float = 1.0) -> np.ndarray:
+    """Quantiles ``(B, len(leads), Q)`` at any ``leads`` (in the task's steps, up to the longest trained one)
+    from ``q`` ``(B, H, Q)`` at the ``trained`` leads, the p50 first, and the ``last`` value (lead 0).
+
+    Between trained leads, linearly. Below the first trained lead L, the p50 goes linearly from the
+    last value, and the other quantiles keep their distance to it at L times ``(lead / L) ** exponent``:
+    ``exponent`` 1 is linear too, 0.5 widens them as a random walk's spread grows (the square root).
+    """
+    grid = np.array([0.0, *trained])
+    full = np.concatenate([np.repeat(last[:, None, None], q.shape[2], axis=2), q], axis=1)  # (B, 1+H, Q)
+    out = np.empty((len(last), len(leads), q.shape[2]))
+    for j, lead in enumerate(leads):
+        hi = int(np.searchsorted(grid, lead - 1e-9))
+        hi = min(max(hi, 1), len(grid) - 1)
+        w = (lead - grid[hi - 1]) / (grid[hi] - grid[hi - 1])
+        out[:, j] = (1 - w) * full[:, hi - 1] + w * full[:, hi]
+        if hi == 1 and exponent != 1.0:
+            out[:, j] = out[:, j, :1] + w**exponent * (q[:, 0] - q[:, 0, :1])
+    return np.sort(out, axis=-1)
 
 
 def block_mean(values: np.ndarray, block: int) -> np.ndarray:
