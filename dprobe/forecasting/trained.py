@@ -128,8 +128,8 @@ class TrainedForecaster:
 
         A window sampled more often than the task's step is averaged into blocks
         of that step first; leads between the trained ones are interpolated
-        linearly (lead 0 being the last value). Horizons beyond the longest
-        trained lead are refused rather than extrapolated.
+        (lead 0 being the last value; :func:`interpolate_leads`). Horizons beyond
+        the longest trained lead are refused rather than extrapolated.
         """
         k, spec, factor = self.task_for(batch.metric, batch.step_seconds)
         values = batch.values * factor
