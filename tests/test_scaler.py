@@ -117,6 +117,10 @@ def test_rate_policies_bound_each_period_and_select_max_or_min() -> None:
     assert (d.replicas, d.desired, d.reason) == (3, 10, "scale-up limited by rate policy")
     assert rec.decide(30, 10.0, current=3).replicas == 3  # the period's one pod is spent
     assert rec.decide(61, 10.0, current=3).replicas == 4
+    percent_only = Policy(target=1.0, margin=0.0, tolerance=0.0, min_replicas=0, max_replicas=100,
+                          scale_up=ScalingRules(0.0, (RatePolicy("percent", 100, 15),)))
+    rec = Recommender(percent_only)  # up from 0, 100 % of at least 1: one, then doubling each period
+    assert [rec.decide(t, 6.0, current=c).replicas for t, c in ((0, 0), (16, 1), (32, 2), (48, 4))] == [1, 2, 4, 6]
     both = (RatePolicy("pods", 4, 15), RatePolicy("percent", 100, 15))  # the HPA's default scale-up
     fast = Recommender(Policy(target=1.0, margin=0.0, tolerance=0.0, max_replicas=100,
                               scale_up=ScalingRules(0.0, both, "max")))

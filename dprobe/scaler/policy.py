@@ -170,7 +170,8 @@ class Recommender:
         for p in rules.policies:
             moved = sum(c for t, c in self._changes if now - t < p.period_seconds and (c > 0) == up)
             start = current - moved  # the count at the period's start
-            step = p.value if p.type == "pods" else math.ceil(abs(start) * p.value / 100.0) if up \
+            # a percent of 0 would never raise a count from 0: up, it is a percent of at least 1
+            step = p.value if p.type == "pods" else math.ceil(max(abs(start), 1) * p.value / 100.0) if up \
                 else math.floor(abs(start) * p.value / 100.0)
             bounds.append(start + step if up else start - step)
         if not bounds:
