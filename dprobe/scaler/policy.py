@@ -36,7 +36,8 @@ from typing import Literal
 
 @dataclass(frozen=True)
 class RatePolicy:
-    """At most ``value`` pods (or percent of the count at the period's start, up from 0 of 1) per ``period_seconds``."""
+    """At most ``value`` pods (or percent of the count at the period's start; up from 0, of 1) per
+    ``period_seconds``."""
 
     type: Literal["pods", "percent"] = "percent"
     value: float = 100.0
