@@ -37,7 +37,8 @@ class SidecarConfig:
     checkpoint: str | None = option(None, "your trained forecaster (dprobe.onnx or dprobe.pt of python train.py); "
                                           "unset: --model")
     model: str = option("dprobe", "forecaster used without --checkpoint: dprobe (the one shipped with dprobe, "
-                                  "trained on the bundled traces) or a baseline", choices=MODELS)
+                                  f"trained on the bundled traces) or a baseline ({', '.join(BASELINES)})",
+                        choices=MODELS)
     fallback_on_bad_checkpoint: bool = option(False, "start with --model when the checkpoint cannot be used")
     http_timeout: float = option(3.0, "timeout of requests to dcgm-exporter / Prometheus (s)")
     max_backoff: float = option(60.0, "longest delay between retries of a failing source (s)")
