@@ -25,7 +25,8 @@ policies:
 
 example:
   dprobe simulate --start-day 30 --days 14 --per-vc
-  dprobe simulate --data datasets/itp-elasticflow --json"""
+  dprobe simulate --data datasets/itp-elasticflow --json
+  dprobe simulate --checkpoint dprobe           # the forecast policy on the forecaster shipped with dprobe"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
