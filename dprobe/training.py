@@ -23,10 +23,11 @@ def train_forecaster(cfg: DictConfig, out_dir: Path) -> Path:
     """Fit the forecaster on ``cfg.data`` and write the inference checkpoint ``dprobe.pt``."""
     from dprobe.forecasting.loading import read_checkpoint
     from dprobe.forecasting.model import (
+        checkpoint_dict,
         conformal_shifts,
-        export_checkpoint,
         export_onnx,
         load_model_forecaster,
+        save_checkpoint,
         select_point_sources,
         select_short_lead_exponents,
         validation_outputs,
@@ -60,14 +61,13 @@ def train_forecaster(cfg: DictConfig, out_dir: Path) -> Path:
     if model.hparams.use_graph:
         log.info("workload conditioning: %d training series with a known workload%s", known,
                  "" if known else " (no workloads.csv: graphs given at inference will be ignored)")
-    path = export_checkpoint(model, datamodule.task_specs, out_dir / "dprobe.pt", point_sources=sources,
-                             quantile_shifts=shifts, workloads_trained=known > 0)
-    # how the quantiles widen below the first lead, chosen with the exported forecaster as it will serve
-    exponents = select_short_lead_exponents(load_model_forecaster(read_checkpoint(path)), datamodule)
+    obj = checkpoint_dict(model, datamodule.task_specs, point_sources=sources, quantile_shifts=shifts,
+                          workloads_trained=known > 0)
+    # how the quantiles widen below the first lead, chosen with the forecaster as it will serve
+    obj["short_lead_exponents"] = select_short_lead_exponents(load_model_forecaster(obj), datamodule)
     log.info("quantile spread below the first lead per task (1: linear, 0.5: square root): %s",
-             {t.name: e for t, e in zip(datamodule.task_specs, exponents, strict=True)})
-    path = export_checkpoint(model, datamodule.task_specs, path, point_sources=sources, quantile_shifts=shifts,
-                             workloads_trained=known > 0, short_lead_exponents=exponents)
+             {t.name: e for t, e in zip(datamodule.task_specs, obj["short_lead_exponents"], strict=True)})
+    path = save_checkpoint(obj, out_dir / "dprobe.pt")
     export_onnx(read_checkpoint(path), out_dir / "dprobe.onnx")  # for the sidecar: no torch needed
     return path
 

@@ -40,6 +40,16 @@ class TaskSeries:
     workload: np.ndarray  # (S, D) workload vectors (dprobe.data.workloads), zeros where unknown
     known: np.ndarray  # (S,) bool: the series' workload is known
 
+    def windows(self, series: np.ndarray, origin: np.ndarray, context: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """The ``context`` steps up to each ``origin`` (inclusive) of ``series``: values ``(N, context)`` and
+        covariates ``(N, context, C)`` (None without any), NaN before a series starts."""
+        idx = origin[:, None] + np.arange(-context + 1, 1)[None, :]
+        valid = idx >= 0
+        at = (series[:, None], np.clip(idx, 0, None))
+        values = np.where(valid, self.values[at], np.nan)
+        cov = None if self.covariates is None else np.where(valid[..., None], self.covariates[at], np.nan)
+        return values, cov
+
 
 @dataclass(frozen=True)
 class ChangeWeighting:
@@ -83,15 +93,9 @@ class WindowCollate:
             if not len(sel):
                 continue
             s, t = rows_arr[sel, 1], rows_arr[sel, 2]
-            offs = np.arange(-self.context + 1, 1)
-            idx = t[:, None] + offs[None, :]
-            valid = idx >= 0
-            vals = np.where(valid, ts.values[s[:, None], np.clip(idx, 0, None)], np.nan)
-            cov = None
-            if ts.covariates is not None:
-                cov = np.where(valid[..., None], ts.covariates[s[:, None], np.clip(idx, 0, None)], np.nan)
-                if self.covariate_dropout > 0:  # as online, where request rates may not be scraped
-                    cov[self.rng.random(len(cov)) < self.covariate_dropout] = np.nan
+            vals, cov = ts.windows(s, t, self.context)
+            if cov is not None and self.covariate_dropout > 0:  # as online, where request rates may not be scraped
+                cov[self.rng.random(len(cov)) < self.covariate_dropout] = np.nan
             x, st, last, scale = make_features(vals, cov, ts.spec.scale_floor)
             fut = ts.values[s[:, None], t[:, None] + np.asarray(ts.spec.leads)[None, :]]
             feats.append(x)

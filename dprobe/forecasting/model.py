@@ -242,21 +242,17 @@ def select_short_lead_exponents(forecaster: TrainedForecaster, datamodule, confi
         if len(rows) > max_windows:
             rows = rows[rng.choice(len(rows), max_windows, replace=False)]
         series, origin = rows[:, 1], rows[:, 2]
-        idx = origin[:, None] + np.arange(-forecaster.context_length + 1, 1)  # (N, context)
-        valid = idx >= 0
-        values = np.where(valid, ts.values[series[:, None], np.clip(idx, 0, None)], np.nan)
-        cov = None
-        if ts.covariates is not None and ts.spec.covariates:
-            cov = np.where(valid[..., None], ts.covariates[series[:, None], np.clip(idx, 0, None)], np.nan)
+        values, cov = ts.windows(series, origin, forecaster.context_length)  # (N, context), (N, context, C)
         cond = known = None
         if forecaster.conditioned and ts.known.any():
             cond, known = ts.workload[series].astype(np.float32), ts.known[series].astype(np.float32)
         q = forecaster._predict_task(k, ts.spec, values, cov, cond, known)  # (N, H, Q) at the trained leads
         short = np.arange(1, first)
         y = ts.values[series[:, None], origin[:, None] + short]  # (N, L-1)
+        last = last_observed(values)
         err = np.empty((len(rows), len(names), 1))
         for c, exponent in enumerate(SHORT_LEAD_EXPONENTS):
-            quantiles = interpolate_leads(last_observed(values), q, ts.spec.leads, short, exponent)
+            quantiles = interpolate_leads(last, q, ts.spec.leads, short, exponent)
             e = y[..., None] - quantiles
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # windows whose targets are all gaps: NaN
@@ -266,12 +262,22 @@ def select_short_lead_exponents(forecaster: TrainedForecaster, datamodule, confi
     return out
 
 
-def export_checkpoint(module, tasks: list[TaskSpec], path: str | Path,
-                      point_sources: list[list] | None = None,
-                      quantile_shifts: list | None = None,
-                      workloads_trained: bool = False,
-                      short_lead_exponents: list[float] | None = None) -> Path:
-    """Write what inference needs (no optimizer state, no pickled classes).
+def export_checkpoint(module, tasks: list[TaskSpec], path: str | Path, **choices) -> Path:
+    """Write :func:`checkpoint_dict` of the arguments to ``path``."""
+    return save_checkpoint(checkpoint_dict(module, tasks, **choices), path)
+
+
+def save_checkpoint(obj: dict, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(obj, path)
+    return path
+
+
+def checkpoint_dict(module, tasks: list[TaskSpec], point_sources: list[list] | None = None,
+                    quantile_shifts: list | None = None, workloads_trained: bool = False,
+                    short_lead_exponents: list[float] | None = None) -> dict:
+    """What inference needs (no optimizer state, no pickled classes), as ``dprobe.pt`` holds it.
 
     ``point_sources``: per task and lead a name, or a name per regime (:func:`select_point_sources`);
     ``quantile_shifts``: per task ``(H, Q)`` or, per regime, ``(R, H, Q)`` (:func:`conformal_shifts`);
@@ -294,10 +300,7 @@ def export_checkpoint(module, tasks: list[TaskSpec], path: str | Path,
         "short_lead_exponents": [float(e) for e in short_lead_exponents or [1.0] * len(tasks)],
         "state_dict": {k: v.detach().cpu() for k, v in module.state_dict().items()},
     }
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(obj, path)
-    return path
+    return obj
 
 
 def network_from_checkpoint(obj: dict):

@@ -70,11 +70,10 @@ class Scaler:
         self.server: ExporterServer | None = None
         self._thread: threading.Thread | None = None
         self._gpus_warned = False
-        self._pending_failure = ""
         self._query_failure = ""
         self._recommended: set[tuple[str, str]] = set()  # workloads a recommendation was made for
         self.activations: dict[tuple[str, str], tuple[float, bool]] = {}  # activation queries: (value, active)
-        self._activation_failures: dict[tuple[str, str], str] = {}
+        self._query_failures: dict[str, str] = {}  # activation and pending queries: the last failure's reason
 
     # one cycle ------------------------------------------------------------------------------------
     def read(self) -> DemandView | None:
@@ -102,13 +101,17 @@ class Scaler:
         if self.config.vc_pending_query.strip():
             try:
                 add_pending(view.vcs, pending_gpus(self.config))
-                self._pending_failure = ""
+                self._query_failures.pop("vc_pending_query", None)
             except SourceError as exc:  # the clusters' demand is then their pods' forecasts alone
-                self.errors_total["query"] += 1
-                (log.warning if str(exc) != self._pending_failure else log.debug)(
-                    "vc_pending_query failed (demand without waiting GPUs this cycle): %s", exc)
-                self._pending_failure = str(exc)
+                self._query_failed("vc_pending_query", exc, "demand without waiting GPUs this cycle")
         return view
+
+    def _query_failed(self, query: str, exc: SourceError, outcome: str) -> None:
+        """Count a failed query; log it once per reason (at debug level while the same reason repeats)."""
+        self.errors_total["query"] += 1
+        (log.warning if self._query_failures.get(query) != str(exc) else log.debug)(
+            "%s failed (%s): %s", query, outcome, exc)
+        self._query_failures[query] = str(exc)
 
     def cycle(self) -> None:
         started = time.perf_counter()
@@ -172,17 +175,15 @@ class Scaler:
         workload as it is: counted, logged once, taken as active while it runs, inactive at zero."""
         if not spec.activation_query:
             return None
+        query = "{}/{}: activation query".format(*spec.key)
         try:
             value = activation_value(self.config, spec.activation_query)
         except SourceError as exc:
-            self.errors_total["query"] += 1
-            (log.warning if self._activation_failures.get(spec.key) != str(exc) else log.debug)(
-                "%s/%s: activation query failed: %s", *spec.key, exc)
-            self._activation_failures[spec.key] = str(exc)
+            self._query_failed(query, exc, "kept as it is")
             self.activations.pop(spec.key, None)
             previous = self.decisions.get(spec.key)
             return bool(previous and previous.replicas > 0)
-        self._activation_failures.pop(spec.key, None)
+        self._query_failures.pop(query, None)
         self.activations[spec.key] = value, value > spec.activation_query_threshold
         return self.activations[spec.key][1]
 
