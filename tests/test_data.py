@@ -302,6 +302,19 @@ def test_helios_unknown_vc_and_no_quota_file(tmp_path: Path) -> None:
     assert load_helios(d).frame["quota_gpus"].isna().all()
 
 
+def test_helios_quota_file_of_another_cluster(tmp_path: Path) -> None:
+    """A directory of another Helios cluster names its quota file after it; two quota files are refused."""
+    vc = helios_vcs()[0]
+    d = write_helios_subset(tmp_path / "h", [vc], n_rows=2000, quota=True)
+    expected = load_helios(d).frame["quota_gpus"]
+    assert expected.notna().all()
+    (d / "Earth_gpu_number.csv").rename(d / "Venus_gpu_number.csv")
+    pd.testing.assert_series_equal(load_helios(d).frame["quota_gpus"], expected)
+    (d / "Saturn_gpu_number.csv").write_text((d / "Venus_gpu_number.csv").read_text())
+    with pytest.raises(DatasetError, match="several quota files.*Saturn_gpu_number.csv, Venus_gpu_number.csv"):
+        load_helios(d)
+
+
 def test_helios_gaps_are_explicit(tmp_path: Path) -> None:
     """Missing minutes: whole empty bins become NaN + gap=True; partial bins average what is there."""
     vc = helios_vcs()[0]

@@ -22,13 +22,26 @@ def vc_files(directory: Path) -> list[Path]:
     return files
 
 
+def quota_file(directory: Path) -> Path | None:
+    """The VCs' daily quota file: ``Earth_gpu_number.csv``, else the one ``<Cluster>_gpu_number.csv`` of
+    another Helios cluster's directory (None without one; DatasetError if there are several)."""
+    if (directory / QUOTA_FILE).is_file():
+        return directory / QUOTA_FILE
+    found = sorted(directory.glob("*_gpu_number.csv"))
+    if len(found) > 1:
+        raise DatasetError(f"{directory}: several quota files ({', '.join(p.name for p in found)}); keep the one "
+                           "of the cluster whose VCs are here")
+    return found[0] if found else None
+
+
 def load_helios(directory: str | Path) -> SeriesDataset:
     """Load a directory laid out like ``datasets/helios-earth-vc``.
 
     Target: ``gpu_demand`` = ``running_gpu_num + pending_gpu_num`` (GPUs), the
     per-minute rows averaged onto a 5-minute grid. Covariates: running and
-    pending job counts and ``quota_gpus`` (from ``Earth_gpu_number.csv`` when
-    present, by day; NaN where the VC has no quota column).
+    pending job counts and ``quota_gpus`` (from ``Earth_gpu_number.csv``, or another
+    cluster's ``<Cluster>_gpu_number.csv``, when present, by day; NaN where the VC
+    has no quota column).
     """
     directory = Path(directory)
     files = vc_files(directory)
@@ -55,9 +68,9 @@ def load_helios(directory: str | Path) -> SeriesDataset:
     frame = to_regular_grid(raw, FREQ, ["gpu_demand", "running_jobs", "pending_jobs"], origin=origin)
     frame["gap"] = frame["gpu_demand"].isna()
 
-    quota_path = directory / QUOTA_FILE
+    quota_path = quota_file(directory)
     frame["quota_gpus"] = float("nan")
-    if quota_path.is_file():
+    if quota_path is not None:
         header = pd.read_csv(quota_path, nrows=0).columns
         quota = read_csv(quota_path, ["date"], numeric=[c for c in header if c != "date"])
         quota["date"] = pd.to_datetime(quota["date"], errors="coerce")
