@@ -55,6 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     except (DatasetError, OSError, ValueError) as exc:  # bad input, a missing file, a port in use
         print(f"dprobe {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:  # a slim install asked for what needs the full one
+        from dprobe.lazy import missing_package
+
+        message = missing_package(exc)
+        if message is None:
+            raise
+        print(f"dprobe {args.command}: error: {message}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

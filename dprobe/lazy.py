@@ -1,8 +1,10 @@
-"""Lazy package exports: names imported on first use, so that ``dprobe --help`` does not load torch."""
+"""Lazy package exports (names imported on first use, so that ``dprobe --help`` does not load torch), and
+what to say when an optional part of an installation is missing."""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable
 from typing import Any
 
@@ -16,3 +18,31 @@ def lazy_exports(package: str, exports: dict[str, str]) -> Callable[[str], Any]:
         return getattr(importlib.import_module(exports[name]), name)
 
     return __getattr__
+
+
+# the packages that only a full install brings: the services' slim install (deploy/requirements-services.txt)
+# leaves them out, and the sidecar then forecasts with an ONNX model, without job profiles
+FULL_INSTALL = {"torch": "torch", "torchvision": "torchvision", "torch_geometric": "torch-geometric",
+                "pytorch_lightning": "pytorch-lightning", "lightning_fabric": "pytorch-lightning",
+                "torchmetrics": "torchmetrics", "hydra": "hydra-core", "omegaconf": "hydra-core",
+                "transformers": "transformers", "timm": "timm", "statsforecast": "statsforecast", "onnx": "onnx",
+                "matplotlib": "matplotlib", "tensorboard": "tensorboard", "scipy": "scipy", "pyarrow": "pyarrow"}
+
+
+def installed(package: str) -> bool:
+    """Whether ``package`` can be imported here (without importing it)."""
+    try:
+        return importlib.util.find_spec(package) is not None
+    except ImportError:
+        return False
+
+
+def missing_package(exc: ModuleNotFoundError) -> str | None:
+    """What to tell a user whose command needs a package of the full install that is not installed
+    (None when ``exc`` is about something else)."""
+    top = (exc.name or "").split(".")[0]
+    if top not in FULL_INSTALL:
+        return None
+    return (f"this needs the Python package {FULL_INSTALL[top]}, which is not installed here (a slim install of "
+            "the services, deploy/requirements-services.txt, forecasts with ONNX models only, without job "
+            "profiles); install dprobe with its dependencies (pip install dprobe, or the full image)")

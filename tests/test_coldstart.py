@@ -196,7 +196,7 @@ def test_train_and_checkpoint(tmp_path, monkeypatch) -> None:
 def test_every_gpu_spec_is_a_predict_choice(capsys) -> None:
     """--gpu offers exactly the GPUs dprobe has a spec for; a slower GPU gives a slower step and may not fit."""
     from dprobe.cli import build_parser, main
-    from dprobe.coldstart.features import GPUS
+    from dprobe.coldstart.gpus import GPUS
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     gpu = next(a for a in sub.choices["predict"]._actions if a.dest == "gpu")
@@ -552,7 +552,8 @@ def test_uncalibrated_cross_validation_keeps_the_p50() -> None:
 
 
 def test_replay_logs_kernels_by_phase_and_class() -> None:
-    from dprobe.coldstart.features import GPUS, roofline_seconds
+    from dprobe.coldstart.features import roofline_seconds
+    from dprobe.coldstart.gpus import GPUS
     from dprobe.coldstart.memtrack import BACKWARD, FORWARD, OP_CLASSES, OPTIMIZER
 
     est = replay_training_step(parse_spec("torchvision:mobilenet_v2"), batch=4, precision="fp32",
@@ -700,7 +701,7 @@ def test_predict_says_when_a_job_will_not_fit(monkeypatch, capsys) -> None:
     from dataclasses import replace
 
     from dprobe.cli import main
-    from dprobe.coldstart import features
+    from dprobe.coldstart import gpus
     from dprobe.coldstart.predict import fits_on_gpu
     from dprobe.coldstart.replay import CUDA_CONTEXT_BYTES
 
@@ -712,9 +713,9 @@ def test_predict_says_when_a_job_will_not_fit(monkeypatch, capsys) -> None:
             "--batch", "4"]
     assert main([*args, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["fits"] == "yes" and out["gpu_memory_bytes"] == features.GPUS["h200"].memory_bytes
+    assert out["fits"] == "yes" and out["gpu_memory_bytes"] == gpus.GPUS["h200"].memory_bytes
     # the same job on a GPU smaller than its CUDA context alone
-    monkeypatch.setitem(features.GPUS, "h200", replace(features.GPUS["h200"], memory_bytes=gib))
+    monkeypatch.setitem(gpus.GPUS, "h200", replace(gpus.GPUS["h200"], memory_bytes=gib))
     assert main(args) == 0
     assert "will not fit on the H200 at batch 4" in capsys.readouterr().out
 

@@ -33,6 +33,24 @@ def test_manifests_parse() -> None:
             assert doc.get("apiVersion") and doc.get("metadata", {}).get("name"), path
 
 
+def test_dockerfile_targets_copy_what_exists() -> None:
+    """Without a Docker engine here: both targets are there, every file they copy exists in the repository,
+    and the services target installs the requirements file and dprobe without its dependencies."""
+    text = (DEPLOY / "Dockerfile").read_text()
+    stages = re.findall(r"^FROM \S+ AS (\w+)$", text, re.M)
+    assert stages == ["services", "full"]  # the full install is the default (last) target
+    root = DEPLOY.parent
+    sources = [src for line in re.findall(r"^COPY (.+)$", text, re.M) for src in line.split()[:-1]]
+    assert sources and all((root / src).exists() for src in sources), sources
+    services = text.split("AS full")[0]
+    assert "pip install -r requirements-services.txt" in services and "pip install --no-deps ." in services
+    from dprobe.lazy import FULL_INSTALL
+
+    listed = [re.split(r"[=<>!~ ]", line)[0].lower() for line in
+              (DEPLOY / "requirements-services.txt").read_text().splitlines() if line.strip() and line[0] != "#"]
+    assert "onnxruntime" in listed and not set(listed) & set(FULL_INSTALL.values())
+
+
 def test_dashboard_is_well_formed() -> None:
     board = json.loads(DASHBOARD.read_text())
     assert board["uid"] and board["title"] and board["schemaVersion"] >= 36

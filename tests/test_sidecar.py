@@ -35,6 +35,7 @@ from dprobe.sidecar.poller import SourcePoller
 from dprobe.sidecar.service import Sidecar
 from dprobe.sidecar.window import METRICS, WindowStore
 from dprobe.sources import Sample, SourceError
+from dprobe.sources.synthetic import SyntheticSource
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -451,6 +452,28 @@ def test_threads_do_not_leak() -> None:
     sc.stop()
     time.sleep(0.1)
     assert threading.active_count() <= before + 1
+
+
+def test_a_failure_to_follow_the_annotations_does_not_stop_the_forecasts(caplog) -> None:
+    """Whatever goes wrong reading the pod's annotations, the forecast loop goes on, and says so once."""
+    sc = Sidecar(_fast_config(), sources=[SyntheticSource(2)], model=open_forecaster(None, "last_value"))
+
+    def broken() -> bool:
+        raise RuntimeError("annotations file unreadable")
+
+    sc.graphs.refresh = broken
+    with caplog.at_level(logging.ERROR, logger="dprobe.sidecar.service"):
+        sc.start(serve=False)
+        try:
+            deadline = time.time() + 10
+            while sc.engine.cycles_total < 5:
+                assert time.time() < deadline, "the forecast loop stopped"
+                time.sleep(0.05)
+        finally:
+            sc.stop()
+    assert sc.engine.snapshot is not None
+    failures = [r for r in caplog.records if "pod annotations not followed" in r.getMessage()]
+    assert len(failures) == 1 and "RuntimeError: annotations file unreadable" in failures[0].getMessage()
 
 
 def test_engine_runs_a_trained_model_checkpoint(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from dprobe.coldstart.gpus import GPUS
     from dprobe.graph.cli import add_model_args
 
     p = subparsers.add_parser("predict", help="cold-start prediction of a training job from its model",
@@ -29,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "and recompute in backward")
     p.add_argument("--checkpoint", default=None, metavar="CKPT",
                    help="cold-start checkpoint (default: the one shipped with dprobe)")
-    p.add_argument("--gpu", choices=["h200", "h100", "a100", "l40s", "a10", "l4"], default="h200",  # features.GPUS
+    p.add_argument("--gpu", choices=list(GPUS), default="h200",
                    help="the GPU's memory, peak FLOP/s and bandwidth; the output's note says when the "
                    "checkpoint never saw a run on it (the shipped one learnt from H200 runs; default h200)")
     p.add_argument("--host-stall", type=float, default=0.0, metavar="SECONDS",

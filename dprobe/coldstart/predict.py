@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from dprobe.coldstart.features import FEATURES, GPUS, GPUSpec, analytical_for, job_features, with_host_factor
+from dprobe.coldstart.features import FEATURES, analytical_for, job_features, with_host_factor
+from dprobe.coldstart.gpus import GPUS, GPUSpec
 from dprobe.coldstart.graph_estimate import estimate_from_graph
 from dprobe.coldstart.model import TARGETS
 from dprobe.coldstart.replay import ReplayEstimate

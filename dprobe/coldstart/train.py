@@ -19,15 +19,13 @@ from tqdm.auto import tqdm
 from dprobe.coldstart.features import (
     FEATURES,
     MEMORY_FEATURES,
-    GPUSpec,
     analytical_for,
     family_of,
-    gpu_key,
-    gpu_spec,
     job_features,
     replay_cache_path,
     with_host_factor,
 )
+from dprobe.coldstart.gpus import GPUSpec, gpu_key, gpu_spec
 from dprobe.coldstart.model import TARGETS, ColdStartEnsemble, ColdStartModel, fit_standardisation, pinball
 from dprobe.coldstart.replay import ReplayEstimate
 from dprobe.conformal import conformal_shift, family_folds, held_out_groups

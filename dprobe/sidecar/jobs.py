@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from dprobe.lazy import installed
 from dprobe.sidecar.annotations import AnnotationsFile
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ class JobSpec:
     def parse(text: str) -> JobSpec:
         """``MODEL batch=N [precision=P] [optimizer=O] [image=N] [seq=N] [gpu=NAME] [host_stall=S]
         [config_kwargs=JSON]`` (shell quoting for values with spaces); a ValueError naming what is wrong."""
-        from dprobe.coldstart.features import GPUS
+        from dprobe.coldstart.gpus import GPUS  # no torch: a job is checked where it cannot be profiled too
 
         try:
             parts = shlex.split(text)
@@ -102,7 +103,7 @@ class JobSpec:
 def _known_gpu(name: str, otherwise: str) -> str:
     """The dprobe GPU (``h100``, ...) of a GPU name, or "" with a log line (ending in ``otherwise``) when
     dprobe has no figures for it."""
-    from dprobe.coldstart.features import gpu_key
+    from dprobe.coldstart.gpus import gpu_key
 
     try:
         return gpu_key(name)
@@ -155,6 +156,10 @@ class JobProfiles:
                 self.default = JobSpec.parse(self.annotations.value)
             except ValueError as exc:
                 raise ValueError(f"{annotations_file}: annotation {ANNOTATION}: {exc}") from exc
+        if self.active and predict is None and not installed("torch"):
+            raise ValueError("job profiles (job, jobs, the dprobe.io/training-job annotation) replay the job's model "
+                             "with torch, which is not installed here: install dprobe with its dependencies (or "
+                             "use the full image), or leave the job out")
         self._node_gpu = gpu  # jobs that do not name their GPU run on their target's, else this node's
         self._model_gpus: dict[str, str] = {}  # a GPU's model name -> the dprobe GPU it is predicted for
         self.own_target = own_target

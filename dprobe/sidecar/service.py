@@ -132,6 +132,7 @@ class Sidecar:
         self.first_sample_at: float | None = None
         self.server: ExporterServer | None = None
         self._threads: list[threading.Thread] = []
+        self._annotation_error = ""  # the last failure to follow the annotations, logged once
 
     # exporter state -------------------------------------------------------------------------------
     def forecast_snapshot(self) -> ForecastSnapshot | None:
@@ -190,7 +191,14 @@ class Sidecar:
         interval = self.config.forecast_interval
         next_at = time.monotonic() + min(interval, 2 * self.config.sample_interval)
         while not self.stop_event.wait(max(0.0, next_at - time.monotonic())):
-            self.refresh_annotations()
+            try:
+                self.refresh_annotations()
+            except Exception as exc:  # whatever the annotations say, the forecasts go on
+                if str(exc) != self._annotation_error:
+                    log.error("pod annotations not followed: %s: %s", type(exc).__name__, exc)
+                self._annotation_error = str(exc)
+            else:
+                self._annotation_error = ""
             self.engine.cycle()
             next_at = max(next_at + interval, time.monotonic() + 0.05 * interval)
 
