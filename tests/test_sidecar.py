@@ -476,6 +476,31 @@ def test_a_failure_to_follow_the_annotations_does_not_stop_the_forecasts(caplog)
     assert len(failures) == 1 and "RuntimeError: annotations file unreadable" in failures[0].getMessage()
 
 
+def test_a_failing_cycle_or_sink_does_not_stop_the_sidecar() -> None:
+    """An unexpected error in a forecast cycle, or in storing a poll's samples, is counted, and the loops go on."""
+    sc = Sidecar(_fast_config(), sources=[SyntheticSource(2)], model=open_forecaster(None, "last_value"))
+    cycle, sink, calls = sc.engine.cycle, sc.pollers[0].sink, {"cycle": 0, "sink": 0}
+
+    def failing(name, real):
+        def call(*args):
+            calls[name] += 1
+            if calls[name] <= 3:
+                raise KeyError("a bug")
+            return real(*args)
+        return call
+
+    sc.engine.cycle, sc.pollers[0].sink = failing("cycle", cycle), failing("sink", sink)
+    sc.start(serve=False)
+    try:
+        deadline = time.time() + 10
+        while sc.engine.snapshot is None:
+            assert time.time() < deadline, "no forecast after the failures"
+            time.sleep(0.05)
+    finally:
+        sc.stop()
+    assert sc.engine.errors_total >= 3 and sc.pollers[0].errors_total >= 3 and calls["sink"] > 3
+
+
 def test_engine_runs_a_trained_model_checkpoint(tmp_path: Path) -> None:
     """A dprobe.pt checkpoint (trained on 57 s steps) serves a sidecar sampling every 10 s."""
     from dprobe.forecasting.model import export_checkpoint

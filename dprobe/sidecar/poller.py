@@ -38,13 +38,13 @@ class SourcePoller:
         self.polls_total += 1
         try:
             samples = self.source.poll()
+            self.sink(samples, self.source.name)
         except SourceError as exc:
             self._failed(str(exc))
             return False
         except Exception as exc:  # a bug or an unexpected library error must not kill the sidecar
             self._failed(f"{type(exc).__name__}: {exc}")
             return False
-        self.sink(samples, self.source.name)
         if not self.up:
             if self.consecutive_failures:
                 log.warning("source %s recovered after %d failed polls", self.source.name,
