@@ -57,6 +57,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from dprobe.config import compose
+    from dprobe.evaluation.report import against_baselines
     from dprobe.training import run
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -77,20 +78,12 @@ def main() -> None:
         run(compose(overrides))
         reports = json.loads((base / "run" / "report.json").read_text())
         print("\nHeld-out series (never seen in training): dprobe against the best baseline")
-        print(f"{'dataset':<20} {'target':<20} {'lead':>4} {'MAE':>10} {'best':>10} {'ratio':>6} "
-              f"{'pinball':>10} {'best':>10} {'ratio':>6} {'p90 cov':>8} {'p99 cov':>8}")
+        print(f"{'dataset':<20} {'target':<20} {'lead':>4} {'MAE ratio':>9} {'pinball ratio':>13} "
+              f"{'p90 cov':>8} {'p99 cov':>8}")
         for rep in reports:
-            rows = rep["rows"]
-            for key in sorted({(r["target"], r["lead_steps"]) for r in rows}):
-                group = [r for r in rows if (r["target"], r["lead_steps"]) == key]
-                model = next(r for r in group if r["method"] == "dprobe")
-                base_rows = [r for r in group if r["method"] != "dprobe"]
-                best_mae = min(r["mae"] for r in base_rows)
-                best_pin = min(r["pinball"] for r in base_rows)
-                print(f"{rep['dataset']:<20} {key[0]:<20} {key[1]:>4} {model['mae']:>10.4g} {best_mae:>10.4g} "
-                      f"{model['mae'] / best_mae:>6.2f} {model['pinball']:>10.4g} {best_pin:>10.4g} "
-                      f"{model['pinball'] / best_pin:>6.2f} {model['coverage_p90']:>8.1%} "
-                      f"{model.get('coverage_p99', float('nan')):>8.1%}")
+            for r in against_baselines(rep["rows"]):
+                print(f"{rep['dataset']:<20} {r['target']:<20} {r['lead_steps']:>4} {r['mae_ratio']:>9.2f} "
+                      f"{r['pinball_ratio']:>13.2f} {r['coverage_p90']:>8.1%} {r['coverage_p99'] or float('nan'):>8.1%}")
 
 
 if __name__ == "__main__":

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from dprobe.data import SeriesDataset
 from dprobe.evaluation import EvalConfig, EvalResult, evaluate_dataset, metrics
-from dprobe.evaluation.report import markdown_table
+from dprobe.evaluation.report import against_baselines, markdown_table
 from dprobe.forecasting import BASELINES, QUANTILES, Forecast, ForecastInput
 
 N = 200  # points per series
@@ -198,6 +200,25 @@ def test_markdown_report(ramp_result: EvalResult) -> None:
     for name in BASELINES:
         assert f"| {name} |" in text
     assert "**" in text and "Time per method" in text
+
+
+def test_summary_against_the_best_baseline_of_each_row() -> None:
+    rows = [{"method": "dprobe", "target": "y", "lead_steps": 1, "mae": 2.0, "pinball": 0.5, "coverage_p90": 0.9,
+             "coverage_p99": 0.99},
+            {"method": "ewma", "target": "y", "lead_steps": 1, "mae": 4.0, "pinball": 0.4},
+            {"method": "ets", "target": "y", "lead_steps": 1, "mae": 2.5, "pinball": 1.0},
+            {"method": "ets", "target": "z", "lead_steps": 1, "mae": 1.0, "pinball": 1.0}]  # dprobe not scored on z
+    (row,) = against_baselines(rows)
+    assert row["mae_ratio"] == pytest.approx(0.8) and row["best_mae"] == "ets"
+    assert row["pinball_ratio"] == pytest.approx(1.25) and row["best_pinball"] == "ewma"
+    assert (row["coverage_p90"], row["coverage_p99"]) == (0.9, 0.99)
+    assert against_baselines(rows[1:]) == []
+    # in the report, beside the full table
+    cfg = EvalConfig(progress=False, baselines=["last_value", "ewma"])
+    text = markdown_table(evaluate_dataset(ramp_dataset(), models={"dprobe": WindowLast()}, cfg=cfg))
+    summary = text.split("dprobe against the best baseline of each row")[1]
+    for h in LEADS:  # the fake model is the last value: MAE level with it
+        assert re.search(rf"\| y \| {h} \| 1\.00 \| last_value \|", summary)
 
 
 def test_json_report_is_strict_json():

@@ -49,7 +49,46 @@ def markdown_table(result: EvalResult) -> str:
                      f"{cov90} | {cov99} | {r['n_forecasts']} |")
     timing = ", ".join(f"{m} {s:.1f}s" for m, s in result.seconds.items())
     lines += ["", f"Time per method: {timing}", ""]
+    summary = against_baselines(result.rows)
+    if summary:
+        lines += ["dprobe against the best baseline of each row (a ratio below 1: dprobe's error is lower):", "",
+                  "| target | lead (steps) | MAE ratio | best baseline MAE | pinball ratio | best baseline pinball "
+                  "| dprobe cover p90 / p99 |",
+                  "|---|---:|---:|---|---:|---|---:|"]
+        for r in summary:
+            cover = " / ".join("–" if v is None else f"{v:.1%}" for v in (r["coverage_p90"], r["coverage_p99"]))
+            lines.append(f"| {r['target']} | {r['lead_steps']} | {_ratio(r['mae_ratio'])} | {r['best_mae']} | "
+                         f"{_ratio(r['pinball_ratio'])} | {r['best_pinball'] or '–'} | {cover} |")
+        lines.append("")
     return "\n".join(lines)
+
+
+def _ratio(value: float | None) -> str:
+    return "–" if value is None else (f"**{value:.2f}**" if value < 1 else f"{value:.2f}")
+
+
+def against_baselines(rows: list[dict], method: str = "dprobe") -> list[dict]:
+    """Per target and lead where ``method`` was scored: its MAE and pinball loss over the best other
+    method's on that row (``mae_ratio``, ``pinball_ratio``; None where there is nothing to compare),
+    which methods those are (``best_mae``, ``best_pinball``), and its coverage."""
+    out = []
+    for key in sorted({(r["target"], r["lead_steps"]) for r in rows if r["method"] == method}):
+        group = [r for r in rows if (r["target"], r["lead_steps"]) == key]
+        mine = next(r for r in group if r["method"] == method)
+        others = [r for r in group if r["method"] != method]
+        by_mae = min((r for r in others if r["mae"] is not None), key=lambda r: r["mae"], default=None)
+        by_pin = min((r for r in others if r["pinball"] is not None), key=lambda r: r["pinball"], default=None)
+
+        def ratio(value: float | None, best: float | None) -> float | None:
+            return None if value is None or not best else value / best
+
+        out.append({"target": key[0], "lead_steps": key[1],
+                    "mae_ratio": ratio(mine["mae"], by_mae and by_mae["mae"]),
+                    "best_mae": by_mae["method"] if by_mae else None,
+                    "pinball_ratio": ratio(mine["pinball"], by_pin and by_pin["pinball"]),
+                    "best_pinball": by_pin["method"] if by_pin else None,
+                    "coverage_p90": mine.get("coverage_p90"), "coverage_p99": mine.get("coverage_p99")})
+    return out
 
 
 def plot_forecasts(result: EvalResult, path: str | Path, methods: list[str] | None = None,
