@@ -45,4 +45,4 @@ def missing_package(exc: ModuleNotFoundError) -> str | None:
         return None
     return (f"this needs the Python package {FULL_INSTALL[top]}, which is not installed here (a slim install of "
             "the services, deploy/requirements-services.txt, forecasts with ONNX models only, without job "
-            "profiles); install dprobe with its dependencies (pip install dprobe, or the full image)")
+            "profiles); install dprobe with its dependencies (`pip install .` in its repository, or the full image)")
