@@ -64,6 +64,13 @@ def test_json_helios(capsys: pytest.CaptureFixture[str], helios_dir: Path) -> No
     out = run_json(capsys, helios_dir)
     check_rows(out, "helios-earth-vc", {"gpu_demand"}, {6, 12, 24})
     assert all(r["n_series"] == 3 for r in out["rows"])
+    # the short answer: dprobe over the best baseline of each row
+    assert [(s["target"], s["lead_steps"]) for s in out["against_baselines"]] == [("gpu_demand", h) for h in (6, 12, 24)]
+    for s in out["against_baselines"]:
+        row = [r for r in out["rows"] if r["lead_steps"] == s["lead_steps"]]
+        best = min((r for r in row if r["method"] != "dprobe"), key=lambda r: r["pinball"])
+        mine = next(r for r in row if r["method"] == "dprobe")
+        assert s["best_pinball"] == best["method"] and s["pinball_ratio"] == pytest.approx(mine["pinball"] / best["pinball"])
 
 
 def test_json_alibaba(capsys: pytest.CaptureFixture[str], alibaba_dir: Path) -> None:

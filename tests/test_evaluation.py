@@ -102,7 +102,9 @@ def test_rows_shape(ramp_result: EvalResult) -> None:
         assert r["n_series"] == 2  # the 50-point series is skipped
     assert set(ramp_result.seconds) == set(BASELINES)
     assert all(s >= 0 for s in ramp_result.seconds.values())
-    assert set(ramp_result.to_json()) == {"dataset", "rows", "seconds"}
+    out = ramp_result.to_json()
+    assert set(out) == {"dataset", "rows", "against_baselines", "seconds"}
+    assert out["against_baselines"] == []  # no dprobe rows to compare
 
 
 def test_last_value_on_ramp(ramp_result: EvalResult) -> None:

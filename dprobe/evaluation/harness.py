@@ -64,8 +64,11 @@ class EvalResult:
         def clean(v: object) -> object:
             return None if isinstance(v, float) and not np.isfinite(v) else v
 
+        from dprobe.evaluation.report import against_baselines  # the report module imports this one
+
         rows = [{k: clean(v) for k, v in r.items()} for r in self.rows]
-        return {"dataset": self.dataset, "rows": rows, "seconds": self.seconds}
+        summary = [{k: clean(v) for k, v in r.items()} for r in against_baselines(rows)]
+        return {"dataset": self.dataset, "rows": rows, "against_baselines": summary, "seconds": self.seconds}
 
 
 def _baseline_for(name: str, ds: SeriesDataset, cfg: EvalConfig, test_start: int) -> PathBaseline:
