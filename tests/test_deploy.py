@@ -38,11 +38,11 @@ def test_dockerfile_targets_copy_what_exists() -> None:
     and the services target installs the requirements file and dprobe without its dependencies."""
     text = (DEPLOY / "Dockerfile").read_text()
     stages = re.findall(r"^FROM \S+ AS (\w+)$", text, re.M)
-    assert stages == ["services", "full"]  # the full install is the default (last) target
+    assert stages == ["base", "services", "full"]  # the full install is the default (last) target
     root = DEPLOY.parent
     sources = [src for line in re.findall(r"^COPY (.+)$", text, re.M) for src in line.split()[:-1]]
     assert sources and all((root / src).exists() for src in sources), sources
-    services = text.split("AS full")[0]
+    services = text.split("AS services")[1].split("AS full")[0]
     assert "pip install -r requirements-services.txt" in services and "pip install --no-deps ." in services
     from dprobe.lazy import FULL_INSTALL
 
