@@ -193,6 +193,18 @@ def test_train_and_checkpoint(tmp_path, monkeypatch) -> None:
         tr.load_checkpoint(tmp_path / "bad.pt")
 
 
+def test_precision_and_optimizer_choices_are_what_the_replay_knows() -> None:
+    """The CLI and the sidecar's job specs list them without importing torch; they must stay the replay's."""
+    from dprobe.cli import build_parser
+    from dprobe.coldstart.replay import OPTIMIZERS, PRECISIONS
+    from dprobe.sidecar import jobs
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    choices = {a.dest: a.choices for a in sub.choices["predict"]._actions}
+    assert list(choices["precision"]) == list(PRECISIONS) == list(jobs.PRECISIONS)
+    assert list(choices["optimizer"]) == list(OPTIMIZERS) == list(jobs.OPTIMIZERS)
+
+
 def test_every_gpu_spec_is_a_predict_choice(capsys) -> None:
     """--gpu offers exactly the GPUs dprobe has a spec for; a slower GPU gives a slower step and may not fit."""
     from dprobe.cli import build_parser, main
