@@ -21,7 +21,6 @@ def _instantiate_dict(section: DictConfig | None) -> list:
 
 def train_forecaster(cfg: DictConfig, out_dir: Path) -> Path:
     """Fit the forecaster on ``cfg.data`` and write the inference checkpoint ``dprobe.pt``."""
-    from dprobe.forecasting.loading import read_checkpoint
     from dprobe.forecasting.model import (
         checkpoint_dict,
         conformal_shifts,
@@ -68,7 +67,7 @@ def train_forecaster(cfg: DictConfig, out_dir: Path) -> Path:
     log.info("quantile spread below the first lead per task (1: linear, 0.5: square root): %s",
              {t.name: e for t, e in zip(datamodule.task_specs, obj["short_lead_exponents"], strict=True)})
     path = save_checkpoint(obj, out_dir / "dprobe.pt")
-    export_onnx(read_checkpoint(path), out_dir / "dprobe.onnx")  # for the sidecar: no torch needed
+    export_onnx(obj, out_dir / "dprobe.onnx")  # for the sidecar: no torch needed
     return path
 
 

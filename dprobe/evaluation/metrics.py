@@ -20,11 +20,15 @@ def mase_scale(train: np.ndarray) -> float:
     return scale if scale > 0 else float("nan")
 
 
+def pinball_terms(diff: np.ndarray, levels: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Elementwise pinball loss of errors ``diff = actual - quantile`` whose last axis runs over ``levels``."""
+    lv = np.asarray(levels, dtype=float)
+    return np.maximum(lv * diff, (lv - 1) * diff)
+
+
 def pinball(actual: np.ndarray, quantiles: np.ndarray, levels: Sequence[float]) -> float:
     """Mean pinball (quantile) loss over all forecasts and levels; ``quantiles`` is ``(N, Q)``."""
-    diff = actual[:, None] - quantiles
-    lv = np.asarray(levels)[None, :]
-    return float(np.mean(np.maximum(lv * diff, (lv - 1) * diff)))
+    return float(np.mean(pinball_terms(actual[:, None] - quantiles, levels)))
 
 
 def coverage(actual: np.ndarray, upper: np.ndarray) -> float:

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from dprobe import __version__
+from dprobe.evaluation.metrics import pinball_terms
 from dprobe.forecasting.loading import register_forecaster_loader
 from dprobe.forecasting.tasks import TaskSpec
 from dprobe.forecasting.trained import FORMAT, KIND, TrainedForecaster
@@ -191,8 +192,7 @@ def _upper_pinball(w: dict[str, np.ndarray], rows: np.ndarray, shifts: np.ndarra
     q = w["q"][rows][..., upper] + shifts[w["r"][rows]][..., upper]
     q = np.maximum(q, w["point"][rows][..., None])
     err = (w["y"][rows][..., None] - q) * w["scale"][rows][:, None, None]  # (N, H, U)
-    loss = np.maximum(levels[upper] * err, (levels[upper] - 1) * err)
-    return float(np.nansum(loss))
+    return float(np.nansum(pinball_terms(err, levels[upper])))
 
 
 def _shifts(sc: np.ndarray, levels: np.ndarray, min_windows: int, fallback: np.ndarray | None = None) -> np.ndarray:
@@ -256,7 +256,7 @@ def select_short_lead_exponents(forecaster: TrainedForecaster, datamodule, confi
             e = y[..., None] - quantiles
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # windows whose targets are all gaps: NaN
-                err[:, c, 0] = np.nanmean(np.maximum(levels * e, (levels - 1) * e), axis=(1, 2))
+                err[:, c, 0] = np.nanmean(pinball_terms(e, levels), axis=(1, 2))
         choice = _robust_choice(err, series, names, confidence, n_boot, rng, [names[0]])[0]
         out.append(float(choice))
     return out

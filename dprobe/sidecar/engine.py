@@ -40,9 +40,7 @@ class ForecastEngine:
         self.cycles_total = 0
         self.failing = False
 
-    def cycle(self) -> ForecastSnapshot | None:
-        """Drop vanished targets, forecast the fresh ones, publish; returns the new snapshot (or None)."""
-        started = time.perf_counter()
+    def _cycle(self) -> ForecastSnapshot | None:
         now = self.clock()
         for target in self.store.drop_older_than(now - self.drop_after):
             if self.graphs is not None:
@@ -50,23 +48,29 @@ class ForecastEngine:
             log.debug("target %s dropped: no sample for %g s", target, self.drop_after)
         latest = self.store.snapshot_latest()
         targets = sorted(t for t, s in latest.items() if now - s.ts <= self.stale_after)
+        snap = self._forecast(targets, latest, now) if targets else None
+        if snap is not None:
+            self.snapshot = snap
+            if self.on_publish is not None:
+                self.on_publish(snap)
+        return snap
+
+    def cycle(self) -> ForecastSnapshot | None:
+        """Drop vanished targets, forecast the fresh ones, publish; returns the new snapshot (or None)."""
+        started = time.perf_counter()
         try:
-            snap = self._forecast(targets, latest, now) if targets else None
-        except Exception as exc:  # a model failure: keep serving, forecasts age out and are hidden
+            snap = self._cycle()
+        except Exception as exc:  # a model failure, or a bug: keep serving, forecasts age out and are hidden
             self.errors_total += 1
             if not self.failing:
-                log.error("forecasting failed: %s: %s (further failures are counted, not logged)",
-                          type(exc).__name__, exc)
+                log.exception("forecasting failed: %s: %s (further failures are counted, not logged)",
+                              type(exc).__name__, exc)
             self.failing = True
             return None
         if self.failing:
             log.warning("forecasting recovered")
             self.failing = False
         self.cycles_total += 1
-        if snap is not None:
-            self.snapshot = snap
-            if self.on_publish is not None:
-                self.on_publish(snap)
         if self.observe_seconds is not None:
             self.observe_seconds(time.perf_counter() - started)
         return snap

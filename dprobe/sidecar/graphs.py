@@ -12,9 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from dprobe.sidecar.annotations import AnnotationsFile, read_annotations
-
-__all__ = ["ANNOTATION", "GraphResolver", "read_annotations"]
+from dprobe.sidecar.annotations import AnnotationsFile
 
 log = logging.getLogger(__name__)
 ANNOTATION = "dprobe.io/model-graph"

@@ -157,9 +157,9 @@ class JobProfiles:
             except ValueError as exc:
                 raise ValueError(f"{annotations_file}: annotation {ANNOTATION}: {exc}") from exc
         if self.active and predict is None and not installed("torch"):
-            raise ValueError("job profiles (job, jobs, the dprobe.io/training-job annotation) replay the job's model "
-                             "with torch, which is not installed here: install dprobe with its dependencies (`pip install .`, or "
-                             "use the full image), or leave the job out")
+            raise ValueError("job profiles (job, jobs, the dprobe.io/training-job annotation) replay the job's "
+                             "model with torch, which is not installed here: install dprobe with its dependencies "
+                             "(`pip install .`, or use the full image), or leave the job out")
         self._node_gpu = gpu  # jobs that do not name their GPU run on their target's, else this node's
         self._model_gpus: dict[str, str] = {}  # a GPU's model name -> the dprobe GPU it is predicted for
         self.own_target = own_target
