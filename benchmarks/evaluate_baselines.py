@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -17,18 +16,11 @@ from pathlib import Path
 from dprobe.data import load_series_dataset
 from dprobe.evaluation import EvalConfig, evaluate_dataset
 from dprobe.forecasting import BASELINES
+from dprobe.workers import available_cores
 
 ROOT = Path(__file__).resolve().parents[1]
 SERIES_DATASETS = ("alibaba-genai-2026", "helios-earth-vc")
 BUDGET_S = 120.0
-
-
-def cores() -> int:
-    """CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def bench(directory: Path, baselines: list[str]) -> dict:
@@ -61,7 +53,7 @@ def report(r: dict, budget_s: float) -> str:
               f"  total               {r['total_s']:8.2f} s"]
     verdict = "PASS" if r["total_s"] <= budget_s else "OVER"
     lines.append(f"  {verdict}: {r['total_s']:.1f} s against a target of {budget_s:.0f} s on 2 cores "
-                 f"(this machine: {cores()} cores)")
+                 f"(this machine: {available_cores()} cores)")
     return "\n".join(lines)
 
 
@@ -87,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(r)
         print(report(r, args.budget), flush=True)
     if args.json:
-        print(json.dumps({"budget_s": args.budget, "cores": cores(), "results": results}))
+        print(json.dumps({"budget_s": args.budget, "cores": available_cores(), "results": results}))
     over = [r["dataset"] for r in results if r["total_s"] > args.budget]
     print(f"\n{'OVER budget: ' + ', '.join(over) if over else 'PASS: every data set within budget'}")
     return 1 if over and args.check else 0

@@ -111,7 +111,7 @@ def load_job_dataset(data_dir: str, cache_dir: str | Path, with_graphs: bool = T
     if with_graphs:
         from dprobe.coldstart.train import load_dataset
 
-        graph_ds = load_dataset(data_dir, cache_dir)
+        graph_ds = load_dataset(data_dir, cache_dir, progress=progress)
         index = {rid: i for i, rid in enumerate(graph_ds["run_ids"])}
     keep, obs, ys, fams, ids = [], [], [], [], []
     for _, row in runs.iterrows():
@@ -386,10 +386,11 @@ def format_table(result: dict[str, dict[str, float]], n_runs: int, n_families: i
 def train_jobscale(data_dir: str, out_dir: str, use_graph: bool = True, epochs: int = 300, seed: int = 0,
                    graph_dim: int = 0, cache_dir: str | Path | None = None,
                    folds: int | None = None, coldstart_util: dict[str, float] | None = None,
-                   workers: int | None = 1) -> dict[str, Any]:
+                   workers: int | None = 1, progress: bool = True) -> dict[str, Any]:
     """Cross-validate every variant, fit the chosen one on all runs, save ``jobscale.pt`` and a report.
     ``folds``: leave out that many groups of families in turn, not one family at a time; ``workers``:
-    processes fitting the folds side by side (None: one per core, at most four).
+    processes fitting the folds side by side (None: one per core, at most four); ``progress``: bars over
+    the replays and the folds.
 
     ``graph_dim > 0`` adds a GNN embedding of the model graph to the graph-derived features
     (slow on a CPU: about a second an epoch over all graphs). ``coldstart_util``: the cold-start
@@ -400,8 +401,9 @@ def train_jobscale(data_dir: str, out_dir: str, use_graph: bool = True, epochs: 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ds = load_job_dataset(data_dir, cache_dir or out / "cache", with_graphs=use_graph,
-                          coldstart_util=coldstart_util, seed=seed, folds=folds)
-    preds = cross_validate_predictions(ds, epochs, seed, graph_dim=graph_dim, folds=folds, workers=workers)
+                          coldstart_util=coldstart_util, seed=seed, folds=folds, progress=progress)
+    preds = cross_validate_predictions(ds, epochs, seed, graph_dim=graph_dim, progress=progress, folds=folds,
+                                       workers=workers)
     result = score_variants(ds, preds)
     table = format_table(result, len(ds["run_ids"]), len(set(ds["families"])), folds)
     variant = "graph" if use_graph else "no_graph"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import warnings
 from pathlib import Path
 
@@ -105,29 +107,34 @@ class _DropTips(logging.Filter):
 _DROP_TIPS = _DropTips()
 
 
-def run(cfg: DictConfig) -> dict:
-    """Train what the config enables; returns where the checkpoints and reports went."""
-    warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # a library-internal deprecation, once a step
-    logging.getLogger("pytorch_lightning.utilities.rank_zero").addFilter(_DROP_TIPS)  # once: same object
-    pl.seed_everything(cfg.seed, workers=True)
-    out_dir = Path(cfg.paths.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    summary: dict = {"output_dir": str(out_dir)}
-    if cfg.get("forecaster_enabled", True):
-        checkpoint = train_forecaster(cfg, out_dir)
-        summary["checkpoint"] = str(checkpoint)
-        if cfg.evaluate.enabled:
-            summary["evaluation"] = evaluate_checkpoint(cfg, checkpoint, out_dir)["report"]
-    cache = out_dir / "cache"  # model graphs and replays, shared by the two h200-profiles models
+def check_profiles(cfg: DictConfig) -> None:
+    """Load each h200-profiles directory an enabled stage reads, so that a wrong path fails at the start,
+    not after the forecaster's minutes of training."""
+    from dprobe.data import load_h200_profiles
+
+    for stage in ("coldstart", "jobscale"):
+        if cfg[stage].enabled:
+            load_h200_profiles(cfg[stage].data_dir)
+
+
+def train_profilers(cfg: DictConfig, out_dir: Path, workers: int | None = None, progress: bool = True) -> dict:
+    """The two h200-profiles models: the cold-start profiler, then the job-scale model (which reads the
+    profiler's leave-family-out utilisation); ``workers``: processes for their replays and folds (default
+    ``coldstart.workers``). Returns ``{"summary": {...}, "tables": [...]}`` for :func:`run`."""
+    from dprobe.workers import resolve_workers
+
+    cache = out_dir / "cache"  # model graphs and replays, shared by the two models
+    summary: dict = {}
+    tables: list[str] = []
     cs: dict = {}
     if cfg.coldstart.enabled:
         from dprobe.coldstart import train_coldstart
 
         cs = train_coldstart(str(cfg.coldstart.data_dir), str(out_dir / "coldstart"),
                              max_epochs=cfg.coldstart.max_epochs, seed=cfg.seed, cache_dir=cache,
-                             folds=cfg.coldstart.get("folds"), workers=cfg.coldstart.get("workers"))
-        print(cs["table"])
+                             folds=cfg.coldstart.get("folds"),
+                             workers=resolve_workers(workers or cfg.coldstart.get("workers")), progress=progress)
+        tables.append(cs["table"])
         summary["coldstart_checkpoint"] = str(cs["checkpoint"])
         summary["coldstart_metrics"] = cs.get("metrics", {})
         summary["coldstart_plot"] = cs.get("plot")
@@ -137,14 +144,103 @@ def run(cfg: DictConfig) -> dict:
         js = train_jobscale(str(cfg.jobscale.data_dir), str(out_dir / "jobscale"),
                             use_graph=cfg.jobscale.use_graph, epochs=cfg.jobscale.epochs, seed=cfg.seed,
                             graph_dim=cfg.jobscale.graph_dim, cache_dir=cache, folds=cfg.jobscale.get("folds"),
-                            workers=cfg.jobscale.get("workers", 1),
+                            workers=resolve_workers(workers or cfg.jobscale.get("workers", 1)),
                             # the cold-start profiler's leave-family-out predictions, where it scored the same runs
                             coldstart_util=cs.get("cv_util") if cfg.coldstart.data_dir == cfg.jobscale.data_dir
-                            else None)
-        print(js["table"])
+                            else None, progress=progress)
+        tables.append(js["table"])
         summary["jobscale_checkpoint"] = js["checkpoint"]
         summary["jobscale_report"] = js["report"]
         summary["jobscale_plot"] = js.get("plot")
+    return {"summary": summary, "tables": tables}
+
+
+PROFILERS_NICENESS = 10  # beside the forecaster, the profilers take the CPU time its threads leave
+
+
+def _train_profilers_here(cfg: dict, out_dir: str, workers: int) -> dict:
+    """:func:`train_profilers` in a second process, at a lower priority (its workers inherit it) and torch on
+    one thread: its log goes to ``out_dir/profilers.log`` (warnings also to stderr), and no progress bars,
+    which would garble the forecaster's."""
+    with contextlib.suppress(AttributeError, OSError):  # os.nice: Unix only
+        os.nice(PROFILERS_NICENESS)
+    torch.set_num_threads(1)
+    handler = logging.FileHandler(Path(out_dir) / "profilers.log")
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+    console = logging.StreamHandler()
+    console.setLevel(logging.WARNING)
+    console.setFormatter(logging.Formatter("[profilers][%(levelname)s] %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler, console], force=True)
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+    return train_profilers(OmegaConf.create(cfg), Path(out_dir), workers=workers, progress=False)
+
+
+def side_by_side(cfg: DictConfig) -> tuple[int, int] | None:
+    """``(forecaster threads, profiler processes)`` when the h200-profiles models train in a second process
+    beside the forecaster (``parallel_stages``); None when they train after it (turned off, nothing to run
+    beside the forecaster, or one core). The forecaster takes half the cores; the profilers' processes, one
+    per core (at most four, or ``coldstart.workers``), run at a lower priority, so that they fill what the
+    forecaster leaves idle, and every core once it is done."""
+    from dprobe.workers import available_cores, default_workers, resolve_workers
+
+    cores = available_cores()
+    wanted = cfg.get("parallel_stages", False) and cfg.get("forecaster_enabled", True)
+    if not wanted or not (cfg.coldstart.enabled or cfg.jobscale.enabled) or cores < 2:
+        return None
+    given = cfg.coldstart.get("workers")
+    return max(1, cores // 2), resolve_workers(given) if given is not None else default_workers()
+
+
+def run(cfg: DictConfig) -> dict:
+    """Train what the config enables; returns where the checkpoints and reports went.
+
+    The forecaster and the two h200-profiles models are independent: with ``parallel_stages`` (and at
+    least two cores) the latter train in a second process from the start (:func:`side_by_side`)."""
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # a library-internal deprecation, once a step
+    logging.getLogger("pytorch_lightning.utilities.rank_zero").addFilter(_DROP_TIPS)  # once: same object
+    pl.seed_everything(cfg.seed, workers=True)
+    out_dir = Path(cfg.paths.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    check_profiles(cfg)
+    summary: dict = {"output_dir": str(out_dir)}
+    split = side_by_side(cfg)
+    profilers = None
+    threads = torch.get_num_threads()
+    if split is not None:
+        from dprobe.workers import Beside
+
+        profilers = Beside(_train_profilers_here, OmegaConf.to_container(cfg, resolve=True), str(out_dir),
+                           split[1], name="dprobe-profilers")
+        torch.set_num_threads(split[0])
+        log.info("cold-start and job-scale models: training in a second process (%d worker%s, lower priority) "
+                 "beside the forecaster (%d thread%s); their log: %s", split[1], "s" * (split[1] > 1), split[0],
+                 "s" * (split[0] > 1), out_dir / "profilers.log")
+    try:
+        if cfg.get("forecaster_enabled", True):
+            checkpoint = train_forecaster(cfg, out_dir)
+            summary["checkpoint"] = str(checkpoint)
+            if cfg.evaluate.enabled:
+                summary["evaluation"] = evaluate_checkpoint(cfg, checkpoint, out_dir)["report"]
+    except BaseException:
+        if profilers is not None:
+            profilers.stop()
+        raise
+    finally:
+        torch.set_num_threads(threads)
+    profiled = None
+    if profilers is not None:
+        if not profilers.done():
+            log.info("waiting for the cold-start and job-scale models (log: %s)", out_dir / "profilers.log")
+        try:
+            profiled = profilers.result()
+        except ChildProcessError as exc:  # e.g. killed for memory: train them here instead
+            log.warning("%s; training the cold-start and job-scale models in this process", exc)
+    if profiled is None and (cfg.coldstart.enabled or cfg.jobscale.enabled):
+        profiled = train_profilers(cfg, out_dir)
+    if profiled is not None:
+        print("\n".join(profiled["tables"]))
+        summary.update(profiled["summary"])
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     print(f"\nForecaster checkpoint: {summary.get('checkpoint', '(not trained)')}")
     if "checkpoint" in summary:

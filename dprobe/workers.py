@@ -22,13 +22,17 @@ log = logging.getLogger(__name__)
 MAX_WORKERS = 4  # each worker holds its own torch (about 1 GB with a model being replayed)
 
 
+def available_cores() -> int:
+    """The CPU cores this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def default_workers() -> int:
     """One worker per CPU core this process may use, at most :data:`MAX_WORKERS`."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, MAX_WORKERS))
+    return min(available_cores(), MAX_WORKERS)
 
 
 def resolve_workers(workers: int | None) -> int:
@@ -73,3 +77,60 @@ def map_folds(fn: Callable[..., Any], folds: Sequence[tuple], workers: int, desc
         except BrokenProcessPool as exc:
             log.warning("%s: worker processes stopped (%s); fitting the folds in this process", desc, exc)
     return [fn(*fold) for fold in tqdm(folds, **bar)]
+
+
+class Beside:
+    """``fn(*args)`` in a spawned process while this one goes on with other work.
+
+    The process is not a daemon, so ``fn`` may start worker processes of its own. :meth:`result` waits for
+    its return value, or raises its exception (the process's traceback added as a note), or
+    :class:`ChildProcessError` if it died without either (e.g. killed for memory); :meth:`stop` ends it.
+    ``fn`` and ``args`` are pickled: ``fn`` is a module-level function."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any, name: str = "dprobe-beside") -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child_end = ctx.Pipe(duplex=False)
+        self._process = ctx.Process(target=_run_beside, args=(child_end, fn, args), name=name)
+        self._process.start()
+        child_end.close()  # the parent keeps the reading end only: EOF once the process is gone
+
+    def done(self) -> bool:
+        """Whether the result (or the process's end) is there, without waiting."""
+        return self._conn.poll() or not self._process.is_alive()
+
+    def result(self) -> Any:
+        try:
+            ok, value = self._conn.recv()
+        except EOFError:
+            self._process.join()
+            raise ChildProcessError(f"{self._process.name} stopped (exit code {self._process.exitcode}) "
+                                    "before it returned") from None
+        finally:
+            self._conn.close()
+        self._process.join()
+        if ok:
+            return value
+        raise value
+
+    def stop(self) -> None:
+        """End the process if it still runs (its own workers go with their pool's end)."""
+        if self._process.is_alive():
+            self._process.terminate()
+        self._process.join()
+
+
+def _run_beside(conn: Any, fn: Callable[..., Any], args: tuple) -> None:
+    import traceback
+
+    try:
+        outcome = (True, fn(*args))
+    except BaseException as exc:  # handed to the parent, which raises it
+        exc.add_note("in the process beside:\n" + traceback.format_exc())
+        outcome = (False, exc)
+    try:
+        conn.send(outcome)
+    except Exception as exc:  # a value or exception that does not pickle
+        conn.send((False, RuntimeError(f"{fn.__name__}: its outcome could not be handed back ({exc!r}): "
+                                       f"{outcome[1]!r}")))
+    finally:
+        conn.close()

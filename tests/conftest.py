@@ -47,6 +47,22 @@ def small_helios_dir(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def small_h200_dir(tmp_path_factory) -> Path:
+    """Eight h200-profiles runs of three small model families (quick to replay), all four files."""
+    src = DATASETS / "h200-profiles"
+    out = tmp_path_factory.mktemp("h200-small")
+    keep = ["r014", "r061", "r062", "r019", "r071", "r023", "r077", "r078"]  # alexnet, shufflenet, squeezenet
+    runs = pd.read_csv(src / "runs.csv")
+    runs[runs["run_id"].isin(keep)].to_csv(out / "runs.csv", index=False)
+    samples = pd.read_csv(src / "samples.csv")
+    samples[samples["label"].isin(keep)].to_csv(out / "samples.csv", index=False)
+    steps = pd.read_csv(src / "steps.csv")
+    steps[steps["run_id"].isin(keep)].to_csv(out / "steps.csv", index=False)
+    shutil.copy(src / "env.json", out / "env.json")
+    return out
+
+
 AlibabaRows = dict[str, list[tuple[float, float, float]]]
 
 

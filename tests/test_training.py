@@ -68,7 +68,7 @@ def test_every_experiment_composes_and_runs_fast_dev_run(exp, tmp_path, small_al
         from dprobe.graph import build_model_graph
         from dprobe.graph.encoder import graph_to_data
 
-        def fake_dataset(data_dir, cache_dir):
+        def fake_dataset(data_dir, cache_dir, **kw):
             ids = list(load_h200_profiles(data_dir).train_runs()["run_id"])
             g = graph_to_data(build_model_graph("torchvision:resnet18", batch=2, image=32))
             feats = np.random.default_rng(0).normal(size=(len(ids), len(FEATURES)))
@@ -203,3 +203,88 @@ def test_every_option_of_every_group_composes(group, tmp_path):
             instantiate(section)
         else:
             [instantiate(c) for c in section.values()]
+
+
+def _profiler_outputs(summary: dict) -> tuple[dict, dict]:
+    cold = torch.load(summary["coldstart_checkpoint"], weights_only=True)
+    job = torch.load(summary["jobscale_checkpoint"], weights_only=True)
+    return cold["state_dict"], job["state_dict"]
+
+
+def test_profilers_train_beside_the_forecaster_with_the_same_results(tmp_path, small_alibaba_dir, small_h200_dir,
+                                                                       monkeypatch, capsys):
+    """With ``parallel_stages`` the h200-profiles models train in a second process while the forecaster trains
+    on half the cores; every model is the one trained without it, but for the last digits."""
+    import dprobe.workers as workers
+    from dprobe.training import side_by_side
+
+    monkeypatch.setattr(workers, "available_cores", lambda: 2)  # as on the 2-core reference machine
+    profiles = [f"coldstart.data_dir={small_h200_dir}", f"jobscale.data_dir={small_h200_dir}",
+                "coldstart.max_epochs=5", "coldstart.folds=2", "jobscale.folds=2", "evaluate.enabled=false",
+                "trainer.max_epochs=1"]
+    runs = {}
+    for parallel in (True, False):
+        cfg = compose(["+exp=gnn", *tiny(tmp_path / str(parallel), [small_alibaba_dir], *profiles),
+                       f"parallel_stages={parallel}"])
+        assert side_by_side(cfg) == ((1, 2) if parallel else None)  # a thread for the forecaster, 2 processes
+        runs[parallel] = run(cfg)
+        out = capsys.readouterr().out
+        assert "cold start, leave-model-family-out" in out and "Job-scale checkpoint:" in out
+    assert (tmp_path / "True" / "profilers.log").read_text().count("features of 8 runs") == 2  # its log is kept
+    forecasters = [torch.load(runs[p]["checkpoint"], weights_only=True)["state_dict"] for p in (True, False)]
+    for beside, after in [*zip(_profiler_outputs(runs[True]), _profiler_outputs(runs[False]), strict=True),
+                          forecasters]:
+        assert beside.keys() == after.keys()
+        for key, value in beside.items():  # the same models: on fewer threads, equal but for the last digits
+            torch.testing.assert_close(value, after[key], atol=1e-3, rtol=1e-3, msg=key)
+
+
+def test_a_failing_profiler_stage_fails_the_run_by_name(tmp_path, small_alibaba_dir, small_h200_dir, monkeypatch):
+    """A wrong profiles directory is refused before any training; an error in the second process reaches the
+    caller with its message, after the forecaster's outputs are written."""
+    import dprobe.workers as workers
+
+    monkeypatch.setattr(workers, "available_cores", lambda: 2)
+    missing = tmp_path / "nowhere"
+    cfg = compose(["+exp=gnn", *tiny(tmp_path, [small_alibaba_dir], f"coldstart.data_dir={missing}",
+                                     "parallel_stages=true")])
+    with pytest.raises(Exception, match="nowhere: missing file runs.csv"):
+        run(cfg)
+    assert not (tmp_path / "dprobe.pt").exists()  # refused before the forecaster trained
+    cfg = compose(["+exp=gnn", *tiny(tmp_path, [small_alibaba_dir], f"coldstart.data_dir={small_h200_dir}",
+                                     f"jobscale.data_dir={small_h200_dir}", "evaluate.enabled=false",
+                                     "trainer.max_epochs=1", "coldstart.folds=0", "parallel_stages=true")])
+    with pytest.raises(ValueError, match="folds") as err:
+        run(cfg)
+    assert "in the process beside" in "".join(getattr(err.value, "__notes__", []))
+    assert (tmp_path / "dprobe.pt").is_file()  # the forecaster's work is kept
+
+
+def test_profilers_whose_process_died_train_after_the_forecaster(tmp_path, small_alibaba_dir, small_h200_dir,
+                                                                 monkeypatch, caplog):
+    """A second process killed (for memory, say) costs time, not the run: the models train in this one."""
+    import dprobe.workers as workers
+
+    class Died:
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def done(self) -> bool:
+            return True
+
+        def result(self):
+            raise ChildProcessError("dprobe-profilers stopped (exit code -9) before it returned")
+
+        def stop(self) -> None:
+            pass
+
+    monkeypatch.setattr(workers, "available_cores", lambda: 2)
+    monkeypatch.setattr(workers, "Beside", Died)
+    cfg = compose(["+exp=gnn", *tiny(tmp_path, [small_alibaba_dir], f"coldstart.data_dir={small_h200_dir}",
+                                     f"jobscale.data_dir={small_h200_dir}", "coldstart.max_epochs=5",
+                                     "coldstart.folds=2", "jobscale.folds=2", "evaluate.enabled=false",
+                                     "trainer.max_epochs=1", "parallel_stages=true")])
+    with caplog.at_level(logging.WARNING, logger="dprobe.training"):
+        summary = run(cfg)
+    assert "before it returned; training the cold-start and job-scale models in this process" in caplog.text
+    assert Path(summary["coldstart_checkpoint"]).is_file() and Path(summary["jobscale_checkpoint"]).is_file()

@@ -398,10 +398,11 @@ def cross_validate(data_dir: str, cache_dir: str | Path, max_epochs: int = 400, 
 
 
 def train_coldstart(data_dir: str, out_dir: str, max_epochs: int = 400, seed: int = 0, folds: int | None = None,
-                    workers: int | None = 1, **hparams: Any) -> dict:
+                    workers: int | None = 1, progress: bool = True, **hparams: Any) -> dict:
     """Fit on every run of ``data_dir`` and save ``out_dir/coldstart.pt`` (loadable with weights_only=True).
     ``folds``: the leave-family-out scores in that many groups of families (:func:`cross_validate`);
-    ``workers``: processes for the replays and the folds (1: none; None: one per core, at most four).
+    ``workers``: processes for the replays and the folds (1: none; None: one per core, at most four);
+    ``progress``: bars over the replays and the folds.
 
     Returns ``{"checkpoint": path, "metrics": {...}, "table": str, "plot": path, "cv_util": {...}}``:
     leave-family-out metrics (learned and analytical), their table against the targets (also
@@ -414,8 +415,9 @@ def train_coldstart(data_dir: str, out_dir: str, max_epochs: int = 400, seed: in
     out.mkdir(parents=True, exist_ok=True)
     cache = Path(hparams.pop("cache_dir", out / "cache"))
     hp = {**DEFAULTS, **hparams}
-    ds = load_dataset(data_dir, cache, workers=workers)
-    cv = cross_validate(data_dir, cache, max_epochs=max_epochs, seed=seed, ds=ds, folds=folds, workers=workers, **hp)
+    ds = load_dataset(data_dir, cache, progress=progress, workers=workers)
+    cv = cross_validate(data_dir, cache, max_epochs=max_epochs, seed=seed, ds=ds, progress=progress, folds=folds,
+                        workers=workers, **hp)
     factors = cv["host_factors"]  # learnt from every run
     model = fit(for_machines(ds, factors), np.arange(len(ds["run_ids"])), max_epochs, seed, hp)
     ckpt = {"version": VERSION, "kind": "dprobe-coldstart", "features": FEATURES, "targets": TARGETS,
