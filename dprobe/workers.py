@@ -96,7 +96,7 @@ class Beside:
 
     def done(self) -> bool:
         """Whether the result (or the process's end) is there, without waiting."""
-        return self._conn.poll() or not self._process.is_alive()
+        return self._conn.closed or self._conn.poll() or not self._process.is_alive()
 
     def result(self) -> Any:
         try:
@@ -117,6 +117,7 @@ class Beside:
         if self._process.is_alive():
             self._process.terminate()
         self._process.join()
+        self._conn.close()
 
 
 def _run_beside(conn: Any, fn: Callable[..., Any], args: tuple) -> None:
