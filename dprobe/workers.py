@@ -3,6 +3,8 @@
 Workers are spawned (not forked: torch's thread pools do not survive a fork) and run torch on one
 thread each: the models fitted there are small, and on them one thread is as fast as two, so the
 cores are better spent on separate items. Results do not depend on the number of workers.
+:class:`Beside` runs one function in a process of its own while the caller goes on (a training
+stage beside another).
 """
 
 from __future__ import annotations
@@ -113,7 +115,7 @@ class Beside:
         raise value
 
     def stop(self) -> None:
-        """End the process if it still runs (its own workers go with their pool's end)."""
+        """End the process if it still runs."""
         if self._process.is_alive():
             self._process.terminate()
         self._process.join()
