@@ -121,8 +121,6 @@ def train_profilers(cfg: DictConfig, out_dir: Path, workers: int | None = None, 
     """The two h200-profiles models: the cold-start profiler, then the job-scale model (which reads the
     profiler's leave-family-out utilisation); ``workers``: processes for their replays and folds (default
     ``coldstart.workers``). Returns ``{"summary": {...}, "tables": [...]}`` for :func:`run`."""
-    from dprobe.workers import resolve_workers
-
     cache = out_dir / "cache"  # model graphs and replays, shared by the two models
     summary: dict = {}
     tables: list[str] = []
@@ -133,7 +131,7 @@ def train_profilers(cfg: DictConfig, out_dir: Path, workers: int | None = None, 
         cs = train_coldstart(str(cfg.coldstart.data_dir), str(out_dir / "coldstart"),
                              max_epochs=cfg.coldstart.max_epochs, seed=cfg.seed, cache_dir=cache,
                              folds=cfg.coldstart.get("folds"),
-                             workers=resolve_workers(workers or cfg.coldstart.get("workers")), progress=progress)
+                             workers=workers or cfg.coldstart.get("workers"), progress=progress)
         tables.append(cs["table"])
         summary["coldstart_checkpoint"] = str(cs["checkpoint"])
         summary["coldstart_metrics"] = cs.get("metrics", {})
@@ -144,7 +142,7 @@ def train_profilers(cfg: DictConfig, out_dir: Path, workers: int | None = None, 
         js = train_jobscale(str(cfg.jobscale.data_dir), str(out_dir / "jobscale"),
                             use_graph=cfg.jobscale.use_graph, epochs=cfg.jobscale.epochs, seed=cfg.seed,
                             graph_dim=cfg.jobscale.graph_dim, cache_dir=cache, folds=cfg.jobscale.get("folds"),
-                            workers=resolve_workers(workers or cfg.jobscale.get("workers", 1)),
+                            workers=workers or cfg.jobscale.get("workers", 1),
                             # the cold-start profiler's leave-family-out predictions, where it scored the same runs
                             coldstart_util=cs.get("cv_util") if cfg.coldstart.data_dir == cfg.jobscale.data_dir
                             else None, progress=progress)
@@ -181,14 +179,13 @@ def side_by_side(cfg: DictConfig) -> tuple[int, int] | None:
     beside the forecaster, or one core). The forecaster takes half the cores; the profilers' processes, one
     per core (at most four, or ``coldstart.workers``), run at a lower priority, so that they fill what the
     forecaster leaves idle, and every core once it is done."""
-    from dprobe.workers import available_cores, default_workers, resolve_workers
+    from dprobe.workers import available_cores, resolve_workers
 
     cores = available_cores()
     wanted = cfg.get("parallel_stages", False) and cfg.get("forecaster_enabled", True)
     if not wanted or not (cfg.coldstart.enabled or cfg.jobscale.enabled) or cores < 2:
         return None
-    given = cfg.coldstart.get("workers")
-    return max(1, cores // 2), resolve_workers(given) if given is not None else default_workers()
+    return max(1, cores // 2), resolve_workers(cfg.coldstart.get("workers"))
 
 
 def run(cfg: DictConfig) -> dict:
