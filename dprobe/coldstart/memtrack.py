@@ -9,6 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
+from dprobe.graph.meta_calls import call_on_meta
 from dprobe.graph.ops import normalise_op
 from dprobe.graph.recorder import op_flops, tensors_of
 
@@ -131,7 +132,7 @@ class MemoryTracker(TorchDispatchMode):
         kwargs = kwargs or {}
         workspace = conv_workspace_bytes(func, args)
         scratch = self._alloc(workspace) if workspace else None
-        out = func(*args, **kwargs)
+        out = call_on_meta(func, args, kwargs)
         outs = tensors_of(out)
         for t in outs:
             self.track(t)

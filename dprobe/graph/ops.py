@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 # order matters: first match wins
@@ -55,6 +56,7 @@ _DTYPE_SIZES = {
 }
 
 
+@functools.lru_cache(maxsize=4096)
 def normalise_op(name: str) -> str:
     """Map an op name (aten op, module class, function or ONNX op type) to a kind of the vocabulary."""
     parts = name.split("::")[-1].split(".")

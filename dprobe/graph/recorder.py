@@ -11,6 +11,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakIdKeyDictionary
 
+from dprobe.graph.meta_calls import call_on_meta
 from dprobe.graph.ops import normalise_op
 
 _NO_FLOP_KINDS = {"reshape", "constant", "cast", "input", "output", "dropout", "split", "concat"}
@@ -34,8 +35,28 @@ class OpEvent:
     extra: dict = field(default_factory=dict)
 
 
+_LEAVES = (bool, int, float, complex, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
 def tensors_of(value: Any) -> list[torch.Tensor]:
-    return [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
+    """The tensors in ``value``, in order: nested tuples, lists and dicts walked here (an op's arguments
+    and outputs, many times a step), anything else by torch's pytree (e.g. a model's output class)."""
+    found: list[torch.Tensor] = []
+    _collect(value, found)
+    return found
+
+
+def _collect(value: Any, found: list[torch.Tensor]) -> None:
+    if isinstance(value, torch.Tensor):
+        found.append(value)
+    elif isinstance(value, (tuple, list)):  # torch.return_types are tuples
+        for v in value:
+            _collect(v, found)
+    elif type(value) is dict:
+        for v in value.values():
+            _collect(v, found)
+    elif not (value is None or isinstance(value, _LEAVES)):
+        found.extend(t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor))
 
 
 def op_flops(func: Any, kind: str, args: tuple, kwargs: dict, out: Any) -> float:
@@ -81,7 +102,7 @@ class OpRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        out = call_on_meta(func, args, kwargs)
         if func._overloadpacket in (torch.ops.prim.device,):
             return out
         ins = tensors_of((args, kwargs))

@@ -1,0 +1,113 @@
+"""Meta-device op calls answered from memory: the same tensors as running the op, only where it is safe."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from dprobe.coldstart import memtrack
+from dprobe.graph import meta_calls, recorder
+from dprobe.graph.meta_calls import call_on_meta
+
+
+def _layout(value):
+    """What anyone can see of an op's outputs: shapes, strides, dtypes, storage sizes and offsets."""
+    if isinstance(value, torch.Tensor):
+        return (tuple(value.shape), value.stride(), value.dtype, value.device.type,
+                value.untyped_storage().nbytes(), value.storage_offset())
+    if isinstance(value, (tuple, list)):
+        return type(value).__name__, [_layout(v) for v in value]
+    return value
+
+
+@pytest.fixture(autouse=True)
+def _fresh_memory():
+    meta_calls.forget()
+    yield
+    meta_calls.forget()
+
+
+def _meta(*shape, **kwargs) -> torch.Tensor:
+    return torch.empty(*shape, device="meta", **kwargs)
+
+
+CALLS = [
+    ("broadcast add", torch.ops.aten.add.Tensor, lambda: (_meta(8, 1, 5), _meta(4, 5)), {}),
+    ("channels-last input", torch.ops.aten.mul.Tensor,
+     lambda: (_meta(2, 3, 4, 4).to(memory_format=torch.channels_last), 2.0), {}),
+    ("transposed input", torch.ops.aten.relu.default, lambda: (_meta(6, 4).t(),), {}),
+    ("dtype promotion", torch.ops.aten.add.Tensor, lambda: (_meta(3, dtype=torch.bfloat16), _meta(3)), {}),
+    ("several outputs, a parameter", torch.ops.aten.native_batch_norm.default,
+     lambda: (_meta(2, 3, 4, 4), nn.Parameter(_meta(3)), nn.Parameter(_meta(3)), _meta(3), _meta(3),
+              True, 0.1, 1e-5), {}),
+    ("convolution", torch.ops.aten.convolution.default,
+     lambda: (_meta(2, 3, 8, 8), _meta(4, 3, 3, 3), None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1), {}),
+    ("keyword arguments", torch.ops.aten.sum.dim_IntList, lambda: (_meta(3, 4, 5), [1]), {"keepdim": True}),
+]
+
+
+@pytest.mark.parametrize(("name", "op", "make", "kwargs"), CALLS, ids=[c[0] for c in CALLS])
+def test_a_remembered_call_gives_what_the_op_gives(name, op, make, kwargs) -> None:
+    expected = _layout(op(*make(), **kwargs))
+    first = call_on_meta(op, make(), kwargs)
+    before = meta_calls.stats()
+    again = call_on_meta(op, make(), kwargs)
+    assert meta_calls.stats()["hits"] == before["hits"] + 1  # the second call came from memory
+    assert _layout(first) == _layout(again) == expected
+    outs = again if isinstance(again, tuple) else (again,)
+    assert len({id(t.untyped_storage()) for t in outs}) == len(outs)  # each output a storage of its own
+
+
+def test_a_different_layout_or_value_is_a_different_call() -> None:
+    add = torch.ops.aten.add.Tensor
+    call_on_meta(add, (_meta(4, 6), _meta(4, 6)), {})
+    transposed = call_on_meta(add, (_meta(6, 4).t(), _meta(6, 4).t()), {})
+    assert transposed.stride() == add(_meta(6, 4).t(), _meta(6, 4).t()).stride() == (1, 4)
+    total = torch.ops.aten.sum.dim_IntList
+    assert call_on_meta(total, (_meta(3, 4), [1]), {"keepdim": True}).shape == (3, 1)
+    assert call_on_meta(total, (_meta(3, 4), [1]), {"keepdim": False}).shape == (3,)
+    assert meta_calls.stats()["hits"] == 0
+
+
+def test_views_in_place_ops_and_real_tensors_are_always_run() -> None:
+    x = _meta(4, 4)
+    for _ in range(2):
+        assert call_on_meta(torch.ops.aten.add_.Tensor, (x, x), {}) is x  # in place: the input itself
+        view = call_on_meta(torch.ops.aten.t.default, (x,), {})
+        assert view.untyped_storage()._cdata == x.untyped_storage()._cdata
+    cpu = torch.arange(3.0)
+    assert call_on_meta(torch.ops.aten.mul.Tensor, (cpu, cpu), {}).tolist() == [0.0, 1.0, 4.0]
+    assert call_on_meta(torch.ops.aten.mul.Tensor, (cpu + 1, cpu), {}).tolist() == [0.0, 2.0, 6.0]
+    assert meta_calls.stats()["hits"] == 0
+
+
+def test_an_output_that_is_not_a_fresh_storage_is_not_remembered() -> None:
+    x = _meta(4, 4)
+    assert meta_calls._template(x, [x]) is None  # an input handed back
+    assert meta_calls._template(_meta(8)[2:], []) is None  # a view into a larger storage
+    assert meta_calls._template((_meta(2), 3, None), []) is not None
+
+
+def test_the_replay_is_the_same_with_and_without_memory(monkeypatch) -> None:
+    """Every figure of a replay (bytes, kernels, flops, the allocator's trace) is unchanged, and most of
+    its meta calls come from memory: the two training steps repeat each other."""
+    from dprobe.coldstart.replay import replay_training_step
+    from dprobe.graph.zoo import parse_spec
+
+    spec = parse_spec("torchvision:resnet18")
+    remembered = replay_training_step(spec, 2, "bf16", "adamw", image=32).to_dict()
+    stats = meta_calls.stats()
+    assert stats["hits"] > stats["misses"] > 0
+    monkeypatch.setattr(memtrack, "call_on_meta", lambda func, args, kwargs: func(*args, **kwargs))
+    assert replay_training_step(spec, 2, "bf16", "adamw", image=32).to_dict() == remembered
+
+
+def test_the_traced_graph_is_the_same_with_and_without_memory(monkeypatch) -> None:
+    from dprobe.graph.build import build_model_graph
+
+    meta_calls.forget()
+    remembered = build_model_graph("torchvision:resnet18", batch=2, image=32).to_dict()
+    assert meta_calls.stats()["hits"] > 0
+    monkeypatch.setattr(recorder, "call_on_meta", lambda func, args, kwargs: func(*args, **kwargs))
+    assert build_model_graph("torchvision:resnet18", batch=2, image=32).to_dict() == remembered
