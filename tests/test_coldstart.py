@@ -443,17 +443,36 @@ def test_p90_calibration_moves_coverage_towards_90_percent(monkeypatch) -> None:
     y[:, 2] = np.clip(0.5 + rng.normal(scale=0.15, size=n), 0.05, 0.95)
     ds = tr.make_dataset([None] * n, feats, base, y, [f"f{f}" for f in family], [str(i) for i in range(n)])
     hp = {**tr.DEFAULTS, "ensemble": 2, "hidden": 8}
-    shift = tr.calibrate_p90(ds, np.arange(n), 60, 0, hp)
-    assert shift.shape == (4,) and np.isfinite(shift).all()
-    assert np.allclose(shift, tr.calibrate_p90(ds, np.arange(n), 60, 0, hp))  # deterministic for a seed
+    shift = tr.fit(ds, np.arange(n), 60, 0, hp).p90_shift.numpy()
+    assert shift.shape == (4,) and np.isfinite(shift).all() and (shift != 0).any()
+    assert np.array_equal(shift, tr.fit(ds, np.arange(n), 60, 0, hp).p90_shift.numpy())  # deterministic for a seed
 
-    def miss() -> float:
-        cv = tr.cross_validate("unused", "unused", max_epochs=60, ds=ds, ensemble=2, hidden=8)
+    def miss(calibrate: bool) -> float:
+        cv = tr.cross_validate("unused", "unused", max_epochs=60, ds=ds, ensemble=2, hidden=8, calibrate=calibrate)
         return float(np.mean([abs(cv["learned"][f"p90_coverage_{t}"] - 0.9) for t in tr.TARGETS]))
 
-    calibrated = miss()
-    monkeypatch.setattr(tr, "calibrate_p90", lambda *a, **k: np.zeros(4))
-    assert calibrated < miss()
+    assert miss(True) < miss(False)
+
+
+def test_members_fitted_together_are_members_fitted_one_by_one() -> None:
+    """Without dropout (the one draw that differs) a member of :func:`fit_members` is the member fitted
+    alone on its runs, up to rounding: its own runs, its own standardisation, its own seed."""
+    from dprobe.coldstart import train as tr
+
+    n = 40
+    feats, base, y = _synthetic_runs(n, 3)
+    ds = tr.make_dataset([None] * n, feats, base, y, [f"f{i % 5}" for i in range(n)], [str(i) for i in range(n)])
+    hp = {**tr.DEFAULTS, "hidden": 8, "dropout": 0.0}
+    subsets = [np.arange(n), np.arange(0, n, 2), np.arange(10, 35)]
+    together = tr.fit_members(ds, subsets, 80, [0, 1, 2], hp)
+    x = torch.tensor(feats, dtype=torch.float32)
+    for member, rows, seed in zip(together, subsets, [0, 1, 2], strict=True):
+        alone = tr._fit_member(ds, rows, 80, seed, hp)
+        assert torch.allclose(member.mu, alone.mu) and torch.allclose(member.sd, alone.sd)
+        with torch.no_grad():
+            assert torch.allclose(member(None, x), alone(None, x), atol=1e-4)
+    with torch.no_grad():  # and they differ from each other
+        assert not torch.allclose(together[1](None, x), together[2](None, x), atol=1e-2)
 
 
 def _six_families_recording_fits(monkeypatch, seed: int) -> tuple[dict, list[str], list[set[str]]]:

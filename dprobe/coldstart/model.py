@@ -87,7 +87,7 @@ class ColdStartEnsemble(nn.Module):
         super().__init__()
         self.members = nn.ModuleList(members)
         self.encoder = members[0].encoder  # whether graphs are needed at all
-        # added to each target's p90 residual so that it covers 90 % of unseen families (see train.calibrate_p90)
+        # added to each target's p90 residual so that it covers 90 % of unseen families (see train.fit)
         self.register_buffer("p90_shift", torch.zeros(len(TARGETS)))
 
     def forward(self, graphs: Batch | None, feats: torch.Tensor) -> torch.Tensor:  # -> [n, 4, 2]
