@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from dprobe.coldstart import memtrack
 from dprobe.graph import meta_calls, recorder
-from dprobe.graph.meta_calls import call_on_meta
+from dprobe.graph.meta_calls import RememberingMode, call_on_meta
 
 
 def _layout(value):
@@ -50,15 +51,16 @@ CALLS = [
 @pytest.mark.parametrize(("name", "op", "make", "kwargs"), CALLS, ids=[c[0] for c in CALLS])
 def test_a_remembered_call_gives_what_the_op_gives(name, op, make, kwargs) -> None:
     expected = _layout(op(*make(), **kwargs))
-    first = call_on_meta(op, make(), kwargs)
-    before = meta_calls.stats()
-    again = call_on_meta(op, make(), kwargs)
-    assert meta_calls.stats()["hits"] == before["hits"] + 1  # the second call came from memory
+    with meta_calls.remembering():
+        first = call_on_meta(op, make(), kwargs)
+        again = call_on_meta(op, make(), kwargs)
+    assert meta_calls.stats() == {"hits": 1, "misses": 1}  # the second call came from memory
     assert _layout(first) == _layout(again) == expected
     outs = again if isinstance(again, tuple) else (again,)
     assert len({id(t.untyped_storage()) for t in outs}) == len(outs)  # each output a storage of its own
 
 
+@meta_calls.remembering()
 def test_a_different_layout_or_value_is_a_different_call() -> None:
     add = torch.ops.aten.add.Tensor
     call_on_meta(add, (_meta(4, 6), _meta(4, 6)), {})
@@ -67,9 +69,10 @@ def test_a_different_layout_or_value_is_a_different_call() -> None:
     total = torch.ops.aten.sum.dim_IntList
     assert call_on_meta(total, (_meta(3, 4), [1]), {"keepdim": True}).shape == (3, 1)
     assert call_on_meta(total, (_meta(3, 4), [1]), {"keepdim": False}).shape == (3,)
-    assert meta_calls.stats()["hits"] == 0
+    assert meta_calls.stats() == {"hits": 0, "misses": 4}
 
 
+@meta_calls.remembering()
 def test_views_in_place_ops_and_real_tensors_are_always_run() -> None:
     x = _meta(4, 4)
     for _ in range(2):
@@ -87,6 +90,49 @@ def test_an_output_that_is_not_a_fresh_storage_is_not_remembered() -> None:
     assert meta_calls._template(x, [x]) is None  # an input handed back
     assert meta_calls._template(_meta(8)[2:], []) is None  # a view into a larger storage
     assert meta_calls._template((_meta(2), 3, None), []) is not None
+
+
+def test_calls_are_remembered_only_inside_a_scope_and_forgotten_after_it() -> None:
+    relu = torch.ops.aten.relu.default
+    for _ in range(2):
+        call_on_meta(relu, (_meta(5),), {})
+    assert not meta_calls._seen and meta_calls.stats() == {"hits": 0, "misses": 0}
+    with meta_calls.remembering():
+        call_on_meta(relu, (_meta(5),), {})
+        with meta_calls.remembering():  # nested: the outer scope keeps the memory
+            call_on_meta(relu, (_meta(5),), {})
+        call_on_meta(relu, (_meta(5),), {})
+        assert meta_calls._seen
+    assert not meta_calls._seen and meta_calls.stats() == {"hits": 2, "misses": 1}
+
+
+class _Counting(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+class _Remembering(RememberingMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return call_on_meta(func, args, kwargs or {})
+
+
+def test_a_mode_below_sees_every_call_and_the_memory_ends_with_the_mode() -> None:
+    x = _meta(4, 4)
+    with _Remembering():
+        for _ in range(3):
+            torch.exp(x)
+        assert meta_calls.stats()["hits"] == 2
+    assert not meta_calls._seen  # forgotten with the mode
+    below = _Counting()
+    with below, _Remembering():
+        for _ in range(3):
+            torch.exp(x)
+    assert below.calls == 3 and meta_calls.stats()["hits"] == 2
 
 
 def test_the_replay_is_the_same_with_and_without_memory(monkeypatch) -> None:

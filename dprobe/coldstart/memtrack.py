@@ -6,10 +6,9 @@ import weakref
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from dprobe.graph.meta_calls import call_on_meta
+from dprobe.graph.meta_calls import RememberingMode, call_on_meta
 from dprobe.graph.ops import normalise_op
 from dprobe.graph.recorder import op_flops, tensors_of
 
@@ -69,7 +68,7 @@ def conv_backward_flops(args: tuple) -> float:
     return fwd * (int(bool(mask[0])) + int(bool(mask[1])))
 
 
-class MemoryTracker(TorchDispatchMode):
+class MemoryTracker(RememberingMode):
     """Tracks live (rounded) bytes of storages created by ops; frees when a storage dies."""
 
     def __init__(self) -> None:

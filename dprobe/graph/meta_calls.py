@@ -9,20 +9,28 @@ anyone who looks at their metadata: shapes, strides, dtypes and storage sizes.
 
 Only calls that cannot tell the difference are remembered: functional ops (no view, no mutation;
 and the optimizers' in-place ``_foreach_`` ops, which return nothing) on meta tensors alone, whose outputs are fresh tensors of their own, each on a storage of exactly
-its extent, and whose other arguments are plain values (numbers, dtypes, devices, ...).
+its extent, and whose other arguments are plain values (numbers, dtypes, devices, ...), made with no
+other dispatch mode below the caller's (it would not see a call answered from memory). Calls are
+remembered only while a :class:`RememberingMode` (the replay's and the tracer's dispatch modes) or
+:func:`remembering` is entered, and forgotten when the outermost one ends: a process that profiles a
+job now and then (the sidecar) keeps nothing between jobs.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-MAX_ENTRIES = 200_000  # distinct calls kept (a few hundred bytes each); forgotten all at once beyond it
+MAX_ENTRIES = 20_000  # distinct calls kept (about 3 kB each); forgotten all at once beyond it
 _PLAIN = (bool, int, float, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 _seen: dict[tuple, tuple[list, Any] | None] = {}  # call key -> (output leaves, spec); None: not to be remembered
 _stats = {"hits": 0, "misses": 0}
+_depth = 0  # scopes entered (remembering): calls are remembered while it is above 0
 _kinds: dict[Any, bool] = {}  # op -> whether its calls may be remembered (_rememberable)
 _TENSORS = (torch.Tensor, torch.nn.Parameter)  # no subclass that could act on the call itself
 _EMPTY = torch.ops.aten.empty_strided.default  # an aten call: no torch-function mode sees it
@@ -95,7 +103,9 @@ def _rememberable(func: Any) -> bool:
 
 def call_on_meta(func: Any, args: tuple, kwargs: dict) -> Any:
     """``func(*args, **kwargs)``, from memory when the same call was seen before (see the module's docstring)."""
-    key = _key(func, args, kwargs) if _rememberable(func) else None
+    # a dispatch mode below the caller's would not see a call answered from memory
+    key = (_key(func, args, kwargs) if _depth and _rememberable(func) and not torch._C._len_torch_dispatch_stack()
+           else None)
     if key is None:
         return func(*args, **kwargs)
     known = _seen.get(key, False)
@@ -112,6 +122,34 @@ def call_on_meta(func: Any, args: tuple, kwargs: dict) -> Any:
         _seen.clear()
     _seen[key] = _template(out, tree_flatten((args, kwargs))[0])
     return out
+
+
+@contextlib.contextmanager
+def remembering() -> Iterator[None]:
+    """Remember calls inside; forget them when the outermost scope ends."""
+    global _depth
+    _depth += 1
+    try:
+        yield
+    finally:
+        _depth -= 1
+        if not _depth:
+            _seen.clear()
+
+
+class RememberingMode(TorchDispatchMode):
+    """A dispatch mode that remembers meta calls (:func:`call_on_meta`) while it is entered."""
+
+    def __enter__(self) -> RememberingMode:
+        self._scope = remembering()
+        self._scope.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._scope.__exit__(None, None, None)
 
 
 def stats() -> dict[str, int]:

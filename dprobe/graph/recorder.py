@@ -6,12 +6,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakIdKeyDictionary
 
-from dprobe.graph.meta_calls import call_on_meta
+from dprobe.graph.meta_calls import RememberingMode, call_on_meta
 from dprobe.graph.ops import normalise_op
 
 _NO_FLOP_KINDS = {"reshape", "constant", "cast", "input", "output", "dropout", "split", "concat"}
@@ -72,7 +71,7 @@ def op_flops(func: Any, kind: str, args: tuple, kwargs: dict, out: Any) -> float
     return float(sum(t.numel() for t in tensors_of(out)))
 
 
-class OpRecorder(TorchDispatchMode):
+class OpRecorder(RememberingMode):
     """Records the aten ops run under it; data flow follows tensor identity.
 
     ``sources`` maps a tensor to the event index that produced it (``-1 - k`` for the k-th
