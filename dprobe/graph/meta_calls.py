@@ -8,10 +8,10 @@ calls from what it saw (``torch.empty_strided``, microseconds), which are the sa
 anyone who looks at their metadata: shapes, strides, dtypes and storage sizes.
 
 Only calls that cannot tell the difference are remembered: functional ops (no view, no mutation;
-and the optimizers' in-place ``_foreach_`` ops, which return nothing) on meta tensors alone, whose outputs are fresh tensors of their own, each on a storage of exactly
-its extent, and whose other arguments are plain values (numbers, dtypes, devices, ...), made with no
-other dispatch mode below the caller's (it would not see a call answered from memory). Calls are
-remembered only while a :class:`RememberingMode` (the replay's and the tracer's dispatch modes) or
+and the optimizers' in-place ``_foreach_`` ops, which return nothing) on meta tensors alone, whose
+outputs are fresh tensors of their own, each on a storage of exactly its extent, and whose other
+arguments are plain values (numbers, dtypes, devices, ...), made with no other dispatch mode below
+the caller's (it would not see a call answered from memory). Calls are remembered only while a :class:`RememberingMode` (the replay's and the tracer's dispatch modes) or
 :func:`remembering` is entered, and forgotten when the outermost one ends: a process that profiles a
 job now and then (the sidecar) keeps nothing between jobs.
 """
@@ -28,7 +28,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 MAX_ENTRIES = 20_000  # distinct calls kept (about 3 kB each); forgotten all at once beyond it
 _PLAIN = (bool, int, float, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
-_seen: dict[tuple, tuple[list, Any] | None] = {}  # call key -> (output leaves, spec); None: not to be remembered
+_seen: dict[tuple, tuple[list, Any] | None] = {}  # call key -> _template of its output; None: not to be remembered
 _stats = {"hits": 0, "misses": 0}
 _depth = 0  # scopes entered (remembering): calls are remembered while it is above 0
 _kinds: dict[Any, bool] = {}  # op -> whether its calls may be remembered (_rememberable)
@@ -70,7 +70,8 @@ def _extent(t: torch.Tensor) -> int:
 
 
 def _template(out: Any, inputs: list[Any]) -> tuple[list, Any] | None:
-    """What is needed to make ``out`` again, or None when its outputs are not all fresh meta tensors."""
+    """What is needed to make ``out`` again: its leaves, each ``(True, (dtype, shape, stride))`` for a tensor
+    or ``(False, value)``, and its structure; None when its outputs are not all fresh meta tensors."""
     leaves, spec = tree_flatten(out)
     storages: set[int] = {id(t.untyped_storage()) for t in inputs if type(t) in _TENSORS}
     made: list[Any] = []
@@ -81,9 +82,9 @@ def _template(out: Any, inputs: list[Any]) -> tuple[list, Any] | None:
                     or id(storage) in storages or storage.nbytes() != _extent(x) or x.is_conj() or x.is_neg()):
                 return None
             storages.add(id(storage))
-            made.append((x.dtype, tuple(x.shape), x.stride()))
+            made.append((True, (x.dtype, tuple(x.shape), x.stride())))
         elif x is None or type(x) in (bool, int, float):
-            made.append(("value", x))
+            made.append((False, x))
         else:
             return None
     return made, spec
@@ -114,8 +115,8 @@ def call_on_meta(func: Any, args: tuple, kwargs: dict) -> Any:
     if known is not False:
         _stats["hits"] += 1
         made, spec = known
-        return tree_unflatten([_EMPTY(m[1], m[2], dtype=m[0], device="meta") if m[0] != "value"
-                               else m[1] for m in made], spec)
+        return tree_unflatten([_EMPTY(v[1], v[2], dtype=v[0], device="meta") if tensor else v
+                               for tensor, v in made], spec)
     _stats["misses"] += 1
     out = func(*args, **kwargs)
     if len(_seen) >= MAX_ENTRIES:
