@@ -255,6 +255,16 @@ def _member(hp: dict[str, Any], n_features: int) -> ColdStartModel:
                           dropout=hp["dropout"], groups=target_groups(FEATURES))
 
 
+def _new_member(hp: dict[str, Any], x: torch.Tensor, seed: int) -> ColdStartModel:
+    """An untrained member, initialised from ``seed``, standardising features as its training rows ``x`` do."""
+    torch.manual_seed(seed)
+    member = _member(hp, x.shape[1])
+    mu, sd = fit_standardisation(x)
+    member.mu.copy_(mu)
+    member.sd.copy_(sd)
+    return member
+
+
 def fit(ds: dict[str, Any], idx: np.ndarray, max_epochs: int, seed: int, hp: dict[str, Any],
         calibrate: bool = True) -> ColdStartEnsemble:
     """``hp["ensemble"]`` members on the runs ``idx`` (seeds ``seed``, ``seed + 1``, ...), p90 calibrated
@@ -306,12 +316,7 @@ def fit_members(ds: dict[str, Any], subsets: list[np.ndarray], max_epochs: int, 
     valid = torch.tensor(hp["target_weights"], dtype=torch.float32) * torch.tensor(ds["valid"], dtype=torch.float32)
     members, weights = [], []
     for rows, seed in zip(subsets, seeds, strict=True):
-        torch.manual_seed(seed)
-        member = _member(hp, x.shape[1])
-        mu, sd = fit_standardisation(x[rows])
-        member.mu.copy_(mu)
-        member.sd.copy_(sd)
-        members.append(member.train())
+        members.append(_new_member(hp, x[rows], seed).train())
         share = torch.zeros(n)
         share[rows] = n / len(rows)  # the mean over all runs is then the mean over the member's runs
         weights.append(valid * share[:, None])
@@ -335,15 +340,12 @@ def fit_members(ds: dict[str, Any], subsets: list[np.ndarray], max_epochs: int, 
 
 def _fit_member(ds: dict[str, Any], idx: np.ndarray, max_epochs: int, seed: int, hp: dict[str, Any]
                 ) -> ColdStartModel:
-    torch.manual_seed(seed)
+    """One member fitted alone on the runs ``idx`` (members with a graph encoder; see :func:`fit_members`)."""
     x = torch.tensor(ds["feats"][idx], dtype=torch.float32)
     r = torch.tensor(np.where(ds["valid"][idx], to_residual(ds["y_fit"][idx], ds["base"][idx]), 0.0),
                      dtype=torch.float32)
     batch = Batch.from_data_list([ds["graphs"][i] for i in idx]) if hp["graph_dim"] > 0 else None
-    model = _member(hp, x.shape[1])
-    mu, sd = fit_standardisation(x)
-    model.mu.copy_(mu)
-    model.sd.copy_(sd)
+    model = _new_member(hp, x, seed)
     w = torch.tensor(hp["target_weights"], dtype=torch.float32) * torch.tensor(ds["valid"][idx], dtype=torch.float32)
     opt = torch.optim.AdamW(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
     model.train()
