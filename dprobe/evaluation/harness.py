@@ -114,8 +114,12 @@ def _model_forecasts(model: Forecaster, ds: SeriesDataset, target: str, series: 
     return out
 
 
-def _score(method: str, target: str, ds: SeriesDataset, per_series: dict[str, SeriesForecasts],
-           series: dict[str, np.ndarray], test_start: dict[str, int]) -> list[dict]:
+def score(method: str, target: str, ds: SeriesDataset, per_series: dict[str, SeriesForecasts],
+          series: dict[str, np.ndarray], test_start: dict[str, int]) -> list[dict]:
+    """The report's rows (one per lead) for ``method``'s forecasts of ``target`` at each series' origins:
+    MAE, MASE (scaled on the series before ``test_start``), pinball loss and coverage, over the origins
+    whose target is observed. What :func:`evaluate_dataset` reports for every method it runs, and how a
+    forecaster that is not a window model (``benchmarks/forecast_headroom.py``) is scored the same way."""
     rows = []
     for j, h in enumerate(ds.lead_steps):
         act, pt, qs, mases = [], [], [], []
@@ -189,7 +193,7 @@ def evaluate_dataset(ds: SeriesDataset, models: dict[str, Forecaster] | None = N
             elapsed = time.perf_counter() - t0
             result.seconds[method] = result.seconds.get(method, 0.0) + elapsed
             result.forecasts.setdefault(method, {})[target] = per
-            result.rows.extend(_score(method, target, ds, per, series, starts))
+            result.rows.extend(score(method, target, ds, per, series, starts))
             if on_method:
                 on_method(method, elapsed)
     return result
