@@ -41,6 +41,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from dprobe.conformal import conformal_shift  # noqa: E402
 from dprobe.data import SeriesDataset  # noqa: E402
 from dprobe.evaluation.harness import EvalConfig, SeriesForecasts, evaluate_dataset, score  # noqa: E402
 from dprobe.forecasting.base import QUANTILES  # noqa: E402
@@ -162,8 +163,10 @@ def reference_forecasts(ds: SeriesDataset, series: dict[str, np.ndarray], test_s
         # the anchor with the lower MAE on the calibration span (the training span without one), as
         # dprobe's point forecast is chosen on its validation span
         choose_on = "valid" if "valid" in next(iter(spans.values())) else "train"
-        anchor = min(frames[next(iter(series))][1], key=lambda a: sum(
-            np.abs(series[u][sp[choose_on] + h] - frames[u][1][a][sp[choose_on]]).sum() for u, sp in spans.items()))
+        errors = {name: sum(float(np.abs(series[u][sp[choose_on] + h] - frames[u][1][name][sp[choose_on]]).sum())
+                            for u, sp in spans.items())
+                  for name in frames[next(iter(series))][1]}
+        anchor = min(errors, key=errors.get)
         parts = {"train": [], "valid": []}
         for uid, sp in spans.items():
             y, (_, anchors, sc, _) = series[uid], frames[uid]
@@ -178,8 +181,6 @@ def reference_forecasts(ds: SeriesDataset, series: dict[str, np.ndarray], test_s
         models = fit_quantiles(x, z, w, rounds, threads)
         shifts = np.zeros(len(QUANTILES))
         if parts["valid"]:
-            from dprobe.conformal import conformal_shift
-
             xv = pd.concat([p[0] for p in parts["valid"]], ignore_index=True)
             zv = np.concatenate([p[1] for p in parts["valid"]])
             for k, q in enumerate(QUANTILES):
