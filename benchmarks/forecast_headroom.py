@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 from dprobe.conformal import conformal_shift  # noqa: E402
 from dprobe.data import SeriesDataset  # noqa: E402
 from dprobe.evaluation.harness import EvalConfig, SeriesForecasts, evaluate_dataset, score  # noqa: E402
+from dprobe.evaluation.report import against_baselines  # noqa: E402
 from dprobe.forecasting.base import QUANTILES  # noqa: E402
 from dprobe.forecasting.baselines import ffill  # noqa: E402
 
@@ -132,20 +133,29 @@ def fit_quantiles(x: pd.DataFrame, z: np.ndarray, weight: np.ndarray, rounds: in
             for q in QUANTILES]
 
 
-def reference_forecasts(ds: SeriesDataset, series: dict[str, np.ndarray], test_start: dict[str, int], variant: str,
-                        rounds: int, threads: int, max_rows: int, bar=None) -> dict[str, SeriesForecasts]:
-    """``variant``'s forecasts of a target's ``series`` at the harness's origins (``test_start`` on)."""
+def series_features(ds: SeriesDataset, series: dict[str, np.ndarray]) -> dict[str, tuple]:
+    """Per series of one target: (trailing features with the time of day, anchors, scale, covariates), the
+    same for every variant."""
     covs_all = ds.covariate_arrays()
     tod = time_of_day(ds)
     floor = 0.01 * float(np.nanmean([np.nanmean(np.abs(y)) for y in series.values()]))
-    future = variant == "lightgbm_future_covariates"
-    leads = ds.lead_steps
-    frames: dict[str, tuple] = {}
+    frames = {}
     for uid, y in series.items():
         cov = covs_all.get(uid)
         base, anchors, scale = trailing_features(y, cov, ds.covariates, ds.season_length, floor)
         base["time_of_day"] = tod[uid]
         frames[uid] = (base, anchors, scale, cov)
+    return frames
+
+
+def reference_forecasts(ds: SeriesDataset, series: dict[str, np.ndarray], test_start: dict[str, int], variant: str,
+                        rounds: int, threads: int, max_rows: int, bar=None,
+                        frames: dict[str, tuple] | None = None) -> dict[str, SeriesForecasts]:
+    """``variant``'s forecasts of a target's ``series`` at the harness's origins (``test_start`` on);
+    ``frames``: :func:`series_features` of ``series``, when already computed for another variant."""
+    frames = frames if frames is not None else series_features(ds, series)
+    future = variant == "lightgbm_future_covariates"
+    leads = ds.lead_steps
     per_lead = []
     for h in leads:
         feats = {uid: lead_features(b, series[uid], cov, ds.covariates, a["last_value"], sc, ds.season_length, h,
@@ -203,20 +213,20 @@ def reference_forecasts(ds: SeriesDataset, series: dict[str, np.ndarray], test_s
 
 
 def ratios(rows: list[dict], methods: list[str], baselines: list[str]) -> list[dict]:
-    """Per target and lead: each method's MAE and pinball over the best baseline's on that row."""
+    """Per target and lead: each method's MAE and pinball over the best baseline's on that row (the short
+    answer of ``dprobe evaluate``, :func:`against_baselines`, of each method against the baselines alone)."""
+    per = {m: {(e["target"], e["lead_steps"]): e
+               for e in against_baselines([r for r in rows if r["method"] in {*baselines, m}], m)} for m in methods}
     out = []
     for key in sorted({(r["target"], r["lead_steps"]) for r in rows}):
-        group = {r["method"]: r for r in rows if (r["target"], r["lead_steps"]) == key}
-        base = [group[b] for b in baselines if b in group]
-        best_mae = min(base, key=lambda r: r["mae"])
-        best_pin = min(base, key=lambda r: r["pinball"])
-        entry = {"target": key[0], "lead_steps": key[1], "best_mae": best_mae["method"],
-                 "best_pinball": best_pin["method"]}
-        for m in methods:
-            if m in group:
-                entry[m] = {"mae_ratio": group[m]["mae"] / best_mae["mae"],
-                            "pinball_ratio": group[m]["pinball"] / best_pin["pinball"],
-                            "coverage_p90": group[m]["coverage_p90"], "coverage_p99": group[m]["coverage_p99"]}
+        mine = {m: per[m][key] for m in methods if key in per[m]}
+        if not mine:
+            continue
+        first = next(iter(mine.values()))
+        entry = {"target": key[0], "lead_steps": key[1], "best_mae": first["best_mae"],
+                 "best_pinball": first["best_pinball"]}
+        for m, e in mine.items():
+            entry[m] = {k: e[k] for k in ("mae_ratio", "pinball_ratio", "coverage_p90", "coverage_p99")}
         out.append(entry)
     return out
 
@@ -296,8 +306,10 @@ def main() -> None:
                 if not series:
                     continue
                 starts = {u: result.test_start[f"{target}/{u}"] for u in series}
+                frames = series_features(ds, series)
                 for variant in VARIANTS:
-                    per = reference_forecasts(ds, series, starts, variant, args.rounds, threads, args.max_rows, bar)
+                    per = reference_forecasts(ds, series, starts, variant, args.rounds, threads, args.max_rows, bar,
+                                              frames)
                     rows.extend(score(variant, target, ds, per, series, starts))
         table = ratios(rows, methods, list(cfg.baselines))
         report.append({"dataset": ds.name, "rows": rows, "ratios": table,

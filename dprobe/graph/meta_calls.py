@@ -11,8 +11,8 @@ Only calls that cannot tell the difference are remembered: functional ops (no vi
 and the optimizers' in-place ``_foreach_`` ops, which return nothing) on meta tensors alone, whose
 outputs are fresh tensors of their own, each on a storage of exactly its extent, and whose other
 arguments are plain values (numbers, dtypes, devices, ...), made with no other dispatch mode below
-the caller's (it would not see a call answered from memory). Calls are remembered only while a :class:`RememberingMode` (the replay's and the tracer's dispatch modes) or
-:func:`remembering` is entered, and forgotten when the outermost one ends: a process that profiles a
+the caller's (it would not see a call answered from memory). Calls are remembered only while a
+:class:`RememberingMode` (the replay's and the tracer's dispatch modes) or :func:`remembering` is entered, and forgotten when the outermost one ends: a process that profiles a
 job now and then (the sidecar) keeps nothing between jobs.
 """
 
