@@ -79,7 +79,7 @@ class OptionSet:
                 value = None if value in (None, "") else str(value)
             else:
                 value = "" if value is None else str(value)
-        except (TypeError, ValueError, yaml.YAMLError) as exc:
+        except (TypeError, ValueError, OverflowError, yaml.YAMLError) as exc:  # OverflowError: int("inf")
             raise ValueError(f"{origin}: option {name}: {exc}") from exc
         choices = f.metadata.get("choices")
         if choices and value not in choices:

@@ -84,6 +84,23 @@ def _objects(path: Path) -> dict[str, dict]:
     return {d["kind"]: d for d in yaml.safe_load_all(path.read_text()) if d}
 
 
+def _granted(path: Path) -> set[tuple[str, str, str, str, str]]:
+    """(namespace, API group, resource, name or "*", verb) that the Roles of ``path`` grant the scaler's service
+    account through their RoleBindings; no cluster-wide role or binding, no role left unbound."""
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")], path
+    roles = {(d["metadata"]["namespace"], d["metadata"]["name"]): d for d in docs if d["kind"] == "Role"}
+    bound = set()
+    for binding in (d for d in docs if d["kind"] == "RoleBinding"):
+        assert binding["roleRef"]["kind"] == "Role" and binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "dprobe-scaler", "namespace": "monitoring"}], path
+        bound.add((binding["metadata"]["namespace"], binding["roleRef"]["name"]))
+    assert bound == set(roles), path
+    return {(ns, group, resource, name, verb) for (ns, _), role in roles.items() for rule in role["rules"]
+            for group in rule["apiGroups"] for resource in rule["resources"]
+            for name in rule.get("resourceNames", ["*"]) for verb in rule["verbs"]}
+
+
 def test_scaler_manifests_match_the_scaler(tmp_path: Path) -> None:
     """The ConfigMap is a valid scaler config, the Deployment's arguments parse as `dprobe scaler` flags and
     its port is the config's, and the RBAC grants what apply mode calls (get and patch on the scales)."""
@@ -102,9 +119,249 @@ def test_scaler_manifests_match_the_scaler(tmp_path: Path) -> None:
     assert args.command == "scaler" and args.config == "/etc/dprobe/scaler.yaml"
     assert container["ports"][0]["containerPort"] == config.port
     assert container["volumeMounts"][0]["mountPath"] == args.config
-    rbac = _objects(scaler / "rbac.yaml")
-    granted = {(group, resource, verb) for rule in rbac["ClusterRole"]["rules"] for group in rule["apiGroups"]
-               for resource in rule["resources"] for verb in rule["verbs"]}
-    needed = {("apps", f"{kind}/scale", verb) for kind in ("deployments", "statefulsets") for verb in ("get", "patch")}
-    assert granted == needed | {("", "resourcequotas", "get"), ("", "resourcequotas", "patch"), ("", "events", "create")}
-    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == rbac["ServiceAccount"]["metadata"]["name"]
+    # least privilege: get / patch on each listed workload's own scale, Events, in its namespace only
+    specs = config.workload_specs()
+    assert _granted(scaler / "rbac.yaml") == (
+        {(s.namespace, "apps", f"{s.kind.lower()}s/scale", s.name, verb) for s in specs for verb in ("get", "patch")}
+        | {(s.namespace, "", "events", "*", "create") for s in specs})
+    # the quota rule, apart (only with vc_quota_name): the named quota of each virtual cluster's namespace
+    quota = re.search(r"vc_quota_name: (\S+)", config_map["data"]["scaler.yaml"]).group(1)
+    assert _granted(scaler / "rbac-quota.yaml") == {("team-a", "", "resourcequotas", quota, verb) for verb in
+                                                   ("get", "patch")} | {("team-a", "", "events", "*", "create")}
+
+
+def _pod_container_lists(doc: object) -> list[list[dict]]:
+    """The container lists of the pods a manifest describes (a Pod's, a workload template's, wherever they
+    nest), or the manifest itself when it is a bare list of containers (a snippet to add to a pod)."""
+    if isinstance(doc, list):
+        return [doc] if doc and all(isinstance(c, dict) and "image" in c for c in doc) else []
+    if not isinstance(doc, dict):
+        return []
+    own = [doc["containers"]] if isinstance(doc.get("containers"), list) else []
+    return own + [found for value in doc.values() if isinstance(value, dict) for found in _pod_container_lists(value)]
+
+
+def test_no_readiness_gate_from_the_sidecar_on_a_workloads_pod() -> None:
+    """A sidecar next to a workload (a Pod with other containers, or the snippet added to one) has no readiness
+    probe that depends on its metrics source: /readyz failing would take the workload out of its Service."""
+    checked = 0
+    for path in sorted(DEPLOY.rglob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            for containers in _pod_container_lists(doc):
+                sidecars = [c for c in containers if (c.get("args") or [None])[0] == "sidecar"]
+                if not sidecars or (len(containers) == 1 and path.name != "sidecar-container.yaml"):
+                    continue  # no sidecar, or dprobe's own pod (the per-node DaemonSet)
+                for c in sidecars:
+                    checked += 1
+                    probe = c.get("readinessProbe")
+                    assert probe is None or probe.get("httpGet", {}).get("path") == "/healthz", (path, c["name"])
+                    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz", (path, c["name"])
+    assert checked >= 2  # example-pod.yaml and sidecar-container.yaml
+
+
+def _docs() -> list[tuple[Path, object]]:
+    """Every YAML document of deploy/, with its file."""
+    return [(path, doc) for path in sorted(DEPLOY.rglob("*.yaml")) for doc in yaml.safe_load_all(path.read_text())
+            if doc is not None]
+
+
+def _pods() -> list[tuple[Path, str, dict, dict]]:
+    """(file, namespace, pod labels, pod spec) of every Pod and workload template of deploy/ that runs dprobe
+    (patches of them aside)."""
+    pods = []
+    for path, doc in _docs():
+        if (not isinstance(doc, dict) or doc.get("kind") not in ("Pod", "Deployment", "DaemonSet", "StatefulSet")
+                or path.name.endswith("-patch.yaml")):
+            continue
+        template = doc if doc["kind"] == "Pod" else doc["spec"]["template"]
+        if any(c["image"].startswith("dprobe") for c in template["spec"]["containers"]):
+            pods.append((path, doc["metadata"]["namespace"], template["metadata"]["labels"], template["spec"]))
+    return pods
+
+
+def _strategic_merge(base: object, patch: object) -> object:
+    """``kubectl patch``'s strategic merge, as far as a Deployment patch needs it: maps merge, lists of named
+    maps (containers) merge by name, anything else is replaced."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        return {**base, **{k: _strategic_merge(base.get(k), v) for k, v in patch.items()}}
+    if isinstance(base, list) and isinstance(patch, list) and all(isinstance(x, dict) and "name" in x
+                                                                  for x in base + patch):
+        patched = {x["name"]: x for x in patch}
+        return [_strategic_merge(x, patched.pop(x["name"])) if x["name"] in patched else x for x in base] + list(
+            patched.values())
+    return patch
+
+
+TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def test_dprobe_runs_without_privileges_or_api_token() -> None:
+    """Every dprobe container (the scaler, the node agent, the sidecar in a pod and as a snippet) runs as
+    non-root under the runtime's seccomp profile, with a read-only root, no capabilities, no privilege
+    escalation and no Kubernetes API token (recommend mode and the sidecar call no API)."""
+    snippet = yaml.safe_load((DEPLOY / "sidecar" / "sidecar-container.yaml").read_text())
+    pods = _pods()
+    assert {p.name for p, _, _, _ in pods} >= {"deployment.yaml", "node-agent.yaml", "example-pod.yaml"}
+    checked = []
+    for path, spec, containers in [(p, spec, spec["containers"]) for p, _, _, spec in pods] + [
+            (DEPLOY / "sidecar" / "sidecar-container.yaml", {}, snippet)]:
+        for c in (c for c in containers if c["image"].startswith("dprobe")):
+            sc, pod_sc = c.get("securityContext", {}), spec.get("securityContext", {})
+            assert sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")) is True, (path, c["name"])
+            assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True, (path, c["name"])
+            assert sc["capabilities"]["drop"] == ["ALL"] and not sc["capabilities"].get("add"), (path, c["name"])
+            assert (sc.get("seccompProfile") or pod_sc.get("seccompProfile")) == {"type": "RuntimeDefault"}, path
+            assert not sc.get("privileged") and not spec.get("hostNetwork") and not spec.get("hostPID"), path
+            # no token: none mounted in the pod, or (a snippet for any pod) an empty volume over its path
+            shadowed = any(m["mountPath"] == TOKEN_PATH for m in c.get("volumeMounts", []))
+            assert spec.get("automountServiceAccountToken") is False or shadowed, (path, c["name"])
+            checked.append(path.name)
+    assert "sidecar-container.yaml" in checked and len(checked) >= 4
+    # the snippet's empty volume is named for the pod's volumes
+    shadow = next(m["name"] for m in snippet[0]["volumeMounts"] if m["mountPath"] == TOKEN_PATH)
+    assert f"- name: {shadow}\n#   emptyDir:" in (DEPLOY / "sidecar" / "sidecar-container.yaml").read_text()
+
+
+def test_apply_mode_patch_gives_the_token_and_the_mode_together(tmp_path: Path) -> None:
+    """The default scaler Deployment (recommend mode) mounts no token and names no service account; the
+    apply-mode patch turns on --mode apply and, with it, rbac.yaml's service account and its token."""
+    from dprobe.cli import build_parser
+    from dprobe.scaler.config import load_config
+
+    scaler = DEPLOY / "scaler"
+    deployment = _objects(scaler / "deployment.yaml")["Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
+    config_file = tmp_path / "scaler.yaml"
+    config_file.write_text(_objects(scaler / "configmap.yaml")["ConfigMap"]["data"]["scaler.yaml"])
+
+    def mode(pod_spec: dict) -> str:
+        args = vars(build_parser().parse_args(pod_spec["containers"][0]["args"]))
+        return load_config({**args, "config": str(config_file)}, env={}).mode
+
+    assert mode(pod) == "recommend"
+    patch = _objects(scaler / "apply-mode-patch.yaml")["Deployment"]
+    assert (patch["metadata"]["name"], patch["metadata"]["namespace"]) == (
+        deployment["metadata"]["name"], deployment["metadata"]["namespace"])
+    applied = _strategic_merge(deployment, patch)["spec"]["template"]["spec"]
+    assert mode(applied) == "apply" and applied["automountServiceAccountToken"] is True
+    account = _objects(scaler / "rbac.yaml")["ServiceAccount"]
+    assert applied["serviceAccountName"] == account["metadata"]["name"]
+    assert account["automountServiceAccountToken"] is False  # only a pod that asks for it gets the token
+    # the rest of the container is untouched by the patch
+    assert {k: v for k, v in applied["containers"][0].items() if k != "args"} == {
+        k: v for k, v in pod["containers"][0].items() if k != "args"}
+
+
+def _covers(port_rule: dict, port: int) -> bool:
+    return port_rule.get("protocol", "TCP") == "TCP" and port_rule.get("port", port) <= port <= port_rule.get(
+        "endPort", port_rule.get("port", port))
+
+
+def test_network_policies_let_only_prometheus_reach_the_metrics_ports() -> None:
+    """Every dprobe pod is selected by a NetworkPolicy of its namespace that admits its metrics port from the
+    monitoring namespace's Prometheus pods only (both selectors in one peer: a Prometheus pod there), and no
+    rule opens that port to anyone else."""
+    prometheus = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                  "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+    policies = [doc for _, doc in _docs() if isinstance(doc, dict) and doc.get("kind") == "NetworkPolicy"]
+    for path, namespace, labels, spec in _pods():
+        [port] = [p["containerPort"] for c in spec["containers"] for p in c.get("ports", [])
+                  if p.get("name") == "dprobe-metrics"]
+        selecting = [p for p in policies if p["metadata"]["namespace"] == namespace and "Ingress" in
+                     p["spec"]["policyTypes"] and p["spec"]["podSelector"]["matchLabels"].items() <= labels.items()]
+        assert selecting, (path, "no NetworkPolicy selects it")
+        rules = [r for p in selecting for r in p["spec"].get("ingress", [])
+                 if not r.get("ports") or any(_covers(pr, port) for pr in r["ports"])]
+        assert rules and all(r.get("from") == [prometheus] for r in rules), (path, rules)
+
+
+def test_pod_monitors_keep_the_series_own_labels() -> None:
+    """Both PodMonitors honour the series' labels: the sidecar's name the forecast pods, the scaler's the
+    workload's namespace (which the KEDA example's query selects); the Operator's would replace them."""
+    monitors = {path.parent.name: doc for path, doc in _docs() if isinstance(doc, dict) and doc.get("kind") == "PodMonitor"}
+    assert set(monitors) == {"scaler", "sidecar"}
+    for monitor in monitors.values():
+        assert all(e.get("honorLabels") is True for e in monitor["spec"]["podMetricsEndpoints"])
+
+
+SCHEMAS = Path(__file__).resolve().parent / "schemas"
+# what KEDA's Prometheus scaler reads from a trigger's metadata (pkg/scalers/prometheus_scaler.go, authModes
+# from its authentication config); anything else there is ignored without a word
+KEDA_PROMETHEUS_METADATA = {"serverAddress", "query", "queryParameters", "threshold", "activationThreshold",
+                            "namespace", "customHeaders", "ignoreNullValues", "unsafeSsl", "awsRegion", "timeout",
+                            "identityOwner", "authModes"}
+
+
+def _schema_errors(value: object, schema: dict, where: str = "") -> list[str]:
+    """Where ``value`` breaks an OpenAPI v3 schema of a CRD, with unknown fields as errors (as the API server's
+    strict field validation, kubectl apply --validate=strict, reports them)."""
+    kind = schema.get("type")
+    if schema.get("x-kubernetes-int-or-string"):
+        return [] if isinstance(value, int | str) and not isinstance(value, bool) else [f"{where}: not int or string"]
+    expected = {"object": dict, "array": list, "string": str, "boolean": bool, "integer": int, "number": int | float}
+    if kind in expected and (not isinstance(value, expected[kind]) or (kind in ("integer", "number")
+                                                                     and isinstance(value, bool))):
+        return [f"{where}: {value!r} is not {kind}"]
+    errors = []
+    if "enum" in schema and value not in schema["enum"]:
+        errors.append(f"{where}: {value!r} not one of {schema['enum']}")
+    if "minimum" in schema and value < schema["minimum"]:
+        errors.append(f"{where}: {value} < {schema['minimum']}")
+    if isinstance(value, dict) and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        props = schema.get("properties")
+        errors += [f"{where}.{k}: required" for k in schema.get("required", []) if k not in value]
+        for key, item in value.items():
+            if props is not None and key in props:
+                errors += _schema_errors(item, props[key], f"{where}.{key}")
+            elif isinstance(schema.get("additionalProperties"), dict):
+                errors += _schema_errors(item, schema["additionalProperties"], f"{where}.{key}")
+            elif props is not None:
+                errors.append(f"{where}.{key}: unknown field")
+    if isinstance(value, list):
+        if len(value) < schema.get("minItems", 0):
+            errors.append(f"{where}: fewer than {schema['minItems']} items")
+        for i, item in enumerate(value):
+            errors += _schema_errors(item, schema.get("items", {}), f"{where}[{i}]")
+    return errors
+
+
+def test_keda_scaled_objects_put_every_field_where_keda_reads_it() -> None:
+    """Both ScaledObjects validate against KEDA's own CRD schema (tests/schemas, unknown fields refused);
+    metricType is the trigger's (KEDA ignores it in metadata, and its fallback needs AverageValue); an
+    empty answer is an error to KEDA (ignoreNullValues "false"), so its fallback, max(current, replicas),
+    holds instead of reading 0."""
+    crd = yaml.safe_load((SCHEMAS / "keda.sh_scaledobjects.yaml").read_text())
+    [version] = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
+    schema = version["schema"]["openAPIV3Schema"]
+    objects = [doc for _, doc in _docs() if isinstance(doc, dict) and doc.get("kind") == "ScaledObject"]
+    assert len(objects) == 2
+    for obj in objects:
+        assert obj["apiVersion"] == f"{crd['spec']['group']}/v1alpha1"
+        assert _schema_errors(obj, schema) == [], obj["metadata"]["name"]
+        assert obj["spec"]["fallback"]["behavior"] == "currentReplicasIfHigher"
+        for trigger in obj["spec"]["triggers"]:
+            assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
+            assert set(trigger["metadata"]) <= KEDA_PROMETHEUS_METADATA, set(trigger["metadata"])
+            assert trigger["metadata"]["ignoreNullValues"] == "false"
+    # the check itself: a field KEDA does not have, or a value of the wrong type, is refused
+    obj = objects[0]
+    assert _schema_errors({**obj, "spec": {**obj["spec"], "metricType": "AverageValue"}}, schema) == [
+        ".spec.metricType: unknown field"]
+    fallback = {**obj["spec"]["fallback"], "failureThreshold": "3"}
+    assert _schema_errors({**obj, "spec": {**obj["spec"], "fallback": fallback}}, schema) == [
+        ".spec.fallback.failureThreshold: '3' is not integer"]
+
+
+def test_dockerfile_base_image_is_pinned_by_digest() -> None:
+    """Every image the Dockerfile builds from is pinned by its sha256 digest (its own stages aside): a
+    rebuild gets the same base, not whatever the tag points to that day."""
+    text = (DEPLOY / "Dockerfile").read_text()
+    froms = re.findall(r"^FROM (\S+)(?: AS (\w+))?$", text, re.M)
+    stages: set[str] = set()
+    external = []
+    for image, stage in froms:
+        if image not in stages:
+            external.append(image)
+        stages.add(stage)
+    assert external and all(re.fullmatch(r"[\w./:-]+@sha256:[0-9a-f]{64}", image) for image in external), external

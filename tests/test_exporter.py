@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import http.client
+import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -158,6 +161,90 @@ def test_http_endpoints() -> None:
             assert r.read().decode().rstrip().endswith("# EOF")
         assert _get(srv.url + "/nope")[0] == 404
     finally:
+        srv.stop()
+
+
+def _closed_by_server(conn: socket.socket, within: float) -> bool:
+    """Whether the server closes ``conn`` (FIN or RST) within ``within`` s, sending nothing first."""
+    conn.settimeout(within)
+    try:
+        return conn.recv(1024) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_half_open_connections_are_dropped_and_threads_bounded() -> None:
+    """Clients that open a connection and send nothing, or half a request, or a request a byte at a time,
+    are dropped after request_timeout (in all, not per byte); while they hang, a scrape still answers; past
+    max_connections a new connection is closed unanswered, and the threads go back to what they were."""
+    state = FakeState()
+    state.is_ready = (True, "ok")
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(SidecarCollector(state, clock=lambda: NOW))
+    srv = ExporterServer(reg, state, "127.0.0.1", 0, request_timeout=0.6, max_connections=16)
+    srv.start()
+    baseline = threading.active_count()
+    address = ("127.0.0.1", srv.port)
+    conns: list[socket.socket] = []
+    try:
+        for i in range(12):
+            conns.append(socket.create_connection(address, timeout=2))
+            if i % 2:  # headers that never end
+                conns[-1].sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        opened = time.monotonic()
+        assert _get(srv.url + "/metrics")[0] == 200  # answered while the others hang
+        assert not _closed_by_server(conns[0], 0.2)  # not dropped before its time
+        # a byte every 0.1 s never lets a read time out, but the request as a whole does
+        drip = socket.create_connection(address, timeout=2)
+        started, dropped_after = time.monotonic(), None
+        for byte in b"GET /metrics HTTP/1.1\r\nX-Slow: " + b"a" * 40:
+            try:
+                drip.sendall(bytes([byte]))
+            except OSError:
+                dropped_after = time.monotonic() - started
+                break
+            if _closed_by_server(drip, 0.1):
+                dropped_after = time.monotonic() - started
+                break
+        assert dropped_after is not None and 0.5 < dropped_after < 1.5, dropped_after
+        assert all(_closed_by_server(c, max(0.05, opened + 1.5 - time.monotonic())) for c in conns)
+        for c in conns:
+            c.close()
+        # at the limit: one more connection is closed unanswered, and the scrape answers once they time out
+        conns = [socket.create_connection(address, timeout=2) for _ in range(16)]
+        time.sleep(0.1)
+        extra = socket.create_connection(address, timeout=2)
+        conns.append(extra)
+        assert _closed_by_server(extra, 0.3)
+        assert all(_closed_by_server(c, 1.5) for c in conns[:16])
+        assert _get(srv.url + "/metrics")[0] == 200
+        deadline = time.monotonic() + 2
+        while threading.active_count() > baseline and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert threading.active_count() <= baseline
+    finally:
+        for c in conns:
+            c.close()
+        srv.stop()
+
+
+def test_stop_ends_kept_alive_connections() -> None:
+    """After stop(), a scraper's kept-alive connection is not answered any more."""
+    state = FakeState()
+    srv = ExporterServer(CollectorRegistry(auto_describe=False), state, "127.0.0.1", 0)
+    srv.start()
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=2)
+    try:
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().read() == b"ok\n"
+        srv.stop()
+        with pytest.raises((http.client.HTTPException, OSError)):
+            conn.request("GET", "/healthz")
+            conn.getresponse().read()
+    finally:
+        conn.close()
         srv.stop()
 
 

@@ -391,6 +391,9 @@ def test_cli_graph(tmp_path, capsys) -> None:
     assert "resnet18" in capsys.readouterr().err
     assert main(["graph", "torchvision:nope"]) == 2
     assert "unknown torchvision model" in capsys.readouterr().err
+    for flag in ("--seq", "--image", "--batch"):  # refused before anything is built
+        assert main(["graph", "torchvision:resnet18", flag, "0"]) == 2
+        assert f"{flag} must be >= 1, got 0" in capsys.readouterr().err
 
 
 def test_seq_counts_the_frames_of_a_filterbank_input() -> None:

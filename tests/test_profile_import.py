@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 import shutil
 from pathlib import Path
@@ -210,3 +211,102 @@ def test_the_collectors_own_output_is_read(dataset, tmp_path, capsys) -> None:
     assert new.loc["mobilenet_v2", "optimizer"] == "sgd" and new.loc["bert-base", "optimizer"] == "adamw"
     assert new.loc["gpt2", "precision"] == "bf16" and new.loc["gpt2", "vocab"] == 50257
     assert all(len(loaded.run_steps(rid)) == 2 for rid in new["run_id"])  # two steps each, renumbered
+
+
+def _edit_session(session: Path, name: str, row: int, column: str, value: object) -> None:
+    """Set one cell of a session: a field of the record on line ``row + 1`` of runs.jsonl, or a CSV cell."""
+    if name == "runs.jsonl":
+        records = [json.loads(line) for line in (session / name).read_text().splitlines()]
+        records[row][column] = value
+        (session / name).write_text("".join(json.dumps(r) + "\n" for r in records))
+        return
+    table = pd.read_csv(session / name, dtype=str, keep_default_na=False)
+    table.loc[row, column] = value
+    table.to_csv(session / name, index=False)
+
+
+@pytest.mark.parametrize(("name", "row", "column", "value", "message"), [
+    ("runs.jsonl", 0, "batch", -8, r"runs\.jsonl: column 'batch' must be a whole number >= 1; line 1 has -8"),
+    ("runs.jsonl", 1, "params", "lots", r"runs\.jsonl: column 'params' must be numeric; line 2 has 'lots'"),
+    ("runs.jsonl", 1, "batch", 2.5, r"column 'batch' must be a whole number >= 1; line 2 has 2\.5"),
+    ("runs.jsonl", 0, "peak_alloc_bytes", -1, r"column 'peak_alloc_bytes' must be a whole number >= 0; line 1"),
+    ("runs.jsonl", 0, "step_time_median_s", "Infinity", r"column 'step_time_median_s' must be a number >= 0"),
+    ("runs.jsonl", 0, "precision", "fp8", r"column 'precision' must be one of fp32, bf16, fp16, bf16-pure"),
+    ("runs.jsonl", 0, "status", "", r"runs\.jsonl: column 'status' has no value at line 1"),
+    ("runs.jsonl", 0, "phases", "sometimes", r"column 'phases' must be one of true, false"),
+    ("runs.jsonl", 0, "config_kwargs", "[1]", r"column 'config_kwargs' must be a JSON object; line 1 has '\[1\]'"),
+    ("runs.jsonl", 0, "t_end", 1.0, r"column 't_end' must not be before 't_begin'; line 1"),
+    ("runs.jsonl", 1, "run_id", "r017", r"runs\.jsonl: line 2 repeats run r017 of line 1"),
+    ("samples.csv", 3, "gpu_util_pct", "250", r"samples\.csv: column 'gpu_util_pct' must be a number between 0 and "
+                                              r"100; row 5 has 250"),
+    ("samples.csv", 3, "mem_used_bytes", "-5", r"samples\.csv: column 'mem_used_bytes' must be a number >= 0"),
+    ("samples.csv", 3, "t", "1e20", r"samples\.csv: column 't' must be a time in seconds .* row 5 has 1e\+20"),
+    ("samples.csv", 3, "procs", "pids", r"samples\.csv: column 'procs' must be a JSON object; row 5 has 'pids'"),
+    ("steps.csv", 5, "batch", "-8", r"steps\.csv: column 'batch' must be a whole number >= 1; row 7 has -8"),
+    ("steps.csv", 5, "phase", "dance", r"steps\.csv: column 'phase' must be one of warmup, train, eval, serve"),
+    ("steps.csv", 5, "alloc_bytes", "x", r"steps\.csv: column 'alloc_bytes' must be numeric; row 7 has 'x'"),
+    ("steps.csv", 5, "t_end", "0", r"steps\.csv: column 't_end' must not be before 't_start'; row 7"),
+    ("env.json", 0, "gpu_total_bytes", "lots", r"env\.json: 'gpu_total_bytes' must be a number of bytes > 0"),
+])
+def test_every_column_added_is_checked_and_the_data_set_is_left_as_it_was(dataset, tmp_path, capsys, name, row,
+                                                                            column, value, message) -> None:
+    session = as_session(2, tmp_path / "session", only={"r017", "r018"})
+    if name == "env.json":
+        env = json.loads((session / name).read_text())
+        (session / name).write_text(json.dumps({**env, column: value}))
+    else:
+        _edit_session(session, name, row, column, value)
+    before = digest(dataset)
+    with pytest.raises(DatasetError, match=message):
+        add_collection(session, dataset, dry_run=True)
+    assert main(["profiles", "add", str(session), "--data", str(dataset)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("dprobe profiles: error: ") and re.search(message, err), err
+    assert digest(dataset) == before  # byte for byte, and nothing left beside the files
+
+
+def test_an_addition_the_loader_refuses_leaves_the_data_set_as_it_was(dataset, tmp_path) -> None:
+    """The grown data set is loaded from a temporary copy first: if it would not load (here the data set
+    itself has a bad cell), nothing is replaced."""
+    table = pd.read_csv(dataset / "runs.csv", dtype=str, keep_default_na=False)
+    table.loc[3, "seq"] = "long"
+    table.to_csv(dataset / "runs.csv", index=False)
+    before = digest(dataset)
+    session = as_session(2, tmp_path / "session", only={"r017"})
+    with pytest.raises(DatasetError, match=rf"{dataset}: adding {session} would leave a data set that does not load "
+                                           rf"\(DatasetError: {dataset}/runs\.csv: column 'seq' must be numeric; row 5 "
+                                           r"has 'long'\); nothing was changed"):
+        add_collection(session, dataset)
+    assert digest(dataset) == before
+
+
+def test_a_replacement_that_fails_halfway_is_undone(dataset, tmp_path, monkeypatch) -> None:
+    """The files are replaced one by one (os.replace); when the third move fails, the two made are undone."""
+    import dprobe.data.profile_import as profile_import
+
+    session = as_session(2, tmp_path / "session", only={"r017"})
+    before = digest(dataset)
+    real, calls = os.replace, []
+
+    def third_fails(src: str | Path, dst: str | Path) -> None:
+        calls.append(Path(dst).name)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        real(src, dst)
+
+    monkeypatch.setattr(profile_import.os, "replace", third_fails)
+    with pytest.raises(OSError, match="No space left"):
+        add_collection(session, dataset)
+    assert calls[:3] == ["runs.csv", "samples.csv", "steps.csv"] and len(calls) == 5  # two moves undone
+    assert digest(dataset) == before
+
+
+def test_an_addition_keeps_the_files_modes_and_leaves_nothing_behind(dataset, tmp_path) -> None:
+    for path in dataset.iterdir():
+        path.chmod(0o640)
+    session = as_session(2, tmp_path / "session", only={"r017"})
+    add_collection(session, dataset)
+    assert sorted(p.name for p in dataset.iterdir()) == ["CARD.md", "README.md", "env.json", "runs.csv",
+                                                          "samples.csv", "steps.csv"]
+    assert {oct(p.stat().st_mode & 0o777) for p in dataset.iterdir()} == {"0o640"}
+    assert (load_h200_profiles(dataset).runs["collection"] == 5).sum() == 1

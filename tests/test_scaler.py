@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -143,6 +144,41 @@ def test_fallback_after_failure_threshold_cycles_without_forecast() -> None:
     assert hold.decide(0, None, current=7).replicas == 7  # no fallback set: hold
 
 
+def test_fallback_never_lowers_a_count_and_goes_through_rate_policies() -> None:
+    """KEDA's ``currentReplicasIfHigher``: the fallback is max(current, fallback_replicas); a raise to it is
+    bounded by the scale-up rate policies, and the scale-down after the forecasts return is stabilised."""
+    rec = Recommender(Policy(fallback_replicas=2, failure_threshold=2, max_replicas=20))
+    assert [rec.decide(t, None, current=6).replicas for t in (0, 30, 60)] == [6, 6, 6]  # not 6 -> 2
+    assert rec.decide(60, None, current=6).reason == "fallback"
+    up = Recommender(Policy(fallback_replicas=12, failure_threshold=1, max_replicas=20,
+                            scale_up=ScalingRules(0.0, (RatePolicy("pods", 2, 60),))))
+    steps = [up.decide(t, None, current=c) for t, c in ((0, 3), (30, 5), (90, 5), (150, 7))]
+    assert [d.replicas for d in steps] == [5, 5, 7, 9]  # 2 pods a minute towards 12
+    assert steps[0].reason == "fallback, rate-limited"
+    back = up.decide(180, 0.1, current=9)  # forecasts back and low: down only after the stabilisation window
+    assert (back.replicas, back.reason) == (9, "scale-down stabilised")
+
+
+def test_missing_pods_count_as_the_hpa_counts_them() -> None:
+    """A pod expected but without a forecast counts at target on a scale-down and at 0 on a scale-up; where
+    that reverses the direction, the count is held; below min_forecast_coverage, the count is held."""
+    p = Policy(target=0.5, margin=0.0, tolerance=0.0, max_replicas=20)
+    # 4 pods expected, 1 forecast at 0.1: alone it asks for 1; with 3 missing at 0.5 each, ceil(1.6 / 0.5) = 4
+    assert p.desired(0.1, current=4, missing=3)[0] == 4
+    # 1 of 2 forecast at 0.2: ceil((0.2 + 0.5) / 0.5) = 2, not 1
+    assert p.desired(0.2, current=2, missing=1)[0] == 2
+    # scaling up: missing pods count 0 (the forecast pods alone ask for more)
+    assert p.desired(3.0, current=4, missing=2)[0] == 6
+    # a scale-down the missing pods would turn into a scale-up is held
+    count, why = p.desired(0.9, current=3, missing=2)  # alone ceil(1.8) = 2; with them ceil(3.8) = 4
+    assert count == 3 and why == "held: 2 pods without a forecast"
+    rec = Recommender(replace(p, scale_down=NO_LIMIT, min_forecast_coverage=0.5, failure_threshold=5))
+    d = rec.decide(0, 0.1, current=4, missing=3, covered=1)  # 1 of 4 forecast: below half, held
+    assert (d.replicas, d.demand, d.reason) == (4, None, "forecasts for 1 of 4 pods: holding")
+    d = rec.decide(30, 0.2, current=4, missing=2, covered=2)  # 2 of 4: decided, missing at target
+    assert (d.replicas, d.missing) == (3, 2)  # ceil((0.2 + 2 * 0.5) / 0.5) = 3
+
+
 # config -------------------------------------------------------------------------------------------
 def test_config_reads_workloads_from_yaml_env_and_flags(tmp_path: Path) -> None:
     path = tmp_path / "scaler.yaml"
@@ -215,12 +251,19 @@ def test_demand_sums_pods_per_workload_discovered_deployment_and_virtual_cluster
         _forecast("serving", "embed-5c8d7f9b6-ccccc", 0.4), _forecast("team-a", "train-0", 0.5),
         _forecast("serving", "standalone", 0.2),
     ])
-    view = group_demand(forecasts, [spec], {("team-a", "train-0"): 4}, vc_label="namespace", discover=True)
+    gpus = {("team-a", "train-0"): (4, {"namespace": "team-a", "pod": "train-0"}),
+            # holding GPUs, without a forecast: missing, never 0
+            ("serving", "llm-7d9f8c6b5d-ccccc"): (1, {"namespace": "serving", "pod": "llm-7d9f8c6b5d-ccccc"}),
+            ("team-b", "train-1"): (2, {"namespace": "team-b", "pod": "train-1"})}
+    view = group_demand(forecasts, [spec], gpus, vc_label="namespace", discover=True)
     llm = view.workloads[("serving", "llm")]
-    assert (round(llm.total, 6), len(llm.pods)) == (1.6, 2)
+    assert (round(llm.total, 6), len(llm.pods), llm.missing) == (1.6, 2, ["llm-7d9f8c6b5d-ccccc"])
     assert list(view.discovered) == [("serving", "embed")]  # train-0 and standalone are not Deployment pods
     assert round(view.vcs["team-a"].total, 6) == 2.0 and view.vcs["team-a"].gpus == 4  # 0.5 x 4 GPUs
-    assert round(view.vcs["serving"].total, 6) == 2.2 and view.vcs["serving"].gpus == 4
+    assert round(view.vcs["serving"].total, 6) == 2.2 and view.vcs["serving"].gpus == 5
+    assert view.vcs["serving"].missing_gpus == 1
+    team_b = view.vcs["team-b"]
+    assert (team_b.total, team_b.pods, team_b.gpus, team_b.missing_gpus) == (0.0, [], 2, 2)
     quiet = group_demand(forecasts, [spec], {}, vc_label="", discover=False)
     assert (quiet.discovered, quiet.vcs) == ({}, {})
 
@@ -274,14 +317,15 @@ def test_scaler_recommends_follows_its_recommendation_and_falls_back(http_peer) 
         assert not ready and "HTTP 503" in why and "dprobe_predicted_gpu_utilization_ratio{" in why  # as written
         scaler.cycle()
         d = scaler.decisions[("serving", "llm")]
-        assert (d.replicas, d.reason) == (2, "fallback")
+        # KEDA's fallback with currentReplicasIfHigher: max(4, fallback_replicas 2), never a drop to 2
+        assert (d.replicas, d.reason) == (4, "fallback")
         assert scaler.errors_total["query"] == 2 and scaler.vc_decisions  # clusters keep their last decision
         text = generate_latest(scaler.registry).decode()
-    assert 'dprobe_recommended_replicas{namespace="serving",workload="llm"} 2.0' in text
+    assert 'dprobe_recommended_replicas{namespace="serving",workload="llm"} 4.0' in text
     assert 'dprobe_scaler_errors_total{stage="query"} 2.0' in text
     assert 'dprobe_recommended_gpus{vc="serving"} 4.0' in text
     assert 'dprobe_scaler_scale_events_total{direction="up",namespace="serving",workload="llm"} 1.0' in text
-    assert 'dprobe_scaler_scale_events_total{direction="down",namespace="serving",workload="llm"} 1.0' in text
+    assert 'direction="down"' not in text
 
 
 class _FakeApiServer(BaseHTTPRequestHandler):
@@ -473,10 +517,12 @@ def test_apply_mode_scales_from_zero_on_the_activation_query_and_leaves_paused_w
         assert scaler.errors_total["query"] == 1 and (d.desired, d.replicas) == (1, 2)  # held off zero, stabilised
         queue[0] = "none"  # an empty answer is 0: inactive and idle, so back to zero once the window has passed
         trace = []
-        for _ in range(3):
+        for _ in range(5):
             scaler.cycle()
             trace.append(replicas[("batch", "deployments", "trainer")])
-        assert trace == [2, 1, 0]  # 60 s of stabilisation: the 2 and then the 1 leave the window
+        # 60 s of stabilisation: the 2 and then the 1 leave the window; while the scale says 2 and one pod is
+        # forecast, the other counts at target (the HPA's missing pod), so the first step down is to 1, not 0
+        assert trace == [2, 1, 1, 1, 0]
         assert all("/paused/" not in p[0] for p in api.patches)
         text = generate_latest(scaler.registry).decode()
     assert 'dprobe_scaler_active{namespace="batch",workload="trainer"} 0.0' in text
@@ -614,3 +660,162 @@ def test_cli_help_and_bad_config_exit_code(tmp_path: Path) -> None:
     bad.write_text("workloads: [{namespace: a, name: b, kind: CronJob}]\n")
     r = subprocess.run([*run, "--config", str(bad)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "kind must be one of" in r.stderr and "Traceback" not in r.stderr
+
+
+# missing or bad data never lowers a count -----------------------------------------------------------
+def _cluster_reply(forecasts: dict[str, float], gpus: list[str], replicas: dict[str, int] | None = None,
+                   previous: dict[str, int] | None = None, previous_gpus: dict[str, int] | None = None):
+    """A Prometheus API for the scaler's queries in namespace ``serving``: ``forecasts`` (pod -> p90, any float,
+    NaN and infinities included), the pods DCGM shows holding a GPU (``gpus``), kube-state-metrics' replicas
+    per Deployment, and the scaler's own last recommendations (workload -> replicas, vc -> GPUs)."""
+    def reply(path: str) -> tuple[int, str, float]:
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query).get("query", [""])[0]
+        if "last_over_time(dprobe_recommended_replicas" in query:
+            rows = [({"namespace": "serving", "workload": w}, n) for w, n in (previous or {}).items()]
+        elif "last_over_time(dprobe_recommended_gpus" in query:
+            rows = [({"vc": vc}, n) for vc, n in (previous_gpus or {}).items()]
+        elif "kube_deployment_spec_replicas" in query:
+            rows = [({"namespace": "serving", "workload": w}, n) for w, n in (replicas or {}).items()]
+        elif "dprobe_predicted" in query:
+            rows = [({"target": f"serving/{p}", "namespace": "serving", "pod": p}, v) for p, v in forecasts.items()]
+        else:  # the GPUs per pod (DCGM)
+            rows = [({"namespace": "serving", "pod": p}, 1) for p in gpus]
+        return 200, json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
+            {"metric": m, "value": [0, repr(float(v)).replace("inf", "Inf").replace("nan", "NaN")]}
+            for m, v in rows]}}), 0.0
+    return reply
+
+
+PODS = [f"llm-7d9f8c6b5d-{c * 5}" for c in "abcdef"]
+
+
+def test_partial_forecasts_hold_the_count_in_recommend_and_apply_mode(http_peer, tmp_path: Path) -> None:
+    """1 of 4 pods with a forecast (the others hold GPUs, their sidecars are gone): no 6 -> 5 -> 4 -> 3, no
+    VC 6 -> 2; the missing pods are exported."""
+    forecasts = {p: 0.4 for p in PODS[:4]}
+    clock = iter(range(0, 10**6, 30))
+    with http_peer(_cluster_reply(forecasts, PODS[:4], replicas={"llm": 4})) as url:
+        config = ScalerConfig(prometheus_url=url, target=0.5, margin=0.0, scale_down_stabilization_seconds=0,
+                              workloads=[{"namespace": "serving", "name": "llm"}])
+        scaler = Scaler(config, clock=lambda: float(next(clock)))
+        scaler.cycle()
+        assert scaler.decisions[("serving", "llm")].replicas == 4  # ceil(1.6 / 0.5)
+        for pod in PODS[1:4]:
+            del forecasts[pod]
+        trace = []
+        for _ in range(4):
+            scaler.cycle()
+            d = scaler.decisions[("serving", "llm")]
+            trace.append((d.replicas, d.missing, scaler.vc_decisions["serving"].replicas))
+        assert trace == [(4, 3, 4)] * 4
+        assert scaler.decisions[("serving", "llm")].reason == "fallback" or \
+            scaler.decisions[("serving", "llm")].reason.startswith("forecasts for 1 of 4 pods")
+        text = generate_latest(scaler.registry).decode()
+        assert 'dprobe_scaler_missing_pods{namespace="serving",workload="llm"} 3.0' in text
+        assert 'dprobe_scaler_vc_missing_gpus{vc="serving"} 3.0' in text
+    replicas = {("serving", "deployments", "llm"): 6}
+    forecasts = {p: 0.4 for p in PODS[:2]}  # 2 of the 6 pods forecast, low: the other 4 count at target
+    with http_peer(_cluster_reply(forecasts, PODS)) as url, fake_kubernetes(tmp_path, replicas) as (kubeconfig, api):
+        scaler = Scaler(ScalerConfig(prometheus_url=url, mode="apply", kubeconfig=kubeconfig, target=0.5, margin=0.0,
+                                     scale_down_stabilization_seconds=0, min_forecast_coverage=0.3,
+                                     workloads=[{"namespace": "serving", "name": "llm"}]),
+                        clock=lambda: float(next(clock)))
+        for _ in range(3):
+            scaler.cycle()
+        d = scaler.decisions[("serving", "llm")]
+        assert replicas[("serving", "deployments", "llm")] == 6 and not api.patches  # ceil((0.8 + 4 * 0.5) / 0.5)
+        assert (d.demand, d.missing) == (pytest.approx(0.8), 4)
+
+
+def test_an_answer_without_forecasts_is_an_error_and_holds_until_a_fallback_that_never_lowers(http_peer) -> None:
+    """The sidecars are gone: Prometheus answers, with nothing (or NaN only). Counted as no_data, /readyz says
+    so, the count held and, after failure_threshold, max(current, fallback_replicas)."""
+    forecasts = {p: 0.9 for p in PODS[:5]}
+    clock = iter(range(0, 10**6, 30))
+    with http_peer(_cluster_reply(forecasts, [])) as url:
+        scaler = Scaler(ScalerConfig(prometheus_url=url, target=0.5, margin=0.0, fallback_replicas=2,
+                                     failure_threshold=2, replicas_query="",
+                                     workloads=[{"namespace": "serving", "name": "llm", "max_replicas": 20}]),
+                        clock=lambda: float(next(clock)))
+        scaler.cycle()
+        assert scaler.decisions[("serving", "llm")].replicas == 9 and scaler.ready()[0]  # ceil(4.5 / 0.5)
+        forecasts.clear()
+        forecasts.update({p: math.nan for p in PODS[:5]})
+        scaler.cycle()
+        ready, why = scaler.ready()
+        assert not ready and "no usable forecast" in why
+        assert scaler.errors_total["no_data"] == 1 and scaler.rejected_total["nan"] == 5
+        forecasts.clear()
+        for _ in range(3):
+            scaler.cycle()
+        d = scaler.decisions[("serving", "llm")]
+        assert (d.replicas, d.reason) == (9, "fallback") and scaler.errors_total["no_data"] == 4
+
+
+def test_bad_forecasts_are_dropped_and_counted_never_clipped_and_never_fail_other_workloads(http_peer) -> None:
+    forecasts = {PODS[0]: math.inf, PODS[1]: 0.9, PODS[2]: -0.5, PODS[3]: 0.9, "db-0": 55.0, "db-1": 0.3}
+    clock = iter(range(0, 10**6, 30))
+    with http_peer(_cluster_reply(forecasts, [*PODS[:4], "db-0", "db-1"])) as url:
+        scaler = Scaler(ScalerConfig(prometheus_url=url, target=0.5, margin=0.0, tolerance=0.0, replicas_query="",
+                                     min_forecast_coverage=0.0, workloads=[
+                                         {"namespace": "serving", "name": "llm"},
+                                         {"namespace": "serving", "name": "db", "kind": "StatefulSet"}]),
+                        clock=lambda: float(next(clock)))
+        scaler.cycle()
+        llm, db = scaler.decisions[("serving", "llm")], scaler.decisions[("serving", "db")]
+        # the infinite and the negative forecast are missing pods, not 0 (else: ceil(1.8 / 0.5) = 4 -> 4 anyway,
+        # but 0.3 / 0.5 would take db from 2 to 1): counted at target on the way down, so held
+        assert (llm.demand, llm.missing, llm.replicas) == (pytest.approx(1.8), 2, 4)
+        assert (db.demand, db.missing, db.replicas) == (pytest.approx(0.3), 1, 2)  # 5,500 % is no forecast
+        assert dict(scaler.rejected_total) == {"infinite": 1, "negative": 1, "above_one": 1}
+        assert not scaler.errors_total["cycle"]
+        text = generate_latest(scaler.registry).decode()
+    assert 'dprobe_scaler_rejected_forecasts_total{reason="infinite"} 1.0' in text
+
+
+def test_a_restarted_scaler_publishes_nothing_before_data_and_starts_from_its_last_recommendation(
+        http_peer) -> None:
+    """After a restart with no forecasts: no dprobe_recommended_replicas (not 0, below min_replicas 1); with
+    partial data: from the last recommendation Prometheus kept (6), not from the pods seen (2)."""
+    forecasts: dict[str, float] = {}
+    clock = iter(range(0, 10**6, 30))
+    reply = _cluster_reply(forecasts, [], replicas={}, previous={"llm": 6}, previous_gpus={"serving": 6})
+    with http_peer(reply) as url:
+        config = ScalerConfig(prometheus_url=url, target=0.5, margin=0.0, replicas_query="",
+                              workloads=[{"namespace": "serving", "name": "llm"}])
+        scaler = Scaler(config, clock=lambda: float(next(clock)))
+        scaler.cycle()
+        text = generate_latest(scaler.registry).decode()
+        assert "dprobe_recommended_replicas{" not in text and "dprobe_recommended_gpus{" not in text
+        assert scaler.decisions[("serving", "llm")].current == 6  # held at the restored count, not published
+        forecasts.update({PODS[0]: 0.2, PODS[1]: 0.2})  # 2 of the 6 pods forecast again, both low
+        for _ in range(3):
+            scaler.cycle()
+        d = scaler.decisions[("serving", "llm")]
+        assert d.current == 6 and d.replicas == 6 and d.reason.startswith("forecasts for 2 of 6 pods")
+        assert "dprobe_recommended_replicas{" not in generate_latest(scaler.registry).decode()
+        forecasts.update({PODS[2]: 0.2, PODS[3]: 0.2})  # 4 of 6: decided, the 2 missing at target
+        scaler.cycle()
+        d = scaler.decisions[("serving", "llm")]
+        assert (d.desired, d.replicas) == (4, 6)  # ceil((0.8 + 1.0) / 0.5); down only after the window
+        text = generate_latest(scaler.registry).decode()
+    assert 'dprobe_recommended_replicas{namespace="serving",workload="llm"} 6.0' in text
+    assert scaler.vc_decisions["serving"].current == 6
+
+
+def test_scaler_config_refuses_what_could_only_fail_later(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"quantile must be one the sidecars export \(0.5, 0.9, 0.99\), got 0.42"):
+        ScalerConfig(quantile=0.42).validate()
+    with pytest.raises(ValueError, match=r"workloads\[1\]: serving/llm is listed twice \(also workloads\[0\]\)"):
+        ScalerConfig(workloads=[{"namespace": "serving", "name": "llm"},
+                                {"namespace": "serving", "name": "llm", "kind": "StatefulSet"}]).validate()
+    with pytest.raises(ValueError, match="min_forecast_coverage must be between 0 and 1"):
+        ScalerConfig(min_forecast_coverage=1.5).validate()
+    bad = tmp_path / "kubeconfig"
+    bad.write_text("clusters: [oops\n")
+    r = subprocess.run([sys.executable, "-m", "dprobe.cli", "scaler", "--mode", "apply", "--kubeconfig", str(bad),
+                        "--port", "0"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "kubeconfig" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "dprobe.cli", "scaler", "--mode", "apply", "--kubeconfig",
+                        str(tmp_path / "absent"), "--port", "0"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "absent" in r.stderr and "Traceback" not in r.stderr

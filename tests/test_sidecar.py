@@ -28,7 +28,7 @@ from dprobe.forecasting.loading import (
     open_forecaster,
     serves,
 )
-from dprobe.sidecar.annotations import read_annotations
+from dprobe.sidecar.annotations import AnnotationPolicy, read_annotations
 from dprobe.sidecar.config import SidecarConfig, add_arguments, load_config
 from dprobe.sidecar.engine import ForecastEngine
 from dprobe.sidecar.graphs import GraphResolver
@@ -71,6 +71,20 @@ def test_config_precedence_file_env_flags(tmp_path: Path) -> None:
     # a URL without its scheme would only show as a source failing for ever
     ({"DPROBE_SIDECAR_SOURCE": "prometheus", "DPROBE_SIDECAR_PROMETHEUS_URL": "prometheus:9090"}, "prometheus_url"),
     ({"DPROBE_SIDECAR_SOURCE": "dcgm", "DPROBE_SIDECAR_DCGM_URL": "http:///metrics"}, "dcgm_url"),
+    # nonsense that was accepted, and only showed later (or never)
+    ({"DPROBE_SIDECAR_MAX_TARGETS": "0"}, "max_targets must be at least 1"),
+    ({"DPROBE_SIDECAR_MAX_TARGETS": "-3"}, "max_targets must be at least 1"),
+    ({"DPROBE_SIDECAR_MIN_POINTS": "0"}, "min_points must be at least 1"),
+    ({"DPROBE_SIDECAR_HORIZONS": "5,60"}, "horizons must be at least step_seconds"),
+    ({"DPROBE_SIDECAR_HORIZONS": "60,inf"}, "option horizons: cannot convert float infinity"),
+    ({"DPROBE_SIDECAR_STALE_AFTER": "nan"}, "stale_after must be positive"),
+    ({"DPROBE_SIDECAR_STALE_AFTER": "inf"}, "stale_after must be positive"),
+    ({"DPROBE_SIDECAR_SAMPLE_INTERVAL": "60"}, "stale_after .* must not be shorter than sample_interval"),
+    ({"DPROBE_SIDECAR_MAX_BACKOFF": "0.5"}, "max_backoff .* must not be shorter than sample_interval"),
+    ({"DPROBE_SIDECAR_MAX_CLOCK_SKEW": "-1"}, "max_clock_skew"),
+    ({"DPROBE_SIDECAR_REPLAY_SPEED": "-60"}, "replay_speed"),
+    ({"DPROBE_SIDECAR_REPLAY_MAX_TARGETS": "-1"}, "replay_max_targets"),
+    ({"DPROBE_SIDECAR_SOURCE": "synthetic", "DPROBE_SIDECAR_SYNTHETIC_TARGETS": "0"}, "synthetic_targets"),
 ])
 def test_config_errors_name_the_option(env: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -112,6 +126,19 @@ def test_window_bins_gaps_and_wrap() -> None:
     np.testing.assert_array_equal(store.windows(["a"])["gpu_memory_bytes"][0], [130, 140, 150, 160])
     store.add([Sample("a", 50.0, 99.0, None)])  # older than the window: ignored
     np.testing.assert_array_equal(store.windows(["a"])["gpu_memory_bytes"][0], [130, 140, 150, 160])
+
+
+def test_window_freshness_follows_the_newest_finite_sample() -> None:
+    """A sample without a finite reading neither refreshes its target nor takes a row (it did before: all-NaN
+    answers kept a target fresh); the latest sample holds only finite readings."""
+    store = WindowStore(step=10.0, length=4)
+    store.add([Sample("a", 100.0, 1.0, 0.5)])
+    store.add([Sample("a", 130.0, float("nan"), None), Sample("b", 130.0, None, float("inf")),
+               Sample("c", float("inf"), 1.0, 0.5)])
+    assert store.snapshot_latest()["a"].ts == 100.0 and store.targets() == ["a"]
+    store.add([Sample("a", 140.0, float("nan"), 0.25)])
+    latest = store.snapshot_latest()["a"]
+    assert (latest.ts, latest.memory_bytes, latest.utilization_ratio) == (140.0, None, 0.25)
 
 
 def test_window_memory_is_bounded_and_rows_reused() -> None:
@@ -183,12 +210,31 @@ def test_engine_clips_and_counts_model_failures(caplog: pytest.LogCaptureFixture
     assert len([r for r in caplog.records if "forecasting failed" in r.getMessage()]) == 1
 
 
+def test_engine_withdraws_a_metric_whose_readings_stopped() -> None:
+    """Utilisation NaN (missing) while memory goes on: the target stays fresh, its memory is forecast, and its
+    utilisation forecast is withdrawn once its last reading is older than stale_after (not frozen as fresh)."""
+    store = WindowStore(step=1.0, length=60)
+    for k in range(20):
+        store.add([Sample("a", 100.0 + k, 1e9, 0.5)])
+    for k in range(20, 40):
+        store.add([Sample("a", 100.0 + k, 1e9, None)])  # utilisation missing for 20 s
+    now = [140.0]
+    engine = ForecastEngine(store, Echo(), horizons=[5], stale_after=10, drop_after=60, clock=lambda: now[0])
+    snap = engine.cycle()
+    assert snap.targets == ("a",) and snap.quantiles["gpu_memory_bytes"][0, 0, 0] == 1e9
+    assert np.isnan(snap.quantiles["gpu_utilization_ratio"]).all()
+    store.add([Sample("a", 140.0, 1e9, 0.75)])  # back: forecast again
+    assert engine.cycle().quantiles["gpu_utilization_ratio"][0, 0, 0] == 0.75
+
+
 def test_graph_resolution_without_graph_module(tmp_path: Path) -> None:
     ann = tmp_path / "annotations"
-    ann.write_text('dprobe.io/model-graph="/graphs/bert.json"\nother="x"\n')
-    assert read_annotations(ann)["dprobe.io/model-graph"] == "/graphs/bert.json"
-    r = GraphResolver({"team-a/*": "torchvision:resnet50"}, graph_file="", annotations_file=str(ann))
-    assert r.reference("team-a/x") == "torchvision:resnet50" and r.reference("b/y") == "/graphs/bert.json"
+    ann.write_text('dprobe.io/model-graph="bert.json"\nother="x"\n')
+    assert read_annotations(ann)["dprobe.io/model-graph"] == "bert.json"
+    r = GraphResolver({"team-a/*": "torchvision:resnet50"}, graph_file="", annotations_file=str(ann),
+                      policy=AnnotationPolicy(graph_dir=str(tmp_path)))  # annotations name files in graph_dir
+    bert = str(tmp_path.resolve() / "bert.json")
+    assert r.reference("team-a/x") == "torchvision:resnet50" and r.reference("b/y") == bert
     assert r.graph("b/y") is None  # file missing: forecast from metrics alone, no exception
     assert not GraphResolver().active
 
@@ -196,13 +242,15 @@ def test_graph_resolution_without_graph_module(tmp_path: Path) -> None:
 def test_graph_follows_a_changed_annotation(tmp_path: Path) -> None:
     ann = tmp_path / "annotations"
     ann.write_text('other="x"\n')
-    r = GraphResolver({"team-a/*": "pinned.json"}, graph_file="/graphs/default.json", annotations_file=str(ann))
+    r = GraphResolver({"team-a/*": "pinned.json"}, graph_file="/graphs/default.json", annotations_file=str(ann),
+                      policy=AnnotationPolicy(graph_dir=str(tmp_path)))
     r._by_target["b/y"] = "cached"  # stands for a graph loaded for the old reference
     assert r.reference("b/y") == "/graphs/default.json" and not r.refresh()
     new = tmp_path / "annotations.new"
-    new.write_text('other="x"\ndprobe.io/model-graph="/graphs/gpt2.json"\n')
+    new.write_text(f'other="x"\ndprobe.io/model-graph="{tmp_path}/gpt2.json"\n')
     new.replace(ann)  # as the kubelet swaps the file
-    assert r.refresh() and r.reference("b/y") == "/graphs/gpt2.json" and r.reference("team-a/x") == "pinned.json"
+    gpt2 = str(tmp_path.resolve() / "gpt2.json")
+    assert r.refresh() and r.reference("b/y") == gpt2 and r.reference("team-a/x") == "pinned.json"
     assert "b/y" not in r._by_target  # loaded again on the next forecast
     assert not r.refresh()
 
@@ -242,6 +290,48 @@ def test_poller_backoff_and_one_log_line_per_state_change(caplog: pytest.LogCapt
     assert 1.6 <= delays[0] <= 2.0 and all(6.4 <= d <= 8.0 for d in delays[3:])
     msgs = [r.getMessage() for r in caplog.records]
     assert sum("failing" in m for m in msgs) == 1 and sum("recovered after 6" in m for m in msgs) == 1
+
+
+class Scripted:
+    """A source that answers what the test says: ``reply`` is the list of samples of the next polls."""
+
+    name = "scripted"
+
+    def __init__(self) -> None:
+        self.reply: list[Sample] = []
+
+    def poll(self):
+        return list(self.reply)
+
+    def close(self) -> None:
+        pass
+
+
+def test_poller_all_nan_empty_and_future_answers_are_failed_polls(caplog: pytest.LogCaptureFixture) -> None:
+    """A poll without one finite reading (all NaN, empty, or stamped in the future) is a failed poll, counted,
+    and the source is not up; what is refused is counted by reason, and logged once per reason."""
+    src, got = Scripted(), []
+    poller = SourcePoller(src, lambda s, n: got.extend(s), interval=1.0, max_backoff=8.0, max_skew=5.0,
+                          clock=lambda: 1000.0)
+    src.reply = [Sample("ns/p", 1000.0, 1e9, 0.5)]
+    assert poller.poll_once() and poller.up
+    with caplog.at_level(logging.WARNING, logger="dprobe"):
+        for reply in ([Sample("ns/p", 1000.0, float("nan"), float("nan"))], [],
+                      [Sample("ns/p", 1600.0, 1e9, 0.5)],  # a source clock 600 s ahead
+                      [Sample("ns/p", 1000.0, float("nan"), float("nan"))]):
+            src.reply = reply
+            assert not poller.poll_once() and not poller.up
+    assert poller.errors_total == 4 and len(got) == 1
+    assert poller.rejected == {"nan": 4, "infinite": 0, "negative": 0, "ratio_above_one": 0, "future_timestamp": 1,
+                               "bad_timestamp": 0}
+    assert "no usable reading in the answer (1 sample: 2 nan)" in poller.last_error
+    msgs = [r.getMessage() for r in caplog.records]
+    assert sum("readings refused (nan)" in m for m in msgs) == 1 and sum("failing" in m for m in msgs) == 1
+    src.reply = [Sample("ns/p", 1003.0, -1.0, 0.5), Sample("ns/q", 1000.0, 1e9, 55.0)]
+    assert poller.poll_once() and poller.up  # a finite reading left: the poll succeeds, the rest is counted
+    assert [(s.target, s.memory_bytes, s.utilization_ratio) for s in got[1:]] == [("ns/p", None, 0.5),
+                                                                                  ("ns/q", 1e9, None)]
+    assert poller.rejected["negative"] == 1 and poller.rejected["ratio_above_one"] == 1
 
 
 def _fast_config(**kw) -> SidecarConfig:
@@ -294,6 +384,53 @@ def test_sidecar_keeps_serving_when_its_source_fails() -> None:
         t = time.monotonic()
         sc.stop()
         assert time.monotonic() - t < 3
+
+
+def test_sidecar_counts_refused_samples_and_says_when_it_is_not_ready() -> None:
+    """Samples from a clock 600 s ahead neither make a target fresh nor its forecasts current; they, and NaN,
+    are counted in dprobe_rejected_samples_total; /readyz says the source is failing (it is on no workload's
+    pod), and recovers with the source."""
+    src = Scripted()
+    sc = Sidecar(_fast_config(stale_after=0.5), sources=[src], model=open_forecaster(None, "last_value"))
+    src.reply = [Sample("ns/p", time.time(), 1e9, 0.5)]
+    sc.pollers[0].poll_once()
+    assert sc.ready()[0]
+    src.reply = [Sample("ns/p", time.time() + 600, 2e9, 0.6), Sample("ns/q", time.time(), float("nan"), None)]
+    sc.pollers[0].poll_once()
+    sc.pollers[0].poll_once()
+    ready, why = sc.ready()
+    assert not ready and "source scripted failing: no usable reading" in why
+    assert sc.store.snapshot_latest()["ns/p"].memory_bytes == 1e9  # the future sample was not stored
+    time.sleep(0.6)  # past stale_after: stale, as it is (it stayed "fresh" for the 600 s of skew before)
+    text = sc.collector.render_text().decode()
+    assert "ns/p" not in _by_target(text, "dprobe_observed_gpu_memory_bytes")
+    assert _by_target(text, "dprobe_last_sample_age_seconds")["ns/p"][0] > 0.5
+    rejected = {s.labels["reason"]: s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+                if s.name == "dprobe_rejected_samples_total" and s.labels["source"] == "scripted"}
+    assert rejected["future_timestamp"] == 2 and rejected["nan"] == 2 and rejected["negative"] == 0
+    assert 'dprobe_source_errors_total{source="scripted"} 2.0' in text
+    src.reply = [Sample("ns/p", time.time(), 1e9, 0.5)]
+    sc.pollers[0].poll_once()
+    assert sc.ready()[0]
+
+
+def test_horizons_beyond_the_models_longest_lead_stop_the_start(tmp_path: Path) -> None:
+    """The shipped model is trained up to 30 steps of 57 s: a horizon of 2 h failed every forecast cycle; now
+    the start stops with one line naming the option (and so does a window that cannot hold min_points)."""
+    shipped = open_forecaster(None, "dprobe", metrics=METRICS)
+    with pytest.raises(ValueError, match=r"cannot serve horizons 60,7200 at step_seconds 10: .*1710 s.*7200 s"):
+        Sidecar(_fast_config(step_seconds=10.0, window_seconds=0, horizons=[60, 7200]), sources=[Flaky()],
+                model=shipped)
+    sc = Sidecar(_fast_config(step_seconds=10.0, window_seconds=0, horizons=[60, 300, 900]), sources=[Flaky()],
+                 model=shipped)
+    assert sc.engine.horizons == (60, 300, 900)
+    with pytest.raises(ValueError, match="min_points 60 is more than the window holds"):
+        Sidecar(_fast_config(min_points=60), sources=[Flaky()], model=open_forecaster(None, "last_value"))
+    r = subprocess.run(_sidecar_cmd("--source", "synthetic", "--horizons", "60,7200"), cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    [line] = [x for x in r.stderr.splitlines() if "error" in x]  # the rest: the start's log lines
+    assert line.startswith("dprobe sidecar: error: the forecaster cannot serve horizons 60,7200"), line
 
 
 # checkpoints -----------------------------------------------------------------------------------
@@ -544,12 +681,14 @@ def test_window_defaults_to_what_the_forecaster_reads(tmp_path: Path, caplog: py
     specs = [TaskSpec("gpu_duty_cycle_pct", "alibaba-genai-2026", (5, 15, 30), 57.0, (), 4.0),
              TaskSpec("gpu_memory_bytes", "alibaba-genai-2026", (5, 15, 30), 120.0, (), 1e9)]
     trained = open_forecaster(str(export_checkpoint(module, specs, tmp_path / "dprobe.pt")))
-    sc = Sidecar(_fast_config(window_seconds=0, step_seconds=10.0), sources=[Flaky()], model=trained)
+    sc = Sidecar(_fast_config(window_seconds=0, step_seconds=10.0, horizons=[60]), sources=[Flaky()],
+                 model=trained)
     assert sc.config.window_seconds == 32 * 120.0 and sc.store.length == 384  # the longer of the two tasks
     sc = Sidecar(_fast_config(window_seconds=0), sources=[Flaky()], model=open_forecaster(None, "last_value"))
     assert sc.config.window_seconds == BASELINE_WINDOW_SECONDS
     with caplog.at_level(logging.WARNING, logger="dprobe.sidecar.service"):
-        sc = Sidecar(_fast_config(window_seconds=600, step_seconds=10.0), sources=[Flaky()], model=trained)
+        sc = Sidecar(_fast_config(window_seconds=600, step_seconds=10.0, horizons=[60]), sources=[Flaky()],
+                     model=trained)
     assert sc.store.length == 60 and any("shorter than the 3840 s" in r.getMessage() for r in caplog.records)
     with pytest.raises(ValueError, match="window_seconds must be positive"):
         _fast_config(window_seconds=-1).validate()

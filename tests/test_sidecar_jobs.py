@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -16,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from dprobe.coldstart.predict import predict_job
 from dprobe.forecasting.loading import open_forecaster
 from dprobe.sidecar.config import SidecarConfig, load_config
-from dprobe.sidecar.jobs import JobProfiles, JobSpec
+from dprobe.sidecar.jobs import JobLimits, JobProfiles, JobSpec
 from dprobe.sidecar.service import Sidecar
 from dprobe.sources import Sample, SourceError
 
@@ -175,6 +176,97 @@ def test_bad_job_stops_the_start_with_its_place() -> None:
     run = subprocess.run([sys.executable, "-m", "dprobe.cli", "sidecar", "--job", "torchvision:resnet50 batch=4 opt=sgd"],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "job: 'torchvision:resnet50 batch=4 opt=sgd': unknown key 'opt'" in run.stderr
+
+
+PATHOLOGICAL = """
+import mmap, os, pathlib, time
+
+def _mark(name):
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
+    pathlib.Path(os.environ["DPROBE_TEST_MARKS"], name).write_text(f"{os.getpid()} GPUs: {gpus!r}")
+
+def sleepy():
+    _mark("sleepy")
+    time.sleep(600)
+
+def spinning():
+    _mark("spinning")
+    while True:
+        pass
+
+def hungry():
+    _mark("hungry")
+    return [mmap.mmap(-1, 2**30) for _ in range(1024)]  # address space only: no page is touched
+"""
+
+
+@pytest.fixture
+def pathological(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A module of model factories that sleep, spin or allocate without end (the operator's own module: specs);
+    each leaves a file named after it, holding its pid and the GPUs it sees, in the directory returned."""
+    (tmp_path / "pathological_models.py").write_text(PATHOLOGICAL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    monkeypatch.setenv("DPROBE_TEST_MARKS", str(marks))
+    return marks
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(("factory", "limits", "reason", "message"), [
+    ("sleepy", JobLimits(timeout_s=10), "timeout", "still running after 10 s (job_timeout), killed"),
+    ("spinning", JobLimits(cpu_s=8), "cpu", "past its 8 CPU seconds (job_cpu_limit), killed"),
+    ("hungry", JobLimits(memory_gib=6), "memory", "out of its 6 GiB of address space (job_memory_limit)"),
+])
+def test_a_job_past_its_limits_is_killed_and_counted(pathological: Path, factory: str, limits: JobLimits,
+                                                     reason: str, message: str,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """The prediction runs in a child process within CPU, memory and time limits: a model that sleeps, spins
+    or allocates without end is stopped there, counted by reason and logged; the sidecar goes on."""
+    jobs = JobProfiles(default=f"module:pathological_models:{factory} batch=1", gpu="h200", limits=limits)
+    jobs.profiles(["ml/a"])
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="dprobe"):
+        jobs.run_pending()
+    took = time.monotonic() - started
+    pid, seen = (pathological / factory).read_text().split(" ", 1)  # the factory ran, in a child
+    assert int(pid) != os.getpid() and not _alive(int(pid)) and seen == "GPUs: ''"  # and saw no GPU
+    assert jobs.profiles(["ml/a"]) == {} and jobs.errors_total == 1 and jobs.failures_total[reason] == 1
+    assert message in caplog.text and took < 60
+    [family] = jobs.collect()
+    assert {s.labels["reason"]: s.value for s in family.samples} == {
+        r: float(r == reason) for r in ("error", "timeout", "cpu", "memory", "killed")}
+
+
+def test_a_stopped_sidecar_kills_the_prediction_under_way(pathological: Path) -> None:
+    jobs = JobProfiles(default="module:pathological_models:sleepy batch=1", gpu="h200")
+    jobs.profiles(["ml/a"])
+    jobs.start()
+    deadline = time.monotonic() + 60
+    while not (pathological / "sleepy").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    jobs.stop()
+    pid = int((pathological / "sleepy").read_text().split()[0])
+    while _alive(pid):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert jobs.errors_total == 0  # stopping is no failure
+
+
+@pytest.mark.parametrize(("option", "value"), [("job_timeout", 0), ("job_cpu_limit", -1),
+                                               ("job_memory_limit", float("inf"))])
+def test_job_limits_must_be_positive(option: str, value: float) -> None:
+    config = SidecarConfig(listen_address="127.0.0.1", port=0, **{option: value})
+    with pytest.raises(ValueError, match=f"{option} must be positive"):
+        Sidecar(config, sources=[], model=open_forecaster(None, "last_value"))
 
 
 class OnePod:

@@ -12,7 +12,7 @@ import numpy as np
 import pynvml
 import pytest
 
-from dprobe.sources import Sample, SourceError, target_name
+from dprobe.sources import Sample, SourceError, screen_samples, target_name
 from dprobe.sources.dcgm import DcgmSource, parse_dcgm_text
 from dprobe.sources.nvml import NvmlSource, gpu_names, pod_of_cgroup
 from dprobe.sources.prometheus import PrometheusSource
@@ -80,6 +80,50 @@ def test_dcgm_gpu_targets_and_engine_active() -> None:
     assert both == {"team-a/train-0", "GPU-aaa", "GPU-bbb", "GPU-ccc"}
 
 
+def _dcgm_line(field: str, gpu: int, pod: str, value: str) -> str:
+    ns = "team-a" if pod else ""
+    return f'{field}{{gpu="{gpu}",UUID="GPU-{gpu}",container="",namespace="{ns}",pod="{pod}"}} {value}\n'
+
+
+def test_dcgm_nan_and_impossible_readings_are_missing_never_zero() -> None:
+    """A NaN utilisation is missing (it read 0 % before: min(1, max(0, nan))); a pod whose GPU reads NaN,
+    negative or 5,500 % has no value for it (not the other GPU's alone), and the reason is kept for the count."""
+    text = "".join([
+        _dcgm_line("DCGM_FI_DEV_GPU_UTIL", 0, "p", "NaN"), _dcgm_line("DCGM_FI_DEV_GPU_UTIL", 1, "p", "80"),
+        _dcgm_line("DCGM_FI_DEV_FB_USED", 0, "p", "-5"), _dcgm_line("DCGM_FI_DEV_FB_USED", 1, "p", "1000"),
+        _dcgm_line("DCGM_FI_DEV_GPU_UTIL", 2, "", "5500"), _dcgm_line("DCGM_FI_DEV_FB_USED", 2, "", "+Inf"),
+        _dcgm_line("DCGM_FI_DEV_GPU_UTIL", 3, "", "100.5"), _dcgm_line("DCGM_FI_DEV_FB_USED", 3, "", "0"),
+    ])
+    by = {s.target: s for s in parse_dcgm_text(text, ts=100.0)}
+    pod = by["team-a/p"]
+    assert pod.utilization_ratio is None and pod.memory_bytes is None  # not 0.4 (80 % / 2), not 1000 MiB
+    assert sorted(pod.rejected) == ["nan", "negative"]
+    assert by["GPU-2"].utilization_ratio is None and by["GPU-2"].memory_bytes is None
+    assert sorted(by["GPU-2"].rejected) == ["infinite", "ratio_above_one"]
+    assert by["GPU-3"].utilization_ratio == 1.0 and by["GPU-3"].memory_bytes == 0.0  # rounding, and a real 0
+    kept, refused = screen_samples(by.values(), now=100.0, max_skew=5.0)
+    assert [s.target for s in kept] == ["GPU-3"] and kept[0].rejected == ()
+    assert refused == {"nan": 1, "negative": 1, "infinite": 1, "ratio_above_one": 1}
+
+
+def test_screen_samples_refuses_and_counts() -> None:
+    samples = [
+        Sample("a", 100.0, float("nan"), 0.5),       # memory missing, utilisation kept
+        Sample("b", 100.0, -1.0, 1.5),               # both impossible: nothing left of it
+        Sample("c", 100.0, float("inf"), 1.004),     # within the ratio tolerance: 1.0
+        Sample("d", 104.0, 1e9, 0.2),                # 4 s ahead: within max_skew
+        Sample("e", 106.0, 1e9, 0.2),                # 6 s ahead: refused
+        Sample("f", float("nan"), 1e9, 0.2),
+        Sample("g", 100.0, None, None),              # measures nothing: says nothing of its target
+        Sample("h", 100.0, 0.0, 0.0),                # a real zero stays
+    ]
+    kept, refused = screen_samples(samples, now=100.0, max_skew=5.0)
+    assert [(s.target, s.memory_bytes, s.utilization_ratio) for s in kept] == [
+        ("a", None, 0.5), ("c", None, 1.0), ("d", 1e9, 0.2), ("h", 0.0, 0.0)]
+    assert refused == {"nan": 1, "negative": 1, "ratio_above_one": 1, "infinite": 1, "future_timestamp": 1,
+                       "bad_timestamp": 1}
+
+
 @pytest.mark.parametrize("text", ["<html>502 Bad Gateway</html>", "DCGM_FI_DEV_GPU_UTIL{gpu=0 80\n",
                                   "# only comments\nother_metric 1\n", ""])
 def test_dcgm_garbage_is_a_source_error(text: str) -> None:
@@ -127,9 +171,34 @@ def test_prometheus_source_query_range(http_peer) -> None:
         src = PrometheusSource(url, step=10, lookback=600)
         samples = src.poll()
     assert all("/api/v1/query_range?" in p for p in seen) and len(seen) == 2
+    samples, refused = screen_samples(samples, now, max_skew=5.0)  # as the sidecar takes them
     assert [(s.target, s.memory_bytes, s.utilization_ratio, s.gpu_model) for s in samples] == [
         ("ns/p1", 1e9, None, "NVIDIA L4"), ("ns/p1", 2e9, 0.5, "NVIDIA L4")]
+    assert refused == {"nan": 1}  # GPU-x's NaN: missing, counted, and no sample of it
     assert src._since == pytest.approx(now - 10)
+
+
+def test_prometheus_source_never_asks_for_a_range_ending_before_it_starts(http_peer) -> None:
+    """Points stamped 600 s ahead (a server clock ahead of this one) must not push the next query's start
+    past its end, which Prometheus refuses ("end timestamp must not be before start time")."""
+    import urllib.parse
+
+    asked = []
+
+    def reply(path: str):
+        q = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query)
+        start, end = float(q["start"][0]), float(q["end"][0])
+        asked.append((start, end))
+        if start > end:
+            return 400, '{"status":"error","error":"end timestamp must not be before start time"}', 0.0
+        return 200, _matrix([({"namespace": "ns", "pod": "p1"}, [(time.time() + 600, 1e9)])]), 0.0
+
+    with http_peer(reply) as url:
+        src = PrometheusSource(url, utilization_query="", step=10, lookback=60)
+        first = src.poll()
+        second = src.poll()  # raised SourceError (HTTP 400) when the start followed the future point
+    assert first[0].ts > time.time() + 500 and second  # handed on: the sidecar refuses them (see test_sidecar)
+    assert len(asked) == 2 and all(start <= end for start, end in asked)
 
 
 def test_prometheus_source_splits_a_long_backfill(http_peer) -> None:
@@ -212,6 +281,20 @@ def test_nvml_gpus_and_pods(monkeypatch: pytest.MonkeyPatch) -> None:
     assert by["team-b/serve-0"].memory_bytes == 5e8 and by["team-b/serve-0"].labels["UUID"] == "GPU-0"
 
 
+def test_nvml_pod_with_a_process_of_unknown_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pod one of whose processes NVML cannot size has no memory reading, not the sum of the others."""
+    FakeNvml().install(monkeypatch)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses",
+                        lambda h: [SimpleNamespace(pid=100, usedGpuMemory=int(5e8)),
+                                   SimpleNamespace(pid=101, usedGpuMemory=None)])
+    uid = "1234abcd-0000-1111-2222-333344445555"
+    src = NvmlSource(pod_names={uid: "team-b/serve-0"}, pod_resolver=lambda pid: (uid, ""))
+    by = {s.target: s for s in src.poll()}
+    assert by["team-b/serve-0"].memory_bytes is None and by["GPU-0"].memory_bytes == 1e9
+    kept, _ = screen_samples(by.values(), now=time.time(), max_skew=5.0)
+    assert {s.target for s in kept} == {"GPU-0", "GPU-1"}  # the pod is not refreshed by it
+
+
 def test_nvml_gpu_names(monkeypatch: pytest.MonkeyPatch) -> None:
     FakeNvml().install(monkeypatch)
     monkeypatch.setattr(pynvml, "nvmlDeviceGetName", lambda h: [b"NVIDIA H100 80GB HBM3", "NVIDIA L4"][h])
@@ -270,6 +353,18 @@ def test_replay_alibaba_layout(tmp_path: Path, alibaba_layout) -> None:
     assert by["podB"].memory_bytes == 2e9
     clock[0] += 100.0  # past the end, no loop: every pod is gone
     assert src.poll() == []
+
+
+def test_replay_gaps_are_missing(tmp_path: Path, alibaba_layout) -> None:
+    """A gap (NaN) in the replayed trace is missing once screened, never 0, and counted."""
+    path = alibaba_layout(tmp_path / "trace", {"podA": [(0.0, float("nan"), 1e9), (57.0, 50.0, float("nan"))]})
+    clock = [1000.0]
+    src = ReplaySource("alibaba", path, speed=57.0, loop=False, clock=lambda: clock[0])
+    kept, refused = screen_samples(src.poll(), now=1000.0, max_skew=5.0)
+    assert [(s.memory_bytes, s.utilization_ratio) for s in kept] == [(1e9, None)] and refused == {"nan": 1}
+    clock[0] += 1.0
+    kept, refused = screen_samples(src.poll(), now=1001.0, max_skew=5.0)
+    assert [(s.memory_bytes, s.utilization_ratio) for s in kept] == [(None, 0.5)] and refused == {"nan": 1}
 
 
 def test_replay_loops_and_h200() -> None:

@@ -49,29 +49,25 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
     from dprobe.graph.trace import SINGLE_VALUE_BATCHNORM
     from dprobe.graph.zoo import remedy
 
-    if batch < 1:
-        raise ValueError("--batch must be >= 1")
-    if not host_stall_s >= 0:
-        raise ValueError(f"--host-stall must be >= 0 seconds, not {host_stall_s}")
-    if not 0 < host_factor < float("inf"):
-        raise ValueError(f"--host-factor must be a positive number, not {host_factor}")
-    if gpu not in GPUS:
-        raise ValueError(f"unknown GPU {gpu!r} ({', '.join(GPUS)})")
-    if samples is not None:  # check them and the checkpoint before the replay (seconds)
+    check_job(batch, image, seq, host_stall_s, host_factor, gpu)
+    if samples is not None:  # check them and the checkpoints before the replay (seconds)
         from dprobe.jobscale import DEFAULT_CHECKPOINT, first_second, load_jobscale
 
         first_second(samples)
         jobscale_checkpoint = jobscale_checkpoint or DEFAULT_CHECKPOINT
         jobscale = load_jobscale(jobscale_checkpoint)
+    elif jobscale_checkpoint is not None:
+        raise ValueError("--jobscale-checkpoint is read with --samples (the job's first samples) only")
     else:
         jobscale = None
+    coldstart = _coldstart_checkpoint(checkpoint)
     spec = GPUS[gpu]
     if parse_spec(model, config_kwargs).lib == "onnx":  # a graph, no module to replay: estimate from its nodes
         if grad_checkpointing:
             raise ValueError("--grad-checkpointing needs the model as a transformers or timm module, not an ONNX file")
         graph = read_onnx(model, batch=batch, seq=seq)
         est = estimate_from_graph(graph, batch, precision, optimizer)
-        result = _predict(model, batch, precision, optimizer, graph, est, spec, gpu, checkpoint, host_stall_s,
+        result = _predict(model, batch, precision, optimizer, graph, est, spec, gpu, coldstart, host_stall_s,
                           host_factor, note=ONNX_NOTE)
         return _with_job_scale(result, graph, samples, jobscale_checkpoint, jobscale)
     try:
@@ -91,14 +87,39 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
         raise ValueError(f"cannot replay a training step ({precision}) of {model}: {type(exc).__name__}: "
                          f"{first}{hint}{remedy(exc)}") from exc
     graph = build_model_graph(model, batch=batch, image=image, seq=seq, config_kwargs=config_kwargs)
-    result = _predict(model, batch, precision, optimizer, graph, est, spec, gpu, checkpoint, host_stall_s, host_factor)
+    result = _predict(model, batch, precision, optimizer, graph, est, spec, gpu, coldstart, host_stall_s, host_factor)
     if est.values_assumed:
         add_note(result, f"replayed with {VALUES_ASSUMED_NOTE}")
     if grad_checkpointing:
         plain = analytical_for(model, batch, precision, optimizer, image=image, seq=seq, config_kwargs=config_kwargs)
         _with_recompute_timing(result, _predict(model, batch, precision, optimizer, graph, plain, spec, gpu,
-                                                checkpoint, host_stall_s, host_factor))
+                                                coldstart, host_stall_s, host_factor))
     return _with_job_scale(result, graph, samples, jobscale_checkpoint, jobscale)
+
+
+def check_job(batch: int, image: int | None = None, seq: int | None = None, host_stall_s: float = 0.0,
+              host_factor: float = 1.0, gpu: str = "h200") -> None:
+    """A ValueError naming the option for a job that cannot be: a batch, image side or sequence length
+    below 1, a host stall that is negative or infinite, a host factor that is not a positive number, an
+    unknown GPU."""
+    for flag, value in (("--batch", batch), ("--image", image), ("--seq", seq)):
+        if value is not None and not value >= 1:
+            raise ValueError(f"{flag} must be >= 1, not {value}")
+    if not 0 <= host_stall_s < float("inf"):
+        raise ValueError(f"--host-stall must be >= 0 seconds, not {host_stall_s}")
+    if not 0 < host_factor < float("inf"):
+        raise ValueError(f"--host-factor must be a positive number, not {host_factor}")
+    if gpu not in GPUS:
+        raise ValueError(f"unknown GPU {gpu!r} ({', '.join(GPUS)})")
+
+
+def _coldstart_checkpoint(checkpoint: str | Path | None) -> tuple[Path, Any, dict[str, Any]] | None:
+    """The cold-start checkpoint to predict with, loaded (path, network, its dict): ``checkpoint``, else the
+    shipped one; None where there is neither (the analytical estimate alone)."""
+    from dprobe.coldstart.train import load_checkpoint
+
+    path = Path(checkpoint) if checkpoint else (DEFAULT_CHECKPOINT if DEFAULT_CHECKPOINT.is_file() else None)
+    return None if path is None else (path, *load_checkpoint(path))
 
 
 def add_note(result: dict[str, Any], text: str) -> None:
@@ -168,16 +189,11 @@ def _as_seen(feats: np.ndarray, precision: str, net: Any, result: dict[str, Any]
 
 
 def _predict(model: str, batch: int, precision: str, optimizer: str, graph: ModelGraph, est: ReplayEstimate,
-             spec: GPUSpec, gpu: str, checkpoint: str | Path | None, host_stall_s: float, host_factor: float = 1.0,
-             note: str = "") -> dict[str, Any]:
-    from dprobe.coldstart.train import (
-        apply_stall,
-        baseline,
-        from_residual,
-        load_checkpoint,
-        predict_residuals,
-        with_stall,
-    )
+             spec: GPUSpec, gpu: str, coldstart: tuple[Path, Any, dict[str, Any]] | None, host_stall_s: float,
+             host_factor: float = 1.0, note: str = "") -> dict[str, Any]:
+    """The prediction from the replay's estimate ``est``, corrected by the loaded cold-start checkpoint
+    ``coldstart`` (:func:`_coldstart_checkpoint`; None: the analytical estimate alone)."""
+    from dprobe.coldstart.train import apply_stall, baseline, from_residual, predict_residuals, with_stall
     from dprobe.graph.encoder import graph_to_data
 
     feats = with_host_factor(np.array(job_features(est, batch, precision, optimizer, spec)), math.log(host_factor))
@@ -188,9 +204,8 @@ def _predict(model: str, batch: int, precision: str, optimizer: str, graph: Mode
                               "graph_nodes": len(graph.nodes)}
     if note:
         result["note"] = note
-    ckpt_path = Path(checkpoint) if checkpoint else (DEFAULT_CHECKPOINT if DEFAULT_CHECKPOINT.is_file() else None)
-    if ckpt_path is not None:
-        net, ckpt = load_checkpoint(ckpt_path)
+    if coldstart is not None:
+        ckpt_path, net, ckpt = coldstart
         trained_on = ckpt.get("gpus", ["h200"])  # checkpoints before it was recorded: h200-profiles
         res = predict_residuals(net, [graph_to_data(graph)], np.array([_as_seen(feats, precision, net, result)]))[0]
         p50, p90 = from_residual(res[:, 0], base), from_residual(res[:, 1], base)

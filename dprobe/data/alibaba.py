@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from dprobe.data.common import DatasetError, SeriesDataset, find_file, read_csv, snap_to_grid, to_regular_grid
+from dprobe.data.common import (
+    TIMESTAMP,
+    DatasetError,
+    Range,
+    SeriesDataset,
+    find_file,
+    read_csv,
+    snap_to_grid,
+    to_regular_grid,
+)
 
 log = logging.getLogger(__name__)
 
@@ -20,8 +29,14 @@ LEAD_STEPS = (5, 15, 30)
 SEASON_LENGTH = 63  # about one hour of 57-second steps (the trace spans < 1 day)
 
 
+# what each target's ``value`` may be: a GPU is busy 0-100 % of the time, and holds no negative memory
+VALUE_RANGES = {"gpu_duty_cycle_pct": Range(0.0, 100.0, what="a duty cycle between 0 and 100 (percent)"),
+                "gpu_memory_bytes": Range(0.0, what="a number of bytes >= 0")}
+
+
 def _read_metric(path: Path, column: str) -> pd.DataFrame:
-    df = read_csv(path, ["value", "timestamp_anon", "container_ip"], numeric=["value", "timestamp_anon"])
+    df = read_csv(path, ["value", "timestamp_anon", "container_ip"], numeric=["value", "timestamp_anon"],
+                  ranges={"value": VALUE_RANGES[column], "timestamp_anon": TIMESTAMP})
     df = df.dropna(subset=["container_ip", "timestamp_anon"])
     return pd.DataFrame(
         {
@@ -40,6 +55,8 @@ def load_alibaba(directory: str | Path) -> SeriesDataset:
     Covariates: ``qps`` (the pod's generative request rate; no row in ``qps``
     means no request, i.e. 0) and ``qps_api`` (the cluster-wide API request
     rate, same for every pod); both unknown (NaN) without a ``qps`` file.
+    A duty cycle outside 0-100, negative memory or request rates, infinite values and timestamps a
+    timestamp cannot hold are a :class:`DatasetError` naming the file, the column and the row.
     """
     directory = Path(directory)
     files = {target: _optional_file(directory, stem) for target, stem in
@@ -51,7 +68,7 @@ def load_alibaba(directory: str | Path) -> SeriesDataset:
     if metrics.empty:
         raise DatasetError(f"{directory}: no pod rows in {' or '.join(files[t].name for t in targets)}")
     origin = metrics["ds"].min()
-    frame = to_regular_grid(metrics, FREQ, targets, origin=origin)
+    frame = to_regular_grid(metrics, FREQ, targets, origin=origin, source=directory)
 
     qps_path = _optional_file(directory, QPS_FILE)
     if qps_path is None:  # request rates not scraped: unknown (NaN), as the forecaster is trained to expect
@@ -59,7 +76,8 @@ def load_alibaba(directory: str | Path) -> SeriesDataset:
         frame["qps"] = frame["qps_api"] = float("nan")
         return _dataset(frame, targets)
     qps = read_csv(qps_path, ["timestamp_anon", "value", "container_ip", "request_type"],
-                   numeric=["value", "timestamp_anon"])
+                   numeric=["value", "timestamp_anon"],
+                   ranges={"value": Range(0.0, what="a request rate >= 0"), "timestamp_anon": TIMESTAMP})
     qps["ds"] = snap_to_grid(pd.to_datetime(qps["timestamp_anon"], unit="s"), origin, FREQ)
     pod_qps = (
         qps.dropna(subset=["container_ip"])

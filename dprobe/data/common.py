@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,6 +13,68 @@ import pandas as pd
 
 class DatasetError(ValueError):
     """A data directory or file is missing, malformed or not understood."""
+
+
+# the most seconds a time may lie from 1970 (or a span may last): pandas' timestamps end there (years 1677-2262)
+MAX_SECONDS = float((pd.Timestamp.max - pd.Timestamp(0)) // pd.Timedelta(seconds=1))
+# the most points a series may have on its regular grid (3.6 years of 57-second steps, 19 years of 5-minute
+# ones): a series longer than that has a wrong timestamp, and would not fit in memory
+MAX_GRID_POINTS = 2_000_000
+
+
+@dataclass(frozen=True)
+class Range:
+    """What a numeric column may hold: finite values in ``[low, high]`` (whole numbers with ``whole``).
+
+    Missing values (blank cells, NaN) are left to the caller: they are gaps, never zero.
+    """
+
+    low: float | None = None
+    high: float | None = None
+    whole: bool = False
+    what: str = ""  # how an error names the range (default: from the bounds)
+
+    def describe(self) -> str:
+        if self.what:
+            return self.what
+        kind = "a whole number" if self.whole else "a number"
+        if self.low is not None and self.high is not None:
+            return f"{kind} between {self.low:g} and {self.high:g}"
+        if self.low is not None:
+            return f"{kind} >= {self.low:g}"
+        if self.high is not None:
+            return f"{kind} <= {self.high:g}"
+        return f"a finite {kind[2:]}"
+
+
+TIMESTAMP = Range(-MAX_SECONDS, MAX_SECONDS, what="seconds since 1970 within years 1677-2262 (what a timestamp holds)")
+SECONDS = Range(-MAX_SECONDS, MAX_SECONDS, what=f"a time in seconds within +-{MAX_SECONDS:.4g} (292 years)")
+DURATION = Range(0.0, MAX_SECONDS, what=f"a number of seconds between 0 and {MAX_SECONDS:.4g} (292 years)")
+PERCENT = Range(0.0, 100.0)
+NON_NEGATIVE = Range(0.0)
+COUNT = Range(0.0, whole=True)  # a whole number >= 0 (bytes, steps, parameters)
+POSITIVE_COUNT = Range(1.0, whole=True)  # a whole number >= 1 (batch, image side, tokens)
+
+
+def check_range(path: Path | str, column: str, values: pd.Series, allowed: Range,
+                where: str = "row {row}", rows: Sequence[int] | None = None) -> None:
+    """A :class:`DatasetError` naming the file, column and row of the first value of ``values`` (numbers,
+    NaN where missing) outside ``allowed``; ``where`` names a position, ``{row}`` its number in ``rows``
+    (default: a CSV's, its index + 2)."""
+    v = values.to_numpy(dtype=np.float64)
+    bad = ~np.isnan(v) & ~np.isfinite(v)
+    if allowed.low is not None:
+        bad |= v < allowed.low
+    if allowed.high is not None:
+        bad |= v > allowed.high
+    if allowed.whole:
+        bad |= np.isfinite(v) & (v != np.round(v))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        value = values.iloc[i]
+        shown = value.item() if isinstance(value, np.generic) else value  # 1e+20, not np.float64(1e+20)
+        raise DatasetError(f"{path}: column {column!r} must be {allowed.describe()}; "
+                           f"{where.format(row=rows[i] if rows is not None else i + 2)} has {shown!r}")
 
 
 @dataclass
@@ -71,8 +133,10 @@ def find_file(directory: Path, stem: str) -> Path:
     raise DatasetError(f"{directory}: missing file {stem}.csv.gz (or {stem}.csv)")
 
 
-def read_csv(path: Path, required: Sequence[str], numeric: Iterable[str] = ()) -> pd.DataFrame:
-    """Read a CSV and check that ``required`` columns exist and ``numeric`` ones parse as numbers."""
+def read_csv(path: Path, required: Sequence[str], numeric: Iterable[str] = (),
+             ranges: Mapping[str, Range] | None = None) -> pd.DataFrame:
+    """Read a CSV and check that ``required`` columns exist and ``numeric`` ones parse as finite numbers
+    (blank cells stay NaN: missing) within their ``ranges`` where given."""
     try:
         df = pd.read_csv(path, low_memory=False)
     except FileNotFoundError as exc:
@@ -93,6 +157,7 @@ def read_csv(path: Path, required: Sequence[str], numeric: Iterable[str] = ()) -
             raise DatasetError(
                 f"{path}: column {col!r} must be numeric; row {row + 2} has {df[col].iloc[row]!r}"
             )
+        check_range(path, col, values, (ranges or {}).get(col, Range()))
         df[col] = values
     if df.empty:
         raise DatasetError(f"{path}: no rows")
@@ -111,16 +176,25 @@ def to_regular_grid(
     value_cols: Sequence[str],
     origin: pd.Timestamp | None = None,
     how: str = "mean",
+    source: Path | str = "",
 ) -> pd.DataFrame:
     """Put each series (``unique_id``) on a regular grid of step ``freq``.
 
     Samples are binned (floored) onto grid points anchored at ``origin`` (default: the
     earliest timestamp in ``df``) and aggregated with ``how``. Each series spans
     its own first to last bin; empty bins inside that span become explicit gaps
-    (NaN values, ``gap=True``).
+    (NaN values, ``gap=True``). A series longer than ``MAX_GRID_POINTS`` steps is a
+    :class:`DatasetError` (``source``: the file or directory it names).
     """
     if origin is None:
         origin = df["ds"].min()
+    spans = df.groupby("unique_id")["ds"].agg(["min", "max"])
+    points = (spans["max"] - spans["min"]) / freq
+    if (points > MAX_GRID_POINTS).any():
+        uid = points.idxmax()
+        raise DatasetError(f"{source or 'data'}: series {uid}: its timestamps run from {spans.loc[uid, 'min']} to "
+                           f"{spans.loc[uid, 'max']}, more than {MAX_GRID_POINTS:,} steps of {freq.total_seconds():g} s; "
+                           "is a timestamp wrong?")
     df = df.copy()
     df["ds"] = snap_to_grid(df["ds"], origin, freq)
     grouped = df.groupby(["unique_id", "ds"], sort=True)[list(value_cols)].agg(how)

@@ -9,7 +9,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dprobe.data.common import DatasetError, read_csv
+from dprobe.data.common import (
+    COUNT,
+    NON_NEGATIVE,
+    PERCENT,
+    POSITIVE_COUNT,
+    SECONDS,
+    DatasetError,
+    read_csv,
+)
 
 NAME = "h200-profiles"
 RUN_COLUMNS = [
@@ -23,6 +31,18 @@ RUN_NUMERIC = [
     "peak_reserved_bytes", "nvml_peak_used_bytes", "step_time_median_s", "nvml_gpu_util_pct_mean_2nd_half",
     "t_begin", "t_end",
 ]
+# what the numeric columns may hold (blank: missing); a value outside is an error naming file, column and row
+RUN_RANGES = {
+    "collection": POSITIVE_COUNT, "image": POSITIVE_COUNT, "seq": POSITIVE_COUNT, "vocab": POSITIVE_COUNT,
+    "batch": POSITIVE_COUNT, "params": COUNT, "param_bytes": COUNT, "peak_alloc_bytes": COUNT,
+    "peak_reserved_bytes": COUNT, "nvml_peak_used_bytes": COUNT, "step_time_median_s": NON_NEGATIVE,
+    "nvml_gpu_util_pct_mean_2nd_half": PERCENT, "t_begin": SECONDS, "t_end": SECONDS,
+}
+SAMPLE_RANGES = {"collection": POSITIVE_COUNT, "t": SECONDS, "gpu_util_pct": PERCENT, "mem_util_pct": PERCENT,
+                 "mem_used_bytes": NON_NEGATIVE, "mem_total_bytes": NON_NEGATIVE, "power_w": NON_NEGATIVE,
+                 "sm_clock_mhz": NON_NEGATIVE}
+STEP_RANGES = {"collection": POSITIVE_COUNT, "step": COUNT, "t_start": SECONDS, "t_end": SECONDS,
+               "batch": POSITIVE_COUNT, "alloc_bytes": COUNT, "reserved_bytes": COUNT, "peak_alloc_bytes": COUNT}
 SAMPLE_COLUMNS = ["collection", "t", "label", "gpu_util_pct", "mem_util_pct", "mem_used_bytes",
                   "mem_total_bytes", "power_w", "sm_clock_mhz"]
 STEP_COLUMNS = ["collection", "run_id", "step", "phase", "t_start", "t_end", "batch", "alloc_bytes",
@@ -48,7 +68,20 @@ def read_env(directory: Path) -> dict[str, dict]:
         raise DatasetError(f"{path}: not JSON ({exc})") from exc
     if not isinstance(env, dict) or not all(isinstance(v, dict) for v in env.values()):
         raise DatasetError(f"{path}: expected an object of collections, e.g. {{\"collection_1\": {{\"gpu\": ...}}}}")
+    for key, entry in env.items():
+        check_gpu_entry(entry, f"{path}: {key}")
     return env
+
+
+def check_gpu_entry(entry: dict, where: str) -> None:
+    """A :class:`DatasetError` (prefixed ``where``) for a collection's ``gpu`` that is not a name or a
+    ``gpu_total_bytes`` that is not a number of bytes > 0 (either may be absent)."""
+    total = entry.get("gpu_total_bytes")
+    if total is not None and (isinstance(total, bool) or not isinstance(total, int | float)
+                              or not 0 < total < float("inf")):
+        raise DatasetError(f"{where}: 'gpu_total_bytes' must be a number of bytes > 0, got {total!r}")
+    if not isinstance(entry.get("gpu", ""), str):
+        raise DatasetError(f"{where}: 'gpu' must be the GPU's name, got {entry['gpu']!r}")
 
 
 def _collection_gpu(runs: pd.DataFrame, env: dict[str, dict]) -> pd.DataFrame:
@@ -159,7 +192,7 @@ def load_h200_profiles(directory: str | Path) -> H200Profiles:
     for name, path in paths.items():
         if not path.is_file():
             raise DatasetError(f"{directory}: missing file {name}.csv")
-    runs = read_csv(paths["runs"], RUN_COLUMNS, numeric=RUN_NUMERIC)
+    runs = read_csv(paths["runs"], RUN_COLUMNS, numeric=RUN_NUMERIC, ranges=RUN_RANGES)
     runs["run_id"] = runs["run_id"].astype(str)
     repeated = sorted(set(runs.loc[runs["run_id"].duplicated(), "run_id"]))
     if repeated:
@@ -174,10 +207,11 @@ def load_h200_profiles(directory: str | Path) -> H200Profiles:
     runs["host_stall_s"] = _host_stall(runs)
     for col in ("precision", "optimizer", "kind", "status", "lib", "model"):
         runs[col] = runs[col].astype("string")
-    samples = read_csv(paths["samples"], SAMPLE_COLUMNS, numeric=[c for c in SAMPLE_COLUMNS if c != "label"])
+    samples = read_csv(paths["samples"], SAMPLE_COLUMNS, numeric=[c for c in SAMPLE_COLUMNS if c != "label"],
+                       ranges=SAMPLE_RANGES)
     samples["label"] = samples["label"].astype(str)
     steps = read_csv(paths["steps"], STEP_COLUMNS,
-                     numeric=[c for c in STEP_COLUMNS if c not in ("run_id", "phase")])
+                     numeric=[c for c in STEP_COLUMNS if c not in ("run_id", "phase")], ranges=STEP_RANGES)
     steps["run_id"] = steps["run_id"].astype(str)
     runs[["gpu_util_pct_steps", "nvml_used_bytes_steps"]] = _step_window_nvml(runs, samples, steps)
     env = read_env(directory)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dprobe.data.common import DatasetError, SeriesDataset, read_csv, to_regular_grid
+from dprobe.data.common import NON_NEGATIVE, DatasetError, SeriesDataset, read_csv, to_regular_grid
 
 NAME = "helios-earth-vc"
 QUOTA_FILE = "Earth_gpu_number.csv"
@@ -41,7 +41,8 @@ def load_helios(directory: str | Path) -> SeriesDataset:
     per-minute rows averaged onto a 5-minute grid. Covariates: running and
     pending job counts and ``quota_gpus`` (from ``Earth_gpu_number.csv``, or another
     cluster's ``<Cluster>_gpu_number.csv``, when present, by day; NaN where the VC
-    has no quota column).
+    has no quota column). Negative or infinite counts and quotas are a :class:`DatasetError`
+    naming the file, the column and the row.
     """
     directory = Path(directory)
     files = vc_files(directory)
@@ -50,7 +51,7 @@ def load_helios(directory: str | Path) -> SeriesDataset:
     parts = []
     for path in files:
         vc = path.name.split(".")[0]
-        df = read_csv(path, VC_COLUMNS, numeric=VC_COLUMNS[1:])
+        df = read_csv(path, VC_COLUMNS, numeric=VC_COLUMNS[1:], ranges=dict.fromkeys(VC_COLUMNS[1:], NON_NEGATIVE))
         ds = pd.to_datetime(df["time"], errors="coerce")
         if ds.isna().any():
             row = int(ds.isna().to_numpy().argmax())
@@ -65,14 +66,16 @@ def load_helios(directory: str | Path) -> SeriesDataset:
         }))
     raw = pd.concat(parts, ignore_index=True)
     origin = raw["ds"].min().floor("D")
-    frame = to_regular_grid(raw, FREQ, ["gpu_demand", "running_jobs", "pending_jobs"], origin=origin)
+    frame = to_regular_grid(raw, FREQ, ["gpu_demand", "running_jobs", "pending_jobs"], origin=origin,
+                            source=directory)
     frame["gap"] = frame["gpu_demand"].isna()
 
     quota_path = quota_file(directory)
     frame["quota_gpus"] = float("nan")
     if quota_path is not None:
         header = pd.read_csv(quota_path, nrows=0).columns
-        quota = read_csv(quota_path, ["date"], numeric=[c for c in header if c != "date"])
+        vcs = [c for c in header if c != "date"]
+        quota = read_csv(quota_path, ["date"], numeric=vcs, ranges=dict.fromkeys(vcs, NON_NEGATIVE))
         quota["date"] = pd.to_datetime(quota["date"], errors="coerce")
         long = quota.melt(id_vars="date", var_name="unique_id", value_name="quota_gpus").dropna(subset=["date"])
         frame["date"] = frame["ds"].dt.floor("D")

@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from dprobe.data.common import DatasetError, find_file, read_csv
+from dprobe.data.common import DURATION, SECONDS, DatasetError, Range, check_range, find_file, read_csv
 
 JOB_COLUMNS = ["job_id", "cluster", "submit_time", "duration", "num_gpus"]
+# the most GPUs a job may ask for: a million, more than any cluster has (a bigger count is a wrong value)
+MAX_JOB_GPUS = 1_000_000
 
 
 def _require(path: Path, values: pd.Series, column: str) -> pd.Series:
@@ -20,20 +22,19 @@ def _require(path: Path, values: pd.Series, column: str) -> pd.Series:
 
 
 def _gpu_counts(path: Path, values: pd.Series, column: str) -> pd.Series:
-    """GPU counts as int: present, whole and positive, else an error naming file, column and row."""
+    """GPU counts as int: present, whole, at least 1 and at most ``MAX_JOB_GPUS``, else an error naming file,
+    column and row."""
     values = _require(path, values, column)
-    bad = (values != values.round()) | (values < 1)
-    if bad.any():
-        row = int(bad.to_numpy().argmax())
-        raise DatasetError(f"{path}: column {column!r} must be a whole number of GPUs >= 1; "
-                           f"row {row + 2} has {values.iloc[row]!r}")
+    check_range(path, column, values, Range(1, MAX_JOB_GPUS, whole=True, what="a whole number of GPUs from 1 to "
+                                            f"{MAX_JOB_GPUS:,} (more than any cluster has)"))
     return values.astype(int)
 
 
 def load_philly(directory: str | Path) -> pd.DataFrame:
     """Jobs of ``philly.csv.gz``: ``submit_time`` in seconds since the first submission, ``cluster`` = VC."""
     path = find_file(Path(directory), "philly")
-    df = read_csv(path, ["timestamp", "duration", "num_gpus", "cluster"], numeric=["duration", "num_gpus"])
+    df = read_csv(path, ["timestamp", "duration", "num_gpus", "cluster"], numeric=["duration", "num_gpus"],
+                  ranges={"duration": DURATION})
     ts = pd.to_datetime(df["timestamp"], errors="coerce")
     if ts.isna().any():
         row = int(ts.isna().to_numpy().argmax())
@@ -57,7 +58,8 @@ def load_itp(directory: str | Path) -> pd.DataFrame:
     parts = []
     for path in files:
         df = read_csv(path, ["job_id", "submission_time", "duration", "num_gpu"],
-                      numeric=["submission_time", "duration", "num_gpu"])
+                      numeric=["submission_time", "duration", "num_gpu"],
+                      ranges={"submission_time": SECONDS, "duration": DURATION})
         parts.append(pd.DataFrame({
             "job_id": df["job_id"].astype(str),
             "cluster": path.name.split(".")[0],

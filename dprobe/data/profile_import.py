@@ -12,8 +12,12 @@ column. :func:`add_collection` appends one session as the next collection:
 - ``env.json`` gains ``collection_N``: the session's GPU and library versions, and its provenance
   (where it came from, when it was added, a note, the renumbering).
 
-Nothing is written until everything has been read and checked; the files are then replaced whole,
-so a failure leaves the data set as it was.
+Every column of what is added is checked (numbers where numbers belong, in their ranges: a batch of
+at least 1, memory and times that are not negative, utilisation 0-100 %; the known kinds, statuses,
+precisions and phases; JSON objects), and the grown data set is loaded, as training loads it, from a
+copy in a temporary folder. Only then are its files replaced, each written beside its original and
+moved over it (``os.replace``), the ones already moved put back if a later one fails: a failure at
+any point leaves the data set byte for byte as it was.
 """
 
 from __future__ import annotations
@@ -24,15 +28,34 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass
+import shutil
+import tempfile
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from dprobe.data.common import DatasetError
-from dprobe.data.h200 import read_env
+from dprobe.data.common import (
+    COUNT,
+    NON_NEGATIVE,
+    PERCENT,
+    POSITIVE_COUNT,
+    TIMESTAMP,
+    DatasetError,
+    Range,
+    check_range,
+)
+from dprobe.data.h200 import (
+    RUN_RANGES,
+    SAMPLE_RANGES,
+    STEP_RANGES,
+    check_gpu_entry,
+    load_h200_profiles,
+    read_env,
+)
 
 RUNS_FIELDS = [
     "collection", "run_id", "kind", "status", "lib", "model", "config", "arch", "config_kwargs", "task", "image",
@@ -52,6 +75,25 @@ SECOND_HALF_MEANS = [("nvml_gpu_util_pct_mean_2nd_half", "gpu_util_pct", 2),
                      ("nvml_power_w_mean_2nd_half", "power_w", 1)]
 RUN_ID = re.compile(r"^(?P<prefix>[a-z]+)(?P<number>\d+)(?P<tenant>[a-z]?)$")
 
+# what each column of an added collection may hold; a blank cell is a missing value, allowed unless required
+ADD_RUN_RANGES = {
+    **{k: v for k, v in RUN_RANGES.items() if k != "collection"}, "generate": POSITIVE_COUNT,
+    "buffer_bytes": COUNT, "flops_per_step": NON_NEGATIVE, "flops_per_sample": NON_NEGATIVE, "steps": COUNT,
+    "samples_per_s": NON_NEGATIVE, "nvml_mem_util_pct_mean_2nd_half": PERCENT,
+    "nvml_power_w_mean_2nd_half": NON_NEGATIVE, "served": COUNT,
+}
+ADD_SAMPLE_RANGES = {**{k: v for k, v in SAMPLE_RANGES.items() if k != "collection"}, "epoch": TIMESTAMP,
+                     "temp_c": Range()}
+ADD_STEP_RANGES = {**{k: v for k, v in STEP_RANGES.items() if k != "collection"}, "queue": COUNT}
+RUN_CHOICES = {"kind": ("train", "serve", "colocated"), "status": ("ok", "oom", "error"),
+               "precision": ("fp32", "bf16", "fp16", "bf16-pure"),  # dprobe.coldstart.replay's
+               "optimizer": ("adamw", "adam", "sgd")}
+STEP_CHOICES = {"phase": ("warmup", "train", "eval", "serve")}
+FLAGS = ("true", "false", "1", "0", "1.0", "0.0")  # what dprobe.data.h200 reads as a boolean setting
+RUN_REQUIRED = ("kind", "status", "lib", "model", "batch", "precision", "t_begin", "t_end")
+SAMPLE_REQUIRED = ("t", "label")
+STEP_REQUIRED = ("run_id", "step", "phase", "t_start", "t_end", "batch")
+
 
 @dataclass
 class Session:
@@ -62,6 +104,7 @@ class Session:
     samples: pd.DataFrame
     steps: pd.DataFrame
     env: dict[str, Any]
+    run_lines: list[int] = field(default_factory=list)  # the line of runs.jsonl each run is on
 
 
 def read_session(source: str | Path) -> Session:
@@ -72,7 +115,7 @@ def read_session(source: str | Path) -> Session:
     for name in ("runs.jsonl", "samples.csv", "steps.csv", "env.json"):
         if not (source / name).is_file():
             raise DatasetError(f"{source}: missing {name}; is this a folder written by tools/collect_gpu_profiles.py?")
-    runs = []
+    runs, lines, seen = [], [], {}
     for n, line in enumerate((source / "runs.jsonl").read_text().splitlines(), start=1):
         if not line.strip():
             continue
@@ -82,21 +125,89 @@ def read_session(source: str | Path) -> Session:
             raise DatasetError(f"{source / 'runs.jsonl'}: line {n} is not JSON ({exc})") from exc
         if not isinstance(rec, dict) or not RUN_ID.match(str(rec.get("run_id", ""))):
             raise DatasetError(f"{source / 'runs.jsonl'}: line {n} has no run_id like r000, s00 or p00a")
+        if str(rec["run_id"]) in seen:
+            raise DatasetError(f"{source / 'runs.jsonl'}: line {n} repeats run {rec['run_id']} of line "
+                               f"{seen[str(rec['run_id'])]}")
+        seen[str(rec["run_id"])] = n
         runs.append(rec)
+        lines.append(n)
     if not runs:
         raise DatasetError(f"{source / 'runs.jsonl'}: no runs")
     try:
         env = json.loads((source / "env.json").read_text())
     except json.JSONDecodeError as exc:
         raise DatasetError(f"{source / 'env.json'}: not JSON ({exc})") from exc
+    if not isinstance(env, dict):
+        raise DatasetError(f"{source / 'env.json'}: expected a JSON object (the session's device, GPU, versions)")
     if env.get("device") != "cuda" or not env.get("gpu"):
         raise DatasetError(f"{source / 'env.json'}: the session ran on {env.get('device', 'no device')!r}, not a "
                            "GPU (a --dry-run has no NVML or allocator measurements to add)")
+    check_gpu_entry(env, str(source / "env.json"))
     samples = _read_table(source / "samples.csv", SAMPLE_FIELDS)
     steps = [_read_table(source / "steps.csv", STEP_FIELDS)]
     if (source / "steps_pairs.csv").is_file():
         steps.append(_read_table(source / "steps_pairs.csv", STEP_FIELDS))
-    return Session(source, runs, samples, pd.concat(steps, ignore_index=True), env)
+    check_table(source / "samples.csv", samples, ADD_SAMPLE_RANGES, SAMPLE_REQUIRED, json_columns=("procs",))
+    for path, table in zip(("steps.csv", "steps_pairs.csv"), steps, strict=False):
+        check_table(source / path, table, ADD_STEP_RANGES, STEP_REQUIRED, choices=STEP_CHOICES)
+        _check_order(source / path, table, "t_start", "t_end")
+    return Session(source, runs, samples, pd.concat(steps, ignore_index=True), env, lines)
+
+
+def check_table(path: Path, table: pd.DataFrame, ranges: Mapping[str, Range], required: Collection[str] = (),
+                choices: Mapping[str, Sequence[str]] | None = None, flags: Collection[str] = (),
+                json_columns: Collection[str] = (), where: str = "row {row}", rows: Sequence[int] | None = None
+                ) -> None:
+    """Check every cell of a table kept as text (blank: missing): a :class:`DatasetError` naming ``path``, the
+    column and the row (``where``, with ``rows`` as in :func:`~dprobe.data.common.check_range`) of the first
+    that is blank where ``required``, not a number in its ``ranges``, not one of its ``choices``, not a
+    boolean (``flags``) or not a JSON object (``json_columns``)."""
+    choices = choices or {}
+
+    def at(i: int) -> str:
+        return where.format(row=rows[i] if rows is not None else i + 2)
+
+    for column in table.columns:
+        text = table[column].astype(str).str.strip()
+        blank = (text == "").to_numpy()
+        if column in required and blank.any():
+            raise DatasetError(f"{path}: column {column!r} has no value at {at(int(blank.argmax()))}")
+        if column in ranges:
+            values = pd.to_numeric(text.where(~blank), errors="coerce")
+            bad = (values.isna().to_numpy() & ~blank)
+            if bad.any():
+                i = int(bad.argmax())
+                raise DatasetError(f"{path}: column {column!r} must be numeric; {at(i)} has {text.iloc[i]!r}")
+            check_range(path, column, values.reset_index(drop=True), ranges[column], where, rows)
+        allowed = choices.get(column) or (FLAGS if column in flags else None)
+        if allowed is not None:
+            bad = ~blank & ~text.str.lower().isin(allowed).to_numpy()
+            if bad.any():
+                i = int(bad.argmax())
+                raise DatasetError(f"{path}: column {column!r} must be one of {', '.join(allowed)}; {at(i)} has "
+                                   f"{text.iloc[i]!r}")
+        if column in json_columns:
+            for i, cell in enumerate(text):
+                if cell and not _json_object(cell):
+                    raise DatasetError(f"{path}: column {column!r} must be a JSON object; {at(i)} has {cell!r}")
+
+
+def _json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def _check_order(path: Path, table: pd.DataFrame, start: str, end: str, where: str = "row {row}",
+                 rows: Sequence[int] | None = None) -> None:
+    """A :class:`DatasetError` where ``end`` comes before ``start`` (both given)."""
+    t0, t1 = (pd.to_numeric(table[c], errors="coerce").to_numpy() for c in (start, end))
+    bad = t1 < t0
+    if bad.any():
+        i = int(bad.argmax())
+        raise DatasetError(f"{path}: column {end!r} must not be before {start!r}; "
+                           f"{where.format(row=rows[i] if rows is not None else i + 2)} has {t1[i]:g} < {t0[i]:g}")
 
 
 def _read_table(path: Path, fields: list[str]) -> pd.DataFrame:
@@ -150,7 +261,8 @@ def run_row(rec: dict[str, Any], collection: int, run_id: str, samples: pd.DataF
     if len(samples):
         numeric = samples.apply(pd.to_numeric, errors="coerce")
         half = numeric.iloc[len(numeric) // 2:]
-        row["nvml_peak_used_bytes"] = _cell(int(numeric["mem_used_bytes"].max()))
+        peak = numeric["mem_used_bytes"].max()
+        row["nvml_peak_used_bytes"] = "" if math.isnan(peak) else _cell(int(peak))
         for column, field, decimals in SECOND_HALF_MEANS:
             mean = half[field].mean()
             row[column] = "" if math.isnan(mean) else f"{round(float(mean), decimals)}"
@@ -189,10 +301,11 @@ def add_collection(source: str | Path, data_dir: str | Path, note: str = "", dry
         missing = [f for f in fields if f not in headers[name]]
         if missing:
             raise DatasetError(f"{paths[name]}: missing column(s) {', '.join(missing)}")
-    existing = pd.read_csv(paths["runs"], dtype=str, keep_default_na=False)
+    existing = _read_table(paths["runs"], ["collection", "run_id"])
     env_path = data_dir / "env.json"
     env = read_env(data_dir)
-    numbers = [int(c) for c in existing["collection"] if c.strip()] + [
+    check_table(paths["runs"], existing[["collection"]], {"collection": POSITIVE_COUNT})
+    numbers = [int(float(c)) for c in existing["collection"] if c.strip()] + [
         int(k.split("_")[1]) for k in env if re.fullmatch(r"collection_\d+", k)]
     collection = max(numbers, default=0) + 1
     mapping = renumber([str(r["run_id"]) for r in session.runs], list(existing["run_id"]))
@@ -204,6 +317,12 @@ def add_collection(source: str | Path, data_dir: str | Path, note: str = "", dry
         tenant = RUN_ID.match(rid)["tenant"]
         label = rid[: -len(tenant)] if tenant else rid  # a pair's tenants share their pair's samples
         runs_out.append(run_row(rec, collection, mapping[rid], by_label.get(label, session.samples.iloc[:0])))
+    lines = session.run_lines or list(range(1, len(session.runs) + 1))
+    runs_table = pd.DataFrame(runs_out, columns=RUNS_FIELDS).drop(columns=["collection", "run_id"])
+    check_table(session.source / "runs.jsonl", runs_table, ADD_RUN_RANGES, RUN_REQUIRED, choices=RUN_CHOICES,
+                flags=("phases", "cudnn_benchmark"), json_columns=("config_kwargs", "load"), where="line {row}",
+                rows=lines)
+    _check_order(session.source / "runs.jsonl", runs_table, "t_begin", "t_end", "line {row}", lines)
     samples = session.samples.copy()
     samples["label"] = samples["label"].map(lambda v: mapping.get(v, v))
     steps = session.steps.copy()
@@ -223,30 +342,73 @@ def add_collection(source: str | Path, data_dir: str | Path, note: str = "", dry
                "runs": kinds, "samples": len(samples), "steps": len(steps),
                "renamed": {old: new for old, new in mapping.items() if old != new and old in
                            {str(r["run_id"]) for r in session.runs}}}
-    if dry_run:
-        return summary
     env[f"collection_{collection}"] = {
         **session.env, "source": str(session.source.resolve()), "note": note,
         "added": datetime.now(UTC).isoformat(timespec="seconds"), "run_ids": summary["renamed"]}
     new_text = {
-        paths["runs"]: _csv_text(runs_out, headers["runs"]),
-        paths["samples"]: _csv_text(samples.to_dict("records"), headers["samples"]),
-        paths["steps"]: _csv_text(steps.to_dict("records"), headers["steps"]),
+        "runs.csv": _csv_text(runs_out, headers["runs"]),
+        "samples.csv": _csv_text(samples.to_dict("records"), headers["samples"]),
+        "steps.csv": _csv_text(steps.to_dict("records"), headers["steps"]),
     }
-    staged = []
+    # the grown data set, staged beside the original (a dry run: in the system's temporary folder)
+    staging = Path(tempfile.mkdtemp(prefix=".adding-", dir=None if dry_run else data_dir))
     try:
-        for path, text in new_text.items():
-            tmp = path.with_name(f".{path.name}.adding")
-            old = path.read_text()
-            tmp.write_text(old + ("" if old.endswith("\n") else "\n") + text)
-            staged.append((tmp, path))
-        tmp = env_path.with_name(".env.json.adding")
-        tmp.write_text(json.dumps(env, indent=1) + "\n")
-        staged.append((tmp, env_path))
-    except OSError:
-        for tmp, _ in staged:
-            tmp.unlink(missing_ok=True)
-        raise
-    for tmp, path in staged:
-        os.replace(tmp, path)
+        for name, text in new_text.items():
+            _append_copy(data_dir / name, staging / name, text)
+        (staging / "env.json").write_text(json.dumps(env, indent=1) + "\n")
+        if env_path.is_file():
+            shutil.copymode(env_path, staging / "env.json")
+        try:
+            load_h200_profiles(staging)  # as training loads it
+        except Exception as exc:  # noqa: BLE001 - whatever refuses to load, the data set stays as it was
+            message = str(exc).replace(str(staging), str(data_dir))
+            raise DatasetError(f"{data_dir}: adding {session.source} would leave a data set that does not load "
+                               f"({type(exc).__name__}: {message}); nothing was changed") from exc
+        if not dry_run:
+            _swap_in(staging, [*new_text, "env.json"], data_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return summary
+
+
+def _append_copy(original: Path, copy: Path, text: str) -> None:
+    """``copy``: ``original`` (same bytes, same mode) with ``text`` appended on a line of its own."""
+    shutil.copyfile(original, copy)
+    shutil.copymode(original, copy)
+    with copy.open("rb+") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell():
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
+        f.write(text.encode("utf-8"))
+
+
+def _swap_in(staging: Path, names: list[str], data_dir: Path) -> None:
+    """Move each staged file over its namesake in ``data_dir`` (``os.replace``: atomic, same file system);
+    should one move fail, the ones already made are undone from links to the originals, so the data set is
+    either all new or all as it was."""
+    before: dict[str, Path | None] = {}
+    for name in names:
+        target = data_dir / name
+        if not target.exists():
+            before[name] = None
+            continue
+        before[name] = staging / f"{name}.before"
+        try:
+            os.link(target, before[name])
+        except OSError:  # a file system without hard links
+            shutil.copy2(target, before[name])
+    done: list[str] = []
+    try:
+        for name in names:
+            os.replace(staging / name, data_dir / name)
+            done.append(name)
+    except OSError:
+        for name in reversed(done):
+            backup = before[name]
+            if backup is None:
+                (data_dir / name).unlink(missing_ok=True)
+            else:
+                os.replace(backup, data_dir / name)
+        raise

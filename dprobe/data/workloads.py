@@ -30,6 +30,7 @@ from dprobe.graph.ops import KINDS
 
 FILE = "workloads.csv"
 REQUIRED = ("series", "model", "batch")
+MAX_SIZE = 2**31 - 1  # the largest batch, image side or sequence length a row may give (an int32)
 SIZE_FEATURES = ["log_params", "log_param_bytes", "log_flops", "log_saved_bytes", "log_activation_bytes",
                  "log_nodes", "log_batch", "unknown_share"]
 
@@ -58,19 +59,38 @@ def read_workloads(directory: str | Path) -> pd.DataFrame | None:
     path = Path(directory) / FILE
     if not path.is_file():
         return None
-    table = pd.read_csv(path, dtype={"series": str})
+    try:
+        table = pd.read_csv(path, dtype={"series": str})
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise DatasetError(f"{path}: cannot be read as CSV ({str(exc).strip().splitlines()[0]})") from exc
     missing = [c for c in REQUIRED if c not in table.columns]
     if missing:
         raise DatasetError(f"{path}: missing column(s) {', '.join(missing)} (needs {', '.join(REQUIRED)})")
-    batch = pd.to_numeric(table["batch"], errors="coerce")
-    bad = table.index[batch.isna() | (batch < 1) | (batch != batch.round())]
-    if len(bad):
-        raise DatasetError(f"{path}: row {int(bad[0]) + 2}: batch must be a positive integer, "
-                           f"got {table.loc[bad[0], 'batch']!r}")
+    for column in ("batch", "image", "seq"):  # batch on every row; image and seq where given
+        if column not in table.columns:
+            continue
+        values = pd.to_numeric(table[column], errors="coerce")
+        given = table[column].notna() if column != "batch" else pd.Series(True, index=table.index)
+        bad = table.index[given & ~(values.between(1, MAX_SIZE) & (values == values.round()))]
+        if len(bad):
+            raw = table.loc[bad[0], column]
+            raise DatasetError(f"{path}: row {int(bad[0]) + 2}: {column} must be a positive integer (at most "
+                               f"{MAX_SIZE:,}), got {raw.item() if hasattr(raw, 'item') else raw!r}")
+    if "config_kwargs" in table.columns:
+        for i, text in table["config_kwargs"].items():
+            if isinstance(text, str) and text.strip() and not _json_object(text):
+                raise DatasetError(f"{path}: row {int(i) + 2}: config_kwargs must be a JSON object, got {text!r}")
     dup = table["series"][table["series"].duplicated()]
     if len(dup):
         raise DatasetError(f"{path}: series {dup.iloc[0]!r} is listed twice")
     return table
+
+
+def _json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except json.JSONDecodeError:
+        return False
 
 
 def workload_graph(row: pd.Series, cache_dir: str | Path | None = None) -> Any:
@@ -103,7 +123,8 @@ def workload_graphs(directory: str | Path, series_ids: list[str] | None = None,
         try:
             graphs[sid] = workload_graph(row, cache_dir)
         except Exception as exc:  # an unknown model name, bad kwargs: say which row
-            raise DatasetError(f"{Path(directory) / FILE}: series {sid!r}: {exc}") from exc
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise DatasetError(f"{Path(directory) / FILE}: series {sid!r}: {first}") from exc
     return graphs
 
 

@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dprobe.data import load_series_dataset
     from dprobe.evaluation.harness import EvalConfig, evaluate_dataset
-    from dprobe.evaluation.report import markdown_table, plot_forecasts
+    from dprobe.evaluation.report import check_plot_path, markdown_table, plot_forecasts
 
     if not 0 < args.test_fraction < 1:
         raise ValueError(f"--test-fraction must be between 0 and 1, got {args.test_fraction}")
@@ -45,9 +45,12 @@ def run(args: argparse.Namespace) -> int:
     unknown = [b for b in baselines if b not in BASELINES]
     if unknown:
         raise ValueError(f"unknown baseline(s) {', '.join(unknown)}; choose from {', '.join(BASELINES)}")
-    ds = load_series_dataset(args.data)
+    if not baselines and (args.checkpoint or "").lower() == "none":
+        raise ValueError(f"nothing to score: no --baselines and --checkpoint none; choose from {', '.join(BASELINES)}")
+    if args.plot:  # refused now rather than after the evaluation
+        check_plot_path(args.plot)
     models = {}
-    if (args.checkpoint or "").lower() != "none":
+    if (args.checkpoint or "").lower() != "none":  # loaded first: a bad checkpoint is refused before the data is read
         from dprobe.forecasting.loading import SHIPPED_FORECASTER, checkpoint_path, load_forecaster
 
         checkpoint = checkpoint_path(args.checkpoint) or SHIPPED_FORECASTER
@@ -55,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
         if checkpoint == SHIPPED_FORECASTER:
             print(f"scoring the forecaster shipped with dprobe ({SHIPPED_FORECASTER.name}) as 'dprobe'; "
                   "--checkpoint CKPT scores yours", file=sys.stderr)
+    ds = load_series_dataset(args.data)
     cfg = EvalConfig(test_fraction=args.test_fraction, baselines=baselines,
                      progress=not args.no_progress and sys.stderr.isatty())
     graphs = None

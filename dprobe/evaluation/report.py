@@ -91,6 +91,25 @@ def against_baselines(rows: list[dict], method: str = "dprobe") -> list[dict]:
     return out
 
 
+def check_plot_path(path: str | Path, flag: str = "--plot") -> None:
+    """A ValueError, before any work is done, for a plot that could not be written to ``path``: a folder
+    that does not exist or cannot be written to, or a file type matplotlib does not write."""
+    import os
+
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    path = Path(path)
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix.lower().lstrip(".") not in formats:
+        raise ValueError(f"{flag} {path}: name a file ending in .png, .pdf or .svg (matplotlib writes "
+                         f"{', '.join(sorted(formats))})")
+    folder = path.parent
+    if path.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK):
+        why = "is a folder" if path.is_dir() else (f"no folder {folder}" if not folder.is_dir()
+                                                   else f"cannot write to {folder}")
+        raise ValueError(f"{flag} {path}: {why}")
+
+
 def plot_forecasts(result: EvalResult, path: str | Path, methods: list[str] | None = None,
                    n_series: int = 3, lead_index: int = 1) -> Path:
     """Draw actuals and forecasts (p50 with the p50–p90 band) for a few series of each target."""

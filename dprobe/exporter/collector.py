@@ -146,11 +146,16 @@ class SidecarCollector(Collector):
         st = self.state
         errors = CounterMetricFamily("dprobe_source_errors", "Failed polls of a metric source.", labels=["source"])
         up = GaugeMetricFamily("dprobe_source_up", "1 when the source's last poll succeeded.", labels=["source"])
+        rejected = CounterMetricFamily("dprobe_rejected_samples", "Readings of a source refused as NaN (missing), "
+                                       "impossible or stamped in the future, by reason.", labels=["source", "reason"])
         for s in st.source_status():
             errors.add_metric([s.name], s.errors_total)
             up.add_metric([s.name], 1.0 if s.up else 0.0)
+            for reason, n in s.rejected.items():
+                rejected.add_metric([s.name, reason], n)
         yield errors
         yield up
+        yield rejected
         yield CounterMetricFamily("dprobe_forecast_errors", "Forecast cycles that failed.",
                                   value=st.forecast_errors())
         yield InfoMetricFamily("dprobe_model", "The forecasting model in use.", value=st.model_labels())

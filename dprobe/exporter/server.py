@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import signal
+import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType
@@ -24,8 +28,63 @@ class Probe(Protocol):
     def ready(self) -> tuple[bool, str]: ...
 
 
+REQUEST_TIMEOUT = 10.0  # s a client has to send a whole request, and to take the answer
+MAX_CONNECTIONS = 64  # connections served at once (a thread each); more are closed at once
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    block_on_close = False  # stop() does not wait for connections still open: they time out on their own
+    allow_reuse_address = True
+    request_queue_size = MAX_CONNECTIONS  # listen backlog: a burst of connects is not dropped
+    registry: CollectorRegistry
+    state: Probe
+    fast: Callable[[CollectorRegistry], bytes] | None
+    request_timeout: float = REQUEST_TIMEOUT
+    slots: threading.BoundedSemaphore
+    _refused_logged: float = float("-inf")
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        self.open_connections: set[socket.socket] = set()
+        self.connections_lock = threading.Lock()
+        super().__init__(address, handler)
+
+    def close_connections(self) -> None:
+        """End the connections still open (a scraper's kept-alive one would otherwise still be answered)."""
+        with self.connections_lock:
+            for conn in self.open_connections:
+                with contextlib.suppress(OSError):  # closed meanwhile
+                    conn.shutdown(socket.SHUT_RDWR)
+
+    def process_request(self, request: socket.socket, client_address: object) -> None:
+        """A thread per connection while fewer than ``MAX_CONNECTIONS`` are open; past that, close the new one
+        (so half-open connections cannot pile up threads)."""
+        if not self.slots.acquire(blocking=False):
+            now = time.monotonic()
+            if now - self._refused_logged > 60:
+                log.warning("%s: too many connections open at once: refusing new ones until some close",
+                            client_address)
+                self._refused_logged = now
+            self.shutdown_request(request)
+            return
+        with self.connections_lock:
+            self.open_connections.add(request)
+        try:
+            super().process_request(request, client_address)
+        except Exception:
+            self._closed(request)
+            raise
+
+    def process_request_thread(self, request: socket.socket, client_address: object) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._closed(request)
+
+    def _closed(self, request: socket.socket) -> None:
+        with self.connections_lock:
+            self.open_connections.discard(request)
+        self.slots.release()
 
     def handle_error(self, request: object, client_address: object) -> None:
         """A scraper that hangs up mid-request is routine: log it at debug level, not as a traceback."""
@@ -34,15 +93,47 @@ class _Server(ThreadingHTTPServer):
             log.debug("client %s went away: %s", client_address, exc)
             return
         super().handle_error(request, client_address)
-    allow_reuse_address = True
-    registry: CollectorRegistry
-    state: Probe
-    fast: Callable[[CollectorRegistry], bytes] | None
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The connection's reads, each given what is left of the request's deadline as its socket timeout:
+    a client that sends a request a byte at a time still has ``request_timeout`` s in all, not per byte."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.deadline = time.monotonic() + 3600.0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("request not received in time")
+        self.sock.settimeout(left)
+        return self.sock.recv_into(buffer)
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # reads go through the deadline instead
+        self._reader = _DeadlineReader(self.connection)
+        self.rfile = io.BufferedReader(self._reader)
+
+    def handle_one_request(self) -> None:
+        """One request, read within ``request_timeout`` s of when the connection was ready for it (for a
+        kept-alive connection, the wait for the next request counts too); a late one closes the connection."""
+        self._reader.deadline = time.monotonic() + self.server.request_timeout
+        super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()  # the request line and headers are read: the answer has as long again
+        self.connection.settimeout(self.server.request_timeout)
+        return ok
 
     def _send(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
         self.send_response(code)
@@ -88,16 +179,21 @@ class ExporterServer:
     """Serves the registry and the state's probes on ``address:port`` from a background thread.
 
     ``fast``, when given, renders text format 0.0.4 for every scraper that accepts it
-    (Prometheus does); other Accept headers get client_python's encoders.
+    (Prometheus does); other Accept headers get client_python's encoders. A client has
+    ``request_timeout`` s to send each request (and as long to take the answer), then its connection
+    is closed; at most ``max_connections`` are served at once, and further ones are closed unanswered.
     """
 
     def __init__(self, registry: CollectorRegistry, state: Probe, address: str = "0.0.0.0",
-                 port: int = 9477, fast: Callable[[CollectorRegistry], bytes] | None = None):
+                 port: int = 9477, fast: Callable[[CollectorRegistry], bytes] | None = None,
+                 request_timeout: float = REQUEST_TIMEOUT, max_connections: int = MAX_CONNECTIONS):
         try:
             self.httpd = _Server((address, port), _Handler)
         except OSError as exc:  # port taken, address not local: say which, without a traceback
             raise OSError(exc.errno, f"cannot listen on {address}:{port}: {exc.strerror or exc}") from exc
         self.httpd.registry, self.httpd.state, self.httpd.fast = registry, state, fast
+        self.httpd.request_timeout = request_timeout
+        self.httpd.slots = threading.BoundedSemaphore(max_connections)
         self._thread: threading.Thread | None = None
 
     @property
@@ -117,6 +213,7 @@ class ExporterServer:
     def stop(self, timeout: float = 2.0) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+        self.httpd.close_connections()
         if self._thread is not None:
             self._thread.join(timeout)
 

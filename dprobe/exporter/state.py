@@ -53,9 +53,13 @@ class JobRow:
 
 @dataclass(frozen=True, slots=True)
 class SourceStatus:
+    """A source's health: ``up`` when its last poll succeeded, its failed polls, and its refused readings
+    by reason (``rejected``: :data:`dprobe.sources.base.REJECT_REASONS` -> count)."""
+
     name: str
     up: bool
     errors_total: int
+    rejected: Mapping[str, int] = field(default_factory=dict)
 
 
 class ExporterState(Protocol):

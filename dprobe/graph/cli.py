@@ -34,8 +34,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dprobe.graph import build_model_graph
 
-    if args.batch < 1:
-        raise ValueError("--batch must be >= 1")
+    for flag in ("batch", "image", "seq"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ValueError(f"--{flag} must be >= 1, got {value}")
     graph = build_model_graph(args.model, batch=args.batch, image=args.image, seq=args.seq,
                               config_kwargs=args.config_kwargs, tracer=args.tracer)
     if args.out:

@@ -23,6 +23,7 @@ class ScalerState(Protocol):
     events_total: Mapping[tuple[str, str, str], int]
     vc_events_total: Mapping[tuple[str, str], int]
     errors_total: Mapping[str, int]
+    rejected_total: Mapping[str, int]
     activations: Mapping[tuple[str, str], tuple[float, bool]]
     last_cycle_at: float | None
 
@@ -47,10 +48,14 @@ class ScalerCollector(Collector):
             ("dprobe_scaler_current_replicas", "Replicas the decision started from.", lambda d: d.current),
             ("dprobe_scaler_demand_ratio", "Forecast demand: the workload's pods' predicted GPU utilisation, "
                                            "summed (pod-equivalents).", lambda d: d.demand),
+            ("dprobe_scaler_missing_pods", "Pods the workload is expected to have without a usable forecast "
+                                           "(counted as the HPA counts pods without metrics).", lambda d: d.missing),
         ]
         for name, doc, value in per_workload:
             fam = GaugeMetricFamily(name, doc, labels=WORKLOAD_LABELS)
             for (ns, workload), d in sorted(decisions.items()):
+                if not d.published:  # nothing before the first decision on data
+                    continue
                 v = value(d)
                 if v is not None:
                     fam.add_metric([ns, workload], float(v))
@@ -69,10 +74,14 @@ class ScalerCollector(Collector):
             ("dprobe_scaler_vc_demand_gpus", "Forecast GPU demand of the virtual cluster: its pods' predicted "
                                              "utilisation times their GPUs, summed, plus the GPUs waiting.",
              lambda d: d.demand),
+            ("dprobe_scaler_vc_missing_gpus", "GPUs held by the virtual cluster's pods without a usable forecast.",
+             lambda d: d.missing),
         ]
         for name, doc, value in per_vc:
             fam = GaugeMetricFamily(name, doc, labels=["vc"])
             for vc, d in sorted(vcs.items()):
+                if not d.published:
+                    continue
                 v = value(d)
                 if v is not None:
                     fam.add_metric([vc], float(v))
@@ -97,11 +106,18 @@ class ScalerCollector(Collector):
             quota_events.add_metric(list(key), n)
         yield quota_events
         errors = CounterMetricFamily("dprobe_scaler_errors", "Failed cycle stages: query (Prometheus), "
+                                     "no_data (an answer without a usable forecast while pods expected some), "
                                      "kubernetes (reading or setting a scale or quota), events (recording an "
                                      "Event), cycle.", labels=["stage"])
         for stage, n in sorted(s.errors_total.items()):
             errors.add_metric([stage], n)
         yield errors
+        rejected = CounterMetricFamily("dprobe_scaler_rejected_forecasts", "Forecasts left out as unusable "
+                                       "(nan, infinite, negative, above_one): their pods count as missing.",
+                                       labels=["reason"])
+        for reason, n in sorted(dict(s.rejected_total).items()):
+            rejected.add_metric([reason], n)
+        yield rejected
         if s.last_cycle_at is not None:
             yield GaugeMetricFamily("dprobe_scaler_last_cycle_timestamp_seconds",
                                     "Unix time of the last decision cycle.", value=s.last_cycle_at)

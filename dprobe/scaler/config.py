@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from dprobe.forecasting.base import QUANTILES
 from dprobe.options import OptionSet, option
 from dprobe.scaler.policy import DEFAULT_SCALE_DOWN, DEFAULT_SCALE_UP, Policy, RatePolicy, ScalingRules
 
@@ -67,6 +68,14 @@ class ScalerConfig:
     vc_pending_query: str = option("", "PromQL giving the GPUs waiting in each virtual cluster, by its vc_label "
                                        "label (pending pods, queued jobs: no sidecar forecasts them), added to "
                                        "the cluster's demand ('' = none)")
+    replicas_query: str = option(
+        'label_replace(kube_deployment_spec_replicas, "workload", "$1", "deployment", "(.+)") or '
+        'label_replace(kube_statefulset_replicas, "workload", "$1", "statefulset", "(.+)")',
+        "PromQL giving each workload's replicas by namespace and workload labels (kube-state-metrics): the pods "
+        "a recommend-mode decision expects, so that pods without a forecast count as missing ('' = none: the "
+        "last recommendation, else the pods seen)")
+    restore_seconds: float = option(3600.0, "recommend mode: a (re)started scaler starts from its own last "
+                                            "recommendations Prometheus kept this far back (0 = don't)")
     kubeconfig: str = option("", "kubeconfig file for apply mode (default: in-cluster, else ~/.kube/config)")
     events: bool = option(True, "apply mode: record a Kubernetes Event (SuccessfulRescale, FailedRescale) on each "
                                 "workload or ResourceQuota it changes, as the HPA does")
@@ -83,6 +92,8 @@ class ScalerConfig:
     fallback_replicas: int | None = option(None, "replicas after failure_threshold cycles without a forecast "
                                                  "(KEDA fallback; unset: hold the current count)")
     failure_threshold: int = option(3, "cycles without a forecast before the fallback")
+    min_forecast_coverage: float = option(0.5, "below this share of a workload's expected pods with a forecast, "
+                                               "its count is held (as with no forecast)")
     scale_up_stabilization_seconds: float = option(0.0, "a scale-up takes the lowest recommendation of this window")
     scale_down_stabilization_seconds: float = option(300.0, "a scale-down takes the highest recommendation of "
                                                             "this window")
@@ -100,12 +111,15 @@ class ScalerConfig:
 
     def validate(self) -> ScalerConfig:
         for name in ("interval", "http_timeout"):
-            if getattr(self, name) <= 0:
+            if not getattr(self, name) > 0 or not math.isfinite(getattr(self, name)):
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.horizon_seconds <= 0:
             raise ValueError(f"horizon_seconds must be positive, got {self.horizon_seconds}")
-        if not 0 < self.quantile < 1:
-            raise ValueError(f"quantile must be between 0 and 1, got {self.quantile}")
+        if self.quantile not in QUANTILES:
+            raise ValueError(f"quantile must be one the sidecars export ({', '.join(f'{q:g}' for q in QUANTILES)}), "
+                             f"got {self.quantile:g}")
+        if self.restore_seconds < 0 or not math.isfinite(self.restore_seconds):
+            raise ValueError(f"restore_seconds must be >= 0, got {self.restore_seconds}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be 0-65535 (0: any free port), got {self.port}")
         url = urllib.parse.urlsplit(self.prometheus_url)
@@ -136,7 +150,7 @@ class ScalerConfig:
         return Policy(
             target=self.target, margin=self.margin, tolerance=self.tolerance, min_replicas=self.min_replicas,
             max_replicas=self.max_replicas, activation=self.activation, fallback_replicas=self.fallback_replicas,
-            failure_threshold=self.failure_threshold,
+            failure_threshold=self.failure_threshold, min_forecast_coverage=self.min_forecast_coverage,
             scale_up=replace(DEFAULT_SCALE_UP, stabilization_seconds=self.scale_up_stabilization_seconds,
                              tolerance=self.scale_up_tolerance, policies=rate_policies(self.scale_up_policies)),
             scale_down=replace(DEFAULT_SCALE_DOWN, stabilization_seconds=self.scale_down_stabilization_seconds,
@@ -149,7 +163,17 @@ class ScalerConfig:
                        fallback_replicas=None)
 
     def workload_specs(self) -> list[WorkloadSpec]:
-        return [WorkloadSpec.parse(entry, self.default_policy(), i) for i, entry in enumerate(self.workloads)]
+        if not isinstance(self.workloads, list) or not all(isinstance(e, Mapping) for e in self.workloads):
+            raise ValueError(f"workloads must be a list of mappings, got {self.workloads!r}")
+        specs, seen = [], {}
+        for i, entry in enumerate(self.workloads):
+            spec = WorkloadSpec.parse(entry, self.default_policy(), i)
+            if spec.key in seen:
+                raise ValueError("workloads[{}]: {}/{} is listed twice (also workloads[{}])".format(
+                    i, *spec.key, seen[spec.key]))
+            seen[spec.key] = i
+            specs.append(spec)
+        return specs
 
 
 @dataclass(frozen=True)

@@ -47,13 +47,18 @@ class ScaleClient:
         from kubernetes import client, config
 
         if apps is None or core is None:
-            if kubeconfig:
-                config.load_kube_config(config_file=kubeconfig)
-            else:
-                try:
-                    config.load_incluster_config()
-                except config.ConfigException:
-                    config.load_kube_config()  # outside a cluster: ~/.kube/config
+            try:
+                if kubeconfig:
+                    config.load_kube_config(config_file=kubeconfig)
+                else:
+                    try:
+                        config.load_incluster_config()
+                    except config.ConfigException:
+                        config.load_kube_config()  # outside a cluster: ~/.kube/config
+            except Exception as exc:  # unreadable, malformed, incomplete: refused at start, in one line
+                where = kubeconfig or "in-cluster config or ~/.kube/config"
+                detail = " ".join(str(exc).split()) or type(exc).__name__
+                raise ValueError(f"cannot use the kubeconfig ({where}): {detail}") from exc
         self.apps = apps if apps is not None else client.AppsV1Api()
         self.core = core if core is not None else client.CoreV1Api()
         self.timeout = timeout

@@ -18,12 +18,19 @@ Per decision, for one scaled object (a workload's replicas, a virtual cluster's 
    ``scale_up.stabilization_seconds`` (the count found at the first decision counts as desired then,
    as the HPA's initial recommendation); then **rate policies** (``pods`` or ``percent`` per
    ``period_seconds``, the largest change allowed wins unless ``select: min``) bound the step.
-4. **Fallback** (KEDA): after ``failure_threshold`` decisions in a row without a forecast, the
-   recommendation is ``fallback_replicas`` (or, if unset, the current count is held).
+4. **Missing data never lowers a count.** A pod the workload should have (its scale, kube-state-metrics'
+   replicas, the last recommendation) but without a usable forecast counts as the HPA counts a pod without
+   metrics: at ``target`` when the others ask for fewer replicas, at 0 when they ask for more; where that
+   turns the direction round, the count is held. Below ``min_forecast_coverage`` of the expected pods with
+   a forecast, the decision holds as if there were no forecast at all.
+5. **Fallback** (KEDA, with ``currentReplicasIfHigher``): after ``failure_threshold`` decisions in a row
+   without a forecast, the desired count is ``max(current, fallback_replicas)`` (unset: the current count is
+   held), through the stabilisation windows and the scale-up rate policies like any other: a fallback
+   never lowers a count.
 
 Where dprobe differs from the HPA: the input is a forecast ``horizon`` ahead, not the current
-average, so the scale-up happens before the load arrives; demand is the sum over pods
-(an absent pod adds nothing, it does not count as 0 % or 100 % as the HPA's missing-pod rule does).
+average, so the scale-up happens before the load arrives; demand is the sum over pods (pod-equivalents),
+not their average, and the HPA's missing-pod rule is applied to that sum.
 """
 
 from __future__ import annotations
@@ -86,6 +93,7 @@ class Policy:
     activation: float = 0.0  # with min_replicas 0: below this demand, scale to zero (KEDA)
     fallback_replicas: int | None = None  # after failure_threshold cycles without a forecast; None: hold
     failure_threshold: int = 3
+    min_forecast_coverage: float = 0.5  # share of the expected pods with a forecast below which a decision holds
     scale_up: ScalingRules = field(default_factory=lambda: DEFAULT_SCALE_UP)
     scale_down: ScalingRules = field(default_factory=lambda: DEFAULT_SCALE_DOWN)
 
@@ -96,6 +104,8 @@ class Policy:
             raise ValueError("margin, tolerance and activation must be >= 0")
         if not 0 <= self.min_replicas <= self.max_replicas:
             raise ValueError(f"need 0 <= min_replicas <= max_replicas, got {self.min_replicas}, {self.max_replicas}")
+        if not 0 <= self.min_forecast_coverage <= 1:
+            raise ValueError(f"min_forecast_coverage must be between 0 and 1, got {self.min_forecast_coverage}")
         if self.failure_threshold < 1:
             raise ValueError(f"failure_threshold must be >= 1, got {self.failure_threshold}")
         if self.fallback_replicas is not None and not (
@@ -103,12 +113,25 @@ class Policy:
             raise ValueError(f"fallback_replicas {self.fallback_replicas} is outside "
                              f"[{self.min_replicas}, {self.max_replicas}]")
 
-    def desired(self, demand: float, current: int, active: bool | None = None) -> tuple[int, str]:
-        """The count ``demand`` asks for (step 2 above), before stabilisation, and why. ``active``: what a
+    def desired(self, demand: float, current: int, active: bool | None = None, missing: int = 0) -> tuple[int, str]:
+        """The count ``demand`` asks for (steps 2 and 4 above), before stabilisation, and why. ``active``: what a
         workload's activation query says (KEDA's trigger activation; None: it has none). An active
-        workload is never recommended zero replicas; an inactive one at zero stays there."""
+        workload is never recommended zero replicas; an inactive one at zero stays there. ``missing``: pods
+        expected but without a forecast (the HPA's missing pods: at ``target`` on a scale-down, 0 on a scale-up;
+        a direction they reverse holds the count)."""
         if not math.isfinite(demand) or demand < 0:
             raise ValueError(f"demand must be a finite number >= 0, got {demand}")
+        if missing < 0:
+            raise ValueError(f"missing must be >= 0, got {missing}")
+        count, why = self._desired(demand, current, active)
+        if missing and count < current:  # scaling down: the missing pods count as fully used
+            count, why = self._desired(demand + missing * self.target, current, active)
+            if count > current:
+                return current, f"held: {missing} pods without a forecast"
+            why = f"{why} ({missing} pods without a forecast counted at target)"
+        return count, why
+
+    def _desired(self, demand: float, current: int, active: bool | None) -> tuple[int, str]:
         if self.min_replicas == 0 and not active and (demand < self.activation or (active is False and current == 0)):
             return 0, "below activation"
         raw = math.ceil(demand * (1.0 + self.margin) / self.target - 1e-9)
@@ -139,6 +162,8 @@ class Decision:
     current: int
     demand: float | None  # None: no forecast this cycle
     reason: str
+    missing: int = 0  # pods (GPUs) expected but without a usable forecast
+    published: bool = True  # False until the object's first decision on data (nothing is exported before)
 
     @property
     def direction(self) -> str:
@@ -180,8 +205,11 @@ class Recommender:
         pick = max if (rules.select == "max") == up else min
         return pick(bounds)
 
-    def decide(self, now: float, demand: float | None, current: int, active: bool | None = None) -> Decision:
-        """This cycle's decision; ``active``: the workload's activation query (see :meth:`Policy.desired`).
+    def decide(self, now: float, demand: float | None, current: int, active: bool | None = None,
+               missing: int = 0, covered: int | None = None) -> Decision:
+        """This cycle's decision; ``active``: the workload's activation query (see :meth:`Policy.desired`);
+        ``missing``: pods expected but without a forecast, ``covered``: pods with one (their share below
+        ``min_forecast_coverage`` holds the count, as no forecast does).
 
         The count found at the first decision counts as a recommendation of that moment, as the HPA
         records one (``recordInitialRecommendation``): a new (or restarted) recommender scales down only
@@ -195,14 +223,26 @@ class Recommender:
             self._desired.popleft()
         while self._changes and now - self._changes[0][0] > horizon:
             self._changes.popleft()
+        expected = missing + (covered or 0)
+        hold = "no forecast"
+        if demand is not None and missing and covered is not None and covered < p.min_forecast_coverage * expected:
+            demand, hold = None, f"forecasts for {covered} of {expected} pods"
         if demand is None:
             self.failures += 1
             if self.failures < p.failure_threshold or p.fallback_replicas is None:
-                return Decision(current, current, current, None, "no forecast: holding")
-            return self._commit(now, current, p.fallback_replicas, p.fallback_replicas, None, "fallback")
+                return Decision(current, current, current, None, f"{hold}: holding", missing)
+            desired = max(current, p.fallback_replicas)  # KEDA's currentReplicasIfHigher: never lower
+            self._desired.append((now, desired))
+            return self._step(now, current, desired, None, "fallback", missing)
         self.failures = 0
-        desired, why = p.desired(demand, current, active)
+        desired, why = p.desired(demand, current, active, missing)
         self._desired.append((now, desired))
+        return self._step(now, current, desired, demand, why, missing)
+
+    def _step(self, now: float, current: int, desired: int, demand: float | None, why: str,
+              missing: int) -> Decision:
+        """From ``current`` towards ``desired`` (step 3 above): stabilisation windows, then rate policies."""
+        p = self.policy
         target = desired
         if desired < current:  # the highest recent recommendation: no flapping down
             window = self._window(now, p.scale_down.stabilization_seconds)
@@ -218,17 +258,18 @@ class Recommender:
             target = min(self._window(now, p.scale_up.stabilization_seconds))
             limit = self._limit(now, current, p.scale_up, up=True)
             if target > current and limit is not None and target > limit:
-                target, why = limit, "scale-up limited by rate policy"
+                target, why = limit, "scale-up limited by rate policy" if why != "fallback" else "fallback, rate-limited"
             elif target < desired:
-                why = "scale-up stabilised"
+                why = "scale-up stabilised" if why != "fallback" else "fallback, stabilised"
         target = min(max(target, min(current, desired)), max(current, desired))  # never past the desired count
-        return self._commit(now, current, p.bound(target) if target != current else current, desired, demand, why)
+        replicas = p.bound(int(target)) if target != current else current
+        return self._commit(now, current, replicas, desired, demand, why, missing)
 
     def _commit(self, now: float, current: int, replicas: int, desired: int, demand: float | None,
-                why: str) -> Decision:
+                why: str, missing: int = 0) -> Decision:
         if replicas != current:
             self._changes.append((now, replicas - current))
-        return Decision(replicas, desired, current, demand, why)
+        return Decision(replicas, desired, current, demand, why, missing)
 
     def applied(self, now: float, recommended: int, actual: int) -> None:
         """The count set differs from the recommendation (e.g. the apply failed): correct the record."""

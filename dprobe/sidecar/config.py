@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ class SidecarConfig:
     fallback_on_bad_checkpoint: bool = option(False, "start with --model when the checkpoint cannot be used")
     http_timeout: float = option(3.0, "timeout of requests to dcgm-exporter / Prometheus (s)")
     max_backoff: float = option(60.0, "longest delay between retries of a failing source (s)")
+    max_clock_skew: float = option(5.0, "samples stamped more than this many seconds ahead of the sidecar's clock "
+                                        "are refused (counted in dprobe_rejected_samples_total)")
     dcgm_url: str = option("http://127.0.0.1:9400/metrics", "dcgm-exporter endpoint")
     dcgm_targets: str = option("pod", "dcgm targets: pod (GPU when unassigned), gpu or both",
                              choices=("pod", "gpu", "both"))
@@ -63,6 +66,17 @@ class SidecarConfig:
     graphs: dict[str, str] = option({}, "target glob -> graph JSON path or model spec (YAML only, or JSON in env)")
     annotations_file: str = option("", "downward-API annotations file; dprobe.io/model-graph names the graph, "
                                        "dprobe.io/training-job the job (followed when they change)")
+    graph_dir: str = option("", "directory of the graph files the pod annotations may name (no file outside it, "
+                                "through .. or a symlink); unset: annotations name torchvision:, timm: and "
+                                "transformers: models only")
+    allow_code_annotations: bool = option(False, "let the pod annotations name module:pkg.mod:factory models and "
+                                                 "config_kwargs, code the sidecar runs: only where whoever may "
+                                                 "annotate the pods may run code in the sidecar")
+    job_timeout: float = option(120.0, "seconds a job's cold-start prediction may take (in a child process, "
+                                       "killed past it)")
+    job_cpu_limit: float = option(120.0, "CPU seconds of that child (RLIMIT_CPU)")
+    job_memory_limit: float = option(8.0, "GiB of address space of that child (RLIMIT_AS; PyTorch's CUDA build "
+                                          "maps about 3 GiB when imported)")
     job: str = option("", "training job of the targets without a jobs entry, as 'MODEL batch=N [precision=P] "
                           "[optimizer=O] [image=N] [seq=N] [gpu=NAME]': its cold-start profile is exported "
                           "(dprobe_job_*)")
@@ -72,13 +86,28 @@ class SidecarConfig:
     log_level: str = option("info", "debug, info, warning or error")
 
     def validate(self) -> SidecarConfig:
-        if not self.horizons or any(h <= 0 for h in self.horizons):
-            raise ValueError(f"horizons must be positive seconds, got {self.horizons}")
         for name in ("sample_interval", "forecast_interval", "step_seconds", "stale_after",
                      "drop_after", "http_timeout", "max_backoff"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.window_seconds < 0:
+            if not 0 < getattr(self, name) < math.inf:  # NaN and inf too: a NaN stale_after hides everything
+                raise ValueError(f"{name} must be positive seconds, got {getattr(self, name)}")
+        if not 0 <= self.max_clock_skew < math.inf:
+            raise ValueError(f"max_clock_skew must be 0 or positive seconds, got {self.max_clock_skew}")
+        if not 0 <= self.replay_speed < math.inf:
+            raise ValueError(f"replay_speed must be positive, or 0 for the data set's default, got {self.replay_speed}")
+        if not self.horizons or any(h < self.step_seconds for h in self.horizons):
+            # below one step a horizon would be forecast a whole step ahead under its own label
+            raise ValueError(f"horizons must be at least step_seconds ({self.step_seconds:g} s), got {self.horizons}")
+        for name, least in (("max_targets", 1), ("min_points", 1), ("replay_max_targets", 0),
+                            ("synthetic_targets", 1 if self.source == "synthetic" else 0)):
+            if getattr(self, name) < least:
+                raise ValueError(f"{name} must be at least {least}, got {getattr(self, name)}")
+        if self.stale_after < self.sample_interval:
+            raise ValueError(f"stale_after ({self.stale_after:g} s) must not be shorter than sample_interval "
+                             f"({self.sample_interval:g} s): every target would be stale between two samples")
+        if self.max_backoff < self.sample_interval:
+            raise ValueError(f"max_backoff ({self.max_backoff:g} s) must not be shorter than sample_interval "
+                             f"({self.sample_interval:g} s)")
+        if not 0 <= self.window_seconds < math.inf:
             raise ValueError(f"window_seconds must be positive, or 0 for the forecaster's own, got {self.window_seconds}")
         if self.window_seconds and self.window_seconds < 2 * self.step_seconds:
             raise ValueError("window_seconds must span at least two steps")

@@ -86,9 +86,13 @@ class ForecastEngine:
         kept = [targets[i] for i in keep]
         graphs = [self.graphs.graph(t) for t in kept] if self.graphs is not None and self.graphs.active else None
         quantiles = {}
+        ages = now - np.array([latest[t].ts for t in kept])
         for metric in METRICS:
             values = windows[metric][keep]
             has = np.sum(~np.isnan(values), axis=1) >= self.min_points
+            # each metric's own freshness: steps since its last reading (a target whose utilisation turned
+            # NaN while its memory goes on has no utilisation forecast once that reading is stale_after old)
+            has &= ages + np.argmax(~np.isnan(values[:, ::-1]), axis=1) * self.store.step <= self.stale_after
             if metric not in self.metrics:
                 has[:] = False
             out = np.full((len(kept), len(self.horizons), len(QUANTILES)), np.nan)

@@ -1,7 +1,9 @@
 """Which model graph a target runs: a config entry, a pod annotation or one graph file; else none.
 
 ``dprobe.graph`` is imported lazily: without it (or when a graph cannot be
-loaded) the target is forecast from its metrics alone.
+loaded) the target is forecast from its metrics alone. The annotation may name only what an
+:class:`~dprobe.sidecar.annotations.AnnotationPolicy` allows (zoo models, files under ``graph_dir``);
+the configuration (``graphs``, ``graph_file``) is the operator's and may name any model spec.
 """
 
 from __future__ import annotations
@@ -12,31 +14,48 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from dprobe.sidecar.annotations import AnnotationsFile
+from dprobe.sidecar.annotations import MODEL_GRAPH, ZOO, AnnotationPolicy, AnnotationsFile, Refused
 
 log = logging.getLogger(__name__)
-ANNOTATION = "dprobe.io/model-graph"
+ANNOTATION = MODEL_GRAPH
 
 
 class GraphResolver:
     """Maps targets to model graphs (cached; a failure is logged once per reference).
 
     The pod annotation, where there is one, overrides ``graph_file``; :meth:`refresh` follows it when
-    it changes."""
+    it changes. An annotation ``policy`` refuses (logged, counted) leaves those targets without a graph."""
 
-    def __init__(self, graphs: dict[str, str] | None = None, graph_file: str = "", annotations_file: str = ""):
+    def __init__(self, graphs: dict[str, str] | None = None, graph_file: str = "", annotations_file: str = "",
+                 policy: AnnotationPolicy | None = None):
         self.patterns = dict(graphs or {})
         self.graph_file = graph_file
+        self.policy = policy or AnnotationPolicy()
         self.annotations = AnnotationsFile(annotations_file, ANNOTATION) if annotations_file else None
-        self.default = (self.annotations and self.annotations.value) or graph_file
+        self.default = self._annotated()
         self._cache: dict[str, Any] = {}
         self._by_target: dict[str, Any] = {}
+
+    def _annotated(self) -> str:
+        """The default reference: the annotation's as the policy allows it ("" when refused), else ``graph_file``."""
+        value = self.annotations.value.strip() if self.annotations is not None else ""
+        if not value:
+            return self.graph_file
+        spec, *opts = value.split()
+        try:
+            if spec.partition(":")[0] in ("module", *ZOO) or spec.lower().endswith(".onnx"):
+                return " ".join([self.policy.model(spec), *opts])  # a model, with batch=, image=, seq=
+            return self.policy.graph_file(value)  # a graph JSON
+        except Refused as exc:
+            self.policy.refuse(ANNOTATION, value, exc, "targets without a graph of their own are forecast from "
+                               "their metrics alone")
+            return ""
 
     def refresh(self) -> bool:
         """Follow a changed ``dprobe.io/model-graph`` annotation; True when the default graph changed."""
         if self.annotations is None or not self.annotations.changed():
             return False
-        default = self.annotations.value or self.graph_file
+        default = self._annotated()
         if default == self.default:
             return False
         log.info("annotation %s changed: targets without a graph of their own now use %s", ANNOTATION,

@@ -7,17 +7,20 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 from prometheus_client import Histogram
 from prometheus_client.registry import CollectorRegistry
 
 from dprobe.exporter import ExporterServer, SidecarCollector
 from dprobe.exporter.server import run_until_signalled
 from dprobe.exporter.state import ForecastSnapshot, JobRow, Latest, SourceStatus
+from dprobe.forecasting.base import ForecastInput
 from dprobe.forecasting.loading import LoadedModel, open_forecaster, serves
+from dprobe.sidecar.annotations import AnnotationPolicy
 from dprobe.sidecar.config import SidecarConfig
 from dprobe.sidecar.engine import ForecastEngine
 from dprobe.sidecar.graphs import GraphResolver
-from dprobe.sidecar.jobs import JobProfiles
+from dprobe.sidecar.jobs import JobLimits, JobProfiles
 from dprobe.sidecar.poller import SourcePoller
 from dprobe.sidecar.window import METRICS, WindowStore
 from dprobe.sources.base import Sample, Source
@@ -50,6 +53,21 @@ def resolve_window(config: SidecarConfig, forecaster: object) -> float:
                     "gaps, and its forecasts are less accurate (set 0 to keep what it reads)",
                     config.window_seconds, needed)
     return config.window_seconds
+
+
+def check_forecaster(engine: ForecastEngine, length: int, config: SidecarConfig) -> None:
+    """Forecast one steady window of ``length`` steps with the engine's leads, as every cycle will: a
+    horizon beyond the model's longest lead, or a step it cannot read, fails here (ValueError naming the
+    options) rather than in every cycle after the start."""
+    for metric in engine.metrics:
+        level = 0.5 if metric == "gpu_utilization_ratio" else 2.0**33
+        batch = ForecastInput(values=np.full((1, length), level), metric=metric, leads=engine.leads,
+                              step_seconds=engine.store.step)
+        try:
+            engine.forecaster.predict(batch)
+        except Exception as exc:
+            raise ValueError(f"the forecaster cannot serve horizons {','.join(map(str, config.horizons))} at "
+                             f"step_seconds {config.step_seconds:g}: {exc}") from exc
 
 
 def build_sources(config: SidecarConfig) -> list[Source]:
@@ -110,22 +128,30 @@ class Sidecar:
         self.model = model or open_forecaster(config.checkpoint, config.model, config.fallback_on_bad_checkpoint,
                                               metrics=METRICS)
         self.config.window_seconds = resolve_window(self.config, self.model.forecaster)
+        if config.min_points > config.window_length:
+            raise ValueError(f"min_points {config.min_points} is more than the window holds "
+                             f"({config.window_length} steps of {config.step_seconds:g} s): nothing would be forecast")
         self.sources = build_sources(config) if sources is None else sources
         self.store = WindowStore(config.step_seconds, config.window_length, config.max_targets)
         self.registry = CollectorRegistry(auto_describe=False)
         self.forecast_seconds = Histogram("dprobe_forecast_seconds", "Duration of a forecast cycle (all targets).",
                                           buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.graphs = GraphResolver(config.graphs, config.graph_file, config.annotations_file)
+        self.annotation_policy = AnnotationPolicy(config.graph_dir, config.allow_code_annotations)
+        self.graphs = GraphResolver(config.graphs, config.graph_file, config.annotations_file, self.annotation_policy)
         self.jobs = JobProfiles(config.jobs, config.job, config.annotations_file, own_target=config.pod_name,
-                                checkpoint=config.coldstart_checkpoint)
+                                checkpoint=config.coldstart_checkpoint, policy=self.annotation_policy,
+                                limits=JobLimits(config.job_timeout, config.job_cpu_limit, config.job_memory_limit))
         self.engine = ForecastEngine(self.store, self.model.forecaster, config.horizons, config.stale_after,
                                      config.drop_after, config.min_points, self.graphs,
                                      observe_seconds=self.forecast_seconds.observe)
+        check_forecaster(self.engine, self.store.length, config)
         self.stop_event = threading.Event()
-        self.pollers = [SourcePoller(s, self._sink, config.sample_interval, config.max_backoff, self.stop_event)
-                        for s in self.sources]
+        self.pollers = [SourcePoller(s, self._sink, config.sample_interval, config.max_backoff, self.stop_event,
+                                     max_skew=config.max_clock_skew) for s in self.sources]
         self.collector = SidecarCollector(self)
         self.registry.register(self.collector)
+        self.registry.register(self.annotation_policy)  # dprobe_annotations_refused_total
+        self.registry.register(self.jobs)  # dprobe_job_profile_errors_total
         self.engine.on_publish = self.collector.prepare
         self.stale_after = config.stale_after
         self.forecast_max_age = max(config.stale_after, 3 * config.forecast_interval)
@@ -142,7 +168,7 @@ class Sidecar:
         return self.store.snapshot_latest()
 
     def source_status(self) -> list[SourceStatus]:
-        return [SourceStatus(p.source.name, p.up, p.errors_total) for p in self.pollers]
+        return [SourceStatus(p.source.name, p.up, p.errors_total, dict(p.rejected)) for p in self.pollers]
 
     def forecast_errors(self) -> int:
         return self.engine.errors_total
@@ -169,8 +195,13 @@ class Sidecar:
         return rows
 
     def ready(self) -> tuple[bool, str]:
+        """Ready while its forecasts are current: the model is loaded, a first sample came and a source's
+        last poll succeeded. It says so for the sidecar's own monitoring: no manifest of dprobe's puts it
+        on a workload's pod, whose serving must not hang on a metrics source."""
         if self.first_sample_at is None:
             return False, "no sample yet"
+        if self.pollers and not any(p.up for p in self.pollers):
+            return False, "; ".join(f"source {p.source.name} failing: {p.last_error}" for p in self.pollers)
         return True, f"model {self.model.kind} loaded, {len(self.store.latest)} targets"
 
     # lifecycle ------------------------------------------------------------------------------------
@@ -205,7 +236,8 @@ class Sidecar:
     def start(self, serve: bool = True) -> None:
         if serve:
             self.server = ExporterServer(self.registry, self, self.config.listen_address, self.config.port,
-                                         fast=lambda _reg: self.collector.render_text([self.forecast_seconds]))
+                                         fast=lambda _reg: self.collector.render_text(
+                                             [self.forecast_seconds, self.annotation_policy, self.jobs]))
             self.server.start()
             model = self.model.kind + (f" from {self.model.checkpoint}" if self.model.checkpoint else "")
             log.info("serving http://%s:%d/metrics (model %s, source %s)", self.config.listen_address,

@@ -61,9 +61,16 @@ class WindowStore:
         return row
 
     def add(self, samples: list[Sample], source: str = "") -> None:
-        """Bin ``samples`` (any order; older than the window or non-finite values are ignored)."""
+        """Bin ``samples`` (any order; older than the window or non-finite values are ignored).
+
+        A sample without a finite reading, or not at a finite time, is ignored whole: a target's latest
+        sample, hence its freshness, is its newest one with a finite reading.
+        """
         with self._lock:
             for s in samples:
+                readings = (s.memory_bytes, s.utilization_ratio)
+                if not math.isfinite(s.ts) or not any(v is not None and math.isfinite(v) for v in readings):
+                    continue
                 row = self._row(s.target)
                 if row is None:
                     continue
@@ -75,7 +82,7 @@ class WindowStore:
                     self._bins[row, slot] = b
                     self._sums[:, row, slot] = 0.0
                     self._counts[:, row, slot] = 0
-                for k, v in enumerate((s.memory_bytes, s.utilization_ratio)):
+                for k, v in enumerate(readings):
                     if v is not None and math.isfinite(v):
                         self._sums[k, row, slot] += v
                         self._counts[k, row, slot] += 1
@@ -83,7 +90,8 @@ class WindowStore:
                     self._last[row] = b
                 prev = self.latest.get(s.target)
                 if prev is None or s.ts >= prev.ts:
-                    self.latest[s.target] = Latest(s.ts, s.memory_bytes, s.utilization_ratio, source, s.labels, s.gpu_model)
+                    memory, utilization = (v if v is not None and math.isfinite(v) else None for v in readings)
+                    self.latest[s.target] = Latest(s.ts, memory, utilization, source, s.labels, s.gpu_model)
 
     def drop_older_than(self, cutoff: float) -> list[str]:
         """Forget targets whose latest sample is older than ``cutoff``; returns their names."""

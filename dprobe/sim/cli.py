@@ -156,8 +156,9 @@ def _check(args: argparse.Namespace) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from dprobe.evaluation.report import check_plot_path
     from dprobe.forecasting.loading import checkpoint_path
-    from dprobe.sim.cluster import SimConfig, simulate
+    from dprobe.sim.cluster import SimConfig, check_span, simulate
     from dprobe.sim.jobs import DAY, bundled_dir, load_jobs, peak_demand
     from dprobe.sim.policies import (
         ForecastQuota,
@@ -170,21 +171,26 @@ def run(args: argparse.Namespace) -> int:
     from dprobe.sim.report import markdown_table, plot_results, policy_report
 
     names = _check(args)
+    if args.plot:
+        check_plot_path(args.plot)
     config = SimConfig(interval=args.interval, provision_delay=args.provision_delay,
                        backfill=args.queue == "backfill")
     horizon = args.horizon or max(1, math.ceil(args.provision_delay / args.interval - 1e-9)) * args.interval
     setup = (forecast_setup(checkpoint_path(args.checkpoint), args.interval, horizon, args.quantile)
              if "forecast" in names else None)
+    if args.scaler_config:  # read before the log: a bad file is refused at once
+        from dprobe.scaler.config import load_config
+
+        configured = load_config({"config": args.scaler_config}, env={}).gpu_policy()
     directory = args.data or str(bundled_dir())
     dataset, jobs = load_jobs(directory)
     jobs = jobs.select(args.vc, args.days, args.start_day)
     if not len(jobs):
         raise ValueError(f"{directory}: no jobs to simulate with these --vc / --days")
+    check_span(jobs, min(args.interval, setup.history_step if setup else math.inf))
 
     if args.scaler_config:
-        from dprobe.scaler.config import load_config
-
-        settings = ScalerSettings(configured=load_config({"config": args.scaler_config}, env={}).gpu_policy())
+        settings = ScalerSettings(configured=configured)
     else:
         settings = ScalerSettings(margin=args.margin, tolerance=args.tolerance, min_gpus=args.min_gpus,
                                   scale_up_tolerance=args.scale_up_tolerance,

@@ -26,6 +26,9 @@ from dprobe.sim.policies import QuotaPolicy
 from dprobe.sim.view import ClusterView, DemandHistory
 
 FINISH, CAPACITY = 0, 1  # heap event kinds; at one instant finishes come first, then capacity
+# the most steps (quota decisions, demand samples) a run may take: about 19 years of 10-minute decisions, a
+# few minutes of compute; a log that needs more has a wrong submit time or duration
+MAX_STEPS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -197,10 +200,30 @@ class _Cluster:
         self.try_start(v, now)
 
 
+def check_span(jobs: JobTable, step_seconds: float) -> None:
+    """A ValueError, naming the job that makes it so, when replaying ``jobs`` in steps of ``step_seconds``
+    (the decision interval, or the demand history's step where finer) takes more than ``MAX_STEPS``
+    steps: from the first submission to the last end, were every job started at submission."""
+    if not len(jobs):
+        return
+    ends = jobs.submit + jobs.duration
+    last = int(np.argmax(ends))
+    steps = (ends[last] - jobs.submit[0]) / step_seconds
+    if steps > MAX_STEPS:
+        raise ValueError(
+            f"the jobs span {(ends[last] - jobs.submit[0]) / DAY:,.0f} days (job {jobs.job_ids[last]} of "
+            f"{jobs.vc_names[jobs.vc[last]]}: submitted {(jobs.submit[last] - jobs.submit[0]) / DAY:,.1f} days into "
+            f"the log, runs {jobs.duration[last] / DAY:,.1f} days): {steps:,.0f} steps of {step_seconds:g} s, more "
+            f"than {MAX_STEPS:,}; is a submit time or duration wrong? (--days, --start-day and --vc simulate part "
+            "of the log, a longer --interval takes fewer steps)")
+
+
 def simulate(jobs: JobTable, policy: QuotaPolicy, config: SimConfig | None = None,
              progress: bool = False) -> SimResult:
-    """Replay ``jobs`` under ``policy``; returns when every job has finished (or been rejected)."""
+    """Replay ``jobs`` under ``policy``; returns when every job has finished (or been rejected).
+    A ValueError (:func:`check_span`) for a log that would take more than ``MAX_STEPS`` steps."""
     config = config or SimConfig()
+    check_span(jobs, min(config.interval, policy.history_step or math.inf))
     began = time.perf_counter()
     n_vcs, n_jobs = len(jobs.vc_names), len(jobs)
     submit, job_vc = jobs.submit.tolist(), jobs.vc.tolist()

@@ -7,7 +7,7 @@ from collections import defaultdict
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from dprobe.sources.base import IDENTITY_LABELS, Sample, SourceError, target_name
+from dprobe.sources.base import IDENTITY_LABELS, Sample, SourceError, check_reading, target_name
 from dprobe.sources.http import http_get
 
 MIB = 1024 * 1024
@@ -20,16 +20,26 @@ FIELDS = {
 }
 TARGET_MODES = ("pod", "gpu", "both")
 UTILIZATION_FIELDS = ("gpu_util", "gr_engine_active")
+RATIO_FIELDS = ("utilization", "gr_active")  # read as ratios: above 1 (100 %) is impossible
+
+
+def _every(readings: list[dict[str, float | None]], field: str) -> list[float] | None:
+    """``field`` of every GPU's readings, or None when one of them lacks it (absent or refused)."""
+    got = [r.get(field) for r in readings]
+    return [x for x in got if x is not None] if all(x is not None for x in got) else None
 
 
 def parse_dcgm_text(text: str, ts: float, targets: str = "pod", utilization: str = "gpu_util") -> list[Sample]:
     """Samples from dcgm-exporter text: one per GPU, or per pod (summed memory, mean utilisation).
 
     ``targets``: ``pod`` (pods where the GPU is assigned to one, the GPU otherwise),
-    ``gpu`` (GPUs only) or ``both``. Raises SourceError when the text does not
-    parse or holds none of the DCGM fields.
+    ``gpu`` (GPUs only) or ``both``. A NaN, infinite, negative or above-100 % reading is refused
+    (:func:`check_reading`, the reason kept in the sample's ``rejected``), and a pod's memory or
+    utilisation is missing (None) when one of its GPUs lacks it: never a partial sum, never 0.
+    Raises SourceError when the text does not parse or holds none of the DCGM fields.
     """
-    per_gpu: dict[tuple, dict[str, float]] = defaultdict(dict)
+    per_gpu: dict[tuple, dict[str, float | None]] = defaultdict(dict)  # None: refused (reason in why)
+    why: dict[tuple, dict[str, str]] = defaultdict(dict)
     ident: dict[tuple, dict[str, str]] = {}
     models: dict[tuple, str] = {}  # the GPU's modelName
     try:
@@ -43,7 +53,10 @@ def parse_dcgm_text(text: str, ts: float, targets: str = "pod", utilization: str
                 ident[key] = labels
                 if s.labels.get("modelName"):
                     models[key] = s.labels["modelName"]
-                per_gpu[key][key_name] = float(s.value) * scale
+                value, reason = check_reading(float(s.value) * scale, ratio=key_name in RATIO_FIELDS)
+                per_gpu[key][key_name] = value
+                if reason:
+                    why[key][key_name] = reason
     except (ValueError, TypeError, IndexError, KeyError) as exc:
         raise SourceError(f"not Prometheus text format: {exc}") from exc
     if not per_gpu:
@@ -59,20 +72,19 @@ def parse_dcgm_text(text: str, ts: float, targets: str = "pod", utilization: str
     out = []
     for target, keys in groups.items():
         vals = [per_gpu[k] for k in keys]
-        mems = [v["memory"] for v in vals if "memory" in v]
         util_key = "gr_active" if utilization == "gr_engine_active" else "utilization"
-        utils = [v[util_key] for v in vals if util_key in v]
-        if util_key == "gr_active" and not utils:  # field not exported: fall back to GPU_UTIL
-            utils = [v["utilization"] for v in vals if "utilization" in v]
+        if util_key == "gr_active" and not any("gr_active" in v for v in vals):  # not exported: GPU_UTIL
+            util_key = "utilization"
+        mems, utils = _every(vals, "memory"), _every(vals, util_key)
         extra: dict[str, float] = {"gpus": float(len(keys))}
-        totals = [v["memory"] + v["free"] for v in vals if "memory" in v and "free" in v]
-        if totals:
-            extra["memory_total_bytes"] = sum(totals)
-        powers = [v["power"] for v in vals if "power" in v]
-        if powers:
+        free = _every(vals, "free")
+        if mems is not None and free is not None:
+            extra["memory_total_bytes"] = sum(mems) + sum(free)
+        powers = _every(vals, "power")
+        if powers is not None:
             extra["power_watts"] = sum(powers)
-        gr = [v["gr_active"] for v in vals if "gr_active" in v]
-        if gr:
+        gr = _every(vals, "gr_active")
+        if gr is not None:
             extra["gr_engine_active_ratio"] = sum(gr) / len(gr)
         labels = dict(ident[keys[0]])
         if len(keys) > 1:
@@ -80,9 +92,10 @@ def parse_dcgm_text(text: str, ts: float, targets: str = "pod", utilization: str
             labels["UUID"] = ",".join(sorted({ident[k]["UUID"] for k in keys}))
         out.append(Sample(
             target=target, ts=ts,
-            memory_bytes=sum(mems) if mems else None,
-            utilization_ratio=min(1.0, max(0.0, sum(utils) / len(utils))) if utils else None,
+            memory_bytes=sum(mems) if mems is not None else None,
+            utilization_ratio=sum(utils) / len(utils) if utils is not None else None,
             labels=labels, extra=extra, gpu_model=next((models[k] for k in sorted(keys) if k in models), ""),
+            rejected=tuple(why[k][f] for k in keys for f in ("memory", util_key) if f in why[k]),
         ))
     return out
 

@@ -42,7 +42,9 @@ class NvmlSource:
 
     A pod is known by its UID from the process's cgroup; ``pod_names`` maps
     UIDs to ``namespace/pod`` (the sidecar's own pod comes from the downward
-    API). Processes whose pod cannot be seen are counted on the GPU only.
+    API). Processes whose pod cannot be seen are counted on the GPU only; a pod
+    with a process whose memory NVML does not report has no memory reading (not
+    the sum of the others).
     """
 
     name = "nvml"
@@ -77,7 +79,7 @@ class NvmlSource:
         if not self._initialised:
             self._init()
         out: list[Sample] = []
-        pods: dict[str, dict] = defaultdict(lambda: {"memory": 0.0, "gpus": set(), "container": ""})
+        pods: dict[str, dict] = defaultdict(lambda: {"memory": 0.0, "known": True, "gpus": set(), "container": ""})
         try:
             now = time.time()
             for i in range(nv.nvmlDeviceGetCount()):
@@ -98,11 +100,14 @@ class NvmlSource:
                 if self.per_process:
                     for p in nv.nvmlDeviceGetComputeRunningProcesses(h):
                         pod = self.pod_resolver(int(p.pid))
-                        used = getattr(p, "usedGpuMemory", None)
-                        if pod is None or used is None:
+                        if pod is None:
                             continue
+                        used = getattr(p, "usedGpuMemory", None)  # None: NVML cannot say (e.g. WDDM, MIG)
                         entry = pods[pod[0]]
-                        entry["memory"] += float(used)
+                        if used is None:
+                            entry["known"] = False  # a sum without it would be too low: the pod's memory is missing
+                        else:
+                            entry["memory"] += float(used)
                         entry["gpus"].add((str(i), uuid))
                         entry["container"] = entry["container"] or pod[1]
         except nv.NVMLError as exc:
@@ -112,7 +117,7 @@ class NvmlSource:
             name = self.pod_names.get(uid, f"pod-uid/{uid}")
             ns, _, pod = name.rpartition("/")
             gpus = sorted(entry["gpus"])
-            out.append(Sample(target=name, ts=now, memory_bytes=entry["memory"],
+            out.append(Sample(target=name, ts=now, memory_bytes=entry["memory"] if entry["known"] else None,
                               labels={"pod": pod, "namespace": ns, "container": entry["container"],
                                       "gpu": ",".join(g for g, _ in gpus), "UUID": ",".join(u for _, u in gpus)}))
         return out

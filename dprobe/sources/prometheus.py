@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import time
 import urllib.parse
 from collections import defaultdict
@@ -51,7 +50,8 @@ class PrometheusSource:
     """Reads memory (bytes) and utilisation (0-1) series from a Prometheus server.
 
     Each poll asks for the points since the previous poll (the first one
-    backfills ``lookback`` seconds), so a restarted sidecar starts with history.
+    backfills ``lookback`` seconds), so a restarted sidecar starts with history;
+    the range never starts after it ends, whatever the timestamps of the answers.
     Targets are named from the series' labels (``namespace/pod``, else ``UUID``,
     or the label given as ``target_label``).
     """
@@ -99,7 +99,7 @@ class PrometheusSource:
     def poll(self) -> list[Sample]:
         end = time.time()
         start = end - self.lookback if self._since is None else self._since + 1e-3
-        start = max(start, end - self.lookback)
+        start = min(max(start, end - self.lookback), end)  # never after end (Prometheus refuses it)
         points: dict[tuple[str, float], dict[str, float]] = defaultdict(dict)
         labels_of: dict[str, dict[str, str]] = {}
         for kind, query in self.queries.items():
@@ -110,11 +110,10 @@ class PrometheusSource:
                 if target is None:
                     continue
                 labels_of.setdefault(target, labels)
-                for ts, v in values:
-                    if math.isfinite(v):
-                        points[(target, ts)][kind] = v
-        if points:
-            self._since = max(ts for _, ts in points)
+                for ts, v in values:  # NaN and impossible values too: the sidecar counts and drops them
+                    points[(target, ts)][kind] = v
+        if points:  # a point stamped after now (a server clock ahead) must not move the next start past end
+            self._since = min(max(ts for _, ts in points), end)
         return [
             Sample(target=t, ts=ts, memory_bytes=v.get("memory"), utilization_ratio=v.get("utilization"),
                    labels={k: labels_of[t][k] for k in IDENTITY_LABELS if k in labels_of[t]},

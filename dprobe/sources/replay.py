@@ -3,7 +3,8 @@
 ``alibaba``: alibaba-genai-2026 pods (GPU duty cycle as utilisation, GPU memory).
 ``h200``: h200-profiles NVML samples, one target per run on the GPU.
 Each poll emits, for every target active at the current replay time, its
-latest reading (as an exporter does between its own updates), stamped now.
+latest reading (as an exporter does between its own updates), stamped now;
+a gap in the trace is a NaN reading, which the sidecar takes as missing.
 """
 
 from __future__ import annotations
@@ -117,12 +118,9 @@ class ReplaySource:
             i = int(np.searchsorted(times, tt, side="right")) - 1
             if i < 0 or tt - times[i] > self.trace.hold:
                 continue
-            mem, util = self.trace.memory[target][i], self.trace.utilization[target][i]
-            out.append(Sample(
-                target=self.names[target], ts=now,
-                memory_bytes=None if np.isnan(mem) else float(mem),
-                utilization_ratio=None if np.isnan(util) else float(util),
-                labels=self.trace.labels[target],
+            out.append(Sample(  # as read: a gap (NaN) or an impossible value is the sidecar's to refuse and count
+                target=self.names[target], ts=now, memory_bytes=float(self.trace.memory[target][i]),
+                utilization_ratio=float(self.trace.utilization[target][i]), labels=self.trace.labels[target],
             ))
         return out
 

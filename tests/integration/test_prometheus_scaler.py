@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 DASHBOARD = DEPLOY / "grafana" / "dprobe-scaler.json"
 KEDA = DEPLOY / "keda" / "scaledobject-scaler.yaml"
 CONFIGMAP = DEPLOY / "scaler" / "configmap.yaml"
+SCALER_DEPLOYMENT = DEPLOY / "scaler" / "deployment.yaml"
 
 # (namespace, pod, GPU utilisation %) per GPU: two replicas of a Deployment, a training pod on two GPUs
 GPUS = [("serving", "llm-7d9f8c6b5d-aaaaa", 90), ("serving", "llm-7d9f8c6b5d-bbbbb", 90),
@@ -84,8 +87,12 @@ def test_scaler_recommends_from_the_sidecars_forecasts(prometheus_server, http_p
                 while not (scaler.decisions.get(("serving", "llm")) and scaler.decisions[("serving", "llm")].demand):
                     assert time.time() < deadline, "the scaler never saw the forecasts"
                     time.sleep(0.2)
-                # a second Prometheus scrapes the scaler, as one would for Grafana and KEDA
-                with prometheus_server([f"127.0.0.1:{scaler.server.port}"]) as prom2:
+                # a second Prometheus scrapes the scaler, as the Prometheus Operator does through the scaler's
+                # PodMonitor for Grafana and KEDA: the target carries the scaler pod's own namespace
+                [monitor] = [d for d in yaml.safe_load_all(SCALER_DEPLOYMENT.read_text()) if d["kind"] == "PodMonitor"]
+                with prometheus_server([f"127.0.0.1:{scaler.server.port}"],
+                                       honor_labels=monitor["spec"]["podMetricsEndpoints"][0].get("honorLabels", False),
+                                       target_labels={"namespace": "monitoring", "pod": "dprobe-scaler-0"}) as prom2:
                     deadline = time.time() + 30
                     # two replicas at 90 %, 0.5 each: ceil(1.8 / 0.5) = 4 replicas
                     assert _value(prom2, 'dprobe_recommended_replicas{namespace="serving",workload="llm"}',
@@ -116,6 +123,57 @@ def test_scaler_recommends_from_the_sidecars_forecasts(prometheus_server, http_p
                     assert trigger["threshold"] == "1"
                     query = trigger["query"].replace('workload="llm-server"', 'workload="llm"')
                     assert _value(prom2, query, deadline) == 4
+        finally:
+            if scaler is not None:
+                scaler.stop()
+            sidecar.stop()
+
+
+def test_stopped_sidecars_never_lower_a_count_on_the_real_chain(prometheus_server, http_peer) -> None:
+    """The chain of the fault report: the sidecar stops, Prometheus marks its series stale and answers the
+    forecast query with nothing. The scaler counts that as an error, /readyz says not ready, and the count
+    is held (then the fallback, max(current, fallback_replicas)): never 11 -> 2."""
+    pods = [f"llm-7d9f8c6b5d-{c * 5}" for c in "abcdefghijk"]  # 11 replicas, busy
+    text = "# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n" + "".join(
+        f'DCGM_FI_DEV_GPU_UTIL{{gpu="{i}",UUID="GPU-{i}",namespace="serving",pod="{p}"}} 70\n'
+        for i, p in enumerate(pods)) + "# TYPE DCGM_FI_DEV_FB_USED gauge\n" + "".join(
+        f'DCGM_FI_DEV_FB_USED{{gpu="{i}",UUID="GPU-{i}",namespace="serving",pod="{p}"}} 1000\n'
+        for i, p in enumerate(pods))
+    with http_peer(lambda path: (200, text, 0.0)) as dcgm_url:
+        sidecar = Sidecar(SidecarConfig(listen_address="127.0.0.1", port=0, source="dcgm", sample_interval=0.1,
+                                        forecast_interval=0.5, step_seconds=0.5, window_seconds=30, horizons=[5],
+                                        min_points=4, stale_after=120, drop_after=300, model="last_value"),
+                          sources=[DcgmSource(dcgm_url + "/metrics", targets="pod")], model=open_forecaster(None, "last_value"))
+        sidecar.start()
+        scaler = None
+        try:
+            with prometheus_server([f"127.0.0.1:{sidecar.server.port}"], honor_labels=True) as prom:
+                scaler = Scaler(ScalerConfig(
+                    prometheus_url=str(prom), listen_address="127.0.0.1", port=0, interval=0.5, horizon_seconds=5,
+                    target=0.7, margin=0.0, fallback_replicas=2, failure_threshold=2, gpus_query="",
+                    scale_up_policies=[{"type": "percent", "value": 1000}],
+                    workloads=[{"namespace": "serving", "name": "llm", "max_replicas": 20}]))
+                scaler.start()
+                deadline = time.time() + 40
+                while not ((d := scaler.decisions.get(("serving", "llm"))) and d.demand and d.replicas == 11):
+                    assert time.time() < deadline, f"the scaler never reached 11 replicas: {d}"
+                    time.sleep(0.2)
+                assert scaler.ready()[0]
+                before = scaler.errors_total["no_data"]  # (counted at the start too, before the first forecasts)
+                sidecar.stop()
+                deadline = time.time() + 30
+                while scaler.errors_total["no_data"] < before + 3:
+                    assert time.time() < deadline, "the empty answers were never counted"
+                    time.sleep(0.2)
+                time.sleep(3)  # several cycles past failure_threshold
+                d = scaler.decisions[("serving", "llm")]
+                assert d.replicas == 11 and d.reason in ("fallback", "no forecast: holding")
+                url = f"http://127.0.0.1:{scaler.server.port}"
+                with pytest.raises(urllib.error.HTTPError) as err:
+                    urllib.request.urlopen(url + "/readyz", timeout=5)
+                assert err.value.code == 503 and b"no usable forecast" in err.value.read()
+                metrics = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+                assert 'dprobe_recommended_replicas{namespace="serving",workload="llm"} 11.0' in metrics
         finally:
             if scaler is not None:
                 scaler.stop()
