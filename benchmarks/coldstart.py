@@ -16,9 +16,9 @@ import time
 
 import numpy as np
 
-from dprobe.coldstart.report import ROWS, format_scores
-from dprobe.coldstart.train import cross_validate, host_factor_note, metrics
 from dprobe.data import load_h200_profiles
+from dprobe.profiling.coldstart.report import ROWS, format_scores
+from dprobe.profiling.coldstart.train import cross_validate, host_factor_note, metrics
 
 
 def main() -> None:
@@ -73,7 +73,7 @@ def main() -> None:
     print(f"{'PASS' if not missed else 'MISS'}: {len(ROWS) - len(missed)} of {len(ROWS)} targets met"
           + (f" (missed: {', '.join(missed)})" if missed else ""))
     if args.plot:
-        from dprobe.coldstart.report import plot_cross_validation
+        from dprobe.profiling.coldstart.report import plot_cross_validation
 
         print(f"plot: {plot_cross_validation(cv, args.plot)}")
     print("\nper run (family, run, measured peak GB, learned APE %, analytical APE %):")
@@ -85,7 +85,7 @@ def main() -> None:
 
 def learning_curve(args: argparse.Namespace, sizes: list[int], hp: dict) -> None:
     """Leave-family-out errors when training on K of the other families, mean over the draws."""
-    from dprobe.coldstart.train import load_dataset
+    from dprobe.profiling.coldstart.train import load_dataset
 
     ds = load_dataset(args.data, args.cache, workers=args.workers)
     keys = [("peak_mape", "peak MAPE %"), ("nvml_mape", "NVML MAPE %"), ("util_mae_points", "util MAE pts"),

@@ -13,10 +13,10 @@ import sys
 import time
 from pathlib import Path
 
+from dprobe.core.workers import available_cores
 from dprobe.data import load_series_dataset
 from dprobe.evaluation import EvalConfig, evaluate_dataset
-from dprobe.forecasting import BASELINES
-from dprobe.workers import available_cores
+from dprobe.forecaster import BASELINES
 
 ROOT = Path(__file__).resolve().parents[1]
 SERIES_DATASETS = ("alibaba-genai-2026", "helios-earth-vc")

@@ -41,12 +41,12 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dprobe.conformal import conformal_shift  # noqa: E402
+from dprobe.core.conformal import conformal_shift  # noqa: E402
 from dprobe.data import SeriesDataset  # noqa: E402
 from dprobe.evaluation.harness import EvalConfig, SeriesForecasts, evaluate_dataset, score  # noqa: E402
 from dprobe.evaluation.report import against_baselines  # noqa: E402
-from dprobe.forecasting.base import QUANTILES  # noqa: E402
-from dprobe.forecasting.baselines import ffill  # noqa: E402
+from dprobe.forecaster.base import QUANTILES  # noqa: E402
+from dprobe.forecaster.baselines import ffill  # noqa: E402
 
 # Covariates whose future is not the target's own (the request rates a service receives; a VC's quota,
 # set per day): the ones an oracle may be told ahead. Running and pending jobs are part of GPU demand.
@@ -281,9 +281,9 @@ def main() -> None:
 
     from tqdm.auto import tqdm
 
+    from dprobe.core.workers import available_cores
     from dprobe.data.registry import bundled_dir, load_series_dataset
-    from dprobe.forecasting.loading import checkpoint_path, load_forecaster
-    from dprobe.workers import available_cores
+    from dprobe.forecaster.loading import checkpoint_path, load_forecaster
 
     try:  # bad input stops here, before any work, with what is wrong
         models = {} if args.checkpoint == "none" else {"dprobe": load_forecaster(checkpoint_path(args.checkpoint))}

@@ -22,9 +22,9 @@ import torch
 
 def default_checkpoint(path: Path) -> Path:
     from dprobe.config import compose
-    from dprobe.forecasting.model import export_checkpoint
-    from dprobe.forecasting.tasks import TaskSpec
-    from dprobe.models.lightning_module import ForecasterModule
+    from dprobe.forecaster.model import export_checkpoint
+    from dprobe.forecaster.module import ForecasterModule
+    from dprobe.forecaster.tasks import TaskSpec
 
     cfg = compose()
     hp = {k: v for k, v in cfg.model.items() if k != "_target_"}
@@ -51,9 +51,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=50, help="timed calls of one target (a tenth as many of the batch); median and p99 reported")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    from dprobe.forecasting import ForecastInput, make_baseline
-    from dprobe.forecasting.loading import load_forecaster, read_checkpoint
-    from dprobe.forecasting.model import export_onnx
+    from dprobe.forecaster import ForecastInput, make_baseline
+    from dprobe.forecaster.loading import load_forecaster, read_checkpoint
+    from dprobe.forecaster.model import export_onnx
 
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = args.checkpoint or default_checkpoint(Path(tmp) / "dprobe.pt")

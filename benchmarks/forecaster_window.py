@@ -49,7 +49,7 @@ def main() -> None:
     args = parser.parse_args()
     from dprobe.data.registry import load_series_dataset
     from dprobe.evaluation.harness import EvalConfig, evaluate_dataset
-    from dprobe.forecasting.loading import load_forecaster
+    from dprobe.forecaster.loading import load_forecaster
 
     model = load_forecaster(args.checkpoint)
     try:

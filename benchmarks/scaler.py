@@ -26,9 +26,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 from process import rss_mb  # benchmarks/process.py
 
-from dprobe.scaler.config import ScalerConfig
-from dprobe.scaler.demand import forecast_query, pod_forecasts, pod_gpus
-from dprobe.scaler.service import Scaler
+from dprobe.services.scaler.config import ScalerConfig
+from dprobe.services.scaler.demand import forecast_query, pod_forecasts, pod_gpus
+from dprobe.services.scaler.service import Scaler
 
 
 def answers(n_pods: int, per_workload: int, generation: int = 0) -> dict[str, bytes]:

@@ -20,11 +20,11 @@ import urllib.request
 import numpy as np
 from process import rss_mb  # benchmarks/process.py
 
-from dprobe.forecasting.loading import open_forecaster
-from dprobe.sidecar.config import SidecarConfig
-from dprobe.sidecar.service import Sidecar
-from dprobe.sources.base import Sample
-from dprobe.sources.synthetic import SyntheticSource
+from dprobe.forecaster.loading import open_forecaster
+from dprobe.services.sidecar.config import SidecarConfig
+from dprobe.services.sidecar.service import Sidecar
+from dprobe.services.sources.base import Sample
+from dprobe.services.sources.synthetic import SyntheticSource
 
 
 class ChurningSource(SyntheticSource):

@@ -89,7 +89,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from dprobe.cli import build_parser
-    from dprobe.coldstart.cli import predict_from_args
+    from dprobe.profiling.coldstart.cli import predict_from_args
 
     text = Path(args.models).read_text() if args.models else DEFAULT_JOBS
     jobs = parse_jobs(text)

@@ -17,10 +17,10 @@ from dprobe import __version__
 # module paths, each with register(subparsers); imported lazily so `dprobe --help` stays fast
 SUBCOMMANDS: list[str] = [
     "dprobe.graph.cli",
-    "dprobe.coldstart.cli",
+    "dprobe.profiling.coldstart.cli",
     "dprobe.evaluation.cli",
-    "dprobe.sidecar.cli",
-    "dprobe.scaler.cli",
+    "dprobe.services.sidecar.cli",
+    "dprobe.services.scaler.cli",
     "dprobe.sim.cli",
     "dprobe.data.cli",
 ]
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dprobe {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:  # a slim install asked for what needs the full one
-        from dprobe.lazy import missing_package
+        from dprobe.core.lazy import missing_package
 
         message = missing_package(exc)
         if message is None:

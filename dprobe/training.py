@@ -23,7 +23,7 @@ def _instantiate_dict(section: DictConfig | None) -> list:
 
 def train_forecaster(cfg: DictConfig, out_dir: Path) -> Path:
     """Fit the forecaster on ``cfg.data`` and write the inference checkpoint ``dprobe.pt``."""
-    from dprobe.forecasting.model import (
+    from dprobe.forecaster.model import (
         checkpoint_dict,
         conformal_shifts,
         export_onnx,
@@ -33,7 +33,7 @@ def train_forecaster(cfg: DictConfig, out_dir: Path) -> Path:
         select_short_lead_exponents,
         validation_outputs,
     )
-    from dprobe.models.lightning_module import ForecasterModule
+    from dprobe.forecaster.module import ForecasterModule
 
     if cfg.trainer.get("accelerator") in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ValueError("trainer=gpu needs a CUDA GPU, and torch sees none; trainer=default uses one when there "
@@ -79,7 +79,7 @@ def evaluate_checkpoint(cfg: DictConfig, checkpoint: Path, out_dir: Path) -> dic
     from dprobe.data.workloads import workload_graphs
     from dprobe.evaluation import EvalConfig, evaluate_dataset
     from dprobe.evaluation.report import markdown_table, plot_forecasts
-    from dprobe.forecasting.loading import load_forecaster
+    from dprobe.forecaster.loading import load_forecaster
 
     forecaster = load_forecaster(str(checkpoint))
     reports, tables = [], []
@@ -126,7 +126,7 @@ def train_profilers(cfg: DictConfig, out_dir: Path, workers: int | None = None, 
     tables: list[str] = []
     cs: dict = {}
     if cfg.coldstart.enabled:
-        from dprobe.coldstart import train_coldstart
+        from dprobe.profiling.coldstart import train_coldstart
 
         cs = train_coldstart(str(cfg.coldstart.data_dir), str(out_dir / "coldstart"),
                              max_epochs=cfg.coldstart.max_epochs, seed=cfg.seed, cache_dir=cache,
@@ -137,7 +137,7 @@ def train_profilers(cfg: DictConfig, out_dir: Path, workers: int | None = None, 
         summary["coldstart_metrics"] = cs.get("metrics", {})
         summary["coldstart_plot"] = cs.get("plot")
     if cfg.jobscale.enabled:
-        from dprobe.jobscale import train_jobscale
+        from dprobe.profiling.jobscale import train_jobscale
 
         js = train_jobscale(str(cfg.jobscale.data_dir), str(out_dir / "jobscale"),
                             use_graph=cfg.jobscale.use_graph, epochs=cfg.jobscale.epochs, seed=cfg.seed,
@@ -179,7 +179,7 @@ def side_by_side(cfg: DictConfig) -> tuple[int, int] | None:
     beside the forecaster, or one core). The forecaster takes half the cores; the profilers' processes, one
     per core (at most four, or ``coldstart.workers``), run at a lower priority, so that they fill what the
     forecaster leaves idle, and every core once it is done."""
-    from dprobe.workers import available_cores, resolve_workers
+    from dprobe.core.workers import available_cores, resolve_workers
 
     cores = available_cores()
     wanted = cfg.get("parallel_stages", False) and cfg.get("forecaster_enabled", True)
@@ -205,7 +205,7 @@ def run(cfg: DictConfig) -> dict:
     profilers = None
     threads = torch.get_num_threads()
     if split is not None:
-        from dprobe.workers import Beside
+        from dprobe.core.workers import Beside
 
         profilers = Beside(_train_profilers_here, OmegaConf.to_container(cfg, resolve=True), str(out_dir),
                            split[1], name="dprobe-profilers")

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from dprobe.coldstart.allocator import CachingAllocatorModel, replay_reserved, round_size, segment_size
-from dprobe.coldstart.memtrack import MemoryTracker
+from dprobe.profiling.coldstart.allocator import (
+    CachingAllocatorModel,
+    replay_reserved,
+    round_size,
+    segment_size,
+)
+from dprobe.profiling.coldstart.memtrack import MemoryTracker
 
 MiB = 1 << 20
 

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dprobe.coldstart.predict import predict_job
-from dprobe.forecasting.loading import open_forecaster
-from dprobe.sidecar.annotations import MODEL_GRAPH, TRAINING_JOB, AnnotationPolicy, Refused
-from dprobe.sidecar.config import SidecarConfig, load_config
-from dprobe.sidecar.graphs import GraphResolver
-from dprobe.sidecar.jobs import JobProfiles, JobSpec
-from dprobe.sidecar.service import Sidecar
+from dprobe.forecaster.loading import open_forecaster
+from dprobe.profiling.coldstart.predict import predict_job
+from dprobe.services.sidecar.annotations import MODEL_GRAPH, TRAINING_JOB, AnnotationPolicy, Refused
+from dprobe.services.sidecar.config import SidecarConfig, load_config
+from dprobe.services.sidecar.graphs import GraphResolver
+from dprobe.services.sidecar.jobs import JobProfiles, JobSpec
+from dprobe.services.sidecar.service import Sidecar
 
 RESULT = {"device_memory_bytes": {"p50": 5e9, "p90": 6e9}, "peak_memory_bytes": {"p50": 3e9, "p90": 3.2e9},
           "gpu_utilization": {"p50": 0.7, "p90": 0.9}, "step_time_seconds": {"p50": 0.1, "p90": 0.12}, "fits": "yes"}

@@ -83,7 +83,7 @@ def test_a_timestamp_years_off_is_refused_before_the_grid_is_built(tmp_path) -> 
 
 
 def test_the_replay_source_refuses_overflowing_timestamps(tmp_path) -> None:
-    from dprobe.sources.replay import ReplaySource
+    from dprobe.services.sources.replay import ReplaySource
 
     data = alibaba_dir(tmp_path / "a", duty=[(0, "timestamp_anon", "1e20")])
     with pytest.raises(DatasetError, match=r"column 'timestamp_anon' .* row 2 has 1e\+20"):
@@ -265,12 +265,12 @@ def test_workloads_csv_refuses_impossible_sizes(tmp_path, text, message) -> None
     (["--checkpoint", "missing.pt"], "checkpoint missing.pt: no such file"),
 ])
 def test_predict_refuses_a_job_that_cannot_be_before_replaying_it(capsys, monkeypatch, options, message) -> None:
-    import dprobe.coldstart.predict
+    import dprobe.profiling.coldstart.predict
 
     def never(*args: object, **kwargs: object) -> None:
         raise AssertionError("replayed")
 
-    monkeypatch.setattr(dprobe.coldstart.predict, "analytical_for", never)
+    monkeypatch.setattr(dprobe.profiling.coldstart.predict, "analytical_for", never)
     line = one_error(capsys, ["predict", "torchvision:alexnet", "--batch", "8", *options])
     assert message in line
 

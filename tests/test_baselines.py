@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dprobe.forecasting import BASELINES, QUANTILES, Forecast, Forecaster, ForecastInput, make_baseline
-from dprobe.forecasting.baselines import (
+from dprobe.forecaster import BASELINES, QUANTILES, Forecast, Forecaster, ForecastInput, make_baseline
+from dprobe.forecaster.baselines import (
     MIN_RESIDUALS,
     conformal_quantiles,
     ets_path,

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from dprobe.cli import main
-from dprobe.forecasting import BASELINES
+from dprobe.forecaster import BASELINES
 
 DATASETS = Path(__file__).resolve().parents[1] / "datasets"
 ROW_KEYS = {"method", "target", "lead_steps", "mae", "mase", "pinball", "coverage_p90", "n_forecasts"}

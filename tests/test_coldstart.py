@@ -1,4 +1,4 @@
-"""Tests of dprobe.coldstart: meta replay, features, training, CLI."""
+"""Tests of dprobe.profiling.coldstart: meta replay, features, training, CLI."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from dprobe.coldstart.features import family_of
-from dprobe.coldstart.memtrack import round_alloc
-from dprobe.coldstart.replay import replay_training_step
 from dprobe.graph.zoo import parse_spec
+from dprobe.profiling.coldstart.features import family_of
+from dprobe.profiling.coldstart.memtrack import round_alloc
+from dprobe.profiling.coldstart.replay import replay_training_step
 
 TINY_GPT2 = '{"n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 100, "n_positions": 64}'
 
@@ -23,7 +23,7 @@ def test_round_alloc() -> None:
 
 
 def test_features_constant_in_training_are_held_at_their_training_value() -> None:
-    from dprobe.coldstart.model import ColdStartModel, constant_features, fit_standardisation
+    from dprobe.profiling.coldstart.model import ColdStartModel, constant_features, fit_standardisation
 
     x = torch.tensor([[1.0, 0.0, 5.0], [3.0, 0.0, 5.0], [2.0, 0.0, 5.0]])  # features 1 and 2 never vary
     model = ColdStartModel(3, graph_dim=0).eval()
@@ -124,8 +124,8 @@ def test_grad_checkpointing_keeps_layer_inputs_and_recomputes(capsys) -> None:
 def test_attention_replays_the_kernel_cuda_would_pick(kv_heads, enable_gqa, fused) -> None:
     """SDPA's fused kernels keep q, k, v and the output; a key and value broadcast over the heads (multi-query
     attention passed as is) fall back to the math kernel, which keeps the fp32 attention matrix."""
-    from dprobe.coldstart.autocast import AutocastEmulation, fused_attention_applies
-    from dprobe.coldstart.memtrack import MemoryTracker
+    from dprobe.profiling.coldstart.autocast import AutocastEmulation, fused_attention_applies
+    from dprobe.profiling.coldstart.memtrack import MemoryTracker
 
     b, h, n, d = 2, 12, 1024, 64
     with torch.device("meta"):
@@ -148,7 +148,7 @@ def test_attention_replays_the_kernel_cuda_would_pick(kv_heads, enable_gqa, fuse
 
 def _synthetic_runs(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Features, analytical baselines and measurements of ``n`` made-up runs (5 % off the baseline)."""
-    from dprobe.coldstart import train as tr
+    from dprobe.profiling.coldstart import train as tr
 
     rng = np.random.default_rng(seed)
     feats = rng.normal(size=(n, len(tr.FEATURES)))
@@ -160,7 +160,7 @@ def _synthetic_runs(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
 
 def test_train_and_checkpoint(tmp_path, monkeypatch) -> None:
-    from dprobe.coldstart import train as tr
+    from dprobe.profiling.coldstart import train as tr
 
     n = 12
     feats, base, y = _synthetic_runs(n, 0)
@@ -178,7 +178,7 @@ def test_train_and_checkpoint(tmp_path, monkeypatch) -> None:
         assert ckpt["version"] == tr.VERSION and "learned" in result["metrics"]
         assert ckpt["gpus"] == ["h200"]  # the GPUs it learnt from, for predict's note
         assert Path(result["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the leave-family-out picture
-        from dprobe.coldstart.report import ROWS
+        from dprobe.profiling.coldstart.report import ROWS
 
         rows = [line for line in result["table"].splitlines() if line.endswith((" PASS", " MISS"))]
         assert len(rows) == len(ROWS) and f"{result['metrics']['learned']['step_mape']:.3f}" in result["table"]
@@ -196,8 +196,8 @@ def test_train_and_checkpoint(tmp_path, monkeypatch) -> None:
 def test_precision_and_optimizer_choices_are_what_the_replay_knows() -> None:
     """The CLI and the sidecar's job specs list them without importing torch; they must stay the replay's."""
     from dprobe.cli import build_parser
-    from dprobe.coldstart.replay import OPTIMIZERS, PRECISIONS
-    from dprobe.sidecar import jobs
+    from dprobe.profiling.coldstart.replay import OPTIMIZERS, PRECISIONS
+    from dprobe.services.sidecar import jobs
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     choices = {a.dest: a.choices for a in sub.choices["predict"]._actions}
@@ -208,7 +208,7 @@ def test_precision_and_optimizer_choices_are_what_the_replay_knows() -> None:
 def test_every_gpu_spec_is_a_predict_choice(capsys) -> None:
     """--gpu offers exactly the GPUs dprobe has a spec for; a slower GPU gives a slower step and may not fit."""
     from dprobe.cli import build_parser, main
-    from dprobe.coldstart.gpus import GPUS
+    from dprobe.profiling.coldstart.gpus import GPUS
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     gpu = next(a for a in sub.choices["predict"]._actions if a.dest == "gpu")
@@ -269,8 +269,8 @@ def test_predict_from_an_onnx_file(tmp_path, capsys) -> None:
     import torchvision
 
     from dprobe.cli import main
-    from dprobe.coldstart.graph_estimate import estimate_from_graph
     from dprobe.graph.onnx_reader import read_onnx
+    from dprobe.profiling.coldstart.graph_estimate import estimate_from_graph
 
     for name in ("resnet18", "mobilenet_v2", "efficientnet_b0"):
         path = tmp_path / f"{name}.onnx"  # exported for training: batch norms kept, not folded into the convolutions
@@ -299,8 +299,8 @@ def test_predict_from_an_onnx_file(tmp_path, capsys) -> None:
 def test_onnx_convolutions_hold_the_replays_workspace(tmp_path) -> None:
     """From an ONNX graph too, a dense 3x3 convolution holds a cuDNN workspace while it runs; 1x1 and
     depthwise ones do not (the graph has no weight shapes: the rule reads FLOPs per output element)."""
-    from dprobe.coldstart.graph_estimate import estimate_from_graph
     from dprobe.graph.onnx_reader import read_onnx
+    from dprobe.profiling.coldstart.graph_estimate import estimate_from_graph
 
     def peak(conv: torch.nn.Conv2d) -> float:
         path = tmp_path / "conv.onnx"
@@ -317,8 +317,8 @@ def test_onnx_convolutions_hold_the_replays_workspace(tmp_path) -> None:
 
 def test_onnx_attention_is_estimated_as_pytorch_runs_it(tmp_path) -> None:
     """An exported attention (MatMul, Softmax, MatMul) is counted as the fused kernel: no probabilities kept."""
-    from dprobe.coldstart.graph_estimate import estimate_from_graph, fused_attention
     from dprobe.graph.onnx_reader import read_onnx
+    from dprobe.profiling.coldstart.graph_estimate import estimate_from_graph, fused_attention
 
     # 257 tokens: the probabilities (batch x heads x 257 x 257) would be most of the memory if they were held
     kw = {"image_size": 64, "patch_size": 4, "num_layers": 2, "num_heads": 4, "hidden_dim": 32, "mlp_dim": 64}
@@ -392,7 +392,7 @@ def test_replay_of_an_audio_model_leaves_out_spec_augment() -> None:
 def test_predict_names_a_step_that_cannot_be_replayed(monkeypatch, capsys) -> None:
     """An op PyTorch refuses on meta tensors (or on the GPU) is an error naming the job, not a traceback."""
     from dprobe.cli import main
-    from dprobe.coldstart import predict
+    from dprobe.profiling.coldstart import predict
 
     def refuse(*args, **kwargs):
         raise RuntimeError("Expected mat_a to be BFloat16 or supported Float16 matrix, got torch.float32.")
@@ -431,7 +431,7 @@ def test_collection_settings_fill_cudnn_benchmark(tmp_path) -> None:
 
 
 def test_p90_calibration_moves_coverage_towards_90_percent(monkeypatch) -> None:
-    from dprobe.coldstart import train as tr
+    from dprobe.profiling.coldstart import train as tr
 
     rng = np.random.default_rng(1)
     n, fams = 60, 12
@@ -457,7 +457,7 @@ def test_p90_calibration_moves_coverage_towards_90_percent(monkeypatch) -> None:
 def test_members_fitted_together_are_members_fitted_one_by_one() -> None:
     """Without dropout (the one draw that differs) a member of :func:`fit_members` is the member fitted
     alone on its runs, up to rounding: its own runs, its own standardisation, its own seed."""
-    from dprobe.coldstart import train as tr
+    from dprobe.profiling.coldstart import train as tr
 
     n = 40
     feats, base, y = _synthetic_runs(n, 3)
@@ -477,7 +477,7 @@ def test_members_fitted_together_are_members_fitted_one_by_one() -> None:
 
 def _six_families_recording_fits(monkeypatch, seed: int) -> tuple[dict, list[str], list[set[str]]]:
     """24 made-up runs of 6 families, and the families each ``fit`` of a cross-validation trains on."""
-    from dprobe.coldstart import train as tr
+    from dprobe.profiling.coldstart import train as tr
 
     n = 24
     feats, base, y = _synthetic_runs(n, seed)
@@ -496,7 +496,7 @@ def _six_families_recording_fits(monkeypatch, seed: int) -> tuple[dict, list[str
 
 def test_cross_validation_on_fewer_families(monkeypatch) -> None:
     """The learning curve's folds: K other families drawn per held-out family, never the family itself."""
-    from dprobe.coldstart import train as tr
+    from dprobe.profiling.coldstart import train as tr
 
     ds, family, seen = _six_families_recording_fits(monkeypatch, 2)
     cv = tr.cross_validate("unused", "unused", max_epochs=5, ds=ds, progress=False, train_families=2,
@@ -509,7 +509,7 @@ def test_cross_validation_on_fewer_families(monkeypatch) -> None:
 
 def test_cross_validation_in_grouped_folds(monkeypatch) -> None:
     """``folds``: the families dealt into groups, each group held out once and never trained on."""
-    from dprobe.coldstart import train as tr
+    from dprobe.profiling.coldstart import train as tr
 
     ds, family, seen = _six_families_recording_fits(monkeypatch, 3)
     cv = tr.cross_validate("unused", "unused", max_epochs=5, ds=ds, progress=False, folds=3, ensemble=1, hidden=8)
@@ -523,7 +523,7 @@ def test_cross_validation_in_grouped_folds(monkeypatch) -> None:
 
 def test_cross_validation_in_worker_processes_scores_the_same() -> None:
     """Folds fitted in two spawned processes give exactly the scores of one process."""
-    from dprobe.coldstart import train as tr
+    from dprobe.profiling.coldstart import train as tr
 
     n = 24
     feats, base, y = _synthetic_runs(n, 5)
@@ -542,8 +542,8 @@ def test_cross_validation_goes_on_when_its_workers_die(monkeypatch, caplog) -> N
     """A worker that dies (out of memory, say) costs time, not the run: the folds are fitted in-process."""
     from concurrent.futures.process import BrokenProcessPool
 
-    import dprobe.workers
-    from dprobe.coldstart import train as tr
+    import dprobe.core.workers
+    from dprobe.profiling.coldstart import train as tr
 
     class DeadPool:
         def __enter__(self):
@@ -555,12 +555,12 @@ def test_cross_validation_goes_on_when_its_workers_die(monkeypatch, caplog) -> N
         def map(self, *args):
             raise BrokenProcessPool("a worker process was terminated abruptly")
 
-    monkeypatch.setattr(dprobe.workers, "spawn_pool", lambda *a, **k: DeadPool())
+    monkeypatch.setattr(dprobe.core.workers, "spawn_pool", lambda *a, **k: DeadPool())
     n = 24
     feats, base, y = _synthetic_runs(n, 5)
     ds = tr.make_dataset([None] * n, feats, base, y, [f"f{i % 6}" for i in range(n)], [str(i) for i in range(n)])
     hp = {"max_epochs": 5, "ds": ds, "progress": False, "ensemble": 1, "hidden": 8, "folds": 3}
-    with caplog.at_level("WARNING", logger="dprobe.workers"):
+    with caplog.at_level("WARNING", logger="dprobe.core.workers"):
         cv = tr.cross_validate("unused", "unused", workers=2, **hp)
     assert "fitting the folds in this process" in caplog.text
     np.testing.assert_allclose(cv["p50"], tr.cross_validate("unused", "unused", workers=1, **hp)["p50"])
@@ -568,7 +568,7 @@ def test_cross_validation_goes_on_when_its_workers_die(monkeypatch, caplog) -> N
 
 def test_uncalibrated_cross_validation_keeps_the_p50() -> None:
     """The learning curve skips the p90 calibration: same p50, p90 without the conformal shift."""
-    from dprobe.coldstart import train as tr
+    from dprobe.profiling.coldstart import train as tr
 
     n = 30
     feats, base, y = _synthetic_runs(n, 3)
@@ -583,9 +583,9 @@ def test_uncalibrated_cross_validation_keeps_the_p50() -> None:
 
 
 def test_replay_logs_kernels_by_phase_and_class() -> None:
-    from dprobe.coldstart.features import roofline_seconds
-    from dprobe.coldstart.gpus import GPUS
-    from dprobe.coldstart.memtrack import BACKWARD, FORWARD, OP_CLASSES, OPTIMIZER
+    from dprobe.profiling.coldstart.features import roofline_seconds
+    from dprobe.profiling.coldstart.gpus import GPUS
+    from dprobe.profiling.coldstart.memtrack import BACKWARD, FORWARD, OP_CLASSES, OPTIMIZER
 
     est = replay_training_step(parse_spec("torchvision:mobilenet_v2"), batch=4, precision="fp32",
                                optimizer="sgd", image=64)
@@ -604,7 +604,7 @@ def test_replay_logs_kernels_by_phase_and_class() -> None:
 
 
 def test_host_stall_lowers_utilisation_only() -> None:
-    from dprobe.coldstart.train import busy_utilisation, with_stall
+    from dprobe.profiling.coldstart.train import busy_utilisation, with_stall
 
     util, step, stall = np.array([0.6, 0.6]), np.array([0.02, 0.02]), np.array([0.0, 0.01])
     busy = busy_utilisation(util, step, stall)
@@ -613,7 +613,7 @@ def test_host_stall_lowers_utilisation_only() -> None:
 
 
 def test_predict_with_host_stall(capsys) -> None:
-    from dprobe.coldstart.predict import predict_job
+    from dprobe.profiling.coldstart.predict import predict_job
 
     kw = dict(batch=4, precision="bf16", seq=32, config_kwargs=TINY_GPT2)
     plain = predict_job("transformers:GPT2Config/GPT2LMHeadModel", **kw)
@@ -626,7 +626,7 @@ def test_predict_with_host_stall(capsys) -> None:
 
 
 def test_targets_a_run_does_not_have_are_not_learnt(monkeypatch) -> None:
-    from dprobe.coldstart import train as tr
+    from dprobe.profiling.coldstart import train as tr
 
     n = 24
     feats, base, y = _synthetic_runs(n, 2)
@@ -667,7 +667,7 @@ def test_loader_derives_stalls(tmp_path) -> None:
 def test_host_factors_per_machine() -> None:
     """A machine whose host-bound runs step 1.5 times slower gets a host factor 1.5 times the other's; the
     factors are centred on the typical machine; one with too few host-bound runs counts as typical."""
-    from dprobe.coldstart import train as tr
+    from dprobe.profiling.coldstart import train as tr
 
     n = 16
     feats, base, y = _synthetic_runs(n, 1)
@@ -698,7 +698,7 @@ def test_host_factors_per_machine() -> None:
 
 def test_predict_on_a_slower_host() -> None:
     """``host_factor`` lengthens a host-bound job's step and lowers its utilisation; bad values are refused."""
-    from dprobe.coldstart.predict import predict_job
+    from dprobe.profiling.coldstart.predict import predict_job
 
     job = ("transformers:GPT2Config/GPT2LMHeadModel", 2)
     kw = {"precision": "bf16", "seq": 32, "config_kwargs": TINY_GPT2}
@@ -718,8 +718,8 @@ def test_predict_on_a_slower_host() -> None:
 def test_memory_head_sees_the_op_mix_but_no_timing() -> None:
     """Memory residuals may depend on the job's shape and op mix (convolution and matmul libraries keep
     workspaces), never on host or roofline time; utilisation and step time see every feature."""
-    from dprobe.coldstart.features import FEATURES
-    from dprobe.coldstart.train import target_groups
+    from dprobe.profiling.coldstart.features import FEATURES
+    from dprobe.profiling.coldstart.train import target_groups
 
     (memory_targets, memory), (timing_targets, timing) = target_groups(FEATURES)
     assert memory_targets == [0, 1] and timing_targets == [2, 3] and timing == list(range(len(FEATURES)))
@@ -732,9 +732,9 @@ def test_predict_says_when_a_job_will_not_fit(monkeypatch, capsys) -> None:
     from dataclasses import replace
 
     from dprobe.cli import main
-    from dprobe.coldstart import gpus
-    from dprobe.coldstart.predict import fits_on_gpu
-    from dprobe.coldstart.replay import CUDA_CONTEXT_BYTES
+    from dprobe.profiling.coldstart import gpus
+    from dprobe.profiling.coldstart.predict import fits_on_gpu
+    from dprobe.profiling.coldstart.replay import CUDA_CONTEXT_BYTES
 
     gib = 1 << 30
     assert fits_on_gpu(10 * gib, 12 * gib, 80 * gib) == "yes"
@@ -754,7 +754,7 @@ def test_predict_says_when_a_job_will_not_fit(monkeypatch, capsys) -> None:
 UNGUARDED_SCRIPT = '''
 import logging, sys
 import numpy as np
-from dprobe.coldstart import train as tr
+from dprobe.profiling.coldstart import train as tr
 
 logging.basicConfig(level=logging.WARNING)
 # no `if __name__ == "__main__":`: each spawned worker re-runs this script and dies starting its own pool
@@ -832,8 +832,8 @@ def test_recurrent_layers_replay_as_fused_kernels(tmp_path, monkeypatch, mode) -
     PyTorch's step-by-step reference keeps."""
     import contextlib
 
-    from dprobe.coldstart import replay
     from dprobe.graph.zoo import parse_spec
+    from dprobe.profiling.coldstart import replay
 
     (tmp_path / "recurrent_model.py").write_text(RECURRENT_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))

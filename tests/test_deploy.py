@@ -44,7 +44,7 @@ def test_dockerfile_targets_copy_what_exists() -> None:
     assert sources and all((root / src).exists() for src in sources), sources
     services = text.split("AS services")[1].split("AS full")[0]
     assert "pip install -r requirements-services.txt" in services and "pip install --no-deps ." in services
-    from dprobe.lazy import FULL_INSTALL
+    from dprobe.core.lazy import FULL_INSTALL
 
     listed = [re.split(r"[=<>!~ ]", line)[0].lower() for line in
               (DEPLOY / "requirements-services.txt").read_text().splitlines() if line.strip() and line[0] != "#"]
@@ -105,7 +105,7 @@ def test_scaler_manifests_match_the_scaler(tmp_path: Path) -> None:
     """The ConfigMap is a valid scaler config, the Deployment's arguments parse as `dprobe scaler` flags and
     its port is the config's, and the RBAC grants what apply mode calls (get and patch on the scales)."""
     from dprobe.cli import build_parser
-    from dprobe.scaler.config import load_config
+    from dprobe.services.scaler.config import load_config
 
     scaler = DEPLOY / "scaler"
     config_map = _objects(scaler / "configmap.yaml")["ConfigMap"]
@@ -226,7 +226,7 @@ def test_apply_mode_patch_gives_the_token_and_the_mode_together(tmp_path: Path) 
     """The default scaler Deployment (recommend mode) mounts no token and names no service account; the
     apply-mode patch turns on --mode apply and, with it, rbac.yaml's service account and its token."""
     from dprobe.cli import build_parser
-    from dprobe.scaler.config import load_config
+    from dprobe.services.scaler.config import load_config
 
     scaler = DEPLOY / "scaler"
     deployment = _objects(scaler / "deployment.yaml")["Deployment"]

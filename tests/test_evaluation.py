@@ -8,10 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from dprobe.core import metrics
 from dprobe.data import SeriesDataset
-from dprobe.evaluation import EvalConfig, EvalResult, evaluate_dataset, metrics
+from dprobe.evaluation import EvalConfig, EvalResult, evaluate_dataset
 from dprobe.evaluation.report import against_baselines, markdown_table
-from dprobe.forecasting import BASELINES, QUANTILES, Forecast, ForecastInput
+from dprobe.forecaster import BASELINES, QUANTILES, Forecast, ForecastInput
 
 N = 200  # points per series
 TEST_START = 140  # floor(200 * (1 - 0.3))

@@ -15,8 +15,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-from dprobe.exporter import ExporterServer, ForecastSnapshot, Latest, SidecarCollector, SourceStatus
-from dprobe.exporter.state import JobRow
+from dprobe.services.exporter import ExporterServer, ForecastSnapshot, Latest, SidecarCollector, SourceStatus
+from dprobe.services.exporter.state import JobRow
 
 NOW = 10_000.0
 

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from dprobe.data.windows import SeriesDataModule
-from dprobe.forecasting.base import ForecastInput
-from dprobe.forecasting.model import ModelForecaster, export_checkpoint
-from dprobe.forecasting.tasks import TaskSpec
-from dprobe.models.features import N_STATS, REGIMES, make_features, nanmedian_rows, window_stats
-from dprobe.models.forecaster import PatchForecaster, QuantileHead
-from dprobe.models.lightning_module import ForecasterModule, pinball_loss
+from dprobe.forecaster.base import ForecastInput
+from dprobe.forecaster.features import N_STATS, REGIMES, make_features, nanmedian_rows, window_stats
+from dprobe.forecaster.model import ModelForecaster, export_checkpoint
+from dprobe.forecaster.module import ForecasterModule, pinball_loss
+from dprobe.forecaster.network import PatchForecaster, QuantileHead
+from dprobe.forecaster.tasks import TaskSpec
+from dprobe.forecaster.windows import SeriesDataModule
 
 
 def test_features_are_relative_to_last_observation_and_mask_gaps():
@@ -154,9 +154,9 @@ def test_the_quantile_spread_below_the_first_lead_is_chosen_on_validation():
     unknown grows linearly. Given a forecaster exact at the first trained lead, the choice follows."""
     from types import SimpleNamespace
 
-    from dprobe.data.windows import TaskSeries
-    from dprobe.forecasting.model import select_short_lead_exponents
-    from dprobe.models.features import last_observed
+    from dprobe.forecaster.features import last_observed
+    from dprobe.forecaster.model import select_short_lead_exponents
+    from dprobe.forecaster.windows import TaskSeries
 
     rng = np.random.default_rng(0)
     n_series, length, first, z = 40, 400, 8, np.array([0.0, 1.2816, 2.3263])  # p50 / p90 / p99 of N(0, 1)
@@ -203,8 +203,8 @@ def test_utilization_ratio_is_served_by_the_duty_cycle_task(tmp_path):
 def test_point_source_is_chosen_on_validation_and_applied(tmp_path, small_helios_dir):
     """An untrained model's p50 is the last value; where the window median does better on the
     validation windows it is chosen instead, and the checkpoint's forecasts follow the choice."""
-    from dprobe.forecasting.model import select_point_sources
-    from dprobe.models.features import POINT_CANDIDATES
+    from dprobe.forecaster.features import POINT_CANDIDATES
+    from dprobe.forecaster.model import select_point_sources
 
     dm = SeriesDataModule([str(small_helios_dir)], context_length=32, val_samples=500)
     dm.setup()
@@ -227,7 +227,7 @@ def test_point_source_is_chosen_on_validation_and_applied(tmp_path, small_helios
                                                    leads=(6, 12, 24), step_seconds=300))
     np.testing.assert_allclose(f.point, [[12.0] * 3, [11.0] * 3])
     # a checkpoint chosen per regimes of another kind is refused, not misread
-    from dprobe.forecasting.loading import CheckpointError, load_forecaster
+    from dprobe.forecaster.loading import CheckpointError, load_forecaster
 
     torch.save({**obj, "regimes": ["moved", "held"]}, tmp_path / "other.pt")
     with pytest.raises(CheckpointError, match=r"other.pt.*per regime of \['moved', 'held'\].*train it again"):
@@ -235,7 +235,7 @@ def test_point_source_is_chosen_on_validation_and_applied(tmp_path, small_helios
 
 
 def test_window_regime_says_whether_the_last_step_moved() -> None:
-    from dprobe.models.features import window_regime
+    from dprobe.forecaster.features import window_regime
 
     nan = np.nan
     flat = [5.0] * 10
@@ -257,8 +257,8 @@ def test_onnx_export_forecasts_like_the_torch_model_without_torch(tmp_path):
     import subprocess
     import sys
 
-    from dprobe.forecasting.loading import CheckpointError, open_forecaster, read_checkpoint
-    from dprobe.forecasting.model import export_onnx
+    from dprobe.forecaster.loading import CheckpointError, open_forecaster, read_checkpoint
+    from dprobe.forecaster.model import export_onnx
 
     module = ForecasterModule(n_tasks=2, context_length=32, d_model=16, n_heads=2, n_layers=1)
     torch.manual_seed(0)
@@ -283,8 +283,8 @@ def test_onnx_export_forecasts_like_the_torch_model_without_torch(tmp_path):
     np.testing.assert_allclose(loaded.forecaster.predict(batch).quantiles, ref, rtol=1e-4, atol=1e-4)
 
     code = ("import sys, json, numpy as np\n"
-            "from dprobe.forecasting.loading import load_forecaster\n"
-            "from dprobe.forecasting.base import ForecastInput\n"
+            "from dprobe.forecaster.loading import load_forecaster\n"
+            "from dprobe.forecaster.base import ForecastInput\n"
             f"m = load_forecaster({str(onnx_path)!r})\n"
             "v = np.array(json.loads(sys.stdin.read()))\n"
             "q = m.predict(ForecastInput(values=v, metric='gpu_demand', leads=(3, 12, 24), step_seconds=300))\n"
@@ -306,7 +306,7 @@ def test_onnx_export_forecasts_like_the_torch_model_without_torch(tmp_path):
 
 def test_conformal_shifts_make_validation_coverage_nominal(small_helios_dir, tmp_path):
     """After the shifts, p90 / p99 cover 90 % / 99 % of the validation windows (all of them) they were fitted on."""
-    from dprobe.forecasting.model import conformal_shifts
+    from dprobe.forecaster.model import conformal_shifts
 
     dm = SeriesDataModule([str(small_helios_dir)], context_length=32, val_samples=100)
     dm.setup()
@@ -346,7 +346,7 @@ def test_conformal_shifts_make_validation_coverage_nominal(small_helios_dir, tmp
 def test_point_choice_needs_a_gain_across_series_not_in_one():
     """A candidate whose lower validation MAE comes from one series stays unchosen; one that is
     better on every series is chosen; the last value is the default."""
-    from dprobe.forecasting.model import _robust_choice
+    from dprobe.forecaster.model import _robust_choice
 
     rng = np.random.default_rng(0)
     names = ["model", "last_value", "median_5"]
@@ -368,8 +368,8 @@ def test_point_choice_needs_a_gain_across_series_not_in_one():
 
 
 def test_point_candidates_match_the_moving_median_baseline_across_gaps():
-    from dprobe.forecasting.baselines import moving_median_path
-    from dprobe.models.features import SIMPLE_POINTS, candidate_points, last_observed, window_scale
+    from dprobe.forecaster.baselines import moving_median_path
+    from dprobe.forecaster.features import SIMPLE_POINTS, candidate_points, last_observed, window_scale
 
     values = np.array([[5.0, np.nan, 7.0, 1.0, np.nan, np.nan, 9.0, np.nan]])
     last, scale = last_observed(values), window_scale(values, 1.0)
@@ -381,7 +381,7 @@ def test_point_candidates_match_the_moving_median_baseline_across_gaps():
 def test_served_model_point_stays_within_the_simple_forecasts():
     """A flat window's point is its last value whatever the network says; elsewhere the network's
     p50 is kept between the lowest and highest simple forecast (the last value counts, at 0)."""
-    from dprobe.models.features import SIMPLE_POINTS, served_point
+    from dprobe.forecaster.features import SIMPLE_POINTS, served_point
 
     n_cands = len(SIMPLE_POINTS)
     cands = np.zeros((3, n_cands))
@@ -402,8 +402,8 @@ def test_served_model_point_stays_within_the_simple_forecasts():
 def test_point_choice_prefers_the_cautious_model_point_unless_the_other_beats_it():
     """The last value is the default; the lowest-MAE candidate that beats it in 90 % of series
     resamples replaces it, and ``model`` must also beat ``model_recent`` to be chosen over it."""
-    from dprobe.forecasting.model import _robust_choice
-    from dprobe.models.features import POINT_CANDIDATES
+    from dprobe.forecaster.features import POINT_CANDIDATES
+    from dprobe.forecaster.model import _robust_choice
 
     names = list(POINT_CANDIDATES)
     rng = np.random.default_rng(0)
@@ -428,7 +428,7 @@ def test_point_choice_prefers_the_cautious_model_point_unless_the_other_beats_it
 
 
 def test_busy_windows_weigh_less_in_training_only(small_alibaba_dir):
-    from dprobe.models.features import change_factor, window_change
+    from dprobe.forecaster.features import change_factor, window_change
 
     x = np.array([[0.0, 1.0, 1.0, 3.0], [2.0, 2.0, 0.0, 0.0]])
     np.testing.assert_allclose(window_change(x, np.array([[1, 1, 1, 1], [1, 1, 0, 1]])), [1.0, 0.0])
@@ -485,8 +485,8 @@ def test_conformal_shifts_calibrate_what_is_served_after_the_point_choice():
     covered whatever the shift: the shift is calibrated on the others, not on all of them."""
     from types import SimpleNamespace
 
-    from dprobe.forecasting.model import conformal_shifts
-    from dprobe.models.features import SIMPLE_POINTS
+    from dprobe.forecaster.features import SIMPLE_POINTS
+    from dprobe.forecaster.model import conformal_shifts
 
     rng = np.random.default_rng(0)
     n = 4000
@@ -520,8 +520,8 @@ def test_quantiles_are_calibrated_per_regime_and_the_point_choice_starts_from_th
     The point choice of a regime must beat the choice made on all windows, not only the last value."""
     from types import SimpleNamespace
 
-    from dprobe.forecasting.model import _robust_choice, conformal_shifts
-    from dprobe.models.features import SIMPLE_POINTS
+    from dprobe.forecaster.features import SIMPLE_POINTS
+    from dprobe.forecaster.model import _robust_choice, conformal_shifts
 
     rng = np.random.default_rng(0)
     n = 6000

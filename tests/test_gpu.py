@@ -21,7 +21,7 @@ GIB = 1024**3
 
 def test_nvml_source_reads_the_gpu_and_this_process():
     """The sidecar's NVML source sees the GPU's used memory and this process's share, named by its pod."""
-    from dprobe.sources.nvml import NvmlSource
+    from dprobe.services.sources.nvml import NvmlSource
 
     block = torch.empty(GIB, dtype=torch.uint8, device="cuda")  # 1 GiB held while NVML looks
     torch.cuda.synchronize()
@@ -46,8 +46,8 @@ def test_forecaster_trains_on_the_gpu_and_its_checkpoint_loads_on_the_cpu(tmp_pa
                                                                           small_helios_dir):
     """``trainer=gpu`` (bf16 mixed precision) trains; the checkpoint forecasts on the CPU."""
     from dprobe.config import compose
-    from dprobe.forecasting.base import ForecastInput
-    from dprobe.forecasting.loading import load_forecaster
+    from dprobe.forecaster.base import ForecastInput
+    from dprobe.forecaster.loading import load_forecaster
     from dprobe.training import run
 
     dirs = f"{small_alibaba_dir},{small_helios_dir}"
@@ -114,7 +114,7 @@ def _measure_training(model_name: str, batch: int, precision: str, steps: int = 
 ])
 def test_cold_start_prediction_matches_a_real_training_step(model, batch, precision, step_rel):
     """``dprobe predict`` (no GPU needed) against the same job trained here for real."""
-    from dprobe.coldstart.predict import predict_job
+    from dprobe.profiling.coldstart.predict import predict_job
 
     pred = predict_job(model, batch, precision, "adamw")
     real = _measure_training(model, batch, precision)
@@ -131,7 +131,7 @@ def test_cold_start_prediction_matches_a_real_training_step(model, batch, precis
 def test_host_factor_from_one_host_bound_job_carries_to_another():
     """The documented recipe for a host of unknown speed: one host-bound job's measured step over its
     prediction at factor 1 gives ``--host-factor``, which then predicts another host-bound job's step."""
-    from dprobe.coldstart.predict import predict_job
+    from dprobe.profiling.coldstart.predict import predict_job
 
     calibration = ("transformers:GPT2Config/GPT2LMHeadModel", 8, "bf16")
     target = ("transformers:BertConfig/BertForSequenceClassification", 32, "bf16")

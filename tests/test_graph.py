@@ -178,8 +178,8 @@ TINY_T5 = json.dumps({"d_model": 32, "d_kv": 16, "d_ff": 64, "num_layers": 1, "n
 ])
 def test_example_inputs_beyond_images_and_token_ids(spec: str, kwargs: str | None, inputs: dict,
                                                     loss: str) -> None:
-    from dprobe.coldstart.replay import replay_training_step
     from dprobe.graph.zoo import build_module, example_inputs, parse_spec
+    from dprobe.profiling.coldstart.replay import replay_training_step
 
     parsed = parse_spec(spec, kwargs)
     ex = example_inputs(parsed, build_module(parsed), 2, labels=True)
@@ -195,8 +195,8 @@ def test_example_inputs_beyond_images_and_token_ids(spec: str, kwargs: str | Non
 def test_moe_experts_replay_with_batched_matmuls() -> None:
     """Mixtral's experts default to grouped GEMMs that refuse fp32 weights; the error says what to pass,
     and with it the model traces and replays."""
-    from dprobe.coldstart.replay import replay_training_step
     from dprobe.graph.zoo import parse_spec
+    from dprobe.profiling.coldstart.replay import replay_training_step
 
     tiny = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
             "num_key_value_heads": 1, "num_local_experts": 4, "vocab_size": 100}
@@ -245,8 +245,8 @@ def make_gated(width=8):
 
 
 def test_module_factory_with_keyword_example_inputs(tmp_path, monkeypatch) -> None:
-    from dprobe.coldstart.replay import replay_training_step
     from dprobe.graph.zoo import parse_spec
+    from dprobe.profiling.coldstart.replay import replay_training_step
 
     (tmp_path / "gated_model.py").write_text(GATED_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from dprobe import jobscale as js
+from dprobe.profiling import jobscale as js
 
 GIB = 2**30
 
@@ -137,7 +137,7 @@ def test_graph_memory_rule_by_hand():
 
 
 def test_conformal_shift_and_family_folds():
-    from dprobe.conformal import conformal_shift, family_folds, held_out_groups
+    from dprobe.core.conformal import conformal_shift, family_folds, held_out_groups
 
     scores = np.array([np.nan, *range(1, 20)], dtype=float)  # 19 scores, NaN ignored
     # level ceil(0.9 * (19 + 1)) / 19: between the 18th and 19th smallest, so at least 90 % of 20 covered
@@ -162,8 +162,8 @@ def test_conformal_shift_and_family_folds():
 def test_graph_dataset_carries_the_coldstart_utilisation(monkeypatch):
     """With graphs, each run gets the cold-start profiler's utilisation prediction (given, or cross-validated
     when not), as the graph variant's anchor and as an input; a run without one is refused by name."""
-    import dprobe.coldstart.train as cs_train
-    from dprobe.coldstart.features import FEATURES
+    import dprobe.profiling.coldstart.train as cs_train
+    from dprobe.profiling.coldstart.features import FEATURES
 
     plain = js.load_job_dataset("datasets/h200-profiles", cache_dir="unused", with_graphs=False)
     ids = plain["run_ids"]
@@ -261,7 +261,7 @@ def test_cli_predict_with_samples_of_a_bundled_run(tmp_path, capsys):
     assert main(args) == 0
     assert "next 10 s, from the first 1 s of samples" in capsys.readouterr().out
     # another kind of checkpoint, a damaged one, too few samples: refused and said why
-    assert main([*args, "--jobscale-checkpoint", "dprobe/coldstart/default_coldstart.pt"]) == 2
+    assert main([*args, "--jobscale-checkpoint", "dprobe/profiling/coldstart/default_coldstart.pt"]) == 2
     assert "not a dprobe job-scale checkpoint" in capsys.readouterr().err
     damaged = tmp_path / "damaged.pt"
     damaged.write_bytes(Path(js.DEFAULT_CHECKPOINT).read_bytes()[:500])

@@ -7,9 +7,9 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dprobe.coldstart import memtrack
 from dprobe.graph import meta_calls, recorder
 from dprobe.graph.meta_calls import RememberingMode, call_on_meta
+from dprobe.profiling.coldstart import memtrack
 
 
 def _layout(value):
@@ -138,8 +138,8 @@ def test_a_mode_below_sees_every_call_and_the_memory_ends_with_the_mode() -> Non
 def test_the_replay_is_the_same_with_and_without_memory(monkeypatch) -> None:
     """Every figure of a replay (bytes, kernels, flops, the allocator's trace) is unchanged, and most of
     its meta calls come from memory: the two training steps repeat each other."""
-    from dprobe.coldstart.replay import replay_training_step
     from dprobe.graph.zoo import parse_spec
+    from dprobe.profiling.coldstart.replay import replay_training_step
 
     spec = parse_spec("torchvision:resnet18")
     remembered = replay_training_step(spec, 2, "bf16", "adamw", image=32).to_dict()

@@ -118,9 +118,9 @@ def test_bad_sessions_are_refused_and_the_data_set_is_untouched(dataset, tmp_pat
 
 def test_training_uses_each_collections_gpu(dataset, tmp_path) -> None:
     """Runs from another GPU are featurised with that GPU's peak FLOP/s and memory; an unknown GPU is named."""
-    from dprobe.coldstart.features import FEATURES
-    from dprobe.coldstart.gpus import GPUS, gpu_key
-    from dprobe.coldstart.train import load_dataset
+    from dprobe.profiling.coldstart.features import FEATURES
+    from dprobe.profiling.coldstart.gpus import GPUS, gpu_key
+    from dprobe.profiling.coldstart.train import load_dataset
 
     assert [gpu_key(n) for n in ("NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB")] == \
         ["h200", "h100", "a100"]
@@ -160,7 +160,7 @@ def test_training_uses_each_collections_gpu(dataset, tmp_path) -> None:
 def test_a_run_whose_model_cannot_be_replayed_is_left_out_by_name(dataset, tmp_path, caplog) -> None:
     """One run of a model this install cannot build does not stop training on the others: it is left
     out, logged and listed with its reason; with no run left, the refusal names one."""
-    from dprobe.coldstart.train import load_dataset
+    from dprobe.profiling.coldstart.train import load_dataset
 
     small = tmp_path / "small"
     small.mkdir()
@@ -170,7 +170,7 @@ def test_a_run_whose_model_cannot_be_replayed_is_left_out_by_name(dataset, tmp_p
     keep.to_csv(small / "runs.csv", index=False)
     for name in ("samples", "steps", "env"):
         shutil.copy(dataset / f"{name}.{'json' if name == 'env' else 'csv'}", small)
-    with caplog.at_level("WARNING", logger="dprobe.coldstart.train"):
+    with caplog.at_level("WARNING", logger="dprobe.profiling.coldstart.train"):
         ds = load_dataset(str(small), tmp_path / "cache", progress=False)
     bad, good = keep["run_id"].tolist()
     # the same in worker processes filling the cache: the run that works is cached, the other reported

@@ -19,11 +19,11 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 
-from dprobe.scaler.config import ScalerConfig, WorkloadSpec, load_config
-from dprobe.scaler.demand import forecast_query, group_demand
-from dprobe.scaler.kube import KubernetesError, ScaleClient
-from dprobe.scaler.policy import Policy, RatePolicy, Recommender, ScalingRules
-from dprobe.scaler.service import Scaler
+from dprobe.services.scaler.config import ScalerConfig, WorkloadSpec, load_config
+from dprobe.services.scaler.demand import forecast_query, group_demand
+from dprobe.services.scaler.kube import KubernetesError, ScaleClient
+from dprobe.services.scaler.policy import Policy, RatePolicy, Recommender, ScalingRules
+from dprobe.services.scaler.service import Scaler
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_LIMIT = ScalingRules(0.0, (RatePolicy("percent", 1000, 15),))

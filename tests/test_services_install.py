@@ -19,7 +19,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from dprobe.lazy import FULL_INSTALL
+from dprobe.core.lazy import FULL_INSTALL
 
 REPO = Path(__file__).resolve().parent.parent
 REQUIREMENTS = REPO / "deploy" / "requirements-services.txt"

@@ -18,9 +18,9 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from dprobe.forecasting.base import QUANTILES, Forecast, ForecastInput
-from dprobe.forecasting.baselines import make_baseline
-from dprobe.forecasting.loading import (
+from dprobe.forecaster.base import QUANTILES, Forecast, ForecastInput
+from dprobe.forecaster.baselines import make_baseline
+from dprobe.forecaster.loading import (
     FORECASTER_LOADERS,
     SHIPPED_FORECASTER,
     CheckpointError,
@@ -28,15 +28,15 @@ from dprobe.forecasting.loading import (
     open_forecaster,
     serves,
 )
-from dprobe.sidecar.annotations import AnnotationPolicy, read_annotations
-from dprobe.sidecar.config import SidecarConfig, add_arguments, load_config
-from dprobe.sidecar.engine import ForecastEngine
-from dprobe.sidecar.graphs import GraphResolver
-from dprobe.sidecar.poller import SourcePoller
-from dprobe.sidecar.service import Sidecar
-from dprobe.sidecar.window import METRICS, WindowStore
-from dprobe.sources import Sample, SourceError
-from dprobe.sources.synthetic import SyntheticSource
+from dprobe.services.sidecar.annotations import AnnotationPolicy, read_annotations
+from dprobe.services.sidecar.config import SidecarConfig, add_arguments, load_config
+from dprobe.services.sidecar.engine import ForecastEngine
+from dprobe.services.sidecar.graphs import GraphResolver
+from dprobe.services.sidecar.poller import SourcePoller
+from dprobe.services.sidecar.service import Sidecar
+from dprobe.services.sidecar.window import METRICS, WindowStore
+from dprobe.services.sources import Sample, SourceError
+from dprobe.services.sources.synthetic import SyntheticSource
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -490,7 +490,7 @@ def test_the_shipped_forecaster_is_the_default_and_the_fallback(tmp_path: Path, 
                                                                  caplog: pytest.LogCaptureFixture) -> None:
     """Without --checkpoint the sidecar runs the forecaster shipped with dprobe (ONNX: no torch needed); a
     checkpoint that cannot be used falls back to it; --model NAME picks a baseline instead."""
-    import dprobe.forecasting.loading as loading
+    import dprobe.forecaster.loading as loading
 
     config = load_config({}, env={})
     assert (config.checkpoint, config.model) == (None, "dprobe")
@@ -534,7 +534,7 @@ def test_online_baseline_matches_the_baseline(name: str) -> None:
 
 # the process ---------------------------------------------------------------------------------
 def _sidecar_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "dprobe.sidecar", "--listen-address", "127.0.0.1", *args]
+    return [sys.executable, "-m", "dprobe.services.sidecar", "--listen-address", "127.0.0.1", *args]
 
 
 def test_refuses_to_start_on_bad_checkpoint(tmp_path: Path) -> None:
@@ -600,7 +600,7 @@ def test_a_failure_to_follow_the_annotations_does_not_stop_the_forecasts(caplog)
         raise RuntimeError("annotations file unreadable")
 
     sc.graphs.refresh = broken
-    with caplog.at_level(logging.ERROR, logger="dprobe.sidecar.service"):
+    with caplog.at_level(logging.ERROR, logger="dprobe.services.sidecar.service"):
         sc.start(serve=False)
         try:
             deadline = time.time() + 10
@@ -641,9 +641,9 @@ def test_a_failing_cycle_or_sink_does_not_stop_the_sidecar() -> None:
 
 def test_engine_runs_a_trained_model_checkpoint(tmp_path: Path) -> None:
     """A dprobe.pt checkpoint (trained on 57 s steps) serves a sidecar sampling every 10 s."""
-    from dprobe.forecasting.model import export_checkpoint
-    from dprobe.forecasting.tasks import TaskSpec
-    from dprobe.models.lightning_module import ForecasterModule
+    from dprobe.forecaster.model import export_checkpoint
+    from dprobe.forecaster.module import ForecasterModule
+    from dprobe.forecaster.tasks import TaskSpec
 
     module = ForecasterModule(n_tasks=2, context_length=32, d_model=16, n_heads=2, n_layers=1)
     specs = [TaskSpec("gpu_duty_cycle_pct", "alibaba-genai-2026", (5, 15, 30), 57.0, (), 4.0),
@@ -672,10 +672,10 @@ def test_engine_runs_a_trained_model_checkpoint(tmp_path: Path) -> None:
 def test_window_defaults_to_what_the_forecaster_reads(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """window_seconds 0: a checkpoint's context at its step (not a fixed hour that would leave half of it
     gaps); a baseline keeps an hour; a window set shorter than the checkpoint reads is kept, with a warning."""
-    from dprobe.forecasting.model import export_checkpoint
-    from dprobe.forecasting.tasks import TaskSpec
-    from dprobe.models.lightning_module import ForecasterModule
-    from dprobe.sidecar.service import BASELINE_WINDOW_SECONDS
+    from dprobe.forecaster.model import export_checkpoint
+    from dprobe.forecaster.module import ForecasterModule
+    from dprobe.forecaster.tasks import TaskSpec
+    from dprobe.services.sidecar.service import BASELINE_WINDOW_SECONDS
 
     module = ForecasterModule(n_tasks=2, context_length=32, d_model=16, n_heads=2, n_layers=1)
     specs = [TaskSpec("gpu_duty_cycle_pct", "alibaba-genai-2026", (5, 15, 30), 57.0, (), 4.0),
@@ -686,7 +686,7 @@ def test_window_defaults_to_what_the_forecaster_reads(tmp_path: Path, caplog: py
     assert sc.config.window_seconds == 32 * 120.0 and sc.store.length == 384  # the longer of the two tasks
     sc = Sidecar(_fast_config(window_seconds=0), sources=[Flaky()], model=open_forecaster(None, "last_value"))
     assert sc.config.window_seconds == BASELINE_WINDOW_SECONDS
-    with caplog.at_level(logging.WARNING, logger="dprobe.sidecar.service"):
+    with caplog.at_level(logging.WARNING, logger="dprobe.services.sidecar.service"):
         sc = Sidecar(_fast_config(window_seconds=600, step_seconds=10.0, horizons=[60]), sources=[Flaky()],
                      model=trained)
     assert sc.store.length == 60 and any("shorter than the 3840 s" in r.getMessage() for r in caplog.records)
@@ -697,9 +697,9 @@ def test_window_defaults_to_what_the_forecaster_reads(tmp_path: Path, caplog: py
 def test_a_checkpoint_for_other_metrics(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A checkpoint that forecasts only GPU memory serves memory, and utilisation is left out (not every
     cycle failing); one that forecasts neither is refused at start, or replaced by the baseline if asked."""
-    from dprobe.forecasting.model import export_checkpoint
-    from dprobe.forecasting.tasks import TaskSpec
-    from dprobe.models.lightning_module import ForecasterModule
+    from dprobe.forecaster.model import export_checkpoint
+    from dprobe.forecaster.module import ForecasterModule
+    from dprobe.forecaster.tasks import TaskSpec
 
     memory = TaskSpec("gpu_memory_bytes", "alibaba-genai-2026", (5, 15, 30), 57.0, (), 1e9)
     demand = TaskSpec("gpu_demand", "helios-earth-vc", (6, 12, 24), 300.0, (), 10.0)
@@ -710,7 +710,7 @@ def test_a_checkpoint_for_other_metrics(tmp_path: Path, caplog: pytest.LogCaptur
     store = WindowStore(step=10.0, length=100)
     for k in range(100):
         store.add([Sample("pod-a", 10.0 * k, 20e9, 0.25)])
-    with caplog.at_level(logging.WARNING, logger="dprobe.sidecar.engine"):
+    with caplog.at_level(logging.WARNING, logger="dprobe.services.sidecar.engine"):
         engine = ForecastEngine(store, loaded.forecaster, horizons=[60, 300], stale_after=30, drop_after=60,
                                 clock=lambda: 995.0)
     assert any("does not forecast gpu_utilization_ratio" in r.getMessage() for r in caplog.records)

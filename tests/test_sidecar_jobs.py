@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dprobe.coldstart.predict import predict_job
-from dprobe.forecasting.loading import open_forecaster
-from dprobe.sidecar.config import SidecarConfig, load_config
-from dprobe.sidecar.jobs import JobLimits, JobProfiles, JobSpec
-from dprobe.sidecar.service import Sidecar
-from dprobe.sources import Sample, SourceError
+from dprobe.forecaster.loading import open_forecaster
+from dprobe.profiling.coldstart.predict import predict_job
+from dprobe.services.sidecar.config import SidecarConfig, load_config
+from dprobe.services.sidecar.jobs import JobLimits, JobProfiles, JobSpec
+from dprobe.services.sidecar.service import Sidecar
+from dprobe.services.sources import Sample, SourceError
 
 RESULT = {"device_memory_bytes": {"p50": 5e9, "p90": 6e9}, "peak_memory_bytes": {"p50": 3e9, "p90": 3.2e9},
           "gpu_utilization": {"p50": 0.7, "p90": 0.9}, "step_time_seconds": {"p50": 0.1, "p90": 0.12}, "fits": "yes"}
@@ -112,9 +112,9 @@ def test_a_changed_annotation_changes_the_job_without_a_restart(tmp_path: Path,
     (["Tesla K80"], "h200"), ([], "h200")])
 def test_a_job_without_gpu_is_predicted_for_the_gpu_nvml_sees(monkeypatch: pytest.MonkeyPatch, names: list[str],
                                                              expected: str) -> None:
-    import dprobe.sources.nvml
+    import dprobe.services.sources.nvml
 
-    monkeypatch.setattr(dprobe.sources.nvml, "gpu_names", lambda: names)
+    monkeypatch.setattr(dprobe.services.sources.nvml, "gpu_names", lambda: names)
     jobs = JobProfiles({"a/*": "timm:resnet18 batch=2 gpu=l4"}, default="torchvision:resnet50 batch=4")
     assert (jobs.spec("b/x").gpu, jobs.spec("a/x").gpu) == (expected, "l4")
 

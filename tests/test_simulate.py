@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from dprobe.cli import main
-from dprobe.forecasting.base import QUANTILES, Forecast, ForecastInput
-from dprobe.scaler.policy import Policy, Recommender
+from dprobe.forecaster.base import QUANTILES, Forecast, ForecastInput
+from dprobe.services.scaler.policy import Policy, Recommender
 from dprobe.sim.cluster import SimConfig, simulate
 from dprobe.sim.jobs import JobTable, peak_demand
 from dprobe.sim.policies import (
@@ -219,7 +219,7 @@ def test_scaler_config_is_simulated_as_the_flags_that_say_the_same(capsys: pytes
 
 
 def test_the_shipped_forecaster_drives_the_forecast_policy(capsys: pytest.CaptureFixture[str]) -> None:
-    from dprobe.forecasting.loading import SHIPPED_FORECASTER, checkpoint_path
+    from dprobe.forecaster.loading import SHIPPED_FORECASTER, checkpoint_path
 
     assert (checkpoint_path("dprobe"), checkpoint_path(None), checkpoint_path("x.pt")) == (SHIPPED_FORECASTER, None,
                                                                                           "x.pt")

@@ -12,12 +12,12 @@ import numpy as np
 import pynvml
 import pytest
 
-from dprobe.sources import Sample, SourceError, screen_samples, target_name
-from dprobe.sources.dcgm import DcgmSource, parse_dcgm_text
-from dprobe.sources.nvml import NvmlSource, gpu_names, pod_of_cgroup
-from dprobe.sources.prometheus import PrometheusSource
-from dprobe.sources.replay import ReplaySource
-from dprobe.sources.synthetic import SyntheticSource
+from dprobe.services.sources import Sample, SourceError, screen_samples, target_name
+from dprobe.services.sources.dcgm import DcgmSource, parse_dcgm_text
+from dprobe.services.sources.nvml import NvmlSource, gpu_names, pod_of_cgroup
+from dprobe.services.sources.prometheus import PrometheusSource
+from dprobe.services.sources.replay import ReplaySource
+from dprobe.services.sources.synthetic import SyntheticSource
 
 MIB = 1024 * 1024
 DCGM_TEXT = """\

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dprobe.config import CONFIG_DIR, compose
-from dprobe.forecasting.base import ForecastInput
+from dprobe.forecaster.base import ForecastInput
 from dprobe.training import run
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "exp").glob("*.yaml"))
@@ -45,7 +45,7 @@ def test_every_experiment_composes_and_runs_fast_dev_run(exp, tmp_path, small_al
     assert cfg.data.datasets and "_target_" in cfg.model
     calls = []
     if cfg.coldstart.enabled:  # the profiler's own tests cover its training; here only the wiring
-        import dprobe.coldstart as coldstart
+        import dprobe.profiling.coldstart as coldstart
         from dprobe.data import load_h200_profiles
 
         def fake_train(data_dir, out_dir, **kw):
@@ -55,18 +55,18 @@ def test_every_experiment_composes_and_runs_fast_dev_run(exp, tmp_path, small_al
                     "cv_util": dict.fromkeys(ids, 0.5)}  # leave-family-out utilisation, for job scale
 
         monkeypatch.setattr(coldstart, "train_coldstart", fake_train)
-        import dprobe.jobscale as jobscale
+        import dprobe.profiling.jobscale as jobscale
 
         def no_second_cross_validation(*a, **k):
             raise AssertionError("job scale cross-validated the cold-start profiler again")
 
         monkeypatch.setattr(jobscale, "coldstart_utilisation", no_second_cross_validation)
     if cfg.jobscale.enabled and cfg.jobscale.use_graph:  # graphs and replays of every run: stand-ins here
-        import dprobe.coldstart.train as cs_train
-        from dprobe.coldstart.features import FEATURES
+        import dprobe.profiling.coldstart.train as cs_train
         from dprobe.data import load_h200_profiles
         from dprobe.graph import build_model_graph
         from dprobe.graph.encoder import graph_to_data
+        from dprobe.profiling.coldstart.features import FEATURES
 
         def fake_dataset(data_dir, cache_dir, **kw):
             ids = list(load_h200_profiles(data_dir).train_runs()["run_id"])
@@ -110,7 +110,7 @@ def test_training_writes_checkpoint_that_evaluates(tmp_path, small_alibaba_dir, 
     assert Path(tmp_path, "forecasts-helios-earth-vc.png").stat().st_size > 10_000
 
     # the checkpoint alone is enough to forecast, and loads with weights_only=True
-    from dprobe.forecasting.loading import load_forecaster
+    from dprobe.forecaster.loading import load_forecaster
 
     model = load_forecaster(summary["checkpoint"])
     onnx_model = load_forecaster(str(Path(summary["checkpoint"]).with_suffix(".onnx")))
@@ -215,7 +215,7 @@ def test_profilers_train_beside_the_forecaster_with_the_same_results(tmp_path, s
                                                                        monkeypatch, capsys):
     """With ``parallel_stages`` the h200-profiles models train in a second process while the forecaster trains
     on half the cores; every model is the one trained without it, but for the last digits."""
-    import dprobe.workers as workers
+    import dprobe.core.workers as workers
     from dprobe.training import side_by_side
 
     monkeypatch.setattr(workers, "available_cores", lambda: 2)  # as on the 2-core reference machine
@@ -242,7 +242,7 @@ def test_profilers_train_beside_the_forecaster_with_the_same_results(tmp_path, s
 def test_a_failing_profiler_stage_fails_the_run_by_name(tmp_path, small_alibaba_dir, small_h200_dir, monkeypatch):
     """A wrong profiles directory is refused before any training; an error in the second process reaches the
     caller with its message, after the forecaster's outputs are written."""
-    import dprobe.workers as workers
+    import dprobe.core.workers as workers
 
     monkeypatch.setattr(workers, "available_cores", lambda: 2)
     missing = tmp_path / "nowhere"
@@ -263,7 +263,7 @@ def test_a_failing_profiler_stage_fails_the_run_by_name(tmp_path, small_alibaba_
 def test_profilers_whose_process_died_train_after_the_forecaster(tmp_path, small_alibaba_dir, small_h200_dir,
                                                                  monkeypatch, caplog):
     """A second process killed (for memory, say) costs time, not the run: the models train in this one."""
-    import dprobe.workers as workers
+    import dprobe.core.workers as workers
 
     class Died:
         def __init__(self, *args, **kwargs) -> None:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from dprobe.workers import Beside
+from dprobe.core.workers import Beside
 
 
 def test_beside_hands_back_the_value():

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from dprobe.data.common import DatasetError
-from dprobe.data.windows import SeriesDataModule
 from dprobe.data.workloads import read_workloads, workload_dim, workload_vectors
-from dprobe.models.features import N_STATS
-from dprobe.models.forecaster import PatchForecaster
+from dprobe.forecaster.features import N_STATS
+from dprobe.forecaster.network import PatchForecaster
+from dprobe.forecaster.windows import SeriesDataModule
 
 
 def _net(d_cond: int = 5) -> PatchForecaster:
@@ -80,11 +80,11 @@ def test_unknown_model_in_workloads_csv_names_the_series(tmp_path) -> None:
 
 
 def test_workload_conditioned_model_exports_to_onnx(tmp_path) -> None:
-    from dprobe.forecasting.base import ForecastInput
-    from dprobe.forecasting.loading import open_forecaster, read_checkpoint
-    from dprobe.forecasting.model import export_checkpoint, export_onnx
-    from dprobe.forecasting.tasks import TaskSpec
-    from dprobe.models.lightning_module import ForecasterModule
+    from dprobe.forecaster.base import ForecastInput
+    from dprobe.forecaster.loading import open_forecaster, read_checkpoint
+    from dprobe.forecaster.model import export_checkpoint, export_onnx
+    from dprobe.forecaster.module import ForecasterModule
+    from dprobe.forecaster.tasks import TaskSpec
 
     module = ForecasterModule(n_tasks=1, context_length=32, d_model=16, n_heads=2, n_layers=1, use_graph=True)
     torch.manual_seed(1)
@@ -148,8 +148,8 @@ def test_training_with_workloads_csv_conditions_the_checkpoint(tmp_path, small_h
     from dataclasses import replace
 
     from dprobe.config import compose
-    from dprobe.forecasting.base import ForecastInput
-    from dprobe.forecasting.loading import load_forecaster
+    from dprobe.forecaster.base import ForecastInput
+    from dprobe.forecaster.loading import load_forecaster
     from dprobe.graph import build_model_graph
     from dprobe.training import run
 
@@ -180,7 +180,7 @@ def test_evaluation_gives_each_listed_series_its_graph(tmp_path, small_helios_di
     from dprobe.data import load_series_dataset
     from dprobe.data.workloads import workload_graphs
     from dprobe.evaluation import EvalConfig, evaluate_dataset
-    from dprobe.forecasting.baselines import make_baseline
+    from dprobe.forecaster.baselines import make_baseline
 
     data = tmp_path / "helios"
     shutil.copytree(small_helios_dir, data)

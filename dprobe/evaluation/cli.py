@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from dprobe.forecasting.baselines import BASELINES
+from dprobe.forecaster.baselines import BASELINES
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         check_plot_path(args.plot)
     models = {}
     if (args.checkpoint or "").lower() != "none":  # loaded first: a bad checkpoint is refused before the data is read
-        from dprobe.forecasting.loading import SHIPPED_FORECASTER, checkpoint_path, load_forecaster
+        from dprobe.forecaster.loading import SHIPPED_FORECASTER, checkpoint_path, load_forecaster
 
         checkpoint = checkpoint_path(args.checkpoint) or SHIPPED_FORECASTER
         models["dprobe"] = load_forecaster(checkpoint)

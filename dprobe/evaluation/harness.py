@@ -4,7 +4,7 @@ For each series and each lead h, every position t of the test span (the last
 ``test_fraction`` of the series, origins where ``t + h`` is still inside the
 series and observed) is a forecast origin: the method sees ``y[..t]`` and
 forecasts ``y[t + h]``. Baselines are computed as forecast paths over the
-whole series (see :mod:`dprobe.forecasting.baselines`), with quantiles from
+whole series (see :mod:`dprobe.forecaster.baselines`), with quantiles from
 their own errors already realised at t. Forecasters such as the trained model
 are called on windows ending at each origin, in batches.
 """
@@ -21,10 +21,10 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from tqdm.auto import tqdm
 
+from dprobe.core import metrics
 from dprobe.data import SeriesDataset
-from dprobe.evaluation import metrics
-from dprobe.forecasting.base import QUANTILES, Forecaster, ForecastInput
-from dprobe.forecasting.baselines import PathBaseline, conformal_quantiles, make_baseline
+from dprobe.forecaster.base import QUANTILES, Forecaster, ForecastInput
+from dprobe.forecaster.baselines import PathBaseline, conformal_quantiles, make_baseline
 
 log = logging.getLogger(__name__)
 

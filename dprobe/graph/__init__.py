@@ -1,6 +1,6 @@
 """Model graphs: turn a model (nn.Module, ONNX file or zoo name) into a portable ModelGraph."""
 
-from dprobe.lazy import lazy_exports
+from dprobe.core.lazy import lazy_exports
 
 _EXPORTS = {
     "build_model_graph": "dprobe.graph.build",

@@ -19,7 +19,7 @@ policies:
   static    a fixed quota per VC: the --static-percentile of the VC's demand (every job started at
             submission) over the first --static-warmup of the log, at least the largest job seen there
             (chosen with hindsight), or --static-gpus for every VC
-  reactive  the scaler's policy (dprobe.scaler.policy) fed the load now: GPUs held + GPUs queued
+  reactive  the scaler's policy (dprobe.services.scaler.policy) fed the load now: GPUs held + GPUs queued
   forecast  the same policy fed the --quantile of the demand forecast --horizon ahead (the checkpoint's
             gpu_demand model with --checkpoint, else the last-value baseline with conformal quantiles)
 
@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from dprobe.evaluation.report import check_plot_path
-    from dprobe.forecasting.loading import checkpoint_path
+    from dprobe.forecaster.loading import checkpoint_path
     from dprobe.sim.cluster import SimConfig, check_span, simulate
     from dprobe.sim.jobs import DAY, bundled_dir, load_jobs, peak_demand
     from dprobe.sim.policies import (
@@ -179,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     setup = (forecast_setup(checkpoint_path(args.checkpoint), args.interval, horizon, args.quantile)
              if "forecast" in names else None)
     if args.scaler_config:  # read before the log: a bad file is refused at once
-        from dprobe.scaler.config import load_config
+        from dprobe.services.scaler.config import load_config
 
         configured = load_config({"config": args.scaler_config}, env={}).gpu_policy()
     directory = args.data or str(bundled_dir())

@@ -1,7 +1,7 @@
 """How each virtual cluster's GPU quota is set: fixed, reactive, or from a demand forecast.
 
-``reactive`` and ``forecast`` run the scaler's own code (:mod:`dprobe.scaler.policy`): one
-:class:`~dprobe.scaler.policy.Recommender` per VC, where a replica is one GPU of the VC's quota
+``reactive`` and ``forecast`` run the scaler's own code (:mod:`dprobe.services.scaler.policy`): one
+:class:`~dprobe.services.scaler.policy.Recommender` per VC, where a replica is one GPU of the VC's quota
 and the demand is in GPUs (``target=1.0``). They differ only in the demand they feed it.
 """
 
@@ -12,8 +12,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from dprobe.forecasting.base import QUANTILES, Forecaster, ForecastInput
-from dprobe.scaler.policy import DEFAULT_SCALE_DOWN, DEFAULT_SCALE_UP, Policy, RatePolicy, Recommender
+from dprobe.forecaster.base import QUANTILES, Forecaster, ForecastInput
+from dprobe.services.scaler.policy import (
+    DEFAULT_SCALE_DOWN,
+    DEFAULT_SCALE_UP,
+    Policy,
+    RatePolicy,
+    Recommender,
+)
 from dprobe.sim.jobs import JobTable, sample_step_function, unconstrained_demand
 from dprobe.sim.view import ClusterView
 
@@ -181,8 +187,8 @@ class ForecastSetup:
 def forecast_setup(checkpoint: str | None, interval: float, horizon: float, quantile: float) -> ForecastSetup:
     """The checkpoint's ``gpu_demand`` forecaster sampled at its own step (or the decision interval,
     if finer), or without a checkpoint the last-value baseline with conformal quantiles."""
-    from dprobe.forecasting.baselines import make_baseline
-    from dprobe.forecasting.loading import open_forecaster
+    from dprobe.forecaster.baselines import make_baseline
+    from dprobe.forecaster.loading import open_forecaster
 
     levels = QUANTILES
     if checkpoint:

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dprobe.forecasting.loading import open_forecaster
-from dprobe.sidecar.config import SidecarConfig
-from dprobe.sidecar.service import Sidecar
-from dprobe.sources.dcgm import DcgmSource
+from dprobe.forecaster.loading import open_forecaster
+from dprobe.services.sidecar.config import SidecarConfig
+from dprobe.services.sidecar.service import Sidecar
+from dprobe.services.sources.dcgm import DcgmSource
 
 pytestmark = pytest.mark.integration
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"

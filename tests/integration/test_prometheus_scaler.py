@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dprobe.forecasting.loading import open_forecaster
-from dprobe.scaler.config import ScalerConfig
-from dprobe.scaler.service import Scaler
-from dprobe.sidecar.config import SidecarConfig
-from dprobe.sidecar.service import Sidecar
-from dprobe.sources.dcgm import DcgmSource
+from dprobe.forecaster.loading import open_forecaster
+from dprobe.services.scaler.config import ScalerConfig
+from dprobe.services.scaler.service import Scaler
+from dprobe.services.sidecar.config import SidecarConfig
+from dprobe.services.sidecar.service import Sidecar
+from dprobe.services.sources.dcgm import DcgmSource
 
 pytestmark = pytest.mark.integration
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"

@@ -8,14 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dprobe.forecasting.base import ForecastInput
-from dprobe.forecasting.baselines import make_baseline
-from dprobe.forecasting.loading import open_forecaster
-from dprobe.sidecar.config import SidecarConfig
-from dprobe.sidecar.service import Sidecar
-from dprobe.sidecar.window import METRICS
-from dprobe.sources.dcgm import DcgmSource
-from dprobe.sources.replay import ReplaySource
+from dprobe.forecaster.base import ForecastInput
+from dprobe.forecaster.baselines import make_baseline
+from dprobe.forecaster.loading import open_forecaster
+from dprobe.services.sidecar.config import SidecarConfig
+from dprobe.services.sidecar.service import Sidecar
+from dprobe.services.sidecar.window import METRICS
+from dprobe.services.sources.dcgm import DcgmSource
+from dprobe.services.sources.replay import ReplaySource
 
 pytestmark = pytest.mark.integration
 

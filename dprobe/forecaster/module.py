@@ -1,0 +1,73 @@
+"""LightningModule around :class:`PatchForecaster`: pinball loss over p50 / p90 / p99, per-task metrics."""
+
+from __future__ import annotations
+
+import pytorch_lightning as pl
+import torch
+import torchmetrics
+from torch import Tensor
+
+from dprobe.forecaster.base import QUANTILES
+from dprobe.forecaster.network import build_network
+
+
+def pinball_loss(pred: Tensor, target: Tensor, levels: Tensor, weight: Tensor | None = None) -> Tensor:
+    """Mean pinball loss; pred ``[B, H, Q]``, target ``[B, H]`` with NaN where unknown (ignored).
+
+    ``weight`` ``[B]`` rescales rows (tasks whose errors are larger in window units count less).
+    """
+    mask = ~torch.isnan(target)
+    if weight is not None:
+        mask = mask * weight.unsqueeze(-1)
+    diff = torch.nan_to_num(target).unsqueeze(-1) - pred  # [B, H, Q]
+    loss = torch.maximum(levels * diff, (levels - 1) * diff)
+    loss = loss * mask.unsqueeze(-1)
+    return loss.sum() / (mask.sum() * len(levels)).clamp(min=1)
+
+
+class ForecasterModule(pl.LightningModule):
+    """Trains one global forecaster over every task (metric of a data set) in the data module."""
+
+    def __init__(self, n_tasks: int, n_leads: int = 3, context_length: int = 128, patch_len: int = 16,
+                 stride: int = 8, d_model: int = 64, n_heads: int = 4, n_layers: int = 2, dropout: float = 0.1,
+                 lr: float = 1e-3, weight_decay: float = 1e-4, quantiles: tuple[float, ...] = QUANTILES,
+                 use_graph: bool = False, d_graph: int = 0) -> None:
+        super().__init__()
+        if use_graph and not d_graph:  # the checkpoint records the workload vector's length
+            from dprobe.data.workloads import workload_dim
+
+            d_graph = workload_dim()
+        self.save_hyperparameters()
+        self.net = build_network(n_tasks, n_leads, context_length, patch_len, stride, d_model, n_heads, n_layers,
+                                 dropout, quantiles, use_graph, d_graph)
+        self.register_buffer("levels", torch.tensor(quantiles, dtype=torch.float32), persistent=False)
+        self.val_mae = torchmetrics.MeanMetric()
+
+    def forward(self, x: Tensor, stats: Tensor, task: Tensor, cond: Tensor | None = None,
+                known: Tensor | None = None) -> Tensor:
+        return self.net(x, stats, task, cond, known)
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        pred = self(batch["x"], batch["s"], batch["task"], batch.get("c"), batch.get("k"))
+        loss = pinball_loss(pred, batch["y"], self.levels, batch.get("w"))
+        self.log("train/pinball", loss, prog_bar=True, batch_size=len(batch["x"]))
+        return loss
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        pred = self(batch["x"], batch["s"], batch["task"], batch.get("c"), batch.get("k"))
+        loss = pinball_loss(pred, batch["y"], self.levels)
+        mask = ~torch.isnan(batch["y"])
+        err = (pred[..., 0] - torch.nan_to_num(batch["y"])).abs()[mask]
+        self.val_mae.update(err)
+        self.log("val/pinball", loss, prog_bar=True, batch_size=len(batch["x"]), sync_dist=True)
+
+    def on_validation_epoch_end(self) -> None:
+        self.log("val/mae_p50", self.val_mae.compute(), sync_dist=True)
+        self.val_mae.reset()
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        if self.trainer is None or not self.trainer.max_epochs or self.trainer.max_epochs < 0:
+            return opt
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, self.trainer.max_epochs))
+        return {"optimizer": opt, "lr_scheduler": sched}

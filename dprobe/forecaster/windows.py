@@ -1,0 +1,266 @@
+"""Training windows for the forecaster: a LightningDataModule over the bundled series.
+
+Each (data set, metric) pair is a *task* with its own lead times. Where a directory has a
+``workloads.csv``, its series carry a workload vector (:mod:`dprobe.data.workloads`). Series are
+split in time: origins whose forecasts end before ``val_start`` of a series
+train, origins in ``[val_start, test_start)`` validate, and the last
+``1 - test_start`` of every series is left for ``dprobe evaluate``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
+
+from dprobe.data.registry import load_series_dataset
+from dprobe.data.workloads import workload_vectors
+from dprobe.forecaster.features import (
+    candidate_points,
+    change_factor,
+    make_features,
+    normalise_targets,
+    window_change,
+    window_regime,
+    window_scale,
+)
+from dprobe.forecaster.tasks import TaskSpec
+
+
+@dataclass
+class TaskSeries:
+    spec: TaskSpec
+    values: np.ndarray  # (S, T_max) NaN-padded on the right
+    covariates: np.ndarray | None  # (S, T_max, C)
+    lengths: np.ndarray  # (S,)
+    workload: np.ndarray  # (S, D) workload vectors (dprobe.data.workloads), zeros where unknown
+    known: np.ndarray  # (S,) bool: the series' workload is known
+
+    def windows(self, series: np.ndarray, origin: np.ndarray, context: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """The ``context`` steps up to each ``origin`` (inclusive) of ``series``: values ``(N, context)`` and
+        covariates ``(N, context, C)`` (None without any), NaN before a series starts."""
+        idx = origin[:, None] + np.arange(-context + 1, 1)[None, :]
+        valid = idx >= 0
+        at = (series[:, None], np.clip(idx, 0, None))
+        values = np.where(valid, self.values[at], np.nan)
+        cov = None if self.covariates is None else np.where(valid[..., None], self.covariates[at], np.nan)
+        return values, cov
+
+
+@dataclass(frozen=True)
+class ChangeWeighting:
+    """What :func:`change_factor` needs to weigh a window by how busy it is, per task."""
+
+    typical: list[float]  # per task: the median change of its training windows
+    mean: list[float]  # per task: the factor's mean there (divided out, so the task's share stays)
+    calm_weight: float  # the most a calm or flat window counts, relative to a typical one
+
+
+class _Origins(Dataset):
+    """Rows (task, series, origin); windows are gathered in ``WindowCollate``."""
+
+    def __init__(self, rows: np.ndarray) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.rows[i]
+
+
+class WindowCollate:
+    """Gather the windows and future targets of a batch of (task, series, origin) rows."""
+
+    def __init__(self, tasks: list[TaskSeries], context_length: int, task_weights: list[float],
+                 covariate_dropout: float = 0.0, seed: int = 0,
+                 change_weighting: ChangeWeighting | None = None) -> None:
+        self.tasks, self.context, self.task_weights = tasks, context_length, task_weights
+        self.covariate_dropout = covariate_dropout
+        self.change_weighting = change_weighting
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, rows: list[np.ndarray]) -> dict[str, torch.Tensor]:
+        rows_arr = np.stack(rows)
+        feats, stats, targets, task_ids, weights, cond, known, points, scales, series, regimes = (
+            [] for _ in range(11))
+        for k, ts in enumerate(self.tasks):
+            sel = np.flatnonzero(rows_arr[:, 0] == k)
+            if not len(sel):
+                continue
+            s, t = rows_arr[sel, 1], rows_arr[sel, 2]
+            vals, cov = ts.windows(s, t, self.context)
+            if cov is not None and self.covariate_dropout > 0:  # as online, where request rates may not be scraped
+                cov[self.rng.random(len(cov)) < self.covariate_dropout] = np.nan
+            x, st, last, scale = make_features(vals, cov, ts.spec.scale_floor)
+            fut = ts.values[s[:, None], t[:, None] + np.asarray(ts.spec.leads)[None, :]]
+            feats.append(x)
+            stats.append(st)
+            points.append(candidate_points(vals, last, scale))
+            regimes.append(window_regime(vals))
+            scales.append(scale)
+            series.append(s)
+            w = np.full(len(sel), self.task_weights[k], dtype=np.float32)
+            if self.change_weighting is not None:
+                cw = self.change_weighting
+                factor = change_factor(window_change(x[..., 0], x[..., 1]), cw.typical[k], cw.calm_weight) / cw.mean[k]
+                w = (w * factor).astype(np.float32)
+            weights.append(w)
+            targets.append(normalise_targets(fut, last, scale))
+            task_ids.append(np.full(len(sel), k))
+            cond.append(ts.workload[s])
+            known.append(ts.known[s])
+        return {
+            "x": torch.from_numpy(np.concatenate(feats)).float(),
+            "s": torch.from_numpy(np.concatenate(stats)).float(),
+            "w": torch.from_numpy(np.concatenate(weights)).float(),
+            "y": torch.from_numpy(np.concatenate(targets)).float(),
+            "task": torch.from_numpy(np.concatenate(task_ids)).long(),
+            "c": torch.from_numpy(np.concatenate(cond)).float(),
+            "k": torch.from_numpy(np.concatenate(known)),
+            "p": torch.from_numpy(np.concatenate(points)).float(),  # simple point forecasts, window units
+            "scale": torch.from_numpy(np.concatenate(scales)).float(),  # window units -> the metric's units
+            "series": torch.from_numpy(np.concatenate(series)).long(),  # index of the series in its task
+            "r": torch.from_numpy(np.concatenate(regimes)).long(),  # what the last step did (REGIMES)
+        }
+
+
+class SeriesDataModule(pl.LightningDataModule):
+    """Windows of every metric of the given series data sets (alibaba-genai-2026, helios-earth-vc layouts)."""
+
+    def __init__(self, datasets: list[str], context_length: int = 128, batch_size: int = 256,
+                 samples_per_epoch: int = 20000, val_samples: int = 4000, val_start: float = 0.6,
+                 test_start: float = 0.7, min_history: int = 16, num_workers: int = 0, seed: int = 0,
+                 workload_cache: str | None = None, covariate_dropout: float = 0.0,
+                 calm_weight: float | None = None) -> None:
+        super().__init__()
+        if calm_weight is not None and not calm_weight >= 1:
+            raise ValueError(f"calm_weight must be at least 1 (how many times a calm window may count, relative "
+                             f"to a typical one), or null to weigh every window alike; got {calm_weight!r}")
+        self.save_hyperparameters()
+        self.tasks: list[TaskSeries] = []
+        self._train_rows = self._val_rows = None
+        self.task_weights: list[float] = []
+        self.change_weighting: tuple[list[float], list[float], float] | None = None
+
+    @property
+    def task_specs(self) -> list[TaskSpec]:
+        return [t.spec for t in self.tasks]
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.tasks:
+            return
+        hp = self.hparams
+        train_rows, val_rows = [], []
+        for directory in hp.datasets:
+            ds = load_series_dataset(Path(directory))
+            covs = ds.covariate_arrays()
+            workload_ids: list[str] | None = None
+            for target in ds.targets:
+                arrays = ds.arrays(target)
+                ids = sorted(arrays)
+                t_max = max(len(a) for a in arrays.values())
+                values = np.full((len(ids), t_max), np.nan)
+                cov = np.full((len(ids), t_max, len(ds.covariates)), np.nan) if ds.covariates else None
+                lengths = np.array([len(arrays[u]) for u in ids])
+                for i, u in enumerate(ids):
+                    values[i, : lengths[i]] = arrays[u]
+                    if cov is not None:
+                        cov[i, : lengths[i]] = covs[u]
+                train_part = [arrays[u][: int(len(arrays[u]) * hp.val_start)] for u in ids]
+                levels = window_scale(np.array([[np.nanmean(np.abs(a)) if np.isfinite(a).any() else np.nan]
+                                                for a in train_part]), 0.0)
+                floor = float(0.5 * np.median(levels[levels > 0])) if (levels > 0).any() else 1.0
+                spec = TaskSpec(name=target, dataset=ds.name, leads=ds.lead_steps,
+                                step_seconds=ds.freq.total_seconds(), covariates=tuple(ds.covariates),
+                                scale_floor=floor)
+                if workload_ids != ids:  # the same series for every target of a data set: computed once
+                    workload, known = workload_vectors(directory, [str(u) for u in ids], hp.workload_cache)
+                    workload_ids = ids
+                k = len(self.tasks)
+                self.tasks.append(TaskSeries(spec=spec, values=values, covariates=cov, lengths=lengths,
+                                             workload=workload, known=known))
+                h = max(ds.lead_steps)
+                for i, n in enumerate(lengths):
+                    v0, t0 = int(n * hp.val_start), int(n * hp.test_start)
+                    observed = np.cumsum(~np.isnan(values[i, :n]))
+                    ok = np.flatnonzero(observed >= hp.min_history)
+                    tr = ok[ok + h < v0]
+                    va = ok[(ok >= v0) & (ok + h < t0)]
+                    train_rows.append(np.stack([np.full(len(tr), k), np.full(len(tr), i), tr], axis=1))
+                    val_rows.append(np.stack([np.full(len(va), k), np.full(len(va), i), va], axis=1))
+        self._train_rows = np.concatenate(train_rows).astype(np.int64)
+        val = np.concatenate(val_rows).astype(np.int64)
+        self._calibration_rows = val  # every validation window: point choice and quantile calibration
+        rng = np.random.default_rng(hp.seed)
+        if len(val) > hp.val_samples:
+            val = val[rng.choice(len(val), hp.val_samples, replace=False)]
+        self._val_rows = val
+        self.task_weights, self.change_weighting = self._balance_tasks(rng)
+        if not len(self._train_rows):
+            raise ValueError(f"no training windows in {hp.datasets}: series too short for the lead times")
+
+    def _balance_tasks(self, rng: np.random.Generator, n: int = 2000
+                       ) -> tuple[list[float], ChangeWeighting | None]:
+        """Per-task loss weights: 1 / the last-value forecast's mean error in window units; and, with
+        ``calm_weight``, what :func:`change_factor` needs per task (its windows' median change and
+        the factor's mean, so that the task's share of the loss stays as it was).
+
+        Without the task weights the task with the noisiest windows (duty cycle spikes) would
+        dominate the loss and the smooth ones (memory) would be ignored. Within a task, a window's
+        errors in window units grow with how busy it is, so busy windows would drown out the calm
+        ones, where the last value is hard to beat; ``calm_weight`` evens that out.
+        """
+        rows = self._train_rows
+        calm = self.hparams.calm_weight
+        collate = WindowCollate(self.tasks, self.hparams.context_length, [1.0] * len(self.tasks))
+        weights, typical, mean = [], [], []
+        for k in range(len(self.tasks)):
+            sel = rows[rows[:, 0] == k]
+            sel = sel[rng.choice(len(sel), min(n, len(sel)), replace=False)]
+            batch = collate(list(sel))
+            y = batch["y"].numpy()
+            err = float(np.nanmean(np.abs(y))) if np.isfinite(y).any() else 1.0
+            weights.append(1.0 / max(err, 1e-3))
+            if calm is not None:
+                x = batch["x"].numpy()
+                change = window_change(x[..., 0], x[..., 1])
+                typical.append(max(float(np.median(change)), 1e-6))
+                mean.append(float(change_factor(change, typical[-1], calm).mean()))
+        total = float(np.mean(weights))
+        return [w / total for w in weights], (ChangeWeighting(typical, mean, float(calm)) if calm is not None else None)
+
+    def _loader(self, rows: np.ndarray, sampler=None, shuffle: bool = False, train: bool = False) -> DataLoader:
+        hp = self.hparams
+        collate = WindowCollate(self.tasks, hp.context_length, self.task_weights,
+                                hp.covariate_dropout if train else 0.0, hp.seed,
+                                self.change_weighting if train else None)
+        return DataLoader(_Origins(rows), batch_size=hp.batch_size, sampler=sampler, shuffle=shuffle,
+                          collate_fn=collate, num_workers=hp.num_workers, persistent_workers=hp.num_workers > 0)
+
+    def train_dataloader(self) -> DataLoader:
+        rows = self._train_rows
+        counts = np.bincount(rows[:, 0], minlength=len(self.tasks)).astype(float)
+        weights = 1.0 / counts[rows[:, 0]]  # every task drawn equally often
+        n = min(self.hparams.samples_per_epoch, len(rows) * 4)
+        gen = torch.Generator().manual_seed(self.hparams.seed)
+        sampler = WeightedRandomSampler(torch.as_tensor(weights), num_samples=n, replacement=True, generator=gen)
+        return self._loader(rows, sampler=sampler, train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        """``val_samples`` windows drawn from the validation span, for early stopping each epoch."""
+        return self._loader(self._val_rows)
+
+    @property
+    def calibration_rows(self) -> np.ndarray:
+        """``(N, 3)`` (task, series, origin) of every window of the validation span."""
+        return self._calibration_rows
+
+    def calibration_dataloader(self) -> DataLoader:
+        """Every window of the validation span, for choosing the point forecast and calibrating the
+        quantiles after training (one pass, so it can afford more windows than each epoch's check)."""
+        return self._loader(self._calibration_rows)

@@ -1,1 +1,0 @@
-"""Neural models: the DProbe forecaster (metric window + workload conditioning -> quantiles)."""

@@ -1,0 +1,104 @@
+"""``dprobe predict MODEL``: cold-start prediction of a training job's memory, utilisation and step time."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from dprobe.graph.cli import add_model_args
+    from dprobe.profiling.coldstart.gpus import GPUS
+
+    p = subparsers.add_parser("predict", help="cold-start prediction of a training job from its model",
+                              description="Predict the training peak of the PyTorch allocator, device memory "
+                              "(NVML), GPU utilisation and step time, each p50 and p90, from MODEL alone; with --samples, "
+                              "once the job has started, also where its memory and utilisation are heading over "
+                              "the next 10 s.")
+    add_model_args(p)
+    p.add_argument("--batch", type=int, required=True, help="training batch size")
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16", "bf16-pure"], default="fp32",
+                   help="fp32; bf16 or fp16 autocast, weights in fp32; bf16-pure: the model in bf16 "
+                   "(model.to(torch.bfloat16): weights, gradients and optimizer states) with bf16 autocast "
+                   "(default fp32)")
+    p.add_argument("--optimizer", choices=["adamw", "adam", "sgd"], default="adamw",  # replay.OPTIMIZERS
+                   help="adamw and adam keep two states per parameter, sgd (with momentum) one (default adamw)")
+    p.add_argument("--grad-checkpointing", action="store_true",
+                   help="the job turns on gradient (activation) checkpointing of a transformers or timm model "
+                   "(gradient_checkpointing_enable(), set_grad_checkpointing()): blocks keep their inputs only "
+                   "and recompute in backward")
+    p.add_argument("--checkpoint", default=None, metavar="CKPT",
+                   help="cold-start checkpoint (default: the one shipped with dprobe)")
+    p.add_argument("--gpu", choices=list(GPUS), default="h200",
+                   help="the GPU's memory, peak FLOP/s and bandwidth; the output's note says when the "
+                   "checkpoint never saw a run on it (the shipped one learnt from H200 runs; default h200)")
+    p.add_argument("--host-stall", type=float, default=0.0, metavar="SECONDS",
+                   help="seconds per step, on average, the GPU waits on the host: data loading, evaluation, "
+                   "checkpointing (e.g. 0.25 s every 25 steps = 0.01); lowers utilisation (default 0)")
+    p.add_argument("--host-factor", type=float, default=1.0, metavar="X",
+                   help="how slowly this machine's host (CPU, Python, driver) issues GPU ops against the "
+                   "typical machine the checkpoint learnt from: a host-bound job's measured step time there "
+                   "divided by this prediction of it at 1 (default 1); moves step time and utilisation")
+    p.add_argument("--samples", default=None, metavar="CSV",
+                   help="the job's GPU samples since it started, one every ~0.1 s: nvidia-smi's CSV of "
+                   "timestamp, utilization.gpu, memory.used and memory.total (nvidia-smi --query-gpu=... "
+                   "--format=csv -lms 100), or dprobe's samples.csv columns; adds where its memory and "
+                   "utilisation are heading over the next 10 s, from its first second (job_scale)")
+    p.add_argument("--jobscale-checkpoint", default=None, metavar="CKPT",
+                   help="job-scale checkpoint for --samples (default: the one shipped with dprobe; "
+                   "train.py writes jobscale/jobscale.pt)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def predict_from_args(args: argparse.Namespace) -> dict:
+    """The prediction ``dprobe predict`` prints, for its parsed arguments."""
+    from dprobe.data.gpu_samples import read_gpu_samples
+    from dprobe.profiling.coldstart.predict import predict_job
+
+    samples = read_gpu_samples(args.samples) if args.samples else None
+    return predict_job(args.model, args.batch, precision=args.precision, optimizer=args.optimizer,
+                       image=args.image, seq=args.seq, config_kwargs=args.config_kwargs,
+                       checkpoint=args.checkpoint, gpu=args.gpu, host_stall_s=args.host_stall,
+                       host_factor=args.host_factor, samples=samples, jobscale_checkpoint=args.jobscale_checkpoint,
+                       grad_checkpointing=args.grad_checkpointing)
+
+
+def run(args: argparse.Namespace) -> int:
+    result = predict_from_args(args)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    gib = 1 << 30
+    stall = f", host stall {1000 * args.host_stall:g} ms a step" if args.host_stall else ""
+    stall += f", host factor {args.host_factor:g}" if args.host_factor != 1.0 else ""
+    print(f"{args.model} batch {args.batch} {args.precision} {args.optimizer} on {args.gpu}{stall} "
+          f"({result['method']})")
+    print(f"  allocator peak  {result['peak_memory_bytes']['p50'] / gib:8.2f} GiB (p90 "
+          f"{result['peak_memory_bytes']['p90'] / gib:.2f})")
+    print(f"  device memory   {result['device_memory_bytes']['p50'] / gib:8.2f} GiB (p90 "
+          f"{result['device_memory_bytes']['p90'] / gib:.2f})")
+    print(f"  GPU utilisation {100 * result['gpu_utilization']['p50']:8.1f} %   (p90 "
+          f"{100 * result['gpu_utilization']['p90']:.1f})")
+    print(f"  step time       {1000 * result['step_time_seconds']['p50']:8.1f} ms  (p90 "
+          f"{1000 * result['step_time_seconds']['p90']:.1f})")
+    if result["fits"] != "yes":
+        why = ("out of memory: the allocator peak alone is more" if result["fits"] == "no"
+               else "the device memory's p90 is more")
+        print(f"  {'will not fit' if result['fits'] == 'no' else 'may not fit'} on the {args.gpu.upper()} at batch "
+              f"{args.batch} ({why} than its {result['gpu_memory_bytes'] / gib:.1f} GiB); try a smaller --batch, "
+              "bf16 or sgd")
+    if "job_scale" in result:
+        js = result["job_scale"]
+        mem, util = js["memory_plateau_bytes"], js["gpu_utilization"]
+        print(f"  next {js['horizon_seconds']:g} s, from the first {js['after_seconds']:g} s of samples "
+              f"({js['samples_used']}):")
+        print(f"  memory plateau  {mem['p50'] / gib:8.2f} GiB (p90 {mem['p90'] / gib:.2f}, p99 {mem['p99'] / gib:.2f})")
+        print(f"  GPU utilisation {100 * util['p50']:8.1f} %   (p90 {100 * util['p90']:.1f}, "
+              f"p99 {100 * util['p99']:.1f})")
+    if result["unknown_nodes"]:
+        print(f"  note: {result['unknown_nodes']} graph node(s) had unknown ops", file=sys.stderr)
+    for note in filter(None, result.get("note", "").split("; ")):
+        print(f"  note: {note}", file=sys.stderr)
+    return 0

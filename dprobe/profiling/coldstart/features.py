@@ -1,0 +1,125 @@
+"""Static + analytical features of a training job, with a disk cache of the meta replay."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from dprobe.graph.encoder import spec_key
+from dprobe.graph.schema import write_atomically
+from dprobe.graph.zoo import parse_spec
+from dprobe.profiling.coldstart.gpus import GPUSpec
+from dprobe.profiling.coldstart.memtrack import BACKWARD, FORWARD, OP_CLASSES, OPTIMIZER, TENSOR_CORE_CLASSES
+from dprobe.profiling.coldstart.replay import TWO_STATE_OPTIMIZERS, ReplayEstimate, replay_training_step
+
+BF16 = ("bf16", "bf16-pure")  # the precisions the "bf16" feature marks: bf16 kernels (the replay has the bytes)
+LAUNCH_S = 4e-6  # GPU-side cost of one kernel (launch latency, tail)
+# host time to issue one op from eager PyTorch: forward ops (Python, autograd recording), backward ops
+# (C++ autograd engine), optimizer ops (foreach)
+HOST_S = {FORWARD: 15e-6, BACKWARD: 8e-6, OPTIMIZER: 10e-6}
+FEATURES = ["log_peak", "log_reserved", "log_params", "log_state", "log_act", "log_batch", "bf16", "fp16",
+            "adamw", "cudnn_benchmark", "log_flops", "log_t_compute", "log_t_memory", "log_t_gpu",
+            "log_t_host", "log_t_roof", "log_kernels", "act_share", "log_gpu_mem", "log_peak_flops",
+            "share_conv", "share_conv_grouped", "share_matmul", "share_norm",
+            "log_kernels_forward", "log_kernels_backward", "log_kernels_optimizer"]
+
+# what the memory residuals may depend on: the job's shape and its op mix (the roofline's GPU-time shares
+# of convolutions and matmuls, whose libraries keep workspaces of their own), not its host timing
+MEMORY_FEATURES = ["log_peak", "log_reserved", "log_params", "log_state", "log_act", "log_batch", "bf16", "fp16",
+                   "adamw", "cudnn_benchmark", "log_kernels", "act_share", "log_gpu_mem",
+                   "share_conv", "share_conv_grouped", "share_matmul"]
+
+
+def roofline_seconds(est: ReplayEstimate, precision: str, gpu: GPUSpec, tf32: bool = True) -> dict[str, float]:
+    """Per-kernel roofline of one step: GPU busy time, host issue time, and the step (the larger of the two).
+
+    Each kernel takes max(FLOPs / peak, bytes / bandwidth) plus a launch cost; bf16 / fp16 kernels run at
+    the tensor-core peak, fp32 matmuls and convolutions at the TF32 peak when ``tf32`` (as
+    ``torch.backends.cuda.matmul.allow_tf32``), everything else at the fp32 vector peak.
+    """
+    ops = np.asarray(est.ops, dtype=np.float64).reshape(-1, 5)
+    phase, cls, low, flops, moved = ops.T
+    tensor = np.isin(cls, TENSOR_CORE_CLASSES)
+    fp32_mm = gpu.peak_flops_tf32 if tf32 else gpu.peak_flops_fp32
+    peak = np.where(tensor, np.where(low > 0, gpu.peak_flops_bf16, fp32_mm), gpu.peak_flops_fp32)
+    # fused attention kernels do not dispatch on meta: forward + backward ~ 3.5 forwards
+    attn_peak = fp32_mm if precision == "fp32" else gpu.peak_flops_bf16
+    t_attention = 3.5 * est.attention_flops / attn_peak
+    t_compute = float(np.sum(flops / peak)) + t_attention
+    t_memory = float(np.sum(moved / gpu.bandwidth))
+    per_op = np.maximum(flops / peak, moved / gpu.bandwidth) + LAUNCH_S
+    t_gpu = float(per_op.sum()) + t_attention
+    t_host = float(sum(HOST_S[p] * np.count_nonzero(phase == p) for p in HOST_S))
+    by_class = np.bincount(cls.astype(int), weights=per_op, minlength=len(OP_CLASSES))
+    shares = {f"share_{c}": float(by_class[i]) / max(t_gpu, 1e-12) for i, c in enumerate(OP_CLASSES)}
+    kernels = {f"kernels_{name}": float(np.count_nonzero(phase == p))
+               for name, p in (("forward", FORWARD), ("backward", BACKWARD), ("optimizer", OPTIMIZER))}
+    return {"compute": t_compute, "memory": t_memory, "gpu": t_gpu, "host": t_host, "roof": max(t_gpu, t_host),
+            **shares, **kernels}
+
+
+def job_features(est: ReplayEstimate, batch: int, precision: str, optimizer: str, gpu: GPUSpec,
+                 cudnn_benchmark: bool = False) -> list[float]:
+    """The feature vector (order of FEATURES)."""
+    t = roofline_seconds(est, precision, gpu)
+    lg = math.log
+    return [lg(est.peak_bytes), lg(est.reserved_bytes), lg(est.param_bytes), lg(max(est.state_bytes, 1.0)),
+            lg(max(est.activation_bytes, 1.0)), lg(batch), float(precision in BF16), float(precision == "fp16"),
+            float(optimizer in TWO_STATE_OPTIMIZERS), float(cudnn_benchmark), lg(max(est.flops, 1.0)),
+            *(lg(max(t[k], 1e-7)) for k in ("compute", "memory", "gpu", "host", "roof")), lg(max(est.kernels, 1.0)),
+            est.activation_bytes / max(est.peak_bytes, 1.0), lg(gpu.memory_bytes), lg(gpu.peak_flops_bf16),
+            t["share_conv"], t["share_conv_grouped"], t["share_matmul"], t["share_norm"],
+            *(lg(max(t[f"kernels_{p}"], 1.0)) for p in ("forward", "backward", "optimizer"))]
+
+
+def with_host_factor(feats: np.ndarray, log_factor: np.ndarray | float) -> np.ndarray:
+    """Feature rows (order of FEATURES) for a machine whose host issues ops ``exp(log_factor)`` times as
+    slowly as the typical one: the host time scaled, the roofline step (the larger of GPU and host time)
+    taken again. ``log_factor`` is one value, or one per row."""
+    f = np.array(feats, dtype=np.float64, copy=True)
+    host, gpu, roof = (FEATURES.index(k) for k in ("log_t_host", "log_t_gpu", "log_t_roof"))
+    f[..., host] += log_factor
+    f[..., roof] = np.maximum(f[..., gpu], f[..., host])
+    return f
+
+
+def analytical_for(model: str, batch: int, precision: str, optimizer: str, image: int | None = None,
+                   seq: int | None = None, config_kwargs: dict | str | None = None,
+                   cache_dir: str | Path | None = None, grad_checkpointing: bool = False) -> ReplayEstimate:
+    """The replay estimate, cached as JSON under ``cache_dir`` keyed by the job's spec hash."""
+    spec = parse_spec(model, config_kwargs)
+    path = replay_cache_path(model, batch, precision, optimizer, image, seq, config_kwargs, cache_dir,
+                             grad_checkpointing)
+    if path is not None and path.is_file():
+        return ReplayEstimate(**json.loads(path.read_text()))
+    est = replay_training_step(spec, batch, precision, optimizer, image=image, seq=seq,
+                               grad_checkpointing=grad_checkpointing)
+    if path is not None:
+        write_atomically(path, json.dumps(est.to_dict()))
+    return est
+
+
+def replay_cache_path(model: str, batch: int, precision: str, optimizer: str, image: int | None = None,
+                      seq: int | None = None, config_kwargs: dict | str | None = None,
+                      cache_dir: str | Path | None = None, grad_checkpointing: bool = False) -> Path | None:
+    """Where :func:`analytical_for` caches the job's replay (None without a ``cache_dir``)."""
+    if not cache_dir:
+        return None
+    spec = parse_spec(model, config_kwargs)
+    job = {"model": model, "kw": spec.config_kwargs, "batch": batch, "precision": precision, "optimizer": optimizer,
+           "image": image, "seq": seq}
+    key = spec_key({**job, "grad_checkpointing": True} if grad_checkpointing else job, extra="replay-v6")
+    return Path(cache_dir) / f"replay-{key}.json"
+
+
+def family_of(model: str) -> str:
+    """Model family by a generic rule: lower-case, cut at the first digit, size word or separator."""
+    import re
+
+    name = model.lower().split(":")[-1].split("/")[-1]
+    name = re.sub(r"(config|for[a-z]+|lmheadmodel|model)$", "", name)
+    stem = re.split(r"[\d_\-.]|(?<=[a-z])(?:tiny|small|base|large|medium|wide|xl)\b", name)[0]
+    return stem or name

@@ -1,0 +1,249 @@
+"""Cold-start prediction of one training job from its model alone."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dprobe.graph.onnx_reader import read_onnx
+from dprobe.graph.schema import ModelGraph
+from dprobe.graph.zoo import VALUES_ASSUMED_NOTE, parse_spec
+from dprobe.profiling.coldstart.features import FEATURES, analytical_for, job_features, with_host_factor
+from dprobe.profiling.coldstart.gpus import GPUS, GPUSpec
+from dprobe.profiling.coldstart.graph_estimate import estimate_from_graph
+from dprobe.profiling.coldstart.model import TARGETS
+from dprobe.profiling.coldstart.replay import ReplayEstimate
+
+DEFAULT_CHECKPOINT = Path(__file__).with_name("default_coldstart.pt")
+ONNX_NOTE = ("ONNX file: the step is estimated from the graph's nodes, not replayed; an export for inference "
+             "(batch norms folded, no dropout) comes out low on memory: export with "
+             "training=torch.onnx.TrainingMode.TRAINING (docs/graph-and-coldstart.md)")
+
+
+def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str = "adamw",
+                image: int | None = None, seq: int | None = None, config_kwargs: dict | str | None = None,
+                checkpoint: str | Path | None = None, gpu: str = "h200", host_stall_s: float = 0.0,
+                host_factor: float = 1.0, samples: Any = None,
+                jobscale_checkpoint: str | Path | None = None, grad_checkpointing: bool = False) -> dict[str, Any]:
+    """Predict peak allocator bytes, NVML bytes, GPU utilisation and step time (p50 and p90 each).
+
+    ``host_stall_s``: seconds per step, on average, that the GPU waits on the host (data loading,
+    evaluation, checkpointing); it lowers utilisation, not the step time (a step's own duration).
+    ``host_factor``: how slowly the machine's host (CPU, Python, driver) issues ops against the typical
+    machine of the training data (1); e.g. 1.4 for a host that takes 40 % longer to launch each kernel.
+    ``samples``: the job's first second of GPU samples, once it has started
+    (:func:`dprobe.data.gpu_samples.read_gpu_samples`): the result then has ``job_scale``, where its memory
+    and utilisation are heading over the next ten seconds (:func:`dprobe.profiling.jobscale.predict_next`), from
+    ``jobscale_checkpoint`` (default: the one shipped with dprobe).
+    ``grad_checkpointing``: the job turns a ``transformers`` or timm model's gradient checkpointing on
+    (``gradient_checkpointing_enable()``, ``set_grad_checkpointing()``): its blocks keep their inputs
+    only and recompute.
+    """
+    from torch_geometric.data import Batch  # noqa: F401 - fail early if PyG is missing
+
+    from dprobe.graph.build import build_model_graph
+    from dprobe.graph.schema import GraphError
+    from dprobe.graph.trace import SINGLE_VALUE_BATCHNORM
+    from dprobe.graph.zoo import remedy
+
+    check_job(batch, image, seq, host_stall_s, host_factor, gpu)
+    if samples is not None:  # check them and the checkpoints before the replay (seconds)
+        from dprobe.profiling.jobscale import DEFAULT_CHECKPOINT, first_second, load_jobscale
+
+        first_second(samples)
+        jobscale_checkpoint = jobscale_checkpoint or DEFAULT_CHECKPOINT
+        jobscale = load_jobscale(jobscale_checkpoint)
+    elif jobscale_checkpoint is not None:
+        raise ValueError("--jobscale-checkpoint is read with --samples (the job's first samples) only")
+    else:
+        jobscale = None
+    coldstart = _coldstart_checkpoint(checkpoint)
+    spec = GPUS[gpu]
+    if parse_spec(model, config_kwargs).lib == "onnx":  # a graph, no module to replay: estimate from its nodes
+        if grad_checkpointing:
+            raise ValueError("--grad-checkpointing needs the model as a transformers or timm module, not an ONNX file")
+        graph = read_onnx(model, batch=batch, seq=seq)
+        est = estimate_from_graph(graph, batch, precision, optimizer)
+        result = _predict(model, batch, precision, optimizer, graph, est, spec, gpu, coldstart, host_stall_s,
+                          host_factor, note=ONNX_NOTE)
+        return _with_job_scale(result, graph, samples, jobscale_checkpoint, jobscale)
+    try:
+        est = analytical_for(model, batch, precision, optimizer, image=image, seq=seq,
+                             config_kwargs=config_kwargs, grad_checkpointing=grad_checkpointing)
+    except Exception as exc:  # noqa: BLE001 - a model's forward can fail in any way; name it, no traceback
+        if isinstance(exc, GraphError):  # the model itself refused by name (unknown, no checkpointing, ...)
+            raise
+        if SINGLE_VALUE_BATCHNORM in str(exc):
+            raise ValueError(f"{model} cannot train at batch {batch}: a batch norm layer sees one value per "
+                             f"channel there and PyTorch refuses it ({exc}); predict for a larger --batch") from exc
+        # e.g. an op with no meta kernel, one PyTorch would refuse on the GPU too (fp32 grouped_mm), or a
+        # forward that wants other inputs than an image batch or token ids
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+        hint = (" (for a model with other inputs, give a module:pkg.mod:factory whose model has an "
+                "example_inputs(batch) method)" if isinstance(exc, TypeError) else "")
+        raise ValueError(f"cannot replay a training step ({precision}) of {model}: {type(exc).__name__}: "
+                         f"{first}{hint}{remedy(exc)}") from exc
+    graph = build_model_graph(model, batch=batch, image=image, seq=seq, config_kwargs=config_kwargs)
+    result = _predict(model, batch, precision, optimizer, graph, est, spec, gpu, coldstart, host_stall_s, host_factor)
+    if est.values_assumed:
+        add_note(result, f"replayed with {VALUES_ASSUMED_NOTE}")
+    if grad_checkpointing:
+        plain = analytical_for(model, batch, precision, optimizer, image=image, seq=seq, config_kwargs=config_kwargs)
+        _with_recompute_timing(result, _predict(model, batch, precision, optimizer, graph, plain, spec, gpu,
+                                                coldstart, host_stall_s, host_factor))
+    return _with_job_scale(result, graph, samples, jobscale_checkpoint, jobscale)
+
+
+def check_job(batch: int, image: int | None = None, seq: int | None = None, host_stall_s: float = 0.0,
+              host_factor: float = 1.0, gpu: str = "h200") -> None:
+    """A ValueError naming the option for a job that cannot be: a batch, image side or sequence length
+    below 1, a host stall that is negative or infinite, a host factor that is not a positive number, an
+    unknown GPU."""
+    for flag, value in (("--batch", batch), ("--image", image), ("--seq", seq)):
+        if value is not None and not value >= 1:
+            raise ValueError(f"{flag} must be >= 1, not {value}")
+    if not 0 <= host_stall_s < float("inf"):
+        raise ValueError(f"--host-stall must be >= 0 seconds, not {host_stall_s}")
+    if not 0 < host_factor < float("inf"):
+        raise ValueError(f"--host-factor must be a positive number, not {host_factor}")
+    if gpu not in GPUS:
+        raise ValueError(f"unknown GPU {gpu!r} ({', '.join(GPUS)})")
+
+
+def _coldstart_checkpoint(checkpoint: str | Path | None) -> tuple[Path, Any, dict[str, Any]] | None:
+    """The cold-start checkpoint to predict with, loaded (path, network, its dict): ``checkpoint``, else the
+    shipped one; None where there is neither (the analytical estimate alone)."""
+    from dprobe.profiling.coldstart.train import load_checkpoint
+
+    path = Path(checkpoint) if checkpoint else (DEFAULT_CHECKPOINT if DEFAULT_CHECKPOINT.is_file() else None)
+    return None if path is None else (path, *load_checkpoint(path))
+
+
+def add_note(result: dict[str, Any], text: str) -> None:
+    """Append ``text`` to the prediction's ``note`` (notes are separated by "; ")."""
+    result["note"] = f"{result['note']}; {text}" if result.get("note") else text
+
+
+def _with_recompute_timing(result: dict[str, Any], plain: dict[str, Any]) -> None:
+    """A gradient-checkpointed job's prediction: memory from its own replay, step time from the same job
+    without checkpointing (what the learned corrections know) scaled by the replays' step ratio (the
+    recomputed forwards), utilisation as without it. The learned model saw no checkpointed run, and
+    on its own would let the smaller activations bend the timing."""
+    ratio = result["analytical"]["step_time_seconds"] / plain["analytical"]["step_time_seconds"]
+    result["step_time_seconds"] = {q: v * ratio for q, v in plain["step_time_seconds"].items()}
+    result["gpu_utilization"] = plain["gpu_utilization"]
+    result["grad_checkpointing"] = True
+    add_note(result, "gradient checkpointing: memory replayed with it (layers keep their inputs and recompute "
+             f"in backward), step time {ratio:.2f}x that of the same job without it")
+
+
+def _with_job_scale(result: dict[str, Any], graph: ModelGraph, samples: Any, checkpoint: str | Path | None,
+                    loaded: tuple | None) -> dict[str, Any]:
+    """``result`` with ``job_scale`` added where the job's first samples are given (``loaded``: the
+    job-scale checkpoint as :func:`dprobe.profiling.jobscale.load_jobscale` read it)."""
+    if samples is None:
+        return result
+    from dprobe.graph.encoder import graph_to_data
+    from dprobe.profiling.jobscale import predict_next
+
+    analytical = result["analytical"]
+    coldstart = {"gpu_seconds": analytical["gpu_seconds_per_step"], "host_seconds": analytical["host_seconds_per_step"],
+                 "gpu_utilization": result["gpu_utilization"]["p50"],
+                 "device_memory_bytes": analytical["device_memory_bytes"]}
+    result["job_scale"] = predict_next(checkpoint, samples, result["batch"], result["precision"], result["optimizer"],
+                                       coldstart, host_stall_s=result["host_stall_s"], graph=graph_to_data(graph),
+                                       loaded=loaded)
+    return result
+
+
+def fits_on_gpu(peak_p50: float, device_p90: float, gpu_bytes: float) -> str:
+    """"no" when the allocator's predicted peak and the CUDA context exceed the GPU's memory (the step
+    runs out of memory), "maybe" when the device memory's p90 does (the caching allocator, short of
+    memory, frees its cache and retries, so a job near the limit can still fit), else "yes"."""
+    from dprobe.profiling.coldstart.replay import CUDA_CONTEXT_BYTES
+
+    if peak_p50 + CUDA_CONTEXT_BYTES > gpu_bytes:
+        return "no"
+    return "maybe" if device_p90 > gpu_bytes else "yes"
+
+
+def _as_seen(feats: np.ndarray, precision: str, net: Any, result: dict[str, Any]) -> np.ndarray:
+    """The network's input: an fp16 job is shown as bf16 where the checkpoint learnt from no fp16 run
+    (the same autocast rules and tensor-core peak; the replay behind the analytical estimate is fp16's
+    own), and ``result`` gets a note saying so (and one for bf16-pure, which the features mark as bf16)."""
+    from dprobe.profiling.coldstart.model import constant_features
+
+    never_varied = {FEATURES[i] for i in constant_features(net.members[0])}
+    if precision == "bf16-pure":
+        add_note(result, "bf16-pure: the replay holds weights, gradients and optimizer states in bf16, the learned "
+                 "corrections are those of the bf16 autocast runs")
+    if precision != "fp16" or "fp16" not in never_varied or "bf16" in never_varied:
+        return feats
+    shown = feats.copy()
+    shown[FEATURES.index("bf16")], shown[FEATURES.index("fp16")] = 1.0, 0.0
+    add_note(result, "the checkpoint learnt from no fp16 run: its corrections for bf16 are applied to the fp16 replay")
+    return shown
+
+
+def _predict(model: str, batch: int, precision: str, optimizer: str, graph: ModelGraph, est: ReplayEstimate,
+             spec: GPUSpec, gpu: str, coldstart: tuple[Path, Any, dict[str, Any]] | None, host_stall_s: float,
+             host_factor: float = 1.0, note: str = "") -> dict[str, Any]:
+    """The prediction from the replay's estimate ``est``, corrected by the loaded cold-start checkpoint
+    ``coldstart`` (:func:`_coldstart_checkpoint`; None: the analytical estimate alone)."""
+    from dprobe.graph.encoder import graph_to_data
+    from dprobe.profiling.coldstart.train import (
+        apply_stall,
+        baseline,
+        from_residual,
+        predict_residuals,
+        with_stall,
+    )
+
+    feats = with_host_factor(np.array(job_features(est, batch, precision, optimizer, spec)), math.log(host_factor))
+    base = baseline(est, feats)
+    result: dict[str, Any] = {"model": model, "batch": batch, "precision": precision, "optimizer": optimizer,
+                              "gpu": gpu, "host_stall_s": host_stall_s, "host_factor": host_factor,
+                              "unknown_nodes": graph.unknown_nodes,
+                              "graph_nodes": len(graph.nodes)}
+    if note:
+        result["note"] = note
+    if coldstart is not None:
+        ckpt_path, net, ckpt = coldstart
+        trained_on = ckpt.get("gpus", ["h200"])  # checkpoints before it was recorded: h200-profiles
+        res = predict_residuals(net, [graph_to_data(graph)], np.array([_as_seen(feats, precision, net, result)]))[0]
+        p50, p90 = from_residual(res[:, 0], base), from_residual(res[:, 1], base)
+        result["method"] = "learned"
+        result["checkpoint"] = str(ckpt_path)
+    else:
+        p50, p90 = base.copy(), base * np.array([1.05, 1.07, 1.0, 1.3])
+        p90[2] = min(base[2] + 0.2, 1.0)
+        result["method"] = "analytical"
+        add_note(result, "no checkpoint: analytical estimate only")
+        trained_on = list(GPUS)
+    apply_stall(p50, p90, np.float64(host_stall_s))
+    if gpu not in trained_on:
+        add_note(result, f"trained on {', '.join(trained_on)} measurements only, not {gpu}")
+    for i, t in enumerate(TARGETS):
+        hi = max(float(p90[i]), float(p50[i]))
+        if t == "gpu_utilization":
+            result[t] = {"p50": round(float(np.clip(p50[i], 0, 1)), 4), "p90": round(float(np.clip(hi, 0, 1)), 4)}
+        elif t == "step_time_seconds":
+            result[t] = {"p50": float(p50[i]), "p90": hi}
+        else:
+            result[t] = {"p50": int(p50[i]), "p90": int(hi)}
+    result["gpu_memory_bytes"] = int(spec.memory_bytes)
+    result["fits"] = fits_on_gpu(result["peak_memory_bytes"]["p50"], result["device_memory_bytes"]["p90"],
+                                 spec.memory_bytes)
+    result["analytical"] = {"peak_memory_bytes": int(base[0]), "device_memory_bytes": int(base[1]),
+                            "gpu_utilization": round(float(with_stall(base[2], base[3], host_stall_s)), 4),
+                            "step_time_seconds": float(base[3]),
+                            "param_bytes": int(est.param_bytes), "optimizer_state_bytes": int(est.state_bytes),
+                            "activation_bytes": int(est.activation_bytes), "flops_per_step": est.flops,
+                            "kernels_per_step": int(est.kernels),
+                            # the per-kernel roofline of a step: GPU busy time, host time to issue its ops
+                            "gpu_seconds_per_step": math.exp(feats[FEATURES.index("log_t_gpu")]),
+                            "host_seconds_per_step": math.exp(feats[FEATURES.index("log_t_host")])}
+    return result

@@ -1,6 +1,0 @@
-"""The scaler: forecasts -> demand per workload and virtual cluster -> scaling recommendations."""
-
-from dprobe.scaler.config import ScalerConfig, load_config
-from dprobe.scaler.policy import Decision, Policy, RatePolicy, Recommender, ScalingRules
-
-__all__ = ["Decision", "Policy", "RatePolicy", "Recommender", "ScalerConfig", "ScalingRules", "load_config"]

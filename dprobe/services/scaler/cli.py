@@ -1,0 +1,29 @@
+"""``dprobe scaler``: the sidecars' forecasts in, replica and GPU recommendations out."""
+
+from __future__ import annotations
+
+import argparse
+
+from dprobe.core.options import add_service_parser
+from dprobe.services.scaler.config import OPTIONS, ScalerConfig
+
+DESCRIPTION = """Read the sidecars' GPU utilisation forecasts from Prometheus, sum them per workload and per
+virtual cluster, and turn them into replica and GPU recommendations with the HPA's semantics
+(target, tolerance, stabilisation windows, rate policies), KEDA's (activation, fallback) and VPA's
+(quantile, safety margin). Recommendations are served on /metrics (dprobe_recommended_replicas,
+dprobe_recommended_gpus) for Grafana, KEDA or the HPA; with --mode apply the listed workloads'
+replicas are also set through the Kubernetes scale subresource.
+Every option can also come from a YAML file (--config; workloads are listed there) and from
+environment variables (DPROBE_SCALER_<OPTION>, e.g. DPROBE_SCALER_PROMETHEUS_URL); flags win over
+the environment, which wins over the file."""
+
+
+def run(config: ScalerConfig) -> int:
+    from dprobe.services.scaler.service import Scaler
+
+    return Scaler(config).run()
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    add_service_parser(subparsers, "scaler", "run the scaler (forecasts -> scaling recommendations)", DESCRIPTION,
+                       OPTIONS, run)

@@ -1,0 +1,281 @@
+"""Scaler settings (defaults < YAML file < ``DPROBE_SCALER_*`` variables < flags) and the scaled objects.
+
+Flat options set the defaults of every workload's :class:`~dprobe.services.scaler.policy.Policy`; a
+workload listed under ``workloads:`` may override any of them, and its behaviour per direction
+(the HPA's ``behavior``)::
+
+    workloads:
+      - namespace: serving
+        name: llm-server           # the Deployment (kind: Deployment | StatefulSet)
+        pods: "llm-server-.*"      # regex on pod names (default: the Deployment's pod names)
+        target: 0.6
+        max_replicas: 8
+        scale_up: {tolerance: 0}   # scale up as soon as demand exceeds capacity
+        scale_down: {stabilization_seconds: 600, policies: [{type: pods, value: 1, period_seconds: 60}]}
+      - namespace: batch
+        name: trainer
+        min_replicas: 0            # scales to zero, and is woken from it by the activation query
+        activation_query: sum(kueue_pending_workloads{cluster_queue="batch"})
+        activation_query_threshold: 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from dprobe.core.options import OptionSet, option
+from dprobe.forecaster.base import QUANTILES
+from dprobe.services.scaler.policy import (
+    DEFAULT_SCALE_DOWN,
+    DEFAULT_SCALE_UP,
+    Policy,
+    RatePolicy,
+    ScalingRules,
+)
+
+ENV_PREFIX = "DPROBE_SCALER_"
+MODES = ("recommend", "apply")
+KINDS = ("Deployment", "StatefulSet")
+POLICY_FIELDS = {f.name for f in fields(Policy)} - {"scale_up", "scale_down"}
+ACTIVATION_KEYS = ("activation_query", "activation_query_threshold")
+
+
+@dataclass
+class ScalerConfig:
+    """Every option of ``dprobe scaler``."""
+
+    prometheus_url: str = option("http://127.0.0.1:9090", "Prometheus server holding the sidecars' forecasts")
+    interval: float = option(30.0, "seconds between decisions")
+    horizon_seconds: int = option(300, "forecast horizon the decisions use (one of the sidecars' horizons)")
+    quantile: float = option(0.9, "forecast quantile the decisions use (0.5, 0.9 or 0.99)")
+    mode: str = option("recommend", "recommend: export and log only; apply: also set the workloads' replicas "
+                                     "through the Kubernetes scale subresource", choices=MODES)
+    listen_address: str = option("0.0.0.0", "address the HTTP server binds")
+    port: int = option(9478, "port of /metrics, /healthz and /readyz")
+    http_timeout: float = option(5.0, "timeout of Prometheus queries and Kubernetes calls (s)")
+    forecast_selector: str = option("", "extra PromQL label matchers for the forecasts, e.g. job=\"dprobe\"")
+    job_profiles: bool = option(True, "count a pod without a forecast yet at its training job's cold-start "
+                                      "utilisation, where its sidecar exports one (dprobe_job_*)")
+    discover: bool = option(True, "also recommend (never apply) for Deployment-like pod groups not listed "
+                                  "under workloads")
+    vc_label: str = option("namespace", "label grouping pods into virtual clusters for dprobe_recommended_gpus "
+                                        "('' = no virtual clusters)")
+    vc_quota_name: str = option("", "apply mode: the ResourceQuota (in each virtual cluster's namespace) whose "
+                                    "GPU limit is set to the recommendation ('' = recommend GPUs only)")
+    vc_quota_resource: str = option("requests.nvidia.com/gpu", "the ResourceQuota resource that counts GPUs")
+    gpus_query: str = option('count by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL{pod!=""})',
+                             "PromQL giving each pod's GPU count (a pod it does not list counts 1)")
+    vc_pending_query: str = option("", "PromQL giving the GPUs waiting in each virtual cluster, by its vc_label "
+                                       "label (pending pods, queued jobs: no sidecar forecasts them), added to "
+                                       "the cluster's demand ('' = none)")
+    replicas_query: str = option(
+        'label_replace(kube_deployment_spec_replicas, "workload", "$1", "deployment", "(.+)") or '
+        'label_replace(kube_statefulset_replicas, "workload", "$1", "statefulset", "(.+)")',
+        "PromQL giving each workload's replicas by namespace and workload labels (kube-state-metrics): the pods "
+        "a recommend-mode decision expects, so that pods without a forecast count as missing ('' = none: the "
+        "last recommendation, else the pods seen)")
+    restore_seconds: float = option(3600.0, "recommend mode: a (re)started scaler starts from its own last "
+                                            "recommendations Prometheus kept this far back (0 = don't)")
+    kubeconfig: str = option("", "kubeconfig file for apply mode (default: in-cluster, else ~/.kube/config)")
+    events: bool = option(True, "apply mode: record a Kubernetes Event (SuccessfulRescale, FailedRescale) on each "
+                                "workload or ResourceQuota it changes, as the HPA does")
+    target: float = option(0.8, "utilisation (0-1) one replica should carry; for GPUs, one GPU")
+    margin: float = option(0.1, "safety margin added to the forecast demand (VPA)")
+    tolerance: float = option(0.1, "no change while demand / capacity is within this of 1 (HPA)")
+    scale_up_tolerance: float | None = option(None, "tolerance above 1 only: a scale-up needs demand / capacity "
+                                                    "above 1 + this (unset: tolerance)")
+    scale_down_tolerance: float | None = option(None, "tolerance below 1 only: a scale-down needs demand / "
+                                                      "capacity below 1 - this (unset: tolerance)")
+    min_replicas: int = option(1, "fewest replicas recommended (0 allows scale to zero below activation)")
+    max_replicas: int = option(100, "most replicas recommended")
+    activation: float = option(0.0, "with min_replicas 0: demand below this scales to zero (KEDA)")
+    fallback_replicas: int | None = option(None, "replicas after failure_threshold cycles without a forecast "
+                                                 "(KEDA fallback; unset: hold the current count)")
+    failure_threshold: int = option(3, "cycles without a forecast before the fallback")
+    min_forecast_coverage: float = option(0.5, "below this share of a workload's expected pods with a forecast, "
+                                               "its count is held (as with no forecast)")
+    scale_up_stabilization_seconds: float = option(0.0, "a scale-up takes the lowest recommendation of this window")
+    scale_down_stabilization_seconds: float = option(300.0, "a scale-down takes the highest recommendation of "
+                                                            "this window")
+    scale_up_policies: list[dict[str, Any]] = option(
+        [asdict(r) for r in DEFAULT_SCALE_UP.policies],
+        "rate limits of a scale-up, the largest change allowed wins: [{type: pods|percent, value, period_seconds}] "
+        "(HPA behavior.scaleUp.policies; YAML, or JSON in env)")
+    scale_down_policies: list[dict[str, Any]] = option(
+        [asdict(r) for r in DEFAULT_SCALE_DOWN.policies],
+        "rate limits of a scale-down, as scale_up_policies (HPA behavior.scaleDown.policies)")
+    min_gpus: int = option(0, "fewest GPUs recommended for a virtual cluster")
+    max_gpus: int = option(1024, "most GPUs recommended for a virtual cluster")
+    workloads: list[dict[str, Any]] = option([], "scaled workloads with their own settings (YAML, or JSON in env)")
+    log_level: str = option("info", "debug, info, warning or error")
+
+    def validate(self) -> ScalerConfig:
+        for name in ("interval", "http_timeout"):
+            if not getattr(self, name) > 0 or not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.horizon_seconds <= 0:
+            raise ValueError(f"horizon_seconds must be positive, got {self.horizon_seconds}")
+        if self.quantile not in QUANTILES:
+            raise ValueError(f"quantile must be one the sidecars export ({', '.join(f'{q:g}' for q in QUANTILES)}), "
+                             f"got {self.quantile:g}")
+        if self.restore_seconds < 0 or not math.isfinite(self.restore_seconds):
+            raise ValueError(f"restore_seconds must be >= 0, got {self.restore_seconds}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be 0-65535 (0: any free port), got {self.port}")
+        url = urllib.parse.urlsplit(self.prometheus_url)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"prometheus_url must be an http(s) URL such as http://HOST:9090, "
+                             f"got {self.prometheus_url!r}")
+        if self.vc_pending_query.strip() and not self.vc_label:
+            raise ValueError("vc_pending_query needs vc_label (the label that names each virtual cluster)")
+        if self.vc_quota_name and self.vc_label != "namespace":
+            raise ValueError("vc_quota_name needs vc_label: namespace (a ResourceQuota lives in a namespace), "
+                             f"got vc_label {self.vc_label!r}")
+        for name in ("scale_up_tolerance", "scale_down_tolerance"):
+            if getattr(self, name) is not None and not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0 (or unset: tolerance), got {getattr(self, name)}")
+        for name in ("scale_up_policies", "scale_down_policies"):
+            try:
+                rate_policies(getattr(self, name))
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from exc
+        if not 0 <= self.min_gpus <= self.max_gpus:
+            raise ValueError(f"need 0 <= min_gpus <= max_gpus, got {self.min_gpus}, {self.max_gpus}")
+        self.default_policy()  # checks the policy options
+        self.workload_specs()  # checks every workload entry
+        return self
+
+    def default_policy(self) -> Policy:
+        """The policy of a workload that sets nothing itself."""
+        return Policy(
+            target=self.target, margin=self.margin, tolerance=self.tolerance, min_replicas=self.min_replicas,
+            max_replicas=self.max_replicas, activation=self.activation, fallback_replicas=self.fallback_replicas,
+            failure_threshold=self.failure_threshold, min_forecast_coverage=self.min_forecast_coverage,
+            scale_up=replace(DEFAULT_SCALE_UP, stabilization_seconds=self.scale_up_stabilization_seconds,
+                             tolerance=self.scale_up_tolerance, policies=rate_policies(self.scale_up_policies)),
+            scale_down=replace(DEFAULT_SCALE_DOWN, stabilization_seconds=self.scale_down_stabilization_seconds,
+                               tolerance=self.scale_down_tolerance,
+                               policies=rate_policies(self.scale_down_policies)))
+
+    def gpu_policy(self) -> Policy:
+        """The policy of a virtual cluster's GPU count: one GPU carries ``target`` of utilisation."""
+        return replace(self.default_policy(), min_replicas=self.min_gpus, max_replicas=self.max_gpus,
+                       fallback_replicas=None)
+
+    def workload_specs(self) -> list[WorkloadSpec]:
+        if not isinstance(self.workloads, list) or not all(isinstance(e, Mapping) for e in self.workloads):
+            raise ValueError(f"workloads must be a list of mappings, got {self.workloads!r}")
+        specs, seen = [], {}
+        for i, entry in enumerate(self.workloads):
+            spec = WorkloadSpec.parse(entry, self.default_policy(), i)
+            if spec.key in seen:
+                raise ValueError("workloads[{}]: {}/{} is listed twice (also workloads[{}])".format(
+                    i, *spec.key, seen[spec.key]))
+            seen[spec.key] = i
+            specs.append(spec)
+        return specs
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """A scaled workload: what to scale, which pods are its replicas, and its policy."""
+
+    namespace: str
+    name: str
+    kind: str
+    pods: re.Pattern[str]
+    policy: Policy
+    activation_query: str = ""  # PromQL: the workload is active while its value (summed) is above the threshold
+    activation_query_threshold: float = 0.0
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.namespace, self.name
+
+    @staticmethod
+    def parse(entry: Mapping[str, Any], defaults: Policy, index: int = 0) -> WorkloadSpec:
+        """One ``workloads:`` entry; a clear error naming the entry for anything wrong in it."""
+        where = f"workloads[{index}]"
+        entry = {str(k).replace("-", "_"): v for k, v in entry.items()}
+        unknown = sorted(set(entry) - POLICY_FIELDS - {"namespace", "name", "kind", "pods", "scale_up",
+                                                         "scale_down", *ACTIVATION_KEYS})
+        if unknown:
+            raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}")
+        for key in ("namespace", "name"):
+            if not isinstance(entry.get(key), str) or not entry[key]:
+                raise ValueError(f"{where}: {key} is required")
+        where = f"workloads[{index}] ({entry['namespace']}/{entry['name']})"
+        kind = entry.get("kind", "Deployment")
+        if kind not in KINDS:
+            raise ValueError(f"{where}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        default_pods = (rf"{re.escape(entry['name'])}-[a-z0-9]+-[a-z0-9]{{5}}" if kind == "Deployment"
+                        else rf"{re.escape(entry['name'])}-\d+")
+        try:
+            pods = re.compile(str(entry.get("pods") or default_pods))
+            overrides = {k: entry[k] for k in POLICY_FIELDS if k in entry}
+            for direction in ("scale_up", "scale_down"):
+                if direction in entry:
+                    overrides[direction] = _rules(entry[direction], getattr(defaults, direction))
+            policy = replace(defaults, **overrides)
+            query, threshold = _activation(entry, policy)
+        except (re.error, TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: {exc}") from exc
+        return WorkloadSpec(entry["namespace"], entry["name"], kind, pods, policy, query, threshold)
+
+
+def _activation(entry: Mapping[str, Any], policy: Policy) -> tuple[str, float]:
+    """A workload's activation query and threshold; only a workload that may scale to zero has one."""
+    query = entry.get("activation_query") or ""
+    if not isinstance(query, str):
+        raise ValueError(f"activation_query must be a PromQL string, got {query!r}")
+    threshold = entry.get("activation_query_threshold", 0.0)
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
+        raise ValueError(f"activation_query_threshold must be a number, got {threshold!r}")
+    if "activation_query_threshold" in entry and not query:
+        raise ValueError("activation_query_threshold needs an activation_query")
+    if query and policy.min_replicas != 0:
+        raise ValueError(f"activation_query wakes a workload from zero replicas: it needs min_replicas: 0, "
+                         f"got {policy.min_replicas}")
+    return query.strip(), float(threshold)
+
+
+def _rules(doc: Any, defaults: ScalingRules) -> ScalingRules:
+    if not isinstance(doc, Mapping):
+        raise ValueError(f"a scaling behaviour must be a mapping, got {doc!r}")
+    unknown = sorted(set(doc) - {"stabilization_seconds", "policies", "select", "tolerance"})
+    if unknown:
+        raise ValueError(f"unknown behaviour key(s) {', '.join(unknown)}")
+    policies = rate_policies(doc["policies"]) if "policies" in doc else defaults.policies
+    tolerance = doc.get("tolerance", defaults.tolerance)
+    return ScalingRules(float(doc.get("stabilization_seconds", defaults.stabilization_seconds)), policies,
+                        str(doc.get("select", defaults.select)), None if tolerance is None else float(tolerance))
+
+
+def rate_policies(entries: Any) -> tuple[RatePolicy, ...]:
+    """``[{type, value, period_seconds}, ...]`` as rate policies (type defaults to percent, period to 15 s)."""
+    if not isinstance(entries, list) or not all(isinstance(p, Mapping) and "value" in p for p in entries):
+        raise ValueError(f"policies must be a list of {{type, value, period_seconds}}, got {entries!r}")
+    unknown = sorted({str(k) for p in entries for k in p} - {"type", "value", "period_seconds"})
+    if unknown:
+        raise ValueError(f"unknown rate policy key(s) {', '.join(unknown)}")
+    try:
+        return tuple(RatePolicy(str(p.get("type", "percent")), float(p["value"]), float(p.get("period_seconds", 15)))
+                     for p in entries)
+    except TypeError as exc:
+        raise ValueError(f"rate policy values must be numbers: {exc}") from exc
+
+
+OPTIONS = OptionSet(ScalerConfig, ENV_PREFIX, "scaler")
+add_arguments = OPTIONS.add_arguments
+
+
+def load_config(args: argparse.Namespace | Mapping[str, Any] | None = None,
+                env: Mapping[str, str] | None = None) -> ScalerConfig:
+    """Merge defaults < YAML file < environment < flags into a validated :class:`ScalerConfig`."""
+    return OPTIONS.load(args, env)

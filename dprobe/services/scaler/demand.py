@@ -1,0 +1,199 @@
+"""Multi-level demand: the sidecars' per-pod forecasts, read from Prometheus, summed per workload and
+per virtual cluster.
+
+A pod's demand is its forecast GPU utilisation (0-1) at the configured horizon and quantile; a pod
+without a forecast yet (not sampled long enough) counts at its training job's cold-start utilisation
+where its sidecar exports one (``dprobe_job_predicted_gpu_utilization_ratio``, p50 or p90). A
+workload's demand is the sum over its replicas (pod-equivalents: three pods at 0.5 are 1.5); a
+virtual cluster's is the sum over its pods of utilisation times the pod's GPU count (GPUs), plus the
+GPUs waiting in it where ``vc_pending_query`` says (pods not scheduled, jobs queued: none of them has a
+sidecar yet).
+
+A forecast that is not a number, infinite, negative or above 1 is no forecast: the pod is dropped (and
+counted by the scaler), never clipped to 0. A pod the GPU count query shows (it holds a GPU) but that has
+no usable forecast is *missing*: the policy counts it as the HPA counts a pod without metrics.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from dprobe.services.scaler.config import ScalerConfig, WorkloadSpec
+from dprobe.services.sources.prometheus import query_vector
+
+PREDICTED_UTILIZATION = "dprobe_predicted_gpu_utilization_ratio"
+JOB_UTILIZATION = "dprobe_job_predicted_gpu_utilization_ratio"
+# a Deployment's pods: <deployment>-<pod-template-hash>-<5 characters>
+DEPLOYMENT_POD = re.compile(r"(?P<workload>.+)-[a-z0-9]{5,10}-[a-z0-9]{5}")
+
+
+@dataclass
+class Demand:
+    """Forecast demand of one scaled object, and the pods it came from."""
+
+    total: float = 0.0
+    pods: list[str] = field(default_factory=list)
+    gpus: int = 0  # GPUs those pods hold (virtual clusters)
+    pending: float = 0.0  # GPUs waiting, from vc_pending_query (virtual clusters; part of total)
+    missing: list[str] = field(default_factory=list)  # pods seen holding GPUs, without a usable forecast
+    missing_gpus: int = 0  # the GPUs those pods hold (virtual clusters)
+
+
+@dataclass
+class DemandView:
+    """One cycle's demand per configured workload, per discovered workload and per virtual cluster."""
+
+    workloads: dict[tuple[str, str], Demand]
+    discovered: dict[tuple[str, str], Demand]
+    vcs: dict[str, Demand]
+
+
+def forecast_query(config: ScalerConfig) -> str:
+    """The PromQL selecting every pod's forecast at the configured horizon and quantile, and with
+    ``job_profiles`` the cold-start utilisation of pods without one (p50 for a quantile up to 0.5,
+    else p90: the profiles' highest)."""
+    extra = f",{config.forecast_selector.strip().strip(',')}" if config.forecast_selector.strip() else ""
+    query = (f'{PREDICTED_UTILIZATION}{{horizon_seconds="{config.horizon_seconds}",'
+             f'quantile="{config.quantile:g}",pod!=""{extra}}}')
+    if not config.job_profiles:
+        return query
+    profile = "0.5" if config.quantile <= 0.5 else "0.9"
+    return f'{query} or on (namespace, pod) {JOB_UTILIZATION}{{quantile="{profile}",pod!=""{extra}}}'
+
+
+
+def forecast_problem(value: float) -> str:
+    """Why a forecast of GPU utilisation (0-1) cannot be used ('' when it can)."""
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "infinite"
+    if value < 0:
+        return "negative"
+    if value > 1.0 + 1e-6:
+        return "above_one"
+    return ""
+
+
+def pod_forecasts(config: ScalerConfig, rejected: Counter[str] | None = None
+                  ) -> dict[tuple[str, str], tuple[float, dict[str, str]]]:
+    """``(namespace, pod) -> (forecast, labels)`` for every pod-level target (``target`` is
+    ``namespace/pod``; a GPU's own series are skipped, so no pod is counted twice). Where several
+    sidecars export the same pod, the highest forecast is kept. A forecast that cannot be used (see
+    :func:`forecast_problem`) is left out and counted in ``rejected`` by reason."""
+    out: dict[tuple[str, str], tuple[float, dict[str, str]]] = {}
+    for labels, value in query_vector(config.prometheus_url, forecast_query(config), config.http_timeout):
+        ns, pod = labels.get("namespace", ""), labels.get("pod", "")
+        if labels.get("target") not in (f"{ns}/{pod}", pod):
+            continue
+        problem = forecast_problem(value)
+        if problem:
+            if rejected is not None:
+                rejected[problem] += 1
+            continue
+        if (ns, pod) not in out or value > out[(ns, pod)][0]:
+            out[(ns, pod)] = (min(1.0, value), labels)
+    return out
+
+
+def pod_gpus(config: ScalerConfig) -> dict[tuple[str, str], tuple[int, dict[str, str]]]:
+    """GPUs per pod from ``gpus_query`` (empty when it is not set), with the row's labels: the pods that
+    hold GPUs, whether or not they have a forecast."""
+    if not config.gpus_query.strip():
+        return {}
+    rows = query_vector(config.prometheus_url, config.gpus_query, config.http_timeout)
+    return {(lab.get("namespace", ""), lab.get("pod", "")): (max(1, int(round(v))), lab) for lab, v in rows
+            if math.isfinite(v) and lab.get("pod")}
+
+
+def workload_replicas(config: ScalerConfig) -> dict[tuple[str, str], int]:
+    """``(namespace, workload) -> replicas`` from ``replicas_query`` (kube-state-metrics' spec replicas;
+    empty when it is not set or has no such series)."""
+    if not config.replicas_query.strip():
+        return {}
+    out: dict[tuple[str, str], int] = {}
+    for labels, value in query_vector(config.prometheus_url, config.replicas_query, config.http_timeout):
+        key = labels.get("namespace", ""), labels.get("workload", "")
+        if key[1] and math.isfinite(value) and value >= 0:
+            out[key] = max(out.get(key, 0), int(round(value)))
+    return out
+
+
+def previous_recommendations(config: ScalerConfig) -> tuple[dict[tuple[str, str], int], dict[str, int]]:
+    """The scaler's own last recommendations, as Prometheus kept them (``restore_seconds`` back): where a
+    restarted scaler in recommend mode starts from, instead of the pods it happens to see."""
+    window = f"[{int(config.restore_seconds)}s]"
+    workloads: dict[tuple[str, str], int] = {}
+    for labels, value in query_vector(config.prometheus_url, f"max by (namespace, workload) "
+                                      f"(last_over_time(dprobe_recommended_replicas{window}))", config.http_timeout):
+        if labels.get("workload") and math.isfinite(value) and value >= 0:
+            workloads[(labels.get("namespace", ""), labels["workload"])] = int(round(value))
+    vcs: dict[str, int] = {}
+    for labels, value in query_vector(config.prometheus_url, f"max by (vc) "
+                                      f"(last_over_time(dprobe_recommended_gpus{{sharing!=\"true\"}}{window}))",
+                                      config.http_timeout):
+        if labels.get("vc") and math.isfinite(value) and value >= 0:
+            vcs[labels["vc"]] = int(round(value))
+    return workloads, vcs
+
+
+def pending_gpus(config: ScalerConfig) -> dict[str, float]:
+    """GPUs waiting per virtual cluster from ``vc_pending_query`` (samples without the ``vc_label``
+    label are left out; several samples of one cluster are summed)."""
+    out: dict[str, float] = defaultdict(float)
+    for labels, value in query_vector(config.prometheus_url, config.vc_pending_query, config.http_timeout):
+        vc = labels.get(config.vc_label, "")
+        if vc and value == value:
+            out[vc] += max(0.0, value)
+    return dict(out)
+
+
+def add_pending(vcs: dict[str, Demand], pending: dict[str, float]) -> None:
+    """Count each virtual cluster's waiting GPUs in its demand (a cluster with nothing running yet too)."""
+    for vc, gpus in pending.items():
+        demand = vcs.setdefault(vc, Demand())
+        demand.pending = gpus
+        demand.total += gpus
+
+
+def activation_value(config: ScalerConfig, query: str) -> float:
+    """A workload's activation query, its samples summed (no samples: 0, as KEDA's Prometheus
+    scaler reads an empty result)."""
+    rows = query_vector(config.prometheus_url, query, config.http_timeout)
+    return float(sum(v for _, v in rows if v == v))
+
+
+def group_demand(forecasts: dict[tuple[str, str], tuple[float, dict[str, str]]], specs: list[WorkloadSpec],
+                 gpus: dict[tuple[str, str], tuple[int, dict[str, str]]], vc_label: str, discover: bool) -> DemandView:
+    """Sum the pods' forecasts per workload (the first spec whose pattern matches the pod), per
+    discovered Deployment (pods no spec claims) and per virtual cluster (``vc_label``); a pod in ``gpus``
+    without a forecast is listed as missing where it belongs."""
+    workloads = {s.key: Demand() for s in specs}
+    discovered: dict[tuple[str, str], Demand] = defaultdict(Demand)
+    vcs: dict[str, Demand] = defaultdict(Demand)
+    pods = [(key, value, labels) for key, (value, labels) in forecasts.items()]
+    pods += [(key, None, labels) for key, (_, labels) in gpus.items() if key not in forecasts]
+    for (ns, pod), value, labels in sorted(pods, key=lambda row: row[0]):
+        spec = next((s for s in specs if s.namespace == ns and s.pods.fullmatch(pod)), None)
+        match = DEPLOYMENT_POD.fullmatch(pod) if spec is None and discover else None
+        demand = workloads[spec.key] if spec else discovered[(ns, match["workload"])] if match else None
+        if demand is not None:
+            if value is None:
+                demand.missing.append(pod)
+            else:
+                demand.total += value
+                demand.pods.append(pod)
+        vc = labels.get(vc_label, "") if vc_label else ""
+        if vc:
+            n = gpus[(ns, pod)][0] if (ns, pod) in gpus else 1
+            vcs[vc].gpus += n
+            if value is None:
+                vcs[vc].missing.append(f"{ns}/{pod}")
+                vcs[vc].missing_gpus += n
+            else:
+                vcs[vc].total += value * n
+                vcs[vc].pods.append(f"{ns}/{pod}")
+    return DemandView(workloads, dict(discovered), dict(vcs))

@@ -1,0 +1,448 @@
+"""Cold-start profiles of the training jobs that targets run: what ``dprobe predict`` says of each job,
+computed once per job, in a child process with CPU, memory and time limits, and exported beside the
+forecasts.
+
+A job is given as ``MODEL key=value ...`` (``torchvision:resnet50 batch=64 precision=bf16``): by a
+``jobs`` entry (target glob -> job), the ``job`` option (every other target) or the pod annotation
+``dprobe.io/training-job`` (read from the downward-API annotations file; it overrides ``job``, and may
+name only what an :class:`~dprobe.services.sidecar.annotations.AnnotationPolicy` allows).
+The profile exists before the job's first sample, so it is what the sidecar knows of a job it has
+no metrics for yet; it never changes the forecasts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+import logging
+import os
+import queue
+import resource
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from prometheus_client.metrics_core import CounterMetricFamily
+
+from dprobe.core.lazy import installed
+from dprobe.services.sidecar.annotations import TRAINING_JOB, AnnotationPolicy, AnnotationsFile, Refused
+
+log = logging.getLogger(__name__)
+ANNOTATION = TRAINING_JOB
+PRECISIONS = ("fp32", "bf16", "fp16", "bf16-pure")
+OPTIMIZERS = ("adamw", "adam", "sgd")
+DEFAULT_GPU = "h200"  # the GPU of the profiles the cold-start model learnt from
+KEYS = ("batch", "precision", "optimizer", "image", "seq", "gpu", "host_stall", "config_kwargs")
+# what a profile holds: (the prediction's key, the exported name's stem)
+TARGETS = (("device_memory_bytes", "gpu_memory_bytes"), ("peak_memory_bytes", "allocator_peak_bytes"),
+           ("gpu_utilization", "gpu_utilization_ratio"), ("step_time_seconds", "step_seconds"))
+# why a job has no profile: its model cannot be predicted, or its child ran past a limit or was killed
+FAILURES = ("error", "timeout", "cpu", "memory", "killed")
+MEMORY_EXIT = 3  # the child's exit status when it ran out of its address space
+# the child: reads its request (one JSON line), imports as the sidecar does (its sys.path), runs child_main
+CHILD = ("import json, sys; request = json.loads(sys.stdin.readline()); sys.path[:] = request['path']; "
+         "from dprobe.services.sidecar.jobs import child_main; sys.exit(child_main(request))")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One training job, as ``dprobe predict`` takes it."""
+
+    model: str
+    batch: int
+    precision: str = "fp32"
+    optimizer: str = "adamw"
+    image: int | None = None
+    seq: int | None = None
+    gpu: str = ""  # "": the GPU the sidecar sees (JobProfiles resolves it)
+    host_stall_s: float = 0.0
+    config_kwargs: str = ""  # a JSON object (keys sorted): the spec is hashable, one profile per job
+
+    @staticmethod
+    def parse(text: str) -> JobSpec:
+        """``MODEL batch=N [precision=P] [optimizer=O] [image=N] [seq=N] [gpu=NAME] [host_stall=S]
+        [config_kwargs=JSON]`` (shell quoting for values with spaces); a ValueError naming what is wrong."""
+        from dprobe.profiling.coldstart.gpus import (
+            GPUS,  # no torch: a job is checked where it cannot be profiled too
+        )
+
+        try:
+            parts = shlex.split(text)
+        except ValueError as exc:
+            raise ValueError(f"{text!r}: {exc}") from exc
+        if not parts:
+            raise ValueError(f"{text!r}: empty; expected MODEL batch=N [key=value ...]")
+        model, *opts = parts
+        kw: dict[str, Any] = {}
+        for opt in opts:
+            key, sep, value = opt.partition("=")
+            if not sep or not value:
+                raise ValueError(f"{text!r}: expected key=value, got {opt!r}")
+            if key not in KEYS:
+                raise ValueError(f"{text!r}: unknown key {key!r} ({', '.join(KEYS)})")
+            try:
+                if key in ("batch", "image", "seq"):
+                    kw[key] = int(value)
+                elif key == "host_stall":
+                    kw["host_stall_s"] = float(value)
+                elif key == "config_kwargs":
+                    parsed = json.loads(value)
+                    if not isinstance(parsed, dict):
+                        raise ValueError("must be a JSON object")
+                    kw[key] = json.dumps(parsed, sort_keys=True)
+                else:
+                    kw[key] = value.lower()
+            except ValueError as exc:  # includes json.JSONDecodeError
+                raise ValueError(f"{text!r}: {key}: {exc}") from exc
+        if "batch" not in kw or kw["batch"] < 1:
+            raise ValueError(f"{text!r}: batch=N (>= 1) is required")
+        for key, allowed in (("precision", PRECISIONS), ("optimizer", OPTIMIZERS), ("gpu", tuple(GPUS))):
+            if key in kw and kw[key] not in allowed:
+                raise ValueError(f"{text!r}: {key} must be one of {', '.join(allowed)}, got {kw[key]!r}")
+        if kw.get("host_stall_s", 0.0) < 0:
+            raise ValueError(f"{text!r}: host_stall must be >= 0 seconds")
+        return JobSpec(model, **kw)
+
+    def predict(self, checkpoint: str | None = None) -> dict[str, Any]:
+        """The cold-start prediction (:func:`dprobe.profiling.coldstart.predict.predict_job`; seconds on a CPU)."""
+        from dprobe.profiling.coldstart.predict import predict_job
+
+        return predict_job(self.model, self.batch, self.precision, self.optimizer, image=self.image, seq=self.seq,
+                           config_kwargs=self.config_kwargs or None, checkpoint=checkpoint,
+                           gpu=self.gpu or DEFAULT_GPU, host_stall_s=self.host_stall_s)
+
+
+def _known_gpu(name: str, otherwise: str) -> str:
+    """The dprobe GPU (``h100``, ...) of a GPU name, or "" with a log line (ending in ``otherwise``) when
+    dprobe has no figures for it."""
+    from dprobe.profiling.coldstart.gpus import gpu_key
+
+    try:
+        return gpu_key(name)
+    except ValueError as exc:
+        log.warning("job profiles: %s; %s", exc, otherwise)
+        return ""
+
+
+def node_gpu_name() -> str:
+    """The name NVML gives the first GPU of this node ("" without one)."""
+    from dprobe.services.sources.nvml import gpu_names
+
+    names = gpu_names()
+    return names[0] if names else ""
+
+
+@dataclass(frozen=True)
+class JobLimits:
+    """What one job's prediction may take: wall seconds, CPU seconds (``RLIMIT_CPU``) and GiB of address
+    space (``RLIMIT_AS``; PyTorch's CUDA build maps about 3 GiB when imported)."""
+
+    timeout_s: float = 120.0
+    cpu_s: float = 120.0
+    memory_gib: float = 8.0
+
+    def __post_init__(self) -> None:
+        for name, value in (("job_timeout", self.timeout_s), ("job_cpu_limit", self.cpu_s),
+                            ("job_memory_limit", self.memory_gib)):
+            if not 0 < value < float("inf"):
+                raise ValueError(f"{name} must be positive, got {value}")
+
+
+class JobFailed(Exception):
+    """A job's child process failed or ran past a limit; ``reason`` is one of :data:`FAILURES`."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is an allocation refused (by ``RLIMIT_AS``): Python's, PyTorch's, or
+    a shared library's mapping when it is imported."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, MemoryError) or any(s in str(exc) for s in (
+                "MemoryError", "Cannot allocate memory", "can't allocate memory", "bad_alloc", "failed to map segment")):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _set_limit(kind: int, soft: int, hard: int) -> None:
+    """``setrlimit`` within the hard limit the process already has (it may only be lowered)."""
+    _, now = resource.getrlimit(kind)
+    if now != resource.RLIM_INFINITY:
+        soft, hard = min(soft, now), min(hard, now)
+    resource.setrlimit(kind, (soft, hard))
+
+
+def child_main(request: Mapping[str, Any]) -> int:
+    """The child (:data:`CHILD`): apply the limits, predict the job, write the profile's fields as JSON to
+    stdout; the exit status says why not (:data:`MEMORY_EXIT`, else 1, with the error on stderr)."""
+    limits = request["limits"]
+    cpu = max(1, int(limits["cpu_s"] + 0.999))
+    _set_limit(resource.RLIMIT_CPU, cpu, cpu + 2)  # SIGXCPU at the soft limit, SIGKILL at the hard one
+    memory = int(limits["memory_gib"] * 2**30)
+    _set_limit(resource.RLIMIT_AS, memory, memory)
+    _set_limit(resource.RLIMIT_CORE, 0, 0)  # no core file of a child killed by SIGXCPU
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # what libraries print goes to stderr; stdout holds the answer only
+    try:
+        result = JobSpec(**request["spec"]).predict(request["checkpoint"])
+        answer = {key: {q: float(result[key][q]) for q in ("p50", "p90")} for key, _ in TARGETS}
+        answer["fits"] = str(result["fits"])
+    except BaseException as exc:  # noqa: BLE001 - the parent reads the reason from the status and stderr
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return MEMORY_EXIT if _out_of_memory(exc) else 1
+    json.dump(answer, out)
+    out.flush()
+    return 0
+
+
+@dataclass(frozen=True)
+class JobProfile:
+    """A job's prediction as exported: ``values[stem][quantile]``, e.g. ``values["gpu_memory_bytes"]["0.9"]``."""
+
+    spec: JobSpec
+    values: Mapping[str, Mapping[str, float]]
+    fits: str  # "yes", "maybe" or "no" (dprobe.profiling.coldstart.predict.fits_on_gpu)
+
+    @staticmethod
+    def from_prediction(spec: JobSpec, result: Mapping[str, Any]) -> JobProfile:
+        values = {stem: {"0.5": float(result[key]["p50"]), "0.9": float(result[key]["p90"])} for key, stem in TARGETS}
+        return JobProfile(spec, values, str(result["fits"]))
+
+
+class JobProfiles:
+    """Which job each target runs, and the profiles computed so far (one background thread, which runs
+    each prediction in a child process within ``limits``).
+
+    ``own_target`` (the sidecar's own pod, ``namespace/pod``) is listed from the start, before any
+    sample of it arrives. A job whose prediction fails, or whose child runs past a limit, is logged once
+    and counted by reason (:data:`FAILURES`, exported by :meth:`collect`).
+    The pod annotation, where there is one, overrides ``default`` when ``policy`` allows what it names
+    (a refused one leaves those targets without a profile); :meth:`refresh` follows it when it changes.
+    ``gpu``: this node's GPU name (or a function giving it, called once when first needed).
+    """
+
+    def __init__(self, jobs: Mapping[str, str] | None = None, default: str = "", annotations_file: str = "",
+                 own_target: str = "", checkpoint: str | None = None,
+                 predict: Callable[[JobSpec], Mapping[str, Any]] | None = None,
+                 gpu: str | Callable[[], str] = node_gpu_name, policy: AnnotationPolicy | None = None,
+                 limits: JobLimits | None = None):
+        self.patterns = {glob: JobSpec.parse(text) for glob, text in (jobs or {}).items()}
+        self.configured = JobSpec.parse(default) if default else None
+        self.default = self.configured
+        self.policy = policy or AnnotationPolicy()
+        self.limits = limits or JobLimits()
+        self.checkpoint = checkpoint
+        self.annotations = AnnotationsFile(annotations_file, ANNOTATION) if annotations_file else None
+        if self.annotations is not None and self.annotations.value:
+            try:
+                self.default = self._annotated(self.annotations.value)
+            except ValueError as exc:
+                raise ValueError(f"{annotations_file}: annotation {ANNOTATION}: {exc}") from exc
+        if self.active and predict is None and not installed("torch"):
+            raise ValueError("job profiles (job, jobs, the dprobe.io/training-job annotation) replay the job's "
+                             "model with torch, which is not installed here: install dprobe with its dependencies "
+                             "(`pip install .`, or use the full image), or leave the job out")
+        self._node_gpu = gpu  # jobs that do not name their GPU run on their target's, else this node's
+        self._model_gpus: dict[str, str] = {}  # a GPU's model name -> the dprobe GPU it is predicted for
+        self.own_target = own_target
+        self._predict = predict or self._predict_in_child
+        self._profiles: dict[JobSpec, JobProfile | None] = {}  # None: queued or failed
+        self._queue: queue.Queue[JobSpec | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._child: subprocess.Popen | None = None
+        self._stopping = False
+        self.failures_total = dict.fromkeys(FAILURES, 0)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.patterns or self.default)
+
+    @property
+    def errors_total(self) -> int:
+        """Jobs without a profile, whatever the reason."""
+        return sum(self.failures_total.values())
+
+    def _annotated(self, text: str) -> JobSpec | None:
+        """The job an annotation names, as the policy allows it (None when refused: logged and counted); a
+        ValueError when it does not parse."""
+        spec = JobSpec.parse(text)
+        try:
+            model = self.policy.model(spec.model)
+            self.policy.config_kwargs(spec.config_kwargs)
+            return replace(spec, model=model)
+        except Refused as exc:
+            self.policy.refuse(ANNOTATION, text, exc, "targets without a job of their own get no cold-start "
+                               "profile")
+            return None
+
+    def refresh(self) -> bool:
+        """Follow a changed ``dprobe.io/training-job`` annotation; True when the default job changed. An
+        annotation that does not parse is logged and the job stays what it was."""
+        if self.annotations is None or not self.annotations.changed():
+            return False
+        text = self.annotations.value
+        try:
+            default = self._annotated(text) if text else self.configured
+        except ValueError as exc:
+            log.warning("annotation %s=%r ignored: %s; the job stays %s", ANNOTATION, text, exc,
+                        self.default.model if self.default else "none")
+            return False
+        if default == self.default:
+            return False
+        log.info("annotation %s changed: targets without a job of their own now run %s", ANNOTATION,
+                 f"{default.model} (batch {default.batch}, {default.precision})" if default else "none")
+        self.default = default
+        return True
+
+    def spec(self, target: str, gpu_model: str = "") -> JobSpec | None:
+        """The job ``target`` runs; without ``gpu=``, on ``gpu_model`` (its GPU's model name, as
+        dcgm-exporter's ``modelName``), else on the GPU NVML sees here, else the H200."""
+        spec = next((s for pattern, s in self.patterns.items() if fnmatch.fnmatchcase(target, pattern)),
+                    self.default)
+        if spec is None or spec.gpu:
+            return spec
+        return replace(spec, gpu=self._gpu_of(gpu_model))
+
+    def _gpu_of(self, gpu_model: str) -> str:
+        if gpu_model not in self._model_gpus:  # resolved (and logged) once per name
+            gpu = _known_gpu(gpu_model, "jobs on it without gpu= are predicted for this node's GPU") if gpu_model else ""
+            if not gpu:
+                if callable(self._node_gpu):
+                    self._node_gpu = self._node_gpu()
+                    if not self._node_gpu:
+                        log.info("job profiles: no GPU seen through NVML; jobs without gpu= on GPUs of unknown "
+                                 "model are predicted for the %s", DEFAULT_GPU.upper())
+                gpu = _known_gpu(self._node_gpu, f"jobs without gpu= are predicted for the {DEFAULT_GPU.upper()}"
+                                 ) if self._node_gpu else ""
+            gpu = gpu or DEFAULT_GPU
+            self._model_gpus[gpu_model] = gpu
+        return self._model_gpus[gpu_model]
+
+    def profiles(self, targets: list[str], gpu_models: Mapping[str, str] | None = None) -> dict[str, JobProfile]:
+        """The ready profiles of ``targets`` (and of the own pod); jobs not yet seen are queued. ``gpu_models``:
+        each target's GPU model name, where its samples give one."""
+        out = {}
+        gpu_models = gpu_models or {}
+        names = [*targets, self.own_target] if self.own_target and self.own_target not in targets else targets
+        for target in names:
+            spec = self.spec(target, gpu_models.get(target, ""))
+            if spec is None:
+                continue
+            with self._lock:
+                known = spec in self._profiles
+                profile = self._profiles.get(spec)
+                if not known:
+                    self._profiles[spec] = None
+            if not known:
+                self._queue.put(spec)
+            if profile is not None:
+                out[target] = profile
+        return out
+
+    def start(self) -> threading.Thread:
+        self._thread = threading.Thread(target=self._work, name="job-profiles", daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def stop(self) -> None:
+        """Stop the worker, and the child of a prediction under way."""
+        self._stopping = True
+        self._queue.put(None)
+        child = self._child
+        if child is not None and child.poll() is None:
+            child.kill()
+
+    def run_pending(self) -> None:
+        """Compute every queued job now, in this thread (tests; the service uses :meth:`start`)."""
+        while not self._queue.empty():
+            spec = self._queue.get_nowait()
+            if spec is not None:
+                self._compute(spec)
+
+    def _work(self) -> None:
+        while (spec := self._queue.get()) is not None:
+            self._compute(spec)
+
+    def _compute(self, spec: JobSpec) -> None:
+        try:
+            profile = JobProfile.from_prediction(spec, self._predict(spec))
+        except Exception as exc:  # an unknown model or one that cannot be replayed must not stop the sidecar
+            if self._stopping:
+                return
+            reason = exc.reason if isinstance(exc, JobFailed) else "error"
+            with self._lock:
+                self.failures_total[reason] += 1
+            log.warning("no cold-start profile for job %s: %s", spec.model,
+                        exc if isinstance(exc, JobFailed) else f"{type(exc).__name__}: {exc}")
+            return
+        with self._lock:
+            self._profiles[spec] = profile
+        log.info("cold-start profile of %s (batch %d, %s): GPU memory p50 %.2f GiB, utilisation p50 %.0f %%, "
+                 "step %.3f s; fits: %s", spec.model, spec.batch, spec.precision,
+                 profile.values["gpu_memory_bytes"]["0.5"] / 2**30,
+                 100 * profile.values["gpu_utilization_ratio"]["0.5"], profile.values["step_seconds"]["0.5"],
+                 profile.fits)
+
+    def _predict_in_child(self, spec: JobSpec) -> dict[str, Any]:
+        """``spec.predict`` in a child process (:data:`CHILD`) within :attr:`limits`; a :class:`JobFailed`
+        naming why when it fails or runs past a limit (it is killed then)."""
+        request = json.dumps({"spec": dataclasses.asdict(spec), "checkpoint": self.checkpoint,
+                              "limits": dataclasses.asdict(self.limits), "path": sys.path})
+        with self._lock:
+            if self._stopping:
+                raise JobFailed("killed", "the sidecar is stopping")
+            child = self._child = subprocess.Popen(  # no GPU: the replay is on the meta device
+                [sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+        try:
+            out, err = child.communicate(request + "\n", timeout=self.limits.timeout_s)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.communicate()
+            raise JobFailed("timeout", f"still running after {self.limits.timeout_s:g} s (job_timeout), "
+                                       "killed") from None
+        finally:
+            self._child = None
+        status = child.returncode
+        if status == 0:
+            return json.loads(out)
+        why = _last_line(err) or f"exit status {status}"
+        if status == MEMORY_EXIT:
+            raise JobFailed("memory", f"out of its {self.limits.memory_gib:g} GiB of address space "
+                                      f"(job_memory_limit): {why}")
+        if status == -signal.SIGXCPU:
+            raise JobFailed("cpu", f"past its {self.limits.cpu_s:g} CPU seconds (job_cpu_limit), killed")
+        if status < 0:
+            try:
+                name = signal.Signals(-status).name
+            except ValueError:
+                name = f"signal {-status}"
+            raise JobFailed("killed", f"killed by {name}")
+        raise JobFailed("error", why)
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        fam = CounterMetricFamily("dprobe_job_profile_errors", "Training jobs left without a cold-start profile, "
+                                  "by reason: error (the model cannot be predicted), timeout, cpu, memory (past "
+                                  "a limit of its child process), killed.", labels=["reason"])
+        with self._lock:
+            for reason, count in self.failures_total.items():
+                fam.add_metric([reason], count)
+        yield fam
+

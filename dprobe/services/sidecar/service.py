@@ -1,0 +1,271 @@
+"""The sidecar process: sources -> windows -> forecasts -> /metrics, with clean shutdown on SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from prometheus_client import Histogram
+from prometheus_client.registry import CollectorRegistry
+
+from dprobe.forecaster.base import ForecastInput
+from dprobe.forecaster.loading import LoadedModel, open_forecaster, serves
+from dprobe.services.exporter import ExporterServer, SidecarCollector
+from dprobe.services.exporter.server import run_until_signalled
+from dprobe.services.exporter.state import ForecastSnapshot, JobRow, Latest, SourceStatus
+from dprobe.services.sidecar.annotations import AnnotationPolicy
+from dprobe.services.sidecar.config import SidecarConfig
+from dprobe.services.sidecar.engine import ForecastEngine
+from dprobe.services.sidecar.graphs import GraphResolver
+from dprobe.services.sidecar.jobs import JobLimits, JobProfiles
+from dprobe.services.sidecar.poller import SourcePoller
+from dprobe.services.sidecar.window import METRICS, WindowStore
+from dprobe.services.sources.base import Sample, Source
+
+log = logging.getLogger(__name__)
+BASELINE_WINDOW_SECONDS = 3600.0  # history kept for a baseline forecaster (window_seconds: 0)
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def forecaster_window_seconds(forecaster: object) -> float | None:
+    """Seconds of history the forecaster reads for the sidecar's metrics (the longest of them), or None
+    when it does not say (baselines)."""
+    reads = getattr(forecaster, "window_seconds", None)
+    spans = [float(reads(m)) for m in METRICS if serves(forecaster, m)] if reads is not None else []
+    return max(spans) if spans else None
+
+
+def resolve_window(config: SidecarConfig, forecaster: object) -> float:
+    """``window_seconds`` to use: the configured one (with a warning if shorter than the forecaster
+    reads: the older part of its input would be gaps, and its forecasts worse), or with 0 what the
+    forecaster reads (:data:`BASELINE_WINDOW_SECONDS` for a baseline)."""
+    needed = forecaster_window_seconds(forecaster)
+    if not config.window_seconds:
+        window = max(needed or BASELINE_WINDOW_SECONDS, 2 * config.step_seconds)
+        log.info("window: %g s of history per target (%s)", window,
+                 "what the forecaster reads" if needed else "a baseline's default")
+        return window
+    if needed and config.window_seconds < 0.99 * needed:
+        log.warning("window_seconds %g is shorter than the %g s the forecaster reads: the rest of its input is "
+                    "gaps, and its forecasts are less accurate (set 0 to keep what it reads)",
+                    config.window_seconds, needed)
+    return config.window_seconds
+
+
+def check_forecaster(engine: ForecastEngine, length: int, config: SidecarConfig) -> None:
+    """Forecast one steady window of ``length`` steps with the engine's leads, as every cycle will: a
+    horizon beyond the model's longest lead, or a step it cannot read, fails here (ValueError naming the
+    options) rather than in every cycle after the start."""
+    for metric in engine.metrics:
+        level = 0.5 if metric == "gpu_utilization_ratio" else 2.0**33
+        batch = ForecastInput(values=np.full((1, length), level), metric=metric, leads=engine.leads,
+                              step_seconds=engine.store.step)
+        try:
+            engine.forecaster.predict(batch)
+        except Exception as exc:
+            raise ValueError(f"the forecaster cannot serve horizons {','.join(map(str, config.horizons))} at "
+                             f"step_seconds {config.step_seconds:g}: {exc}") from exc
+
+
+def build_sources(config: SidecarConfig) -> list[Source]:
+    """The configured source; ``auto`` is NVML when it sees a GPU, else replay of a bundled trace."""
+    kind = config.source
+    if kind == "auto":
+        from dprobe.services.sources.nvml import nvml_available
+
+        kind = "nvml" if nvml_available() else "replay"
+        log.info("source auto: %s", "GPU found, reading NVML" if kind == "nvml"
+                    else f"no GPU found, replaying the bundled {config.replay_dataset} trace")
+    if kind == "nvml":
+        from dprobe.services.sources.nvml import NvmlSource, pod_of_cgroup, pod_of_pid
+
+        names = {}
+        if config.pod_name:  # processes in this sidecar's own pod get its name
+            try:
+                own = pod_of_cgroup(Path("/proc/self/cgroup").read_text())
+            except OSError:
+                own = None
+            if own:
+                names[own[0]] = config.pod_name
+        return [NvmlSource(per_process=config.nvml_per_process, pod_names=names, pod_resolver=pod_of_pid)]
+    if kind == "dcgm":
+        from dprobe.services.sources.dcgm import DcgmSource
+
+        return [DcgmSource(config.dcgm_url, config.http_timeout, config.dcgm_targets, config.dcgm_utilization)]
+    if kind == "prometheus":
+        from dprobe.services.sources.prometheus import (
+            DEFAULT_MEMORY_QUERY,
+            DEFAULT_UTILIZATION_QUERY,
+            PrometheusSource,
+        )
+
+        return [PrometheusSource(
+            config.prometheus_url, config.prometheus_memory_query or DEFAULT_MEMORY_QUERY,
+            config.prometheus_utilization_query or DEFAULT_UTILIZATION_QUERY, step=config.step_seconds,
+            lookback=config.window_seconds, timeout=config.http_timeout,
+            target_label=config.prometheus_target_label or None)]
+    if kind == "replay":
+        from dprobe.services.sources.replay import ReplaySource
+
+        return [ReplaySource(config.replay_dataset, config.replay_path or None, config.replay_speed or None,
+                             loop=config.replay_loop, max_targets=config.replay_max_targets or None)]
+    if kind == "synthetic":
+        from dprobe.services.sources.synthetic import SyntheticSource
+
+        return [SyntheticSource(config.synthetic_targets)]
+    raise ValueError(f"unknown source {kind!r}")
+
+
+class Sidecar:
+    """Wires sources, windows, the forecast engine and the exporter; implements the exporter's state."""
+
+    def __init__(self, config: SidecarConfig, sources: list[Source] | None = None,
+                 model: LoadedModel | None = None):
+        self.config = config.validate()
+        self.model = model or open_forecaster(config.checkpoint, config.model, config.fallback_on_bad_checkpoint,
+                                              metrics=METRICS)
+        self.config.window_seconds = resolve_window(self.config, self.model.forecaster)
+        if config.min_points > config.window_length:
+            raise ValueError(f"min_points {config.min_points} is more than the window holds "
+                             f"({config.window_length} steps of {config.step_seconds:g} s): nothing would be forecast")
+        self.sources = build_sources(config) if sources is None else sources
+        self.store = WindowStore(config.step_seconds, config.window_length, config.max_targets)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.forecast_seconds = Histogram("dprobe_forecast_seconds", "Duration of a forecast cycle (all targets).",
+                                          buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.annotation_policy = AnnotationPolicy(config.graph_dir, config.allow_code_annotations)
+        self.graphs = GraphResolver(config.graphs, config.graph_file, config.annotations_file, self.annotation_policy)
+        self.jobs = JobProfiles(config.jobs, config.job, config.annotations_file, own_target=config.pod_name,
+                                checkpoint=config.coldstart_checkpoint, policy=self.annotation_policy,
+                                limits=JobLimits(config.job_timeout, config.job_cpu_limit, config.job_memory_limit))
+        self.engine = ForecastEngine(self.store, self.model.forecaster, config.horizons, config.stale_after,
+                                     config.drop_after, config.min_points, self.graphs,
+                                     observe_seconds=self.forecast_seconds.observe)
+        check_forecaster(self.engine, self.store.length, config)
+        self.stop_event = threading.Event()
+        self.pollers = [SourcePoller(s, self._sink, config.sample_interval, config.max_backoff, self.stop_event,
+                                     max_skew=config.max_clock_skew) for s in self.sources]
+        self.collector = SidecarCollector(self)
+        self.registry.register(self.collector)
+        self.registry.register(self.annotation_policy)  # dprobe_annotations_refused_total
+        self.registry.register(self.jobs)  # dprobe_job_profile_errors_total
+        self.engine.on_publish = self.collector.prepare
+        self.stale_after = config.stale_after
+        self.forecast_max_age = max(config.stale_after, 3 * config.forecast_interval)
+        self.first_sample_at: float | None = None
+        self.server: ExporterServer | None = None
+        self._threads: list[threading.Thread] = []
+        self._annotation_error = ""  # the last failure to follow the annotations, logged once
+
+    # exporter state -------------------------------------------------------------------------------
+    def forecast_snapshot(self) -> ForecastSnapshot | None:
+        return self.engine.snapshot
+
+    def latest_samples(self) -> dict[str, Latest]:
+        return self.store.snapshot_latest()
+
+    def source_status(self) -> list[SourceStatus]:
+        return [SourceStatus(p.source.name, p.up, p.errors_total, dict(p.rejected)) for p in self.pollers]
+
+    def forecast_errors(self) -> int:
+        return self.engine.errors_total
+
+    def model_labels(self) -> dict[str, str]:
+        return {"version": self.model.version, "checkpoint": self.model.checkpoint, "kind": self.model.kind}
+
+    def job_rows(self, latest: dict[str, Latest], fresh: set[str]) -> list[JobRow]:
+        """The cold-start profiles of the fresh targets' jobs (and of this sidecar's own pod's, from the start)."""
+        if not self.jobs.active:
+            return []
+        rows = []
+        gpu_models = {t: latest[t].gpu_model for t in fresh if t in latest and latest[t].gpu_model}
+        for target, profile in self.jobs.profiles(sorted(fresh), gpu_models).items():
+            if target in latest:
+                labels = latest[target].labels
+            else:  # the own pod, before its first sample
+                ns, _, pod = target.rpartition("/")
+                labels = {"namespace": ns, "pod": pod}
+            spec = profile.spec
+            info = {"model": spec.model, "batch": str(spec.batch), "precision": spec.precision,
+                    "optimizer": spec.optimizer, "gpu": spec.gpu, "fits": profile.fits}
+            rows.append(JobRow(target, labels, profile.values, info))
+        return rows
+
+    def ready(self) -> tuple[bool, str]:
+        """Ready while its forecasts are current: the model is loaded, a first sample came and a source's
+        last poll succeeded. It says so for the sidecar's own monitoring: no manifest of dprobe's puts it
+        on a workload's pod, whose serving must not hang on a metrics source."""
+        if self.first_sample_at is None:
+            return False, "no sample yet"
+        if self.pollers and not any(p.up for p in self.pollers):
+            return False, "; ".join(f"source {p.source.name} failing: {p.last_error}" for p in self.pollers)
+        return True, f"model {self.model.kind} loaded, {len(self.store.latest)} targets"
+
+    # lifecycle ------------------------------------------------------------------------------------
+    def _sink(self, samples: list[Sample], source: str) -> None:
+        if samples and self.first_sample_at is None:
+            self.first_sample_at = time.time()
+            log.info("first sample from %s", source)
+        self.store.add(samples, source)
+
+    def refresh_annotations(self) -> None:
+        """Follow the pod's ``dprobe.io/model-graph`` and ``dprobe.io/training-job`` annotations (``kubectl
+        annotate`` reaches the downward-API file without a restart)."""
+        self.graphs.refresh()
+        if self.jobs.refresh():
+            self.jobs.profiles([])  # the own pod's new job, before its next sample
+
+    def _forecast_loop(self) -> None:
+        interval = self.config.forecast_interval
+        next_at = time.monotonic() + min(interval, 2 * self.config.sample_interval)
+        while not self.stop_event.wait(max(0.0, next_at - time.monotonic())):
+            try:
+                self.refresh_annotations()
+            except Exception as exc:  # whatever the annotations say, the forecasts go on
+                if str(exc) != self._annotation_error:
+                    log.error("pod annotations not followed: %s: %s", type(exc).__name__, exc)
+                self._annotation_error = str(exc)
+            else:
+                self._annotation_error = ""
+            self.engine.cycle()  # counts and logs its own failures
+            next_at = max(next_at + interval, time.monotonic() + 0.05 * interval)
+
+    def start(self, serve: bool = True) -> None:
+        if serve:
+            self.server = ExporterServer(self.registry, self, self.config.listen_address, self.config.port,
+                                         fast=lambda _reg: self.collector.render_text(
+                                             [self.forecast_seconds, self.annotation_policy, self.jobs]))
+            self.server.start()
+            model = self.model.kind + (f" from {self.model.checkpoint}" if self.model.checkpoint else "")
+            log.info("serving http://%s:%d/metrics (model %s, source %s)", self.config.listen_address,
+                     self.server.port, model, ",".join(s.name for s in self.sources))
+        for p in self.pollers:
+            self._threads.append(p.start())
+        t = threading.Thread(target=self._forecast_loop, name="forecast", daemon=True)
+        t.start()
+        self._threads.append(t)
+        if self.jobs.active or self.jobs.annotations is not None:  # an annotation may name a job later
+            self.jobs.profiles([])  # the own pod's job, before its first sample
+            self.jobs.start()
+
+    def stop(self, timeout: float = 3.0) -> None:
+        """Stop sampling and forecasting, then the server; bounded by ``timeout`` seconds in all."""
+        self.stop_event.set()
+        self.jobs.stop()
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        if self.server is not None:
+            self.server.stop(max(0.1, deadline - time.monotonic()))
+        for s in self.sources:
+            try:
+                s.close()
+            except Exception:  # closing is best effort at shutdown
+                log.debug("closing %s failed", s.name, exc_info=True)
+
+    def run(self) -> int:
+        """Run until SIGTERM / SIGINT; returns the exit code."""
+        return run_until_signalled(self.stop_event, self.start, self.stop)

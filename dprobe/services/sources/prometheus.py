@@ -1,0 +1,125 @@
+"""A Prometheus server as a source: ``query_range`` over the HTTP API."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.parse
+from collections import defaultdict
+
+from dprobe.services.sources.base import IDENTITY_LABELS, Sample, SourceError, target_name
+from dprobe.services.sources.http import http_get
+
+DEFAULT_MEMORY_QUERY = "sum by (namespace, pod) (DCGM_FI_DEV_FB_USED{pod!=\"\"}) * 1048576"
+DEFAULT_UTILIZATION_QUERY = "avg by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL{pod!=\"\"}) / 100"
+
+
+def api_get(url: str, endpoint: str, params: dict[str, str], timeout: float, kind: str) -> list:
+    """The ``result`` list of ``GET {url}/api/v1/{endpoint}`` (a Prometheus server) when it answers with
+    a ``kind`` (vector, matrix); any failure is a SourceError naming the server and the query as written."""
+    full = f"{url.rstrip('/')}/api/v1/{endpoint}?{urllib.parse.urlencode(params)}"
+    where = f"{url}: {params.get('query', '')!r}"
+    try:
+        body = http_get(full, timeout, accept="application/json")
+    except SourceError as exc:  # the query as written, not URL-encoded
+        raise SourceError(f"{where}: {str(exc).removeprefix(full + ': ')}") from exc
+    try:
+        doc = json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise SourceError(f"{where}: answer is not JSON ({exc})") from exc
+    if not isinstance(doc, dict) or doc.get("status") != "success":
+        err = doc.get("error") if isinstance(doc, dict) else None
+        raise SourceError(f"{where}: query failed: {err or 'unexpected answer'}")
+    data = doc.get("data") or {}
+    if data.get("resultType") != kind:
+        raise SourceError(f"{where}: expected a {kind}, got {data.get('resultType')!r}")
+    return data.get("result") or []
+
+
+def query_vector(url: str, query: str, timeout: float) -> list[tuple[dict[str, str], float]]:
+    """An instant ``query`` at ``url`` (a Prometheus server): ``[(labels, value), ...]``, SourceError
+    on any failure (unreachable, refused query, not an instant vector)."""
+    rows = api_get(url, "query", {"query": query}, timeout, "vector")
+    try:
+        return [(dict(s.get("metric", {})), float(s["value"][1])) for s in rows]
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
+        raise SourceError(f"{url}: {query!r}: malformed vector ({exc})") from exc
+
+
+class PrometheusSource:
+    """Reads memory (bytes) and utilisation (0-1) series from a Prometheus server.
+
+    Each poll asks for the points since the previous poll (the first one
+    backfills ``lookback`` seconds), so a restarted sidecar starts with history;
+    the range never starts after it ends, whatever the timestamps of the answers.
+    Targets are named from the series' labels (``namespace/pod``, else ``UUID``,
+    or the label given as ``target_label``).
+    """
+
+    name = "prometheus"
+    max_points = 10_000  # per series and query: Prometheus refuses more than 11,000 (a longer span is split)
+
+    def __init__(self, url: str, memory_query: str = DEFAULT_MEMORY_QUERY,
+                 utilization_query: str = DEFAULT_UTILIZATION_QUERY, step: float = 10.0,
+                 lookback: float = 3600.0, timeout: float = 3.0, target_label: str | None = None):
+        self.url = url.rstrip("/")
+        self.queries = {"memory": memory_query, "utilization": utilization_query}
+        self.step, self.lookback, self.timeout, self.target_label = step, lookback, timeout, target_label
+        self._since: float | None = None
+
+    def _range(self, query: str, start: float, end: float) -> list:
+        """``query_range`` from ``start`` to ``end``: ``[(labels, [(ts, value), ...]), ...]``, asked in spans
+        of at most :attr:`max_points` steps (a long window at a short step would exceed Prometheus's limit)."""
+        span = self.step * (self.max_points - 1)
+        series: dict[tuple, tuple[dict[str, str], list]] = {}
+        t = start
+        while True:
+            stop = min(end, t + span)
+            for labels, values in self._range_once(query, t, stop):
+                series.setdefault(tuple(sorted(labels.items())), (labels, []))[1].extend(values)
+            t = stop + self.step  # the next point of the same grid
+            if t > end:
+                return list(series.values())
+
+    def _range_once(self, query: str, start: float, end: float) -> list:
+        """One ``query_range``: ``[(labels, [(ts, value), ...]), ...]``."""
+        params = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{self.step:g}"}
+        series = api_get(self.url, "query_range", params, self.timeout, "matrix")
+        try:
+            return [(dict(s.get("metric", {})), [(float(t), float(v)) for t, v in s.get("values", [])])
+                    for s in series]
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise SourceError(f"{self.url}: {query!r}: malformed matrix ({exc})") from exc
+
+    def _target(self, labels: dict[str, str]) -> str | None:
+        if self.target_label:
+            return labels.get(self.target_label) or None
+        return target_name(labels)
+
+    def poll(self) -> list[Sample]:
+        end = time.time()
+        start = end - self.lookback if self._since is None else self._since + 1e-3
+        start = min(max(start, end - self.lookback), end)  # never after end (Prometheus refuses it)
+        points: dict[tuple[str, float], dict[str, float]] = defaultdict(dict)
+        labels_of: dict[str, dict[str, str]] = {}
+        for kind, query in self.queries.items():
+            if not query:
+                continue
+            for labels, values in self._range(query, start, end):
+                target = self._target(labels)
+                if target is None:
+                    continue
+                labels_of.setdefault(target, labels)
+                for ts, v in values:  # NaN and impossible values too: the sidecar counts and drops them
+                    points[(target, ts)][kind] = v
+        if points:  # a point stamped after now (a server clock ahead) must not move the next start past end
+            self._since = min(max(ts for _, ts in points), end)
+        return [
+            Sample(target=t, ts=ts, memory_bytes=v.get("memory"), utilization_ratio=v.get("utilization"),
+                   labels={k: labels_of[t][k] for k in IDENTITY_LABELS if k in labels_of[t]},
+                   gpu_model=labels_of[t].get("modelName", ""))
+            for (t, ts), v in sorted(points.items(), key=lambda kv: kv[0][1])
+        ]
+
+    def close(self) -> None:
+        pass
