@@ -17,8 +17,8 @@ import time
 import numpy as np
 
 from dprobe.data import load_h200_profiles
-from dprobe.profiling.coldstart.report import ROWS, format_scores
-from dprobe.profiling.coldstart.train import cross_validate, host_factor_note, metrics
+from dprobe.profiling.coldstart.crossval import cross_validate, metrics
+from dprobe.profiling.coldstart.report import ROWS, format_scores, host_factor_note
 
 
 def main() -> None:
@@ -47,29 +47,29 @@ def main() -> None:
     t0 = time.time()
     cv = cross_validate(args.data, args.cache, max_epochs=args.epochs, seed=args.seed, folds=args.folds,
                         workers=args.workers, **hp)
-    print(f"leave-model-family-out on {args.data}: {cv['runs']} runs, {cv['families']} families in "
-          f"{cv['folds']} folds ({time.time() - t0:.0f} s)")
-    table, missed = format_scores(cv["learned"], cv["analytical"], cv["typical_machine"])
+    print(f"leave-model-family-out on {args.data}: {cv.runs} runs, {cv.families} families in "
+          f"{cv.folds} folds ({time.time() - t0:.0f} s)")
+    table, missed = format_scores(cv.learned, cv.analytical, cv.typical_machine)
     print(table)
     print(host_factor_note(cv))
-    ds = cv["dataset"]
-    for reason in ds.get("skipped", []):
+    ds = cv.dataset
+    for reason in ds.skipped:
         print(f"left out: {reason}")
-    machines = np.array(ds["machines"])
+    machines = np.array(ds.machines)
     for m in sorted(set(machines)):  # each machine's runs on their own
         on = machines == m
-        s = metrics(ds["y"][on], cv["p50"][on], cv["p90"][on], ds["valid"][on])
+        s = metrics(ds.y[on], cv.p50[on], cv.p90[on], ds.valid[on])
         print(f"  {m}: {on.sum()} runs: peak {s['peak_mape']:.2f} %, NVML {s['nvml_mape']:.2f} %, "
               f"util {s['util_mae_points']:.2f} points, step {s['step_mape']:.2f} %")
     # NVML memory and utilisation are scored while the measured steps ran; runs.csv's columns cover the
     # whole run, setup before the steps included (collection 1: FLOP counting, cuDNN autotuning)
     runs = load_h200_profiles(args.data).train_runs()
-    runs = runs.set_index(runs["run_id"].astype(str)).loc[ds["run_ids"]]  # the runs scored, in their order
+    runs = runs.set_index(runs["run_id"].astype(str)).loc[ds.run_ids]  # the runs scored, in their order
     peak, util = runs["nvml_peak_used_bytes"].to_numpy(), runs["nvml_gpu_util_pct_mean_2nd_half"].to_numpy() / 100
-    print(f"{'  NVML MAPE vs whole-run peak':34s} {100 * np.mean(np.abs(cv['p50'][:, 1] / peak - 1)):10.3f} "
-          f"{100 * np.mean(np.abs(ds['base'][:, 1] / peak - 1)):11.3f}   (runs.csv's columns)")
-    print(f"{'  util MAE vs whole-run 2nd half':34s} {100 * np.mean(np.abs(cv['p50'][:, 2] - util)):10.3f} "
-          f"{100 * np.mean(np.abs(ds['base'][:, 2] - util)):11.3f}")
+    print(f"{'  NVML MAPE vs whole-run peak':34s} {100 * np.mean(np.abs(cv.p50[:, 1] / peak - 1)):10.3f} "
+          f"{100 * np.mean(np.abs(ds.base[:, 1] / peak - 1)):11.3f}   (runs.csv's columns)")
+    print(f"{'  util MAE vs whole-run 2nd half':34s} {100 * np.mean(np.abs(cv.p50[:, 2] - util)):10.3f} "
+          f"{100 * np.mean(np.abs(ds.base[:, 2] - util)):11.3f}")
     print(f"{'PASS' if not missed else 'MISS'}: {len(ROWS) - len(missed)} of {len(ROWS)} targets met"
           + (f" (missed: {', '.join(missed)})" if missed else ""))
     if args.plot:
@@ -77,15 +77,15 @@ def main() -> None:
 
         print(f"plot: {plot_cross_validation(cv, args.plot)}")
     print("\nper run (family, run, measured peak GB, learned APE %, analytical APE %):")
-    for i, rid in enumerate(ds["run_ids"]):
-        y = ds["y"][i, 0]
-        print(f"  {ds['families'][i]:12s} {rid} {ds['models'][i]:20s} b={int(ds['batch'][i]):4d} {y / 1e9:7.2f} "
-              f"{100 * abs(cv['p50'][i, 0] - y) / y:6.2f} {100 * abs(ds['base'][i, 0] - y) / y:6.2f}")
+    for i, rid in enumerate(ds.run_ids):
+        y = ds.y[i, 0]
+        print(f"  {ds.families[i]:12s} {rid} {ds.models[i]:20s} b={int(ds.batch[i]):4d} {y / 1e9:7.2f} "
+              f"{100 * abs(cv.p50[i, 0] - y) / y:6.2f} {100 * abs(ds.base[i, 0] - y) / y:6.2f}")
 
 
 def learning_curve(args: argparse.Namespace, sizes: list[int], hp: dict) -> None:
     """Leave-family-out errors when training on K of the other families, mean over the draws."""
-    from dprobe.profiling.coldstart.train import load_dataset
+    from dprobe.profiling.coldstart.dataset import load_dataset
 
     ds = load_dataset(args.data, args.cache, workers=args.workers)
     keys = [("peak_mape", "peak MAPE %"), ("nvml_mape", "NVML MAPE %"), ("util_mae_points", "util MAE pts"),
@@ -94,7 +94,7 @@ def learning_curve(args: argparse.Namespace, sizes: list[int], hp: dict) -> None
     for k in sizes:
         runs = [cross_validate(args.data, args.cache, max_epochs=args.epochs, seed=args.seed + d, ds=ds,
                                train_families=k, progress=False, calibrate=False, workers=args.workers,
-                               **hp)["learned"] for d in range(args.draws)]
+                               **hp).learned for d in range(args.draws)]
         # the median: a draw that leaves too narrow a set of families to extrapolate from can explode
         print(f"{k:17d} " + " ".join(f"{np.median([r[key] for r in runs]):13.3f}" for key, _ in keys)
               + f"   (median of {args.draws} draws)")

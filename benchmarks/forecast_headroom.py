@@ -42,8 +42,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dprobe.core.conformal import conformal_shift  # noqa: E402
+from dprobe.core.split import Split  # noqa: E402
 from dprobe.data import SeriesDataset  # noqa: E402
-from dprobe.evaluation.harness import EvalConfig, SeriesForecasts, evaluate_dataset, score  # noqa: E402
+from dprobe.evaluation.harness import (  # noqa: E402
+    EvalConfig,
+    SeriesForecasts,
+    evaluate_dataset,
+    score,
+    train_overlap,
+)
 from dprobe.evaluation.report import against_baselines  # noqa: E402
 from dprobe.forecaster.base import QUANTILES  # noqa: E402
 from dprobe.forecaster.baselines import ffill  # noqa: E402
@@ -52,7 +59,7 @@ from dprobe.forecaster.baselines import ffill  # noqa: E402
 # set per day): the ones an oracle may be told ahead. Running and pending jobs are part of GPU demand.
 EXOGENOUS = ("qps", "qps_api", "quota_gpus")
 CONTEXT = 128  # steps of history the features read, as dprobe's forecaster
-TRAIN_END, VALID_END = 0.6, 0.7  # the forecaster's split (conf/data/series.yaml)
+SPLIT = Split()  # the forecaster's split, whose test span dprobe evaluate scores
 VARIANTS = ("lightgbm", "lightgbm_future_covariates", "lightgbm_fit_on_test")
 # What the forecaster issue asks of dprobe against the best baseline of each row.
 PINBALL_TARGET, MAE_TARGET, DUTY_MAE_TARGET = 0.80, 1.00, 0.90
@@ -168,8 +175,8 @@ def reference_forecasts(ds: SeriesDataset, series: dict[str, np.ndarray], test_s
             if variant == "lightgbm_fit_on_test":
                 spans[uid] = {"train": t[ok]}
             else:
-                spans[uid] = {"train": t[ok & (t + h < int(n * TRAIN_END))],
-                              "valid": t[ok & (t >= int(n * TRAIN_END)) & (t + h < int(n * VALID_END))]}
+                train, valid = SPLIT.fit_origins(t[ok], n, h)
+                spans[uid] = {"train": train, "valid": valid}
         # the anchor with the lower MAE on the calibration span (the training span without one), as
         # dprobe's point forecast is chosen on its validation span
         choose_on = "valid" if "valid" in next(iter(spans.values())) else "train"
@@ -287,12 +294,14 @@ def main() -> None:
 
     try:  # bad input stops here, before any work, with what is wrong
         models = {} if args.checkpoint == "none" else {"dprobe": load_forecaster(checkpoint_path(args.checkpoint))}
+        if models and (overlap := train_overlap(models["dprobe"], SPLIT)):  # scored on windows it has seen
+            raise ValueError(f"{args.checkpoint} {overlap}")
         datasets = [load_series_dataset(Path(spec) if Path(spec).is_dir() else bundled_dir(spec))
                     for spec in args.datasets]
     except (OSError, ValueError) as exc:  # missing files, DatasetError, CheckpointError
         parser.error(str(exc))
     threads = available_cores()
-    cfg = EvalConfig(progress=False)
+    cfg = EvalConfig(split=SPLIT, progress=False)
     methods = [*models, *VARIANTS]
     report = []
     for ds in datasets:

@@ -22,7 +22,7 @@ import torch
 
 def default_checkpoint(path: Path) -> Path:
     from dprobe.config import compose
-    from dprobe.forecaster.model import export_checkpoint
+    from dprobe.forecaster.checkpoint import export_checkpoint
     from dprobe.forecaster.module import ForecasterModule
     from dprobe.forecaster.tasks import TaskSpec
 
@@ -53,7 +53,7 @@ def main() -> None:
     torch.set_num_threads(1)
     from dprobe.forecaster import ForecastInput, make_baseline
     from dprobe.forecaster.loading import load_forecaster, read_checkpoint
-    from dprobe.forecaster.model import export_onnx
+    from dprobe.forecaster.onnx_export import export_onnx
 
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = args.checkpoint or default_checkpoint(Path(tmp) / "dprobe.pt")

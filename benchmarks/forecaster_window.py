@@ -60,7 +60,7 @@ def main() -> None:
         parser.error("--steps must be positive")
     models = {"full window": model, **{f"last {s} steps": CutWindow(model, s) for s in steps}}
     ds = load_series_dataset(Path(args.data))
-    result = evaluate_dataset(ds, models, EvalConfig(baselines=("moving_median",)))
+    result = evaluate_dataset(ds, models, EvalConfig(split=model.split, baselines=("moving_median",)))
     rows = {(r["method"], r["target"], r["lead_steps"]): r for r in result.rows}
     print(f"\n{ds.name}: forecasts from windows cut short (ratio: to the full window's)")
     print(f"{'method':<22} {'target':<20} {'lead':>4} {'MAE':>10} {'ratio':>6} {'pinball':>10} {'ratio':>6}")

@@ -106,7 +106,7 @@ def main() -> None:
     for g in range(args.churn_cycles):
         srv.answers = answers(1000, args.pods_per_workload, g)  # type: ignore[attr-defined]
         scaler.cycle()
-        tracked.append(len(scaler.recommenders) + len(scaler.events_total))
+        tracked.append(len(scaler.workloads.recommenders) + len(scaler.events_total))
         if g == args.churn_cycles // 10:
             rss.append(rss_mb())  # after warm-up
     rss.append(rss_mb())

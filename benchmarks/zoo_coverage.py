@@ -19,8 +19,12 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
+
+if TYPE_CHECKING:
+    from dprobe.profiling.coldstart.predict import JobPrediction
 
 DEFAULT_JOBS = """
 timm:efficientvit_b0 --batch 64
@@ -66,19 +70,20 @@ def parse_jobs(text: str) -> list[list[str]]:
     return [argv for argv in (shlex.split(line, comments=True) for line in text.splitlines()) if argv]
 
 
-def sane(result: dict) -> str:
+def sane(result: JobPrediction) -> str:
     """Why a prediction is not believable, or ""."""
-    peak, params = result["peak_memory_bytes"]["p50"], result["analytical"]["param_bytes"]
+    peak, params = result.peak_memory_bytes.p50, result.analytical.param_bytes
     for key in ("peak_memory_bytes", "device_memory_bytes", "step_time_seconds"):
+        band = getattr(result, key)
         for q in ("p50", "p90"):
-            if not (math.isfinite(result[key][q]) and result[key][q] > 0):
-                return f"{key} {q} = {result[key][q]}"
+            if not (math.isfinite(getattr(band, q)) and getattr(band, q) > 0):
+                return f"{key} {q} = {getattr(band, q)}"
     if not params <= peak < 1e15:
         return f"peak {peak:.3g} B against {params:.3g} B of parameters"
-    if not 0 <= result["gpu_utilization"]["p50"] <= 1:
-        return f"utilisation {result['gpu_utilization']['p50']}"
-    if result["step_time_seconds"]["p50"] > 3600:
-        return f"step time {result['step_time_seconds']['p50']:.3g} s"
+    if not 0 <= result.gpu_utilization.p50 <= 1:
+        return f"utilisation {result.gpu_utilization.p50}"
+    if result.step_time_seconds.p50 > 3600:
+        return f"step time {result.step_time_seconds.p50:.3g} s"
     return ""
 
 
@@ -89,7 +94,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from dprobe.cli import build_parser
-    from dprobe.profiling.coldstart.cli import predict_from_args
+    from dprobe.profiling.cli import predict_from_args
 
     text = Path(args.models).read_text() if args.models else DEFAULT_JOBS
     jobs = parse_jobs(text)
@@ -110,9 +115,9 @@ def main() -> None:
         row = {"job": " ".join(argv), "status": status, "seconds": round(time.perf_counter() - t0, 1),
                "detail": detail}
         if result is not None:
-            row.update(peak_gib=round(result["peak_memory_bytes"]["p50"] / 2**30, 2),
-                       step_ms=round(result["step_time_seconds"]["p50"] * 1e3, 1),
-                       util=result["gpu_utilization"]["p50"], note=result.get("note", ""))
+            row.update(peak_gib=round(result.peak_memory_bytes.p50 / 2**30, 2),
+                       step_ms=round(result.step_time_seconds.p50 * 1e3, 1),
+                       util=result.gpu_utilization.p50, note=result.note)
         rows.append(row)
     counts = {s: sum(r["status"] == s for r in rows) for s in ("OK", "REFUSED", "FAIL")}
     if args.json:

@@ -17,7 +17,7 @@ from dprobe import __version__
 # module paths, each with register(subparsers); imported lazily so `dprobe --help` stays fast
 SUBCOMMANDS: list[str] = [
     "dprobe.graph.cli",
-    "dprobe.profiling.coldstart.cli",
+    "dprobe.profiling.cli",
     "dprobe.evaluation.cli",
     "dprobe.services.sidecar.cli",
     "dprobe.services.scaler.cli",

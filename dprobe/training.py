@@ -7,7 +7,9 @@ import json
 import logging
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytorch_lightning as pl
 import torch
@@ -21,21 +23,34 @@ def _instantiate_dict(section: DictConfig | None) -> list:
     return [instantiate(c) for c in (section or {}).values() if c is not None and "_target_" in c]
 
 
-def train_forecaster(cfg: DictConfig, out_dir: Path) -> Path:
-    """Fit the forecaster on ``cfg.data`` and write the inference checkpoint ``dprobe.pt``."""
-    from dprobe.forecaster.model import (
-        checkpoint_dict,
-        conformal_shifts,
-        export_onnx,
-        load_model_forecaster,
-        save_checkpoint,
-        select_point_sources,
-        select_short_lead_exponents,
-        validation_outputs,
-    )
-    from dprobe.forecaster.module import ForecasterModule
+def stage(section: DictConfig) -> Callable[..., Any]:
+    """A stage's function with its configured arguments bound: its config group (``conf/evaluate``,
+    ``conf/coldstart``, ``conf/jobscale``: ``_target_``, ``_partial_: true``) less ``enabled``, which is
+    :func:`run`'s switch, not an argument."""
+    node = OmegaConf.to_container(section, resolve=True)
+    node.pop("enabled")
+    return instantiate(node, _convert_="all")
 
-    if cfg.trainer.get("accelerator") in ("gpu", "cuda") and not torch.cuda.is_available():
+
+def best_val_pinball(trainer: pl.Trainer) -> float | None:
+    """The validation pinball loss of the epoch kept (the best checkpoint's on ``val/pinball``), or of the
+    last validation where none is kept (``fast_dev_run``); None without a validation."""
+    callback = trainer.checkpoint_callback
+    score = callback.best_model_score if callback is not None and callback.monitor == "val/pinball" else None
+    if score is None:
+        score = trainer.callback_metrics.get("val/pinball")
+    return None if score is None else float(score)
+
+
+def train_forecaster(cfg: DictConfig, out_dir: Path) -> tuple[Path, float | None]:
+    """Fit the forecaster on ``cfg.data`` and write the inference checkpoint ``dprobe.pt``; returns its path
+    and the validation pinball loss (:func:`best_val_pinball`)."""
+    from dprobe.forecaster.calibration import build_checkpoint
+    from dprobe.forecaster.checkpoint import save_checkpoint
+    from dprobe.forecaster.module import ForecasterModule
+    from dprobe.forecaster.onnx_export import export_onnx
+
+    if cfg.trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ValueError("trainer=gpu needs a CUDA GPU, and torch sees none; trainer=default uses one when there "
                          "is one, trainer=cpu never")
     datamodule = instantiate(cfg.data, _convert_="all")
@@ -44,37 +59,23 @@ def train_forecaster(cfg: DictConfig, out_dir: Path) -> Path:
     trainer: pl.Trainer = instantiate(cfg.trainer, callbacks=_instantiate_dict(cfg.get("callbacks")),
                                       logger=_instantiate_dict(cfg.get("logger")) or False)
     trainer.fit(model, datamodule=datamodule)
+    val_pinball = best_val_pinball(trainer)
     best = getattr(trainer.checkpoint_callback, "best_model_path", "") if trainer.checkpoint_callback else ""
     if best and Path(best).is_file():
         model = ForecasterModule.load_from_checkpoint(best, weights_only=True, map_location="cpu")
         log.info("best epoch checkpoint: %s", best)
-    # point selection, calibration and export run on the CPU, wherever training ran (their batches are CPU
-    # tensors, and a checkpoint must load on a machine without a GPU)
-    model = model.cpu()
-    outputs = validation_outputs(model, datamodule)  # one pass over the validation windows serves both
-    sources = select_point_sources(model, datamodule, outputs=outputs) if cfg.get("select_point", True) else None
-    if sources:
-        log.info("point forecast per task and lead (chosen on validation): %s",
-                 {t.name: s for t, s in zip(datamodule.task_specs, sources, strict=True)})
-    shifts = (conformal_shifts(model, datamodule, sources, outputs=outputs) if cfg.get("calibrate_quantiles", True)
-              else None)
-    known = sum(int(t.known.sum()) for t in datamodule.tasks)
-    if model.hparams.use_graph:
-        log.info("workload conditioning: %d training series with a known workload%s", known,
-                 "" if known else " (no workloads.csv: graphs given at inference will be ignored)")
-    obj = checkpoint_dict(model, datamodule.task_specs, point_sources=sources, quantile_shifts=shifts,
-                          workloads_trained=known > 0)
-    # how the quantiles widen below the first lead, chosen with the forecaster as it will serve
-    obj["short_lead_exponents"] = select_short_lead_exponents(load_model_forecaster(obj), datamodule)
-    log.info("quantile spread below the first lead per task (1: linear, 0.5: square root): %s",
-             {t.name: e for t, e in zip(datamodule.task_specs, obj["short_lead_exponents"], strict=True)})
+    # point choice and calibration on the validation windows (on the CPU, wherever training ran)
+    obj = build_checkpoint(model, datamodule, select_point=cfg.select_point,
+                           calibrate_quantiles=cfg.calibrate_quantiles)
     path = save_checkpoint(obj, out_dir / "dprobe.pt")
     export_onnx(obj, out_dir / "dprobe.onnx")  # for the sidecar: no torch needed
-    return path
+    return path, val_pinball
 
 
-def evaluate_checkpoint(cfg: DictConfig, checkpoint: Path, out_dir: Path) -> dict:
-    """Score the checkpoint beside every baseline on each evaluation directory; write report.md/json."""
+def evaluate_checkpoint(checkpoint: Path, out_dir: Path, datasets: list[str], cache_dir: str | None) -> dict:
+    """Score the checkpoint beside every baseline on each of ``datasets``; write report.md/json. ``cache_dir``:
+    model graphs and replays of the workloads a directory's workloads.csv names (``conf/evaluate/default.yaml``:
+    :func:`run` calls its partial)."""
     from dprobe.data import load_series_dataset
     from dprobe.data.workloads import workload_graphs
     from dprobe.evaluation import EvalConfig, evaluate_dataset
@@ -83,11 +84,12 @@ def evaluate_checkpoint(cfg: DictConfig, checkpoint: Path, out_dir: Path) -> dic
 
     forecaster = load_forecaster(str(checkpoint))
     reports, tables = [], []
-    for directory in cfg.evaluate.datasets:
+    for directory in datasets:
         ds = load_series_dataset(directory)
-        graphs = workload_graphs(directory, cache_dir=cfg.data.get("workload_cache"))  # workloads.csv, if any
-        result = evaluate_dataset(ds, models={"dprobe": forecaster},
-                                  cfg=EvalConfig(test_fraction=cfg.evaluate.test_fraction), graphs=graphs)
+        graphs = workload_graphs(directory, cache_dir=cache_dir)  # workloads.csv, if any
+        # the test span of the split the checkpoint records: what it did not train on
+        result = evaluate_dataset(ds, models={"dprobe": forecaster}, cfg=EvalConfig(split=forecaster.split),
+                                  graphs=graphs)
         reports.append(result.to_json())
         tables.append(markdown_table(result))
         plot_forecasts(result, out_dir / f"forecasts-{ds.name}.png", methods=["last_value", "dprobe"])
@@ -112,40 +114,32 @@ def check_profiles(cfg: DictConfig) -> None:
     not after the forecaster's minutes of training."""
     from dprobe.data import load_h200_profiles
 
-    for stage in ("coldstart", "jobscale"):
-        if cfg[stage].enabled:
-            load_h200_profiles(cfg[stage].data_dir)
+    for name in ("coldstart", "jobscale"):
+        if cfg[name].enabled:
+            load_h200_profiles(cfg[name].data_dir)
 
 
 def train_profilers(cfg: DictConfig, out_dir: Path, workers: int | None = None, progress: bool = True) -> dict:
     """The two h200-profiles models: the cold-start profiler, then the job-scale model (which reads the
     profiler's leave-family-out utilisation); ``workers``: processes for their replays and folds (default
-    ``coldstart.workers``). Returns ``{"summary": {...}, "tables": [...]}`` for :func:`run`."""
+    ``coldstart.workers`` and ``jobscale.workers``). Returns ``{"summary": {...}, "tables": [...]}`` for
+    :func:`run`."""
     cache = out_dir / "cache"  # model graphs and replays, shared by the two models
+    bound = {"workers": workers} if workers else {}
     summary: dict = {}
     tables: list[str] = []
     cs: dict = {}
     if cfg.coldstart.enabled:
-        from dprobe.profiling.coldstart import train_coldstart
-
-        cs = train_coldstart(str(cfg.coldstart.data_dir), str(out_dir / "coldstart"),
-                             max_epochs=cfg.coldstart.max_epochs, seed=cfg.seed, cache_dir=cache,
-                             folds=cfg.coldstart.get("folds"),
-                             workers=workers or cfg.coldstart.get("workers"), progress=progress)
+        cs = stage(cfg.coldstart)(out_dir=str(out_dir / "coldstart"), cache_dir=cache, progress=progress, **bound)
         tables.append(cs["table"])
         summary["coldstart_checkpoint"] = str(cs["checkpoint"])
         summary["coldstart_metrics"] = cs.get("metrics", {})
         summary["coldstart_plot"] = cs.get("plot")
     if cfg.jobscale.enabled:
-        from dprobe.profiling.jobscale import train_jobscale
-
-        js = train_jobscale(str(cfg.jobscale.data_dir), str(out_dir / "jobscale"),
-                            use_graph=cfg.jobscale.use_graph, epochs=cfg.jobscale.epochs, seed=cfg.seed,
-                            graph_dim=cfg.jobscale.graph_dim, cache_dir=cache, folds=cfg.jobscale.get("folds"),
-                            workers=workers or cfg.jobscale.get("workers", 1),
-                            # the cold-start profiler's leave-family-out predictions, where it scored the same runs
-                            coldstart_util=cs.get("cv_util") if cfg.coldstart.data_dir == cfg.jobscale.data_dir
-                            else None, progress=progress)
+        # the cold-start profiler's leave-family-out predictions, where it scored the same runs
+        same_runs = cfg.coldstart.data_dir == cfg.jobscale.data_dir
+        js = stage(cfg.jobscale)(out_dir=str(out_dir / "jobscale"), cache_dir=cache, progress=progress,
+                                 coldstart_util=cs.get("cv_util") if same_runs else None, **bound)
         tables.append(js["table"])
         summary["jobscale_checkpoint"] = js["checkpoint"]
         summary["jobscale_report"] = js["report"]
@@ -182,14 +176,16 @@ def side_by_side(cfg: DictConfig) -> tuple[int, int] | None:
     from dprobe.core.workers import available_cores, resolve_workers
 
     cores = available_cores()
-    wanted = cfg.get("parallel_stages", False) and cfg.get("forecaster_enabled", True)
+    wanted = cfg.parallel_stages and cfg.forecaster_enabled
     if not wanted or not (cfg.coldstart.enabled or cfg.jobscale.enabled) or cores < 2:
         return None
-    return max(1, cores // 2), resolve_workers(cfg.coldstart.get("workers"))
+    return max(1, cores // 2), resolve_workers(cfg.coldstart.workers)
 
 
 def run(cfg: DictConfig) -> dict:
-    """Train what the config enables; returns where the checkpoints and reports went.
+    """Train what the config enables; returns where the checkpoints and reports went, and ``val_pinball``,
+    the metric that ``python train.py -m`` sweeps minimise (train.py's main returns it): the forecaster's
+    validation pinball loss (:func:`best_val_pinball`; None when the forecaster is not trained).
 
     The forecaster and the two h200-profiles models are independent: with ``parallel_stages`` (and at
     least two cores) the latter train in a second process from the start (:func:`side_by_side`)."""
@@ -200,7 +196,7 @@ def run(cfg: DictConfig) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     check_profiles(cfg)
-    summary: dict = {"output_dir": str(out_dir)}
+    summary: dict = {"output_dir": str(out_dir), "val_pinball": None}
     split = side_by_side(cfg)
     profilers = None
     threads = torch.get_num_threads()
@@ -214,11 +210,11 @@ def run(cfg: DictConfig) -> dict:
                  "beside the forecaster (%d thread%s); their log: %s", split[1], "s" * (split[1] > 1), split[0],
                  "s" * (split[0] > 1), out_dir / "profilers.log")
     try:
-        if cfg.get("forecaster_enabled", True):
-            checkpoint = train_forecaster(cfg, out_dir)
+        if cfg.forecaster_enabled:
+            checkpoint, summary["val_pinball"] = train_forecaster(cfg, out_dir)
             summary["checkpoint"] = str(checkpoint)
             if cfg.evaluate.enabled:
-                summary["evaluation"] = evaluate_checkpoint(cfg, checkpoint, out_dir)["report"]
+                summary["evaluation"] = stage(cfg.evaluate)(checkpoint=checkpoint, out_dir=out_dir)["report"]
     except BaseException:
         if profilers is not None:
             profilers.stop()

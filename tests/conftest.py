@@ -1,19 +1,25 @@
-"""Shared fixtures: small copies of the bundled data sets, laid out exactly like the originals."""
+"""Shared fixtures: small copies of the bundled data sets, laid out exactly like the originals; the repository's
+scripts as modules; loopback ports, HTTP peers, /metrics pages; pod annotations as the kubelet writes them."""
 
 from __future__ import annotations
 
 import gzip
 import importlib.util
 import shutil
+import socket
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import ModuleType
 
 import pandas as pd
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 ROOT = Path(__file__).resolve().parent.parent
 DATASETS = ROOT / "datasets"
@@ -88,15 +94,41 @@ def alibaba_layout() -> Callable[[Path, AlibabaRows], Path]:
     return write_alibaba_layout
 
 
+def load_script(path: str) -> ModuleType:
+    """A script of the repository (``path`` relative to its root, e.g. ``benchmarks/forecast_headroom.py``),
+    run as a module named after its file."""
+    spec = importlib.util.spec_from_file_location(Path(path).stem, ROOT / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def script() -> Callable[[str], ModuleType]:
+    """``script("benchmarks/forecast_headroom.py")``: see :func:`load_script`."""
+    return load_script
+
+
 @pytest.fixture()
 def collector(tmp_path, monkeypatch):
     """tools/collect_gpu_profiles.py as a module, its log and output under ``tmp_path/out``."""
     monkeypatch.setenv("OUT", str(tmp_path / "out"))  # the module opens its log there on import
-    spec = importlib.util.spec_from_file_location("collect_gpu_profiles", ROOT / "tools" / "collect_gpu_profiles.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("tools/collect_gpu_profiles.py")
     yield module
     module.LOG.close()
+
+
+def loopback_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the OS's choice)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def free_port() -> Callable[[], int]:
+    """``free_port()``: see :func:`loopback_port`."""
+    return loopback_port
 
 
 class _Peer(BaseHTTPRequestHandler):
@@ -139,3 +171,31 @@ def http_peer() -> Callable:
     """``with http_peer(lambda path: (200, "text", 0.0)) as url:`` a peer such as a dcgm-exporter (see
     :func:`serve_http`)."""
     return serve_http
+
+
+def scrape_samples(url: str, timeout: float = 5.0) -> list[Sample]:
+    """The samples of the ``/metrics`` page of the server at ``url`` (its base URL), parsed as Prometheus
+    parses them."""
+    with urllib.request.urlopen(url + "/metrics", timeout=timeout) as r:
+        text = r.read().decode()
+    return [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+
+
+@pytest.fixture(scope="session")
+def scrape() -> Callable[..., list[Sample]]:
+    """``scrape(url)``: see :func:`scrape_samples`."""
+    return scrape_samples
+
+
+def write_annotations(path: Path, text: str = "", **values: str) -> None:
+    """A downward-API annotations file written as the kubelet writes it, a new file swapped in (new inode and
+    mtime): ``text``, then a ``key="value"`` line for each of ``values``."""
+    tmp = path.with_suffix(".new")
+    tmp.write_text(text + "".join(f'{key}="{value}"\n' for key, value in values.items()))
+    tmp.replace(path)
+
+
+@pytest.fixture(scope="session")
+def annotate() -> Callable[..., None]:
+    """``annotate(path, text)`` or ``annotate(path, **{key: value})``: see :func:`write_annotations`."""
+    return write_annotations

@@ -8,11 +8,9 @@ import re
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from dprobe.forecaster.loading import open_forecaster
 from dprobe.profiling.coldstart.predict import predict_job
@@ -26,23 +24,16 @@ RESULT = {"device_memory_bytes": {"p50": 5e9, "p90": 6e9}, "peak_memory_bytes": 
           "gpu_utilization": {"p50": 0.7, "p90": 0.9}, "step_time_seconds": {"p50": 0.1, "p90": 0.12}, "fits": "yes"}
 
 
-def _annotate(path: Path, **values: str) -> None:
-    """Write a downward-API annotations file as the kubelet does (a new file swapped in)."""
-    tmp = path.with_suffix(".new")
-    tmp.write_text("".join(f'{key}="{value}"\n' for key, value in values.items()))
-    tmp.replace(path)
-
-
 def _job(text: str) -> dict[str, str]:
     return {"dprobe.io/training-job": text.replace('"', '\\"')}
 
 
-def test_a_code_annotation_runs_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_code_annotation_runs_nothing(annotate, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """``module:subprocess:run`` with config_kwargs once ran a command in the sidecar; now it is refused before
     anything is imported or started, logged once and counted, and the pod's job gets no profile."""
     marker = tmp_path / "ran"
     ann = tmp_path / "annotations"
-    _annotate(ann, **_job(f"module:subprocess:run batch=1 config_kwargs='{{\"args\": [\"touch\", \"{marker}\"]}}'"))
+    annotate(ann, **_job(f"module:subprocess:run batch=1 config_kwargs='{{\"args\": [\"touch\", \"{marker}\"]}}'"))
     policy = AnnotationPolicy()
     with caplog.at_level(logging.WARNING, logger="dprobe"):
         jobs = JobProfiles(default="torchvision:resnet18 batch=2", annotations_file=str(ann), own_target="ml/a",
@@ -65,9 +56,9 @@ def test_a_code_annotation_runs_nothing(tmp_path: Path, caplog: pytest.LogCaptur
     "timm:hf-hub:someone/model batch=1",  # a download, not a timm name
     "/etc/passwd batch=1",  # a file, and no graph_dir
 ])
-def test_job_annotations_naming_code_or_files_are_refused(tmp_path: Path, text: str) -> None:
+def test_job_annotations_naming_code_or_files_are_refused(annotate, tmp_path: Path, text: str) -> None:
     ann = tmp_path / "annotations"
-    _annotate(ann, **_job(text))
+    annotate(ann, **_job(text))
     called: list[JobSpec] = []
     policy = AnnotationPolicy()
     jobs = JobProfiles(default="torchvision:resnet18 batch=2", annotations_file=str(ann), policy=policy,
@@ -77,20 +68,20 @@ def test_job_annotations_naming_code_or_files_are_refused(tmp_path: Path, text: 
     assert called == [] and policy.refused_total[TRAINING_JOB] == 1
 
 
-def test_graph_annotations_naming_code_are_refused(tmp_path: Path) -> None:
+def test_graph_annotations_naming_code_are_refused(annotate, tmp_path: Path) -> None:
     ann = tmp_path / "annotations"
-    _annotate(ann, **{MODEL_GRAPH: "module:os:abort"})
+    annotate(ann, **{MODEL_GRAPH: "module:os:abort"})
     policy = AnnotationPolicy()
     r = GraphResolver(graph_file="default.json", annotations_file=str(ann), policy=policy)
     assert r.reference("ml/a") == "" and not r.active and r.graph("ml/a") is None  # from its metrics alone
     assert policy.refused_total[MODEL_GRAPH] == 1
-    _annotate(ann, **{MODEL_GRAPH: "torchvision:resnet18 batch=2"})
+    annotate(ann, **{MODEL_GRAPH: "torchvision:resnet18 batch=2"})
     assert r.refresh() and r.reference("ml/a") == "torchvision:resnet18 batch=2"  # a zoo name is followed
-    _annotate(ann, **{MODEL_GRAPH: "module:subprocess:run"})
+    annotate(ann, **{MODEL_GRAPH: "module:subprocess:run"})
     assert r.refresh() and r.reference("ml/a") == "" and policy.refused_total[MODEL_GRAPH] == 2
 
 
-def test_graph_files_outside_graph_dir_are_refused(tmp_path: Path) -> None:
+def test_graph_files_outside_graph_dir_are_refused(annotate, tmp_path: Path) -> None:
     graphs, outside = tmp_path / "graphs", tmp_path / "outside.json"
     (graphs / "sub").mkdir(parents=True)
     outside.write_text("{}")
@@ -109,18 +100,19 @@ def test_graph_files_outside_graph_dir_are_refused(tmp_path: Path) -> None:
     with pytest.raises(Refused, match="graph_dir is not set"):
         AnnotationPolicy().graph_file(bert)
     ann = tmp_path / "annotations"
-    _annotate(ann, **{MODEL_GRAPH: "../outside.json"})
+    annotate(ann, **{MODEL_GRAPH: "../outside.json"})
     r = GraphResolver(annotations_file=str(ann), policy=policy)
     assert r.reference("ml/a") == "" and policy.refused_total[MODEL_GRAPH] == 1
-    _annotate(ann, **{MODEL_GRAPH: "sub/net.onnx batch=8"})  # an ONNX file, with its batch
+    annotate(ann, **{MODEL_GRAPH: "sub/net.onnx batch=8"})  # an ONNX file, with its batch
     assert r.refresh() and r.reference("ml/a") == f"{graphs.resolve()}/sub/net.onnx batch=8"
-    _annotate(ann, **{MODEL_GRAPH: "../net.onnx batch=8"})
+    annotate(ann, **{MODEL_GRAPH: "../net.onnx batch=8"})
     assert r.refresh() and r.reference("ml/a") == "" and policy.refused_total[MODEL_GRAPH] == 2
     with pytest.raises(ValueError, match="graph_dir .* is not a directory"):
         AnnotationPolicy(graph_dir=str(outside))
 
 
-def test_a_zoo_annotation_and_a_graph_file_still_work(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_a_zoo_annotation_and_a_graph_file_still_work(annotate, tmp_path: Path) -> None:
     """A zoo name builds its graph and predicts its job (in the limited child) as before; a graph file in
     graph_dir is loaded."""
     from dprobe.graph import build_model_graph
@@ -130,28 +122,28 @@ def test_a_zoo_annotation_and_a_graph_file_still_work(tmp_path: Path) -> None:
     graph = build_model_graph("torchvision:resnet18", batch=2)
     graph.save(graphs / "resnet18.json")
     ann = tmp_path / "annotations"
-    _annotate(ann, **{MODEL_GRAPH: "torchvision:resnet18 batch=2"}, **_job("torchvision:resnet18 batch=2 gpu=h200"))
+    annotate(ann, **{MODEL_GRAPH: "torchvision:resnet18 batch=2"}, **_job("torchvision:resnet18 batch=2 gpu=h200"))
     policy = AnnotationPolicy(graph_dir=str(graphs))
     r = GraphResolver(annotations_file=str(ann), policy=policy)
     assert len(r.graph("ml/a").nodes) == len(graph.nodes)
-    _annotate(ann, **{MODEL_GRAPH: "resnet18.json"}, **_job("torchvision:resnet18 batch=2 gpu=h200"))
+    annotate(ann, **{MODEL_GRAPH: "resnet18.json"}, **_job("torchvision:resnet18 batch=2 gpu=h200"))
     assert r.refresh() and len(r.graph("ml/a").nodes) == len(graph.nodes)
     jobs = JobProfiles(annotations_file=str(ann), policy=policy)
     jobs.profiles(["ml/a"])
     jobs.run_pending()
     [profile] = jobs.profiles(["ml/a"]).values()
     expected = predict_job("torchvision:resnet18", 2, gpu="h200")
-    assert profile.values["gpu_memory_bytes"] == {"0.5": expected["device_memory_bytes"]["p50"],
-                                                  "0.9": expected["device_memory_bytes"]["p90"]}
+    assert profile.values["gpu_memory_bytes"] == {"0.5": expected.device_memory_bytes.p50,
+                                                  "0.9": expected.device_memory_bytes.p90}
     assert policy.refused_total == {MODEL_GRAPH: 0, TRAINING_JOB: 0} and jobs.errors_total == 0
     assert policy.model("timm:vit_base_patch16_224.augreg_in21k") == "timm:vit_base_patch16_224.augreg_in21k"
 
 
-def test_the_operator_opts_in_to_code_annotations(tmp_path: Path) -> None:
+def test_the_operator_opts_in_to_code_annotations(annotate, tmp_path: Path) -> None:
     """With allow_code_annotations, module: specs and config_kwargs are taken from annotations; without it the
     operator's own configuration may still name module: specs."""
     ann = tmp_path / "annotations"
-    _annotate(ann, **{MODEL_GRAPH: "module:mymodels:net"},
+    annotate(ann, **{MODEL_GRAPH: "module:mymodels:net"},
               **_job("module:mymodels:net batch=4 config_kwargs='{\"width\": 8}'"))
     assert load_config({}, env={"DPROBE_SIDECAR_ALLOW_CODE_ANNOTATIONS": "true"}).allow_code_annotations
     config = SidecarConfig(listen_address="127.0.0.1", port=0, annotations_file=str(ann), allow_code_annotations=True)
@@ -167,18 +159,16 @@ def test_the_operator_opts_in_to_code_annotations(tmp_path: Path) -> None:
     assert sc.annotation_policy.refused_total == {MODEL_GRAPH: 1, TRAINING_JOB: 1}
 
 
-def _metrics(url: str) -> dict[tuple[str, tuple], float]:
-    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
-        text = r.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+def _by_series(samples: list) -> dict[tuple[str, tuple], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for s in samples}
 
 
-def test_code_annotations_do_not_kill_the_sidecar(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_code_annotations_do_not_kill_the_sidecar(scrape, annotate, tmp_path: Path) -> None:
     """``module:os:abort`` in either annotation once killed the sidecar (at its first forecast, or at the job's
     prediction); now it serves forecasts, and exports the refusals."""
     ann = tmp_path / "annotations"
-    _annotate(ann, **{MODEL_GRAPH: "module:os:abort"}, **_job("module:os:abort batch=1"))
+    annotate(ann, **{MODEL_GRAPH: "module:os:abort"}, **_job("module:os:abort batch=1"))
     proc = subprocess.Popen(
         [sys.executable, "-m", "dprobe.cli", "sidecar", "--source", "synthetic", "--synthetic-targets", "2",
          "--model", "last_value", "--listen-address", "127.0.0.1", "--port", "0", "--annotations-file", str(ann),
@@ -193,11 +183,11 @@ def test_code_annotations_do_not_kill_the_sidecar(tmp_path: Path) -> None:
             assert line and time.time() < deadline, "the sidecar did not start"
             if found := re.search(r"serving (http://[\d.]+:\d+)/metrics", line):
                 url = found.group(1)
-        while not any(name == "dprobe_predicted_gpu_memory_bytes" for name, _ in _metrics(url)):
+        while not any(name == "dprobe_predicted_gpu_memory_bytes" for name, _ in _by_series(scrape(url))):
             assert proc.poll() is None and time.time() < deadline
             time.sleep(0.1)
         time.sleep(1.0)  # a few more forecast cycles, and time for a job prediction
-        got = _metrics(url)
+        got = _by_series(scrape(url))
         assert proc.poll() is None
         assert got[("dprobe_annotations_refused_total", (("annotation", MODEL_GRAPH),))] == 1
         assert got[("dprobe_annotations_refused_total", (("annotation", TRAINING_JOB),))] == 1

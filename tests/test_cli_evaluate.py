@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -138,3 +139,35 @@ def test_console_script_help() -> None:
     text = " ".join(proc.stdout.split())  # argparse wraps lines
     assert "%%" not in text and "default: None" not in text
     assert "share of each series used as test span (default: 0.3)" in text
+
+
+def test_a_checkpoint_is_not_scored_on_what_it_trained_on(capsys: pytest.CaptureFixture[str], helios_dir: Path,
+                                                           tmp_path: Path) -> None:
+    """A checkpoint records its split: a test span that starts before its own is refused in one line, unless
+    --allow-train-overlap; one that starts at or after it is scored."""
+    import onnx
+
+    from dprobe.core.split import Split
+    from dprobe.forecaster.loading import SHIPPED_FORECASTER
+
+    model = onnx.load(str(SHIPPED_FORECASTER))  # the shipped network, as if trained on the first 80 %
+    meta = json.loads(model.metadata_props[0].value)
+    assert meta["split"] == Split().to_dict()
+    model.metadata_props[0].value = json.dumps({**meta, "split": Split(test_start=0.8).to_dict()})
+    late = str(tmp_path / "late.onnx")
+    onnx.save(model, late)
+    scoring = ["--checkpoint", late, "--baselines", "last_value"]
+    assert main(["evaluate", "--data", str(helios_dir), "--json", *scoring]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1
+    assert re.search(r"late\.onnx was trained and calibrated on the first 80 % of each series.*starts at 70 %.*"
+                     r"--test-fraction 0\.2 or less.*--allow-train-overlap", captured.err)
+    unseen = run_json(capsys, helios_dir, *scoring, "--test-fraction", "0.2")
+    overlap = run_json(capsys, helios_dir, *scoring, "--allow-train-overlap")
+    for out, share in ((unseen, 0.2), (overlap, 0.3)):
+        assert {r["method"] for r in out["rows"]} == {"dprobe", "last_value"}
+        n = {r["n_forecasts"] for r in out["rows"] if r["lead_steps"] == 6}
+        assert len(n) == 1 and abs(n.pop() / (3 * 1152 * share) - 1) < 0.05  # 3 VCs of 4 days in 5-min steps
+    # the forecaster shipped with dprobe was trained with the default split
+    assert main(["evaluate", "--data", str(helios_dir), "--json", "--test-fraction", "0.4"]) == 2
+    assert "first 70 %" in capsys.readouterr().err

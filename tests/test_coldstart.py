@@ -11,9 +11,17 @@ import pytest
 import torch
 
 from dprobe.graph.zoo import parse_spec
-from dprobe.profiling.coldstart.features import family_of
+from dprobe.profiling.coldstart import crossval
+from dprobe.profiling.coldstart import fit as cs_fit
+from dprobe.profiling.coldstart import train as cs_train
+from dprobe.profiling.coldstart.checkpoint import VERSION, load_checkpoint
+from dprobe.profiling.coldstart.crossval import cross_validate
+from dprobe.profiling.coldstart.dataset import ProfileDataset, make_dataset
+from dprobe.profiling.coldstart.features import FEATURES, family_of
 from dprobe.profiling.coldstart.memtrack import round_alloc
+from dprobe.profiling.coldstart.model import TARGETS
 from dprobe.profiling.coldstart.replay import replay_training_step
+from dprobe.profiling.coldstart.residual import predict_residuals
 
 TINY_GPT2 = '{"n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 100, "n_positions": 64}'
 
@@ -148,10 +156,8 @@ def test_attention_replays_the_kernel_cuda_would_pick(kv_heads, enable_gqa, fuse
 
 def _synthetic_runs(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Features, analytical baselines and measurements of ``n`` made-up runs (5 % off the baseline)."""
-    from dprobe.profiling.coldstart import train as tr
-
     rng = np.random.default_rng(seed)
-    feats = rng.normal(size=(n, len(tr.FEATURES)))
+    feats = rng.normal(size=(n, len(FEATURES)))
     base = np.abs(rng.normal(size=(n, 4))) + 1.0
     base[:, 2] = 0.5
     y = base * np.exp(rng.normal(scale=0.05, size=(n, 4)))
@@ -159,23 +165,22 @@ def _synthetic_runs(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return feats, base, y
 
 
+@pytest.mark.slow
 def test_train_and_checkpoint(tmp_path, monkeypatch) -> None:
-    from dprobe.profiling.coldstart import train as tr
-
     n = 12
     feats, base, y = _synthetic_runs(n, 0)
     from dprobe.graph import build_model_graph
     from dprobe.graph.encoder import graph_to_data
 
     g = graph_to_data(build_model_graph("torchvision:resnet18", batch=2, image=64))
-    ds = tr.make_dataset([g] * n, feats, base, y, [f"f{i % 3}" for i in range(n)], [str(i) for i in range(n)])
-    ds["skipped"] = ["run r999 (timm:gone): RuntimeError: cannot replay"]
-    monkeypatch.setattr(tr, "load_dataset", lambda *a, **k: ds)
+    ds = make_dataset([g] * n, feats, base, y, [f"f{i % 3}" for i in range(n)], [str(i) for i in range(n)])
+    ds.skipped = ["run r999 (timm:gone): RuntimeError: cannot replay"]
+    monkeypatch.setattr(cs_train, "load_dataset", lambda *a, **k: ds)
     for graph_dim in (0, 4):
-        result = tr.train_coldstart("unused", str(tmp_path / f"g{graph_dim}"), max_epochs=5, graph_dim=graph_dim,
-                                    hidden=8)
-        model, ckpt = tr.load_checkpoint(result["checkpoint"])
-        assert ckpt["version"] == tr.VERSION and "learned" in result["metrics"]
+        result = cs_train.train_coldstart("unused", str(tmp_path / f"g{graph_dim}"), max_epochs=5,
+                                          graph_dim=graph_dim, hidden=8)
+        model, ckpt = load_checkpoint(result["checkpoint"])
+        assert ckpt["version"] == VERSION and "learned" in result["metrics"]
         assert ckpt["gpus"] == ["h200"]  # the GPUs it learnt from, for predict's note
         assert Path(result["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the leave-family-out picture
         from dprobe.profiling.coldstart.report import ROWS
@@ -183,14 +188,14 @@ def test_train_and_checkpoint(tmp_path, monkeypatch) -> None:
         rows = [line for line in result["table"].splitlines() if line.endswith((" PASS", " MISS"))]
         assert len(rows) == len(ROWS) and f"{result['metrics']['learned']['step_mape']:.3f}" in result["table"]
         assert (tmp_path / f"g{graph_dim}" / "report.txt").read_text().strip() == result["table"]
-        assert result["table"].endswith("left out: " + ds["skipped"][0])
-        assert sorted(result["cv_util"]) == sorted(ds["run_ids"])  # each run's held-out utilisation, for job scale
+        assert result["table"].endswith("left out: " + ds.skipped[0])
+        assert sorted(result["cv_util"]) == sorted(ds.run_ids)  # each run's held-out utilisation, for job scale
         assert all(0 < u < 1 for u in result["cv_util"].values())
-        res = tr.predict_residuals(model, [g], feats[:1])
+        res = predict_residuals(model, [g], feats[:1])
         assert res.shape == (1, 4, 2) and (res[..., 1] >= res[..., 0]).all()
     torch.save({"kind": "other"}, tmp_path / "bad.pt")
     with pytest.raises(ValueError, match="not a dprobe cold-start checkpoint"):
-        tr.load_checkpoint(tmp_path / "bad.pt")
+        load_checkpoint(tmp_path / "bad.pt")
 
 
 def test_precision_and_optimizer_choices_are_what_the_replay_knows() -> None:
@@ -263,6 +268,7 @@ def test_cli_predict(capsys, tmp_path) -> None:
     assert f"checkpoint {damaged}: cannot be read" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_predict_from_an_onnx_file(tmp_path, capsys) -> None:
     """An ONNX file has no module to replay: the step is estimated from its graph, close to the replay's
     (convolutions, batch norms, ReLU, ReLU6 as Clip, SiLU as x * sigmoid(x), squeeze-excitation products)."""
@@ -430,44 +436,42 @@ def test_collection_settings_fill_cudnn_benchmark(tmp_path) -> None:
     assert (other["host_stall_s"] == 0).all()  # no phases column: no stalls
 
 
+@pytest.mark.slow
 def test_p90_calibration_moves_coverage_towards_90_percent(monkeypatch) -> None:
-    from dprobe.profiling.coldstart import train as tr
-
     rng = np.random.default_rng(1)
     n, fams = 60, 12
-    feats = rng.normal(size=(n, len(tr.FEATURES)))
+    feats = rng.normal(size=(n, len(FEATURES)))
     base = np.abs(rng.normal(size=(n, 4))) + 1.0
     base[:, 2] = 0.5
     family = np.arange(n) % fams
     y = base * np.exp(rng.normal(scale=0.2, size=(n, 4)) + 0.1 * family[:, None] / fams)
     y[:, 2] = np.clip(0.5 + rng.normal(scale=0.15, size=n), 0.05, 0.95)
-    ds = tr.make_dataset([None] * n, feats, base, y, [f"f{f}" for f in family], [str(i) for i in range(n)])
-    hp = {**tr.DEFAULTS, "ensemble": 2, "hidden": 8}
-    shift = tr.fit(ds, np.arange(n), 60, 0, hp).p90_shift.numpy()
+    ds = make_dataset([None] * n, feats, base, y, [f"f{f}" for f in family], [str(i) for i in range(n)])
+    hp = {**cs_fit.DEFAULTS, "ensemble": 2, "hidden": 8}
+    shift = cs_fit.fit(ds, np.arange(n), 60, 0, hp).p90_shift.numpy()
     assert shift.shape == (4,) and np.isfinite(shift).all() and (shift != 0).any()
-    assert np.array_equal(shift, tr.fit(ds, np.arange(n), 60, 0, hp).p90_shift.numpy())  # deterministic for a seed
+    assert np.array_equal(shift, cs_fit.fit(ds, np.arange(n), 60, 0, hp).p90_shift.numpy())  # deterministic for a seed
 
     def miss(calibrate: bool) -> float:
-        cv = tr.cross_validate("unused", "unused", max_epochs=60, ds=ds, ensemble=2, hidden=8, calibrate=calibrate)
-        return float(np.mean([abs(cv["learned"][f"p90_coverage_{t}"] - 0.9) for t in tr.TARGETS]))
+        cv = cross_validate("unused", "unused", max_epochs=60, ds=ds, ensemble=2, hidden=8, calibrate=calibrate)
+        return float(np.mean([abs(cv.learned[f"p90_coverage_{t}"] - 0.9) for t in TARGETS]))
 
     assert miss(True) < miss(False)
 
 
+@pytest.mark.slow
 def test_members_fitted_together_are_members_fitted_one_by_one() -> None:
     """Without dropout (the one draw that differs) a member of :func:`fit_members` is the member fitted
     alone on its runs, up to rounding: its own runs, its own standardisation, its own seed."""
-    from dprobe.profiling.coldstart import train as tr
-
     n = 40
     feats, base, y = _synthetic_runs(n, 3)
-    ds = tr.make_dataset([None] * n, feats, base, y, [f"f{i % 5}" for i in range(n)], [str(i) for i in range(n)])
-    hp = {**tr.DEFAULTS, "hidden": 8, "dropout": 0.0}
+    ds = make_dataset([None] * n, feats, base, y, [f"f{i % 5}" for i in range(n)], [str(i) for i in range(n)])
+    hp = {**cs_fit.DEFAULTS, "hidden": 8, "dropout": 0.0}
     subsets = [np.arange(n), np.arange(0, n, 2), np.arange(10, 35)]
-    together = tr.fit_members(ds, subsets, 80, [0, 1, 2], hp)
+    together = cs_fit.fit_members(ds, subsets, 80, [0, 1, 2], hp)
     x = torch.tensor(feats, dtype=torch.float32)
     for member, rows, seed in zip(together, subsets, [0, 1, 2], strict=True):
-        alone = tr._fit_member(ds, rows, 80, seed, hp)
+        alone = cs_fit._fit_member(ds, rows, 80, seed, hp)
         assert torch.allclose(member.mu, alone.mu) and torch.allclose(member.sd, alone.sd)
         with torch.no_grad():
             assert torch.allclose(member(None, x), alone(None, x), atol=1e-4)
@@ -475,33 +479,29 @@ def test_members_fitted_together_are_members_fitted_one_by_one() -> None:
         assert not torch.allclose(together[1](None, x), together[2](None, x), atol=1e-2)
 
 
-def _six_families_recording_fits(monkeypatch, seed: int) -> tuple[dict, list[str], list[set[str]]]:
+def _six_families_recording_fits(monkeypatch, seed: int) -> tuple[ProfileDataset, list[str], list[set[str]]]:
     """24 made-up runs of 6 families, and the families each ``fit`` of a cross-validation trains on."""
-    from dprobe.profiling.coldstart import train as tr
-
     n = 24
     feats, base, y = _synthetic_runs(n, seed)
     family = [f"f{i % 6}" for i in range(n)]
-    ds = tr.make_dataset([None] * n, feats, base, y, family, [str(i) for i in range(n)])
+    ds = make_dataset([None] * n, feats, base, y, family, [str(i) for i in range(n)])
     seen: list[set[str]] = []
-    fit = tr.fit
+    fit = crossval.fit
 
     def recording_fit(ds_, idx, *args, **kwargs):
-        seen.append({ds_["families"][i] for i in idx})
+        seen.append({ds_.families[i] for i in idx})
         return fit(ds_, idx, *args, **kwargs)
 
-    monkeypatch.setattr(tr, "fit", recording_fit)
+    monkeypatch.setattr(crossval, "fit", recording_fit)
     return ds, family, seen
 
 
 def test_cross_validation_on_fewer_families(monkeypatch) -> None:
     """The learning curve's folds: K other families drawn per held-out family, never the family itself."""
-    from dprobe.profiling.coldstart import train as tr
-
     ds, family, seen = _six_families_recording_fits(monkeypatch, 2)
-    cv = tr.cross_validate("unused", "unused", max_epochs=5, ds=ds, progress=False, train_families=2,
-                           ensemble=1, hidden=8)
-    assert np.isfinite(cv["p50"]).all() and len(seen) == 6
+    cv = cross_validate("unused", "unused", max_epochs=5, ds=ds, progress=False, train_families=2,
+                        ensemble=1, hidden=8)
+    assert np.isfinite(cv.p50).all() and len(seen) == 6
     for held_out, trained_on in zip(sorted(set(family)), seen, strict=True):
         assert len(trained_on) == 2 and held_out not in trained_on
     assert len({tuple(sorted(f)) for f in seen}) > 1  # drawn, not the same pair each time
@@ -509,33 +509,30 @@ def test_cross_validation_on_fewer_families(monkeypatch) -> None:
 
 def test_cross_validation_in_grouped_folds(monkeypatch) -> None:
     """``folds``: the families dealt into groups, each group held out once and never trained on."""
-    from dprobe.profiling.coldstart import train as tr
-
     ds, family, seen = _six_families_recording_fits(monkeypatch, 3)
-    cv = tr.cross_validate("unused", "unused", max_epochs=5, ds=ds, progress=False, folds=3, ensemble=1, hidden=8)
-    assert cv["folds"] == 3 and len(seen) == 3 and np.isfinite(cv["p50"]).all()
+    cv = cross_validate("unused", "unused", max_epochs=5, ds=ds, progress=False, folds=3, ensemble=1, hidden=8)
+    assert cv.folds == 3 and len(seen) == 3 and np.isfinite(cv.p50).all()
     held_out = [set(family) - trained_on for trained_on in seen]
     assert all(len(h) == 2 for h in held_out)  # 6 families in 3 groups
     assert set().union(*held_out) == set(family)  # every family scored once
     with pytest.raises(ValueError, match="folds"):
-        tr.cross_validate("unused", "unused", max_epochs=5, ds=ds, progress=False, folds=1)
+        cross_validate("unused", "unused", max_epochs=5, ds=ds, progress=False, folds=1)
 
 
+@pytest.mark.slow
 def test_cross_validation_in_worker_processes_scores_the_same() -> None:
     """Folds fitted in two spawned processes give exactly the scores of one process."""
-    from dprobe.profiling.coldstart import train as tr
-
     n = 24
     feats, base, y = _synthetic_runs(n, 5)
-    ds = tr.make_dataset([None] * n, feats, base, y, [f"f{i % 6}" for i in range(n)], [str(i) for i in range(n)])
+    ds = make_dataset([None] * n, feats, base, y, [f"f{i % 6}" for i in range(n)], [str(i) for i in range(n)])
     hp = {"max_epochs": 20, "ds": ds, "progress": False, "ensemble": 2, "hidden": 8, "folds": 3}
-    alone = tr.cross_validate("unused", "unused", workers=1, **hp)
-    pooled = tr.cross_validate("unused", "unused", workers=2, **hp)
-    np.testing.assert_allclose(pooled["p50"], alone["p50"], rtol=1e-6)
-    np.testing.assert_allclose(pooled["p90"], alone["p90"], rtol=1e-6)
-    assert pooled["learned"] == pytest.approx(alone["learned"])
+    alone = cross_validate("unused", "unused", workers=1, **hp)
+    pooled = cross_validate("unused", "unused", workers=2, **hp)
+    np.testing.assert_allclose(pooled.p50, alone.p50, rtol=1e-6)
+    np.testing.assert_allclose(pooled.p90, alone.p90, rtol=1e-6)
+    assert pooled.learned == pytest.approx(alone.learned)
     with pytest.raises(ValueError, match="workers must be at least 1"):
-        tr.cross_validate("unused", "unused", workers=0, **hp)
+        cross_validate("unused", "unused", workers=0, **hp)
 
 
 def test_cross_validation_goes_on_when_its_workers_die(monkeypatch, caplog) -> None:
@@ -543,7 +540,6 @@ def test_cross_validation_goes_on_when_its_workers_die(monkeypatch, caplog) -> N
     from concurrent.futures.process import BrokenProcessPool
 
     import dprobe.core.workers
-    from dprobe.profiling.coldstart import train as tr
 
     class DeadPool:
         def __enter__(self):
@@ -558,28 +554,27 @@ def test_cross_validation_goes_on_when_its_workers_die(monkeypatch, caplog) -> N
     monkeypatch.setattr(dprobe.core.workers, "spawn_pool", lambda *a, **k: DeadPool())
     n = 24
     feats, base, y = _synthetic_runs(n, 5)
-    ds = tr.make_dataset([None] * n, feats, base, y, [f"f{i % 6}" for i in range(n)], [str(i) for i in range(n)])
+    ds = make_dataset([None] * n, feats, base, y, [f"f{i % 6}" for i in range(n)], [str(i) for i in range(n)])
     hp = {"max_epochs": 5, "ds": ds, "progress": False, "ensemble": 1, "hidden": 8, "folds": 3}
     with caplog.at_level("WARNING", logger="dprobe.core.workers"):
-        cv = tr.cross_validate("unused", "unused", workers=2, **hp)
+        cv = cross_validate("unused", "unused", workers=2, **hp)
     assert "fitting the folds in this process" in caplog.text
-    np.testing.assert_allclose(cv["p50"], tr.cross_validate("unused", "unused", workers=1, **hp)["p50"])
+    np.testing.assert_allclose(cv.p50, cross_validate("unused", "unused", workers=1, **hp).p50)
 
 
+@pytest.mark.slow
 def test_uncalibrated_cross_validation_keeps_the_p50() -> None:
     """The learning curve skips the p90 calibration: same p50, p90 without the conformal shift."""
-    from dprobe.profiling.coldstart import train as tr
-
     n = 30
     feats, base, y = _synthetic_runs(n, 3)
-    ds = tr.make_dataset([None] * n, feats, base, y, [f"f{i % 6}" for i in range(n)], [str(i) for i in range(n)])
+    ds = make_dataset([None] * n, feats, base, y, [f"f{i % 6}" for i in range(n)], [str(i) for i in range(n)])
     hp = {"max_epochs": 20, "ds": ds, "progress": False, "ensemble": 1, "hidden": 8}
-    calibrated = tr.cross_validate("unused", "unused", **hp)
-    plain = tr.cross_validate("unused", "unused", calibrate=False, **hp)
-    assert np.allclose(plain["p50"], calibrated["p50"])
-    assert not np.allclose(plain["p90"], calibrated["p90"])
-    assert not tr.fit(ds, np.arange(n), 20, 0, {**tr.DEFAULTS, "ensemble": 1, "hidden": 8},
-                      calibrate=False).p90_shift.any()
+    calibrated = cross_validate("unused", "unused", **hp)
+    plain = cross_validate("unused", "unused", calibrate=False, **hp)
+    assert np.allclose(plain.p50, calibrated.p50)
+    assert not np.allclose(plain.p90, calibrated.p90)
+    assert not cs_fit.fit(ds, np.arange(n), 20, 0, {**cs_fit.DEFAULTS, "ensemble": 1, "hidden": 8},
+                          calibrate=False).p90_shift.any()
 
 
 def test_replay_logs_kernels_by_phase_and_class() -> None:
@@ -604,7 +599,7 @@ def test_replay_logs_kernels_by_phase_and_class() -> None:
 
 
 def test_host_stall_lowers_utilisation_only() -> None:
-    from dprobe.profiling.coldstart.train import busy_utilisation, with_stall
+    from dprobe.profiling.coldstart.residual import busy_utilisation, with_stall
 
     util, step, stall = np.array([0.6, 0.6]), np.array([0.02, 0.02]), np.array([0.0, 0.01])
     busy = busy_utilisation(util, step, stall)
@@ -618,39 +613,37 @@ def test_predict_with_host_stall(capsys) -> None:
     kw = dict(batch=4, precision="bf16", seq=32, config_kwargs=TINY_GPT2)
     plain = predict_job("transformers:GPT2Config/GPT2LMHeadModel", **kw)
     stalled = predict_job("transformers:GPT2Config/GPT2LMHeadModel", host_stall_s=0.05, **kw)
-    assert stalled["gpu_utilization"]["p50"] < plain["gpu_utilization"]["p50"]
-    assert stalled["step_time_seconds"] == plain["step_time_seconds"]
-    assert stalled["peak_memory_bytes"] == plain["peak_memory_bytes"]
+    assert stalled.gpu_utilization.p50 < plain.gpu_utilization.p50
+    assert stalled.step_time_seconds == plain.step_time_seconds
+    assert stalled.peak_memory_bytes == plain.peak_memory_bytes
     with pytest.raises(ValueError, match="host-stall"):
         predict_job("transformers:GPT2Config/GPT2LMHeadModel", host_stall_s=-1, **kw)
 
 
 def test_targets_a_run_does_not_have_are_not_learnt(monkeypatch) -> None:
-    from dprobe.profiling.coldstart import train as tr
-
     n = 24
     feats, base, y = _synthetic_runs(n, 2)
     valid = np.ones((n, 4), dtype=bool)
     valid[: n // 2, 1] = False
     fams, ids = [f"f{i % 4}" for i in range(n)], [str(i) for i in range(n)]
-    hp = {**tr.DEFAULTS, "ensemble": 1, "hidden": 8}
+    hp = {**cs_fit.DEFAULTS, "ensemble": 1, "hidden": 8}
 
     def fitted(y_nvml_scale: float) -> np.ndarray:
         yy = y.copy()
         yy[: n // 2, 1] *= y_nvml_scale  # measurements marked invalid: their values must not matter
-        ds = tr.make_dataset([None] * n, feats, base, yy, fams, ids, valid=valid)
-        model = tr.fit(ds, np.arange(n), 30, 0, hp)
-        return tr.predict_residuals(model, [None] * n, feats)
+        ds = make_dataset([None] * n, feats, base, yy, fams, ids, valid=valid)
+        model = cs_fit.fit(ds, np.arange(n), 30, 0, hp)
+        return predict_residuals(model, [None] * n, feats)
 
     assert np.allclose(fitted(1.0), fitted(3.0))
     # a missing measurement (NaN) is invalid by default: left out of the loss and the scores
     yy = y.copy()
     yy[:3, 1] = np.nan
-    ds = tr.make_dataset([None] * n, feats, base, yy, fams, ids)
-    assert not ds["valid"][:3, 1].any() and ds["valid"][3:].all() and ds["valid"][:, [0, 2, 3]].all()
-    cv = tr.cross_validate("unused", "unused", max_epochs=30, ds=ds, ensemble=1, hidden=8)
-    assert all(np.isfinite(v) for v in cv["learned"].values())
-    assert np.isfinite(cv["p50"]).all()
+    ds = make_dataset([None] * n, feats, base, yy, fams, ids)
+    assert not ds.valid[:3, 1].any() and ds.valid[3:].all() and ds.valid[:, [0, 2, 3]].all()
+    cv = cross_validate("unused", "unused", max_epochs=30, ds=ds, ensemble=1, hidden=8)
+    assert all(np.isfinite(v) for v in cv.learned.values())
+    assert np.isfinite(cv.p50).all()
 
 
 def test_loader_derives_stalls(tmp_path) -> None:
@@ -667,11 +660,9 @@ def test_loader_derives_stalls(tmp_path) -> None:
 def test_host_factors_per_machine() -> None:
     """A machine whose host-bound runs step 1.5 times slower gets a host factor 1.5 times the other's; the
     factors are centred on the typical machine; one with too few host-bound runs counts as typical."""
-    from dprobe.profiling.coldstart import train as tr
-
     n = 16
     feats, base, y = _synthetic_runs(n, 1)
-    host, gpu, roof = (tr.FEATURES.index(k) for k in ("log_t_host", "log_t_gpu", "log_t_roof"))
+    host, gpu, roof = (FEATURES.index(k) for k in ("log_t_host", "log_t_gpu", "log_t_roof"))
     feats[:, host] = np.log(0.02)
     feats[:, gpu] = np.log(0.01)
     feats[:, roof] = feats[:, host]
@@ -679,21 +670,21 @@ def test_host_factors_per_machine() -> None:
     y[:, 2] = 0.3  # GPU busy 30 % of each step: host-bound
     y[:, 3] = 0.02 * np.array([1.0] * 6 + [1.5] * 6 + [3.0] * 4)
     y[-2:, 2] = 0.9  # "rare" has two host-bound runs only
-    ds = tr.make_dataset([None] * n, feats, base, y, ["f"] * n, [str(i) for i in range(n)], machines=machines)
-    factors = tr.host_factors(ds, np.arange(n))
+    ds = make_dataset([None] * n, feats, base, y, ["f"] * n, [str(i) for i in range(n)], machines=machines)
+    factors = cs_fit.host_factors(ds, np.arange(n))
     assert factors["slow"] - factors["fast"] == pytest.approx(np.log(1.5))
     assert factors["fast"] + factors["slow"] == pytest.approx(0.0) and factors["rare"] == 0.0
     # from the runs given only: without the slow machine's runs it is not known, so typical
-    assert tr.host_factors(ds, np.arange(6))["fast"] == 0.0
-    on = tr.for_machines(ds, factors)
+    assert cs_fit.host_factors(ds, np.arange(6))["fast"] == 0.0
+    on = cs_fit.for_machines(ds, factors)
     slow = 6
-    assert on["feats"][slow, host] == pytest.approx(np.log(0.02) + factors["slow"])
-    assert on["feats"][slow, roof] == pytest.approx(on["feats"][slow, host])  # the host still binds
-    assert on["base"][slow, 3] == pytest.approx(0.02 * np.exp(factors["slow"]))
-    assert on["base"][slow, 2] == pytest.approx(0.01 / (0.02 * np.exp(factors["slow"])))
-    fast = on["feats"][0]
+    assert on.feats[slow, host] == pytest.approx(np.log(0.02) + factors["slow"])
+    assert on.feats[slow, roof] == pytest.approx(on.feats[slow, host])  # the host still binds
+    assert on.base[slow, 3] == pytest.approx(0.02 * np.exp(factors["slow"]))
+    assert on.base[slow, 2] == pytest.approx(0.01 / (0.02 * np.exp(factors["slow"])))
+    fast = on.feats[0]
     assert fast[roof] == pytest.approx(max(fast[gpu], fast[host]))
-    np.testing.assert_array_equal(on["base"][:, :2], ds["base"][:, :2])  # memory does not depend on the host
+    np.testing.assert_array_equal(on.base[:, :2], ds.base[:, :2])  # memory does not depend on the host
 
 
 def test_predict_on_a_slower_host() -> None:
@@ -704,12 +695,12 @@ def test_predict_on_a_slower_host() -> None:
     kw = {"precision": "bf16", "seq": 32, "config_kwargs": TINY_GPT2}
     typical = predict_job(*job, **kw)
     slow = predict_job(*job, **kw, host_factor=2.0)
-    assert slow["host_factor"] == 2.0
-    assert slow["analytical"]["step_time_seconds"] == pytest.approx(2 * typical["analytical"]["step_time_seconds"])
-    assert slow["step_time_seconds"]["p50"] > 1.3 * typical["step_time_seconds"]["p50"]
-    assert slow["gpu_utilization"]["p50"] < typical["gpu_utilization"]["p50"]
-    assert slow["peak_memory_bytes"] == typical["peak_memory_bytes"]
-    assert slow["device_memory_bytes"] == typical["device_memory_bytes"]  # the memory head sees no host timing
+    assert slow.host_factor == 2.0
+    assert slow.analytical.step_time_seconds == pytest.approx(2 * typical.analytical.step_time_seconds)
+    assert slow.step_time_seconds.p50 > 1.3 * typical.step_time_seconds.p50
+    assert slow.gpu_utilization.p50 < typical.gpu_utilization.p50
+    assert slow.peak_memory_bytes == typical.peak_memory_bytes
+    assert slow.device_memory_bytes == typical.device_memory_bytes  # the memory head sees no host timing
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="--host-factor must be a positive number"):
             predict_job(*job, **kw, host_factor=bad)
@@ -718,14 +709,51 @@ def test_predict_on_a_slower_host() -> None:
 def test_memory_head_sees_the_op_mix_but_no_timing() -> None:
     """Memory residuals may depend on the job's shape and op mix (convolution and matmul libraries keep
     workspaces), never on host or roofline time; utilisation and step time see every feature."""
-    from dprobe.profiling.coldstart.features import FEATURES
-    from dprobe.profiling.coldstart.train import target_groups
+    from dprobe.profiling.coldstart.model import target_groups
 
     (memory_targets, memory), (timing_targets, timing) = target_groups(FEATURES)
     assert memory_targets == [0, 1] and timing_targets == [2, 3] and timing == list(range(len(FEATURES)))
     names = {FEATURES[i] for i in memory}
     assert {"share_conv", "share_conv_grouped", "share_matmul", "log_peak", "bf16"} <= names
     assert not names & {"log_t_compute", "log_t_memory", "log_t_gpu", "log_t_host", "log_t_roof"}
+
+
+PREDICTION_SCRIPT = """
+import json, sys
+import numpy as np, pandas as pd
+from dprobe.profiling.coldstart.predict import predict_job
+
+predict_job("torchvision:resnet18", 2, image=32)
+cold_start = sorted(sys.modules)
+from dprobe.profiling.predict import predict_with_samples
+
+n = 12  # a started job's first second, one sample every 0.1 s
+samples = pd.DataFrame({"t_rel": np.arange(n) * 0.1, "mem_used_bytes": np.linspace(1, 3, n) * 2**30,
+                        "gpu_util_pct": np.linspace(0, 90, n), "mem_total_bytes": [140 * 2**30] * n})
+assert predict_with_samples("torchvision:resnet18", 2, samples, image=32).job_scale.samples_used == 11
+print(json.dumps({"cold_start": cold_start, "with_samples": sorted(sys.modules)}))
+"""
+# what only training imports: the profilers' training sets, fitting, cross-validation and reports, the
+# forecaster's training
+TRAINING_MODULES = {*(f"dprobe.profiling.coldstart.{m}" for m in ("dataset", "fit", "crossval", "train", "report")),
+                    *(f"dprobe.profiling.jobscale.{m}" for m in ("data", "train", "report")), "dprobe.training"}
+
+
+@pytest.mark.slow
+def test_prediction_imports_no_training_module() -> None:
+    """``dprobe predict`` (cold start, and job scale with a started job's samples) runs without importing
+    anything of training, and the cold-start prediction without job scale."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", PREDICTION_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = json.loads(done.stdout.splitlines()[-1])
+    for modules in loaded.values():
+        assert not TRAINING_MODULES & set(modules)
+        assert not [m for m in modules if m.split(".")[0] in ("pytorch_lightning", "lightning")]
+    assert not [m for m in loaded["cold_start"] if m.startswith("dprobe.profiling.jobscale")]
+    assert "dprobe.profiling.jobscale.predict" in loaded["with_samples"]
 
 
 def test_predict_says_when_a_job_will_not_fit(monkeypatch, capsys) -> None:
@@ -754,23 +782,26 @@ def test_predict_says_when_a_job_will_not_fit(monkeypatch, capsys) -> None:
 UNGUARDED_SCRIPT = '''
 import logging, sys
 import numpy as np
-from dprobe.profiling.coldstart import train as tr
+from dprobe.profiling.coldstart.crossval import cross_validate
+from dprobe.profiling.coldstart.dataset import make_dataset
+from dprobe.profiling.coldstart.features import FEATURES
 
 logging.basicConfig(level=logging.WARNING)
 # no `if __name__ == "__main__":`: each spawned worker re-runs this script and dies starting its own pool
 rng = np.random.default_rng(0)
 n = 24
-feats = rng.normal(size=(n, len(tr.FEATURES)))
+feats = rng.normal(size=(n, len(FEATURES)))
 base = np.abs(rng.normal(size=(n, 4))) + 1.0
 y = base * np.exp(rng.normal(scale=0.05, size=(n, 4)))
-ds = tr.make_dataset([None] * n, feats, base, y, [f"f{i % 6}" for i in range(n)], [str(i) for i in range(n)])
-ds["padding"] = np.zeros(2_000_000)  # a data set far larger than a pipe's buffer
-cv = tr.cross_validate("unused", "unused", max_epochs=2, ds=ds, progress=False, ensemble=1, hidden=8, folds=3,
-                       workers=2)
-print("scored", int(np.isfinite(cv["p50"]).all()))
+ds = make_dataset([None] * n, feats, base, y, [f"f{i % 6}" for i in range(n)], [str(i) for i in range(n)])
+ds.padding = np.zeros(2_000_000)  # a data set far larger than a pipe's buffer
+cv = cross_validate("unused", "unused", max_epochs=2, ds=ds, progress=False, ensemble=1, hidden=8, folds=3,
+                    workers=2)
+print("scored", int(np.isfinite(cv.p50).all()))
 '''
 
 
+@pytest.mark.slow
 def test_cross_validation_from_a_script_without_main_guard_does_not_hang(tmp_path) -> None:
     """Spawned workers that die before they start (here: a script without a main guard) cost the pool,
     not the run: the folds are fitted in-process instead of the parent waiting on them for ever."""
@@ -825,6 +856,7 @@ def _recurrent_flops(mode: str, steps: int, batch: int) -> float:
     return 3 * sum(2 * steps * batch * gates * h * (i + h) for i, h in layers)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["LSTM", "GRU", "RNN"])
 def test_recurrent_layers_replay_as_fused_kernels(tmp_path, monkeypatch, mode) -> None:
     """cuDNN runs a recurrent layer as a few kernels, not a few per time step: the replay's kernel count

@@ -9,13 +9,14 @@ import pandas as pd
 import pytest
 
 from dprobe.core import metrics
+from dprobe.core.split import Split
 from dprobe.data import SeriesDataset
 from dprobe.evaluation import EvalConfig, EvalResult, evaluate_dataset
 from dprobe.evaluation.report import against_baselines, markdown_table
 from dprobe.forecaster import BASELINES, QUANTILES, Forecast, ForecastInput
 
 N = 200  # points per series
-TEST_START = 140  # floor(200 * (1 - 0.3))
+TEST_START = 140  # int(200 * 0.7): the default split's test start
 LEADS = (1, 2)
 
 
@@ -147,10 +148,33 @@ def test_unobserved_actual_is_not_scored() -> None:
 
 
 def test_test_fraction_and_baseline_subset() -> None:
-    cfg = EvalConfig(progress=False, test_fraction=0.5, baselines=["last_value", "ets"])
+    cfg = EvalConfig(progress=False, split=Split().with_test_fraction(0.5), baselines=["last_value", "ets"])
     result = evaluate_dataset(ramp_dataset(), cfg=cfg)
     assert {r["method"] for r in result.rows} == {"last_value", "ets"}
     assert rows_by(result, "last_value")[2]["n_forecasts"] == 2 * (N - 2 - 100)
+
+
+def test_one_split_cuts_series_as_training_and_evaluation_did() -> None:
+    """The split's indices are those the data module (``int(n * test_start)``) and the harness
+    (``floor(n * (1 - test_fraction))``) computed apart: the same test span for every length."""
+    for fraction in (0.3, 0.2, 0.25, 0.1, 0.5, 0.37):
+        split = Split().with_test_fraction(fraction)
+        for n in range(1, 5000):
+            assert split.test_index(n) == int(np.floor(n * (1 - fraction)))
+    split = Split()
+    assert (split.validation_start, split.test_start) == (0.6, 0.7)
+    for n in range(1, 5000):
+        assert (split.validation_index(n), split.test_index(n)) == (int(n * 0.6), int(n * 0.7))
+    # origins forecasting up to 5 steps ahead: training ones end before 60, validation ones before 70
+    train, valid = split.fit_origins(np.arange(100), 100, 5)
+    assert (train.min(), train.max(), valid.min(), valid.max()) == (0, 54, 60, 64)
+    # what a checkpoint records, and what one that records nothing was trained with
+    assert Split.from_dict(Split(0.5, 0.8).to_dict()) == Split(0.5, 0.8) and Split.from_dict(None) == Split()
+    assert Split(0.6, 0.8).reaches_into(Split()) and not Split().reaches_into(Split())
+    assert not Split().reaches_into(Split().with_test_fraction(0.2))
+    with pytest.raises(ValueError, match="validation_start <= test_start"):
+        Split(validation_start=0.8, test_start=0.7)
+    assert EvalConfig().split == Split()
 
 
 # --- a forecaster passed as a model ------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,8 +16,9 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-from dprobe.services.exporter import ExporterServer, ForecastSnapshot, Latest, SidecarCollector, SourceStatus
-from dprobe.services.exporter.state import JobRow
+from dprobe.services.exporter import ExporterServer
+from dprobe.services.sidecar.collector import SidecarCollector
+from dprobe.services.sidecar.state import ForecastSnapshot, JobRow, Latest, SourceStatus
 
 NOW = 10_000.0
 
@@ -131,6 +133,22 @@ def test_job_profiles_are_exported_with_the_targets_identity() -> None:
         "torchvision:resnet50", "64", "yes", "")
     state.latest["ns/pod-0"] = Latest(NOW - 31.0, 5e9, 0.5, "fake")  # stale: its job's profile is withdrawn too
     assert "dprobe_job_info" not in scrape(state)
+
+
+def test_power_clock_and_memory_total_are_observed_gauges_in_base_units() -> None:
+    """The sources' further readings (a sample's extra) are exported as observed gauges with the target's
+    identity, while fresh; a reading without an exported name is not."""
+    state = FakeState()
+    state.latest["ns/pod-0"] = replace(state.latest["ns/pod-0"], extra={
+        "power_watts": 350.5, "sm_clock_hertz": 1.98e9, "memory_total_bytes": 80e9, "gpus": 1.0})
+    m = scrape(state)
+    power, clock, total = (m[n] for n in ("dprobe_observed_gpu_power_watts", "dprobe_observed_gpu_sm_clock_hertz",
+                                          "dprobe_observed_gpu_memory_total_bytes"))
+    assert [(s.labels["target"], s.labels["UUID"], s.value) for s in power] == [("ns/pod-0", "GPU-0", 350.5)]
+    assert [s.value for s in clock] == [1.98e9] and [s.value for s in total] == [80e9]
+    assert not [name for name in m if "gpus" in name]
+    state.latest["ns/pod-0"] = replace(state.latest["ns/pod-0"], ts=NOW - 31.0)  # stale: withdrawn
+    assert "dprobe_observed_gpu_power_watts" not in scrape(state)
 
 
 def _get(url: str) -> tuple[int, str, str]:
@@ -258,6 +276,7 @@ def test_fast_text_equals_client_python_rendering() -> None:
     state.latest["ns/pod-3"] = Latest(NOW - 99.0, 1.0, 0.5, "fake")
     state.latest['we"ird\\pod'] = Latest(NOW - 2.0, 7.0, None, "fake", {"pod": 'we"ird\\pod', "UUID": "GPU-\n"})
     state.latest["gpu-only"] = Latest(NOW - 2.0, 8.0, 0.1, "fake")  # a source without identity labels
+    state.latest["ns/pod-4"] = replace(state.latest["ns/pod-4"], extra={"power_watts": 300.0, "sm_clock_hertz": 1e9})
     state.jobs = [JOB]
     collector = SidecarCollector(state, clock=lambda: NOW)
     reg = CollectorRegistry(auto_describe=False)

@@ -3,9 +3,6 @@ future on purpose), and its three variants are what they say, on small copies of
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -14,15 +11,10 @@ from dprobe.data.helios import load_helios
 from dprobe.evaluation import EvalConfig, evaluate_dataset
 from dprobe.evaluation.harness import score
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 @pytest.fixture(scope="module")
-def headroom():
-    spec = importlib.util.spec_from_file_location("forecast_headroom", ROOT / "benchmarks" / "forecast_headroom.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def headroom(script):
+    return script("benchmarks/forecast_headroom.py")
 
 
 def test_features_read_only_the_past_and_the_oracle_reads_the_exogenous_future(headroom, small_alibaba_dir):

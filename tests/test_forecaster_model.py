@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from dprobe.forecaster.base import ForecastInput
+from dprobe.forecaster.checkpoint import ModelForecaster, export_checkpoint
 from dprobe.forecaster.features import N_STATS, REGIMES, make_features, nanmedian_rows, window_stats
-from dprobe.forecaster.model import ModelForecaster, export_checkpoint
 from dprobe.forecaster.module import ForecasterModule, pinball_loss
 from dprobe.forecaster.network import PatchForecaster, QuantileHead
 from dprobe.forecaster.tasks import TaskSpec
-from dprobe.forecaster.windows import SeriesDataModule
+from dprobe.forecaster.windows import SeriesDataModule, WindowBatch
 
 
 def test_features_are_relative_to_last_observation_and_mask_gaps():
@@ -116,7 +116,7 @@ def test_time_split_never_leaks_the_test_span(small_helios_dir):
     assert (va[:, 2] >= (lengths[va[:, 1]] * 0.6).astype(int)).all()
     assert (va[:, 2] + h < (lengths[va[:, 1]] * 0.7).astype(int)).all()
     batch = next(iter(dm.train_dataloader()))
-    assert batch["x"].shape[1:] == (32, 6) and batch["y"].shape[1] == 3
+    assert batch.features.shape[1:] == (32, 6) and batch.target.shape[1] == 3
     assert len(dm.task_weights) == 1 and dm.task_weights[0] == pytest.approx(1.0)
 
 
@@ -154,8 +154,8 @@ def test_the_quantile_spread_below_the_first_lead_is_chosen_on_validation():
     unknown grows linearly. Given a forecaster exact at the first trained lead, the choice follows."""
     from types import SimpleNamespace
 
+    from dprobe.forecaster.calibration import select_short_lead_exponents
     from dprobe.forecaster.features import last_observed
-    from dprobe.forecaster.model import select_short_lead_exponents
     from dprobe.forecaster.windows import TaskSeries
 
     rng = np.random.default_rng(0)
@@ -169,7 +169,7 @@ def test_the_quantile_spread_below_the_first_lead_is_chosen_on_validation():
         def __init__(self, sd_at_first: float) -> None:
             self.sd = sd_at_first
 
-        def _predict_task(self, k, spec, values, cov, cond=None, known=None):
+        def predict_task(self, k, spec, values, cov, cond=None, known=None):
             return (last_observed(values)[:, None, None] + self.sd * z[None, None, :]).repeat(len(spec.leads), 1)
 
     for values, sd, expected in ((walk, first**0.5, 0.5), (slope, float(first), 1.0)):
@@ -203,8 +203,8 @@ def test_utilization_ratio_is_served_by_the_duty_cycle_task(tmp_path):
 def test_point_source_is_chosen_on_validation_and_applied(tmp_path, small_helios_dir):
     """An untrained model's p50 is the last value; where the window median does better on the
     validation windows it is chosen instead, and the checkpoint's forecasts follow the choice."""
+    from dprobe.forecaster.calibration import select_point_sources
     from dprobe.forecaster.features import POINT_CANDIDATES
-    from dprobe.forecaster.model import select_point_sources
 
     dm = SeriesDataModule([str(small_helios_dir)], context_length=32, val_samples=500)
     dm.setup()
@@ -258,7 +258,7 @@ def test_onnx_export_forecasts_like_the_torch_model_without_torch(tmp_path):
     import sys
 
     from dprobe.forecaster.loading import CheckpointError, open_forecaster, read_checkpoint
-    from dprobe.forecaster.model import export_onnx
+    from dprobe.forecaster.onnx_export import export_onnx
 
     module = ForecasterModule(n_tasks=2, context_length=32, d_model=16, n_heads=2, n_layers=1)
     torch.manual_seed(0)
@@ -304,9 +304,40 @@ def test_onnx_export_forecasts_like_the_torch_model_without_torch(tmp_path):
         open_forecaster(str(broken))
 
 
+def test_the_checkpoint_records_the_split_it_was_fitted_with(small_helios_dir, tmp_path):
+    """build_checkpoint calibrates on the data module's validation windows and records its split, which the
+    torch and ONNX forecasters read back; a checkpoint from before splits were recorded has the default one."""
+    from dprobe.core.split import Split
+    from dprobe.forecaster.calibration import build_checkpoint
+    from dprobe.forecaster.checkpoint import save_checkpoint
+    from dprobe.forecaster.loading import load_forecaster, read_checkpoint
+    from dprobe.forecaster.onnx_export import export_onnx
+
+    dm = SeriesDataModule([str(small_helios_dir)], context_length=32, val_samples=100, val_start=0.5,
+                          test_start=0.8)
+    dm.setup()
+    assert dm.split == Split(validation_start=0.5, test_start=0.8)
+    module = ForecasterModule(n_tasks=1, context_length=32, d_model=16, n_heads=2, n_layers=1)
+    obj = build_checkpoint(module, dm)
+    assert list(obj) == ["kind", "format", "dprobe_version", "hparams", "tasks", "point_sources", "quantile_shifts",
+                         "regimes", "workloads_trained", "short_lead_exponents", "split", "state_dict"]
+    assert obj["split"] == {"validation_start": 0.5, "test_start": 0.8}
+    assert len(obj["quantile_shifts"]) == len(obj["short_lead_exponents"]) == 1
+    pt = save_checkpoint(obj, tmp_path / "dprobe.pt")
+    assert read_checkpoint(pt)["split"] == obj["split"]  # plain floats: a weights-only load reads them
+    onnx_path = export_onnx(obj, tmp_path / "dprobe.onnx")
+    for path in (pt, onnx_path):
+        assert load_forecaster(str(path)).split == dm.split
+    plain = build_checkpoint(module, dm, select_point=False, calibrate_quantiles=False)
+    assert plain["quantile_shifts"] == [] and plain["point_sources"] == [["model"] * 3]
+    old = {k: v for k, v in obj.items() if k != "split"}
+    torch.save(old, tmp_path / "old.pt")
+    assert load_forecaster(str(tmp_path / "old.pt")).split == Split()
+
+
 def test_conformal_shifts_make_validation_coverage_nominal(small_helios_dir, tmp_path):
     """After the shifts, p90 / p99 cover 90 % / 99 % of the validation windows (all of them) they were fitted on."""
-    from dprobe.forecaster.model import conformal_shifts
+    from dprobe.forecaster.calibration import conformal_shifts
 
     dm = SeriesDataModule([str(small_helios_dir)], context_length=32, val_samples=100)
     dm.setup()
@@ -319,9 +350,9 @@ def test_conformal_shifts_make_validation_coverage_nominal(small_helios_dir, tmp
     ys, qs, rs = [], [], []
     with torch.no_grad():
         for batch in dm.calibration_dataloader():
-            qs.append(module(batch["x"], batch["s"], batch["task"]).numpy() + shifts[batch["r"].numpy()])
-            ys.append(batch["y"].numpy())
-            rs.append(batch["r"].numpy())
+            qs.append(module(batch.features, batch.stats, batch.task).numpy() + shifts[batch.regime.numpy()])
+            ys.append(batch.target.numpy())
+            rs.append(batch.regime.numpy())
     y, q, r = np.concatenate(ys), np.concatenate(qs), np.concatenate(rs)
     assert len(set(r.tolist())) > 1  # several regimes occur (few windows moved here: they take the shift of all)
     # overall, and within each regime with enough windows for a shift of its own (Mondrian)
@@ -346,7 +377,7 @@ def test_conformal_shifts_make_validation_coverage_nominal(small_helios_dir, tmp
 def test_point_choice_needs_a_gain_across_series_not_in_one():
     """A candidate whose lower validation MAE comes from one series stays unchosen; one that is
     better on every series is chosen; the last value is the default."""
-    from dprobe.forecaster.model import _robust_choice
+    from dprobe.forecaster.calibration import _robust_choice
 
     rng = np.random.default_rng(0)
     names = ["model", "last_value", "median_5"]
@@ -402,8 +433,8 @@ def test_served_model_point_stays_within_the_simple_forecasts():
 def test_point_choice_prefers_the_cautious_model_point_unless_the_other_beats_it():
     """The last value is the default; the lowest-MAE candidate that beats it in 90 % of series
     resamples replaces it, and ``model`` must also beat ``model_recent`` to be chosen over it."""
+    from dprobe.forecaster.calibration import _robust_choice
     from dprobe.forecaster.features import POINT_CANDIDATES
-    from dprobe.forecaster.model import _robust_choice
 
     names = list(POINT_CANDIDATES)
     rng = np.random.default_rng(0)
@@ -439,7 +470,7 @@ def test_busy_windows_weigh_less_in_training_only(small_alibaba_dir):
     plain.setup()
     assert plain.change_weighting is None  # off by default: every window weighs its task's weight
     plain_batch = next(iter(plain.train_dataloader()))
-    torch.testing.assert_close(plain_batch["w"], torch.tensor(plain.task_weights)[plain_batch["task"]])
+    torch.testing.assert_close(plain_batch.weight, torch.tensor(plain.task_weights)[plain_batch.task])
 
     dm = SeriesDataModule([str(small_alibaba_dir)], calm_weight=5.0, **kwargs)
     dm.setup()
@@ -447,22 +478,22 @@ def test_busy_windows_weigh_less_in_training_only(small_alibaba_dir):
     typical, mean = dm.change_weighting.typical, dm.change_weighting.mean
     assert dm.change_weighting.calm_weight == 5.0 and all(m > 0 for m in mean)
     batch = next(iter(dm.train_dataloader()))
-    change = window_change(batch["x"][..., 0].numpy(), batch["x"][..., 1].numpy())
-    task = batch["task"].numpy()
+    change = window_change(batch.features[..., 0].numpy(), batch.features[..., 1].numpy())
+    task = batch.task.numpy()
     task_w = np.array(dm.task_weights)[task]
     expected = np.empty(len(task))
     for k in set(task):
         rows = task == k
         expected[rows] = task_w[rows] * change_factor(change[rows], typical[k], 5.0) / mean[k]
-    np.testing.assert_allclose(batch["w"].numpy(), expected, rtol=1e-4)
+    np.testing.assert_allclose(batch.weight.numpy(), expected, rtol=1e-4)
     busy = change > 2 * np.array(typical)[task]
     quiet = change < np.array(typical)[task] / 5.0
     assert busy.any() and quiet.any()
-    relative = batch["w"].numpy() / task_w
+    relative = batch.weight.numpy() / task_w
     assert relative[busy].max() < relative[quiet].min()  # busy windows count less than calm ones
     assert 0.7 < relative.mean() < 1.3  # renormalised: the task keeps about its share of the loss
     val = next(iter(dm.val_dataloader()))
-    torch.testing.assert_close(val["w"], torch.tensor(dm.task_weights)[val["task"]])  # training only
+    torch.testing.assert_close(val.weight, torch.tensor(dm.task_weights)[val.task])  # training only
     with pytest.raises(ValueError, match="calm_weight must be at least 1"):
         SeriesDataModule([str(small_alibaba_dir)], calm_weight=0.5)
 
@@ -472,12 +503,22 @@ def test_covariate_dropout_blanks_whole_windows_in_training_only(small_alibaba_d
                           val_samples=128, covariate_dropout=0.5)
     dm.setup()
     train = next(iter(dm.train_dataloader()))
-    covs = train["x"][..., 2:]  # covariate channels
+    covs = train.features[..., 2:]  # covariate channels
     blank = (covs == 0).flatten(1).all(1)
     assert 0.25 < blank.float().mean() < 0.75  # about half the windows lose all their covariates
     val = next(iter(dm.val_dataloader()))
-    has = (val["x"][..., 2:] != 0).flatten(1).any(1).float().mean()
+    has = (val.features[..., 2:] != 0).flatten(1).any(1).float().mean()
     assert has > 0.9  # validation windows keep theirs
+
+
+def _validation_batch(y: np.ndarray, points: torch.Tensor, regime: torch.Tensor) -> WindowBatch:
+    """Validation windows of one task whose targets are ``y`` (N, H) in window units, over 20 series (the
+    features are left empty: the stand-in networks below ignore them)."""
+    n = len(y)
+    return WindowBatch(features=torch.zeros(n, 1), stats=torch.zeros(n, 1), weight=torch.ones(n),
+                       target=torch.from_numpy(y).float(), task=torch.zeros(n, dtype=torch.long),
+                       workload=torch.zeros(n, 1), known=torch.zeros(n, dtype=torch.bool), points=points,
+                       scale=torch.ones(n), series=torch.arange(n) % 20, regime=regime)
 
 
 def test_conformal_shifts_calibrate_what_is_served_after_the_point_choice():
@@ -485,17 +526,15 @@ def test_conformal_shifts_calibrate_what_is_served_after_the_point_choice():
     covered whatever the shift: the shift is calibrated on the others, not on all of them."""
     from types import SimpleNamespace
 
+    from dprobe.forecaster.calibration import conformal_shifts
     from dprobe.forecaster.features import SIMPLE_POINTS
-    from dprobe.forecaster.model import conformal_shifts
 
     rng = np.random.default_rng(0)
     n = 4000
     y = rng.uniform(0, 2, size=(n, 1))
     cands = np.zeros((n, len(SIMPLE_POINTS)), dtype=np.float32)
     cands[: n // 2, SIMPLE_POINTS.index("median_30")] = 3.0  # half the points above every y
-    batch = {"x": torch.zeros(n, 1), "s": torch.zeros(n, 1), "task": torch.zeros(n, dtype=torch.long),
-             "y": torch.from_numpy(y).float(), "p": torch.from_numpy(cands), "r": torch.zeros(n, dtype=torch.long),
-             "series": torch.arange(n) % 20, "scale": torch.ones(n)}
+    batch = _validation_batch(y, torch.from_numpy(cands), torch.zeros(n, dtype=torch.long))
 
     class Fixed(torch.nn.Module):  # quantiles 0, 0, 0 for every window
         hparams = SimpleNamespace(quantiles=(0.5, 0.9, 0.99), n_leads=1)
@@ -520,16 +559,14 @@ def test_quantiles_are_calibrated_per_regime_and_the_point_choice_starts_from_th
     The point choice of a regime must beat the choice made on all windows, not only the last value."""
     from types import SimpleNamespace
 
+    from dprobe.forecaster.calibration import _robust_choice, conformal_shifts
     from dprobe.forecaster.features import SIMPLE_POINTS
-    from dprobe.forecaster.model import _robust_choice, conformal_shifts
 
     rng = np.random.default_rng(0)
     n = 6000
     regime = (np.arange(n) % 3 > 0).astype(np.int64)  # a third moved, the rest held
     y = np.where(regime == 0, rng.uniform(0, 4, n), rng.uniform(0, 1, n))[:, None]
-    batch = {"x": torch.zeros(n, 1), "s": torch.zeros(n, 1), "task": torch.zeros(n, dtype=torch.long),
-             "y": torch.from_numpy(y).float(), "p": torch.zeros(n, len(SIMPLE_POINTS)),
-             "r": torch.from_numpy(regime), "series": torch.arange(n) % 20, "scale": torch.ones(n)}
+    batch = _validation_batch(y, torch.zeros(n, len(SIMPLE_POINTS)), torch.from_numpy(regime))
 
     class Fixed(torch.nn.Module):
         hparams = SimpleNamespace(quantiles=(0.5, 0.9, 0.99), n_leads=1)

@@ -118,14 +118,14 @@ def test_cold_start_prediction_matches_a_real_training_step(model, batch, precis
 
     pred = predict_job(model, batch, precision, "adamw")
     real = _measure_training(model, batch, precision)
-    print(f"{model} b{batch} {precision}: peak {pred['peak_memory_bytes']['p50'] / GIB:.2f} vs "
-          f"{real['peak'] / GIB:.2f} GiB, NVML {pred['device_memory_bytes']['p50'] / GIB:.2f} vs "
-          f"{real['nvml'] / GIB:.2f} GiB, step {pred['step_time_seconds']['p50'] * 1e3:.1f} vs "
+    print(f"{model} b{batch} {precision}: peak {pred.peak_memory_bytes.p50 / GIB:.2f} vs "
+          f"{real['peak'] / GIB:.2f} GiB, NVML {pred.device_memory_bytes.p50 / GIB:.2f} vs "
+          f"{real['nvml'] / GIB:.2f} GiB, step {pred.step_time_seconds.p50 * 1e3:.1f} vs "
           f"{real['step'] * 1e3:.1f} ms")
-    assert pred["peak_memory_bytes"]["p50"] == pytest.approx(real["peak"], rel=0.10)
-    assert pred["device_memory_bytes"]["p50"] == pytest.approx(real["nvml"], rel=0.15)
+    assert pred.peak_memory_bytes.p50 == pytest.approx(real["peak"], rel=0.10)
+    assert pred.device_memory_bytes.p50 == pytest.approx(real["nvml"], rel=0.15)
     if step_rel is not None:
-        assert pred["step_time_seconds"]["p50"] == pytest.approx(real["step"], rel=step_rel)
+        assert pred.step_time_seconds.p50 == pytest.approx(real["step"], rel=step_rel)
 
 
 def test_host_factor_from_one_host_bound_job_carries_to_another():
@@ -135,10 +135,10 @@ def test_host_factor_from_one_host_bound_job_carries_to_another():
 
     calibration = ("transformers:GPT2Config/GPT2LMHeadModel", 8, "bf16")
     target = ("transformers:BertConfig/BertForSequenceClassification", 32, "bf16")
-    at_one = predict_job(*calibration, "adamw")["step_time_seconds"]["p50"]
+    at_one = predict_job(*calibration, "adamw").step_time_seconds.p50
     factor = _measure_training(*calibration)["step"] / at_one
-    uncalibrated = predict_job(*target, "adamw")["step_time_seconds"]["p50"]
-    pred = predict_job(*target, "adamw", host_factor=factor)["step_time_seconds"]["p50"]
+    uncalibrated = predict_job(*target, "adamw").step_time_seconds.p50
+    pred = predict_job(*target, "adamw", host_factor=factor).step_time_seconds.p50
     real = _measure_training(*target)["step"]
     print(f"host factor {factor:.2f}: BERT-base b32 bf16 step {pred * 1e3:.1f} ms "
           f"(at factor 1: {uncalibrated * 1e3:.1f}) vs {real * 1e3:.1f} ms")

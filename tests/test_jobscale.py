@@ -9,7 +9,39 @@ import pandas as pd
 import pytest
 import torch
 
-from dprobe.profiling import jobscale as js
+from dprobe.profiling.jobscale import data as js_data
+from dprobe.profiling.jobscale import train as js_train
+from dprobe.profiling.jobscale.data import load_job_dataset, observe_run
+from dprobe.profiling.jobscale.features import (
+    COLDSTART_FEATURE,
+    GRAPH_FEATURES,
+    OBS_FEATURES,
+    ColdStartInputs,
+    JobScaleDataset,
+    first_second,
+    first_second_features,
+    logit,
+)
+from dprobe.profiling.jobscale.model import (
+    LEVELS,
+    JobScaleNet,
+    anchors,
+    from_residual,
+    graph_anchor,
+    persist,
+    predict_quantiles,
+    to_residual,
+)
+from dprobe.profiling.jobscale.predict import DEFAULT_CHECKPOINT, KIND, load_jobscale, predict_next
+from dprobe.profiling.jobscale.report import format_table
+from dprobe.profiling.jobscale.train import (
+    calibrate_upper,
+    cross_validate,
+    cross_validate_predictions,
+    fit,
+    fit_memory_quantiles,
+    train_jobscale,
+)
 
 GIB = 2**30
 
@@ -24,8 +56,8 @@ def test_observe_run_by_hand():
     # 11 samples in the first second (t = 0.0 .. 1.0), then 10 more up to 2.0 s
     mem = [1.0] * 5 + [2.0] * 6 + [4.0] * 10
     util = [0] * 5 + [50] * 6 + [100] * 10
-    obs, target = js.observe_run(_samples(mem, util), batch=32, precision="bf16", optimizer="adamw")
-    o = dict(zip(js.OBS_FEATURES, obs, strict=True))
+    obs, target = observe_run(_samples(mem, util), batch=32, precision="bf16", optimizer="adamw")
+    o = dict(zip(OBS_FEATURES, obs, strict=True))
     assert np.exp(o["log_mem_last"]) == pytest.approx(2 * GIB)
     assert np.exp(o["log_mem_max"]) == pytest.approx(2 * GIB)
     assert o["util_mean"] == pytest.approx(300 / 11 / 100)
@@ -35,44 +67,46 @@ def test_observe_run_by_hand():
 
 
 def test_too_short_runs_are_skipped():
-    assert js.observe_run(_samples([1.0] * 12, [0] * 12), 8, "fp32", "sgd") is None
+    assert observe_run(_samples([1.0] * 12, [0] * 12), 8, "fp32", "sgd") is None
 
 
 def test_residuals_round_trip_and_persist_is_zero():
     rng = np.random.default_rng(0)
-    obs = np.zeros((5, len(js.OBS_FEATURES)))
+    obs = np.zeros((5, len(OBS_FEATURES)))
     obs[:, 1] = np.log(rng.uniform(1, 10, 5) * GIB)
     obs[:, 2] = rng.uniform(0.05, 0.9, 5)
     y = np.stack([rng.uniform(1, 20, 5) * GIB, rng.uniform(0.05, 0.95, 5)], axis=1)
-    ds = {"obs": obs, "coldstart_util": rng.uniform(0.05, 0.95, 5)}
+    ds = JobScaleDataset(obs=obs, coldstart_util=rng.uniform(0.05, 0.95, 5))
     idx = np.arange(5)
-    np.testing.assert_allclose(js.anchors(ds, idx, "no_graph"), js.persist(obs))
-    graph = js.anchors(ds, idx, "graph")  # utilisation from the cold-start prediction, memory as seen
-    np.testing.assert_allclose(graph, np.stack([js.persist(obs)[:, 0], ds["coldstart_util"]], axis=1))
-    for anchor in (js.persist(obs), graph):
-        r = js.to_residual(y, anchor)
-        back = js.from_residual(r[:, :, None], anchor)[:, :, 0]
+    np.testing.assert_allclose(anchors(ds, idx, "no_graph"), persist(obs))
+    graph = anchors(ds, idx, "graph")  # utilisation from the cold-start prediction, memory as seen
+    np.testing.assert_allclose(graph, np.stack([persist(obs)[:, 0], ds.coldstart_util], axis=1))
+    for anchor in (persist(obs), graph):
+        r = to_residual(y, anchor)
+        back = from_residual(r[:, :, None], anchor)[:, :, 0]
         np.testing.assert_allclose(back, y, rtol=1e-9)
-        np.testing.assert_allclose(js.from_residual(np.zeros((5, 2, 1)), anchor)[:, :, 0], anchor, rtol=1e-9)
+        np.testing.assert_allclose(from_residual(np.zeros((5, 2, 1)), anchor)[:, :, 0], anchor, rtol=1e-9)
 
 
+@pytest.mark.slow
 def test_cross_validation_without_graphs_on_the_bundled_runs():
-    ds = js.load_job_dataset("datasets/h200-profiles", cache_dir="unused", with_graphs=False)
-    assert ds["graph_feats"] is None and len(ds["run_ids"]) >= 20
-    result = js.cross_validate(ds, epochs=20, folds=4)  # families held out in 4 groups
+    ds = load_job_dataset("datasets/h200-profiles", cache_dir="unused", with_graphs=False)
+    assert ds.graph_feats is None and len(ds.run_ids) >= 20
+    result = cross_validate(ds, epochs=20, folds=4)  # families held out in 4 groups
     assert set(result) == {"persist", "no_graph"}
-    anchor = js.persist(ds["obs"])
-    by_hand = np.mean(np.abs(anchor[:, 0] - ds["y"][:, 0]) / ds["y"][:, 0]) * 100
+    anchor = persist(ds.obs)
+    by_hand = np.mean(np.abs(anchor[:, 0] - ds.y[:, 0]) / ds.y[:, 0]) * 100
     assert result["persist"]["plateau_mape"] == pytest.approx(by_hand)
     assert 0 <= result["no_graph"]["p90_coverage"] <= 1
-    table = js.format_table(result, len(ds["run_ids"]), len(set(ds["families"])), folds=4)
+    table = format_table(result, len(ds.run_ids), len(set(ds.families)), folds=4)
     assert "| persist |" in table and "| no_graph |" in table and "in 4 folds" in table
     # the folds fitted in two worker processes: the same predictions
-    alone = js.cross_validate_predictions(ds, epochs=20, folds=4, progress=False)
-    pooled = js.cross_validate_predictions(ds, epochs=20, folds=4, progress=False, workers=2)
+    alone = cross_validate_predictions(ds, epochs=20, folds=4, progress=False)
+    pooled = cross_validate_predictions(ds, epochs=20, folds=4, progress=False, workers=2)
     np.testing.assert_allclose(pooled["no_graph"], alone["no_graph"], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_graph_variant_with_gnn_trains_and_saves(tmp_path, monkeypatch):
     from dprobe.graph import build_model_graph
     from dprobe.graph.encoder import graph_to_data
@@ -80,60 +114,60 @@ def test_graph_variant_with_gnn_trains_and_saves(tmp_path, monkeypatch):
     g = graph_to_data(build_model_graph("torchvision:resnet18", batch=2, image=64))
     rng = np.random.default_rng(1)
     n = 8
-    obs = np.zeros((n, len(js.OBS_FEATURES)))
+    obs = np.zeros((n, len(OBS_FEATURES)))
     obs[:, 1] = np.log(rng.uniform(2, 8, n) * GIB)
     obs[:, 2] = rng.uniform(0.1, 0.9, n)
-    ds = {"obs": obs, "y": np.stack([np.exp(obs[:, 1]) * 1.2, obs[:, 2]], axis=1),
-          "families": [f"f{i % 3}" for i in range(n)], "run_ids": [str(i) for i in range(n)],
-          "graphs": [g] * n, "graph_feats": rng.normal(size=(n, 3)), "coldstart_util": rng.uniform(0.2, 0.9, n),
-          "device_estimate": np.exp(obs[:, 1]) * rng.uniform(0.8, 1.4, n)}
-    monkeypatch.setattr(js, "load_job_dataset", lambda *a, **k: ds)
-    out = js.train_jobscale("unused", str(tmp_path), use_graph=True, epochs=5, graph_dim=4)
+    ds = JobScaleDataset(obs=obs, y=np.stack([np.exp(obs[:, 1]) * 1.2, obs[:, 2]], axis=1),
+                         families=[f"f{i % 3}" for i in range(n)], run_ids=[str(i) for i in range(n)],
+                         graphs=[g] * n, graph_feats=rng.normal(size=(n, 3)), coldstart_util=rng.uniform(0.2, 0.9, n),
+                         device_estimate=np.exp(obs[:, 1]) * rng.uniform(0.8, 1.4, n))
+    monkeypatch.setattr(js_train, "load_job_dataset", lambda *a, **k: ds)
+    out = train_jobscale("unused", str(tmp_path), use_graph=True, epochs=5, graph_dim=4)
     assert set(out["metrics"]) == {"persist", "no_graph", "graph"}
     assert Path(out["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # predicted against measured
     assert "(lofo.png)" in Path(out["report"]).read_text()  # the report shows it
     ckpt = torch.load(out["checkpoint"], weights_only=True)
-    assert ckpt["kind"] == js.KIND and ckpt["variant"] == "graph" and ckpt["graph_dim"] == 4
-    assert ckpt["util_anchor"] == "coldstart_util" and ckpt["graph_features"][-1] == js.COLDSTART_FEATURE
-    assert len(ckpt["memory_log_offsets"]) == len(js.LEVELS)
-    net = js.JobScaleNet(ckpt["n_features"], graph_dim=ckpt["graph_dim"])
+    assert ckpt["kind"] == KIND and ckpt["variant"] == "graph" and ckpt["graph_dim"] == 4
+    assert ckpt["util_anchor"] == "coldstart_util" and ckpt["graph_features"][-1] == COLDSTART_FEATURE
+    assert len(ckpt["memory_log_offsets"]) == len(LEVELS)
+    net = JobScaleNet(ckpt["n_features"], graph_dim=ckpt["graph_dim"])
     net.load_state_dict(ckpt["state_dict"])
-    q = js.predict(net.eval(), ds, np.arange(2), "graph", np.array(ckpt["quantile_shifts"]))
+    q = predict_quantiles(net.eval(), ds, np.arange(2), "graph", np.array(ckpt["quantile_shifts"]))
     assert q.shape == (2, 2, 3) and (np.diff(q, axis=-1) >= 0).all()
 
 
 def test_upper_quantiles_are_calibrated_on_held_out_families():
     """The shifts leave p50 alone and make p90 / p99 cover held-out families at about their levels."""
-    ds = js.load_job_dataset("datasets/h200-profiles", cache_dir="unused", with_graphs=False)
-    idx = np.arange(len(ds["run_ids"]))
-    shifts = js.calibrate_upper(ds, idx, "no_graph", epochs=40)
-    assert shifts.shape == (2, len(js.LEVELS)) and (shifts[:, 0] == 0).all()
+    ds = load_job_dataset("datasets/h200-profiles", cache_dir="unused", with_graphs=False)
+    idx = np.arange(len(ds.run_ids))
+    shifts = calibrate_upper(ds, idx, "no_graph", epochs=40)
+    assert shifts.shape == (2, len(LEVELS)) and (shifts[:, 0] == 0).all()
     # the same family folds, scored by hand: with the shifts, p90 covers at least 90 % of held-out runs
-    fams = np.array(ds["families"])
+    fams = np.array(ds.families)
     names = sorted(set(fams))
     group = dict(zip(np.random.default_rng(0).permutation(names), np.arange(len(names)) % 3, strict=True))
     covered = []
     for g in range(3):
         held = np.array([group[f] == g for f in fams])
-        net = js.fit(ds, idx[~held], "no_graph", epochs=40)
-        q = js.predict(net, ds, idx[held], "no_graph", shifts)
+        net = fit(ds, idx[~held], "no_graph", epochs=40)
+        q = predict_quantiles(net, ds, idx[held], "no_graph", shifts)
         assert (np.diff(q, axis=-1) >= 0).all()
-        covered.append(ds["y"][held] <= q[:, :, 1])
+        covered.append(ds.y[held] <= q[:, :, 1])
     assert (np.concatenate(covered).mean(axis=0) >= 0.9).all()
     # too few families to hold any out: no shift
-    assert (js.calibrate_upper(ds, idx[np.isin(fams, names[:2])], "no_graph", epochs=5) == 0).all()
+    assert (calibrate_upper(ds, idx[np.isin(fams, names[:2])], "no_graph", epochs=5) == 0).all()
 
 
 def test_graph_memory_rule_by_hand():
     """Graph variant memory: max(seen so far, replayed estimate), quantiles from training errors."""
-    obs = np.zeros((4, len(js.OBS_FEATURES)))
+    obs = np.zeros((4, len(OBS_FEATURES)))
     obs[:, 1] = np.log(np.array([2.0, 6.0, 3.0, 5.0]) * GIB)
-    ds = {"obs": obs, "device_estimate": np.array([4.0, 5.0, 3.5, 5.0]) * GIB,
-          "y": np.array([[4.0, 0.5], [6.6, 0.5], [3.5, 0.5], [5.5, 0.5]]) * np.array([GIB, 1.0])}
-    np.testing.assert_allclose(js.graph_anchor(ds, np.arange(4)) / GIB, [4.0, 6.0, 3.5, 5.0])
-    offsets = js.fit_memory_quantiles(ds, np.arange(4))
+    ds = JobScaleDataset(obs=obs, device_estimate=np.array([4.0, 5.0, 3.5, 5.0]) * GIB,
+                         y=np.array([[4.0, 0.5], [6.6, 0.5], [3.5, 0.5], [5.5, 0.5]]) * np.array([GIB, 1.0]))
+    np.testing.assert_allclose(graph_anchor(ds, np.arange(4)) / GIB, [4.0, 6.0, 3.5, 5.0])
+    offsets = fit_memory_quantiles(ds, np.arange(4))
     residuals = np.log(np.array([1.0, 1.1, 1.0, 1.1]))
-    np.testing.assert_allclose(offsets, np.quantile(residuals, js.LEVELS))
+    np.testing.assert_allclose(offsets, np.quantile(residuals, LEVELS))
 
 
 def test_conformal_shift_and_family_folds():
@@ -159,31 +193,32 @@ def test_conformal_shift_and_family_folds():
         held_out_groups(fams, 1, seed=0)
 
 
+@pytest.mark.slow
 def test_graph_dataset_carries_the_coldstart_utilisation(monkeypatch):
     """With graphs, each run gets the cold-start profiler's utilisation prediction (given, or cross-validated
     when not), as the graph variant's anchor and as an input; a run without one is refused by name."""
-    import dprobe.profiling.coldstart.train as cs_train
+    import dprobe.profiling.coldstart.dataset as cs_dataset
     from dprobe.profiling.coldstart.features import FEATURES
 
-    plain = js.load_job_dataset("datasets/h200-profiles", cache_dir="unused", with_graphs=False)
-    ids = plain["run_ids"]
+    plain = load_job_dataset("datasets/h200-profiles", cache_dir="unused", with_graphs=False)
+    ids = plain.run_ids
     rng = np.random.default_rng(0)
-    fake = {"run_ids": ids, "graphs": [None] * len(ids), "feats": rng.normal(size=(len(ids), len(FEATURES))),
-            "base": rng.uniform(1, 2, size=(len(ids), 4)) * GIB}
-    monkeypatch.setattr(cs_train, "load_dataset", lambda *a, **k: fake)
+    fake = cs_dataset.make_dataset([None] * len(ids), rng.normal(size=(len(ids), len(FEATURES))),
+                                   rng.uniform(1, 2, size=(len(ids), 4)) * GIB, np.ones((len(ids), 4)), ids, ids)
+    monkeypatch.setattr(cs_dataset, "load_dataset", lambda *a, **k: fake)
     util = {rid: float(u) for rid, u in zip(ids, rng.uniform(0.1, 0.9, len(ids)), strict=True)}
-    ds = js.load_job_dataset("datasets/h200-profiles", cache_dir="unused", coldstart_util=util)
-    np.testing.assert_allclose(ds["coldstart_util"], [util[r] for r in ds["run_ids"]])
-    assert ds["graph_feats"].shape == (len(ids), len(js.GRAPH_FEATURES) + 1)
-    np.testing.assert_allclose(ds["graph_feats"][:, -1], js._logit(ds["coldstart_util"]))
-    np.testing.assert_allclose(js.anchors(ds, np.arange(3), "graph")[:, 1], ds["coldstart_util"][:3])
+    ds = load_job_dataset("datasets/h200-profiles", cache_dir="unused", coldstart_util=util)
+    np.testing.assert_allclose(ds.coldstart_util, [util[r] for r in ds.run_ids])
+    assert ds.graph_feats.shape == (len(ids), len(GRAPH_FEATURES) + 1)
+    np.testing.assert_allclose(ds.graph_feats[:, -1], logit(ds.coldstart_util))
+    np.testing.assert_allclose(anchors(ds, np.arange(3), "graph")[:, 1], ds.coldstart_util[:3])
 
     calls = []
-    monkeypatch.setattr(js, "coldstart_utilisation", lambda *a, **k: calls.append(a) or util)
-    js.load_job_dataset("datasets/h200-profiles", cache_dir="unused", folds=4)
+    monkeypatch.setattr(js_data, "coldstart_utilisation", lambda *a, **k: calls.append(a) or util)
+    load_job_dataset("datasets/h200-profiles", cache_dir="unused", folds=4)
     assert len(calls) == 1 and calls[0][2] is fake  # cross-validated on the replayed runs when not given
     with pytest.raises(ValueError, match="no cold-start utilisation prediction for runs"):
-        js.load_job_dataset("datasets/h200-profiles", cache_dir="unused", coldstart_util={ids[0]: 0.5})
+        load_job_dataset("datasets/h200-profiles", cache_dir="unused", coldstart_util={ids[0]: 0.5})
 
 
 def test_predict_next_reproduces_the_training_path(tmp_path, monkeypatch):
@@ -194,40 +229,41 @@ def test_predict_next_reproduces_the_training_path(tmp_path, monkeypatch):
     util = [0, 0, 20, 60, 90, 95, 95, 95, 95, 95, 95] + [95] * 5
     samples = _samples(mem, util)
     n = 8
-    obs = np.tile(js.first_second_features(samples[samples["t_rel"] <= 1.0], 64, "bf16", "sgd"), (n, 1))
+    obs = np.tile(first_second_features(samples[samples["t_rel"] <= 1.0], 64, "bf16", "sgd"), (n, 1))
     obs[1:, 1] += rng.normal(0, 0.3, n - 1)
     obs[1:, 2] = rng.uniform(0.1, 0.9, n - 1)
-    cold = {"gpu_seconds": 0.02, "host_seconds": 0.008, "gpu_utilization": 0.85, "device_memory_bytes": 3.4 * GIB}
-    util_cs = np.r_[cold["gpu_utilization"], rng.uniform(0.3, 0.9, n - 1)]
-    graph_feats = np.c_[rng.normal(-4, 1, (n, 2)), js._logit(util_cs)]
-    graph_feats[0, :2] = np.log([cold["gpu_seconds"], cold["host_seconds"]])
-    ds = {"obs": obs, "y": np.stack([np.exp(obs[:, 1]) * 1.1, np.clip(obs[:, 2] + 0.1, 0, 1)], axis=1),
-          "families": [f"f{i % 4}" for i in range(n)], "run_ids": [str(i) for i in range(n)],
-          "graphs": None, "graph_feats": graph_feats, "coldstart_util": util_cs,
-          "device_estimate": np.r_[cold["device_memory_bytes"], np.exp(obs[1:, 1]) * rng.uniform(0.8, 1.4, n - 1)]}
-    monkeypatch.setattr(js, "load_job_dataset", lambda *a, **k: ds)
-    ckpt = js.train_jobscale("unused", str(tmp_path), use_graph=True, epochs=20, folds=None)["checkpoint"]
-    net, saved = js.load_jobscale(ckpt)
-    out = js.predict_next(ckpt, samples, 64, "bf16", "sgd", coldstart=cold)
-    expected = js.predict(net, ds, np.arange(1), "graph", np.array(saved["quantile_shifts"]))[0]
-    memory = js.graph_anchor(ds, np.arange(1))[0] * np.exp(saved["memory_log_offsets"])
-    assert out["samples_used"] == 11 and out["variant"] == "graph"
-    assert list(out["memory_plateau_bytes"].values()) == [int(v) for v in memory]
-    np.testing.assert_allclose(list(out["gpu_utilization"].values()), expected[1], atol=1e-4)
-    assert max(3.0 * GIB, cold["device_memory_bytes"]) == pytest.approx(js.graph_anchor(ds, np.arange(1))[0])
+    cold = ColdStartInputs(gpu_seconds=0.02, host_seconds=0.008, gpu_utilization=0.85, device_memory_bytes=3.4 * GIB)
+    util_cs = np.r_[cold.gpu_utilization, rng.uniform(0.3, 0.9, n - 1)]
+    graph_feats = np.c_[rng.normal(-4, 1, (n, 2)), logit(util_cs)]
+    graph_feats[0, :2] = np.log([cold.gpu_seconds, cold.host_seconds])
+    ds = JobScaleDataset(obs=obs, y=np.stack([np.exp(obs[:, 1]) * 1.1, np.clip(obs[:, 2] + 0.1, 0, 1)], axis=1),
+                         families=[f"f{i % 4}" for i in range(n)], run_ids=[str(i) for i in range(n)],
+                         graph_feats=graph_feats, coldstart_util=util_cs,
+                         device_estimate=np.r_[cold.device_memory_bytes,
+                                               np.exp(obs[1:, 1]) * rng.uniform(0.8, 1.4, n - 1)])
+    monkeypatch.setattr(js_train, "load_job_dataset", lambda *a, **k: ds)
+    ckpt = train_jobscale("unused", str(tmp_path), use_graph=True, epochs=20, folds=None)["checkpoint"]
+    net, saved = load_jobscale(ckpt)
+    out = predict_next(ckpt, samples, 64, "bf16", "sgd", coldstart=cold)
+    expected = predict_quantiles(net, ds, np.arange(1), "graph", np.array(saved["quantile_shifts"]))[0]
+    memory = graph_anchor(ds, np.arange(1))[0] * np.exp(saved["memory_log_offsets"])
+    assert out.samples_used == 11 and out.variant == "graph"
+    assert list(out.memory_plateau_bytes.values()) == [int(v) for v in memory]
+    np.testing.assert_allclose(list(out.gpu_utilization.values()), expected[1], atol=1e-4)
+    assert max(3.0 * GIB, cold.device_memory_bytes) == pytest.approx(graph_anchor(ds, np.arange(1))[0])
     with pytest.raises(ValueError, match="needs the cold-start prediction"):
-        js.predict_next(ckpt, samples, 64, "bf16", "sgd")
+        predict_next(ckpt, samples, 64, "bf16", "sgd")
 
 
 def test_predict_next_refuses_too_few_samples_and_other_checkpoints(tmp_path):
     with pytest.raises(ValueError, match="first 1 s of samples, at least 3 of them.*got 2 over 0.10 s"):
-        js.first_second(_samples([1.0, 1.0], [0, 0]))
+        first_second(_samples([1.0, 1.0], [0, 0]))
     sparse = _samples([1.0, 1.0, 1.0], [0, 0, 0], dt=1.0)  # one sample a second, as DCGM's default
     with pytest.raises(ValueError, match="got 2 over 1.00 s"):
-        js.first_second(sparse)
+        first_second(sparse)
     torch.save({"kind": "something-else"}, tmp_path / "other.pt")
     with pytest.raises(ValueError, match="not a dprobe job-scale checkpoint"):
-        js.load_jobscale(tmp_path / "other.pt")
+        load_jobscale(tmp_path / "other.pt")
 
 
 def test_cli_predict_with_samples_of_a_bundled_run(tmp_path, capsys):
@@ -241,8 +277,8 @@ def test_cli_predict_with_samples_of_a_bundled_run(tmp_path, capsys):
     profiles = load_h200_profiles("datasets/h200-profiles")
     run = profiles.train_runs().set_index("run_id").loc["r149"]  # resnet18, batch 64, bf16, sgd
     samples = profiles.run_samples("r149")
-    measured = js.observe_run(samples, int(run["batch"]), run["precision"], run["optimizer"],
-                              float(run["host_stall_s"]))[1]
+    measured = observe_run(samples, int(run["batch"]), run["precision"], run["optimizer"],
+                           float(run["host_stall_s"]))[1]
     first = samples[samples["t_rel"] <= 1.2]
     stamps = pd.Timestamp("2026-12-01 05:20:00") + pd.to_timedelta(first["t_rel"], unit="s")
     log = tmp_path / "nvidia-smi.csv"
@@ -264,7 +300,7 @@ def test_cli_predict_with_samples_of_a_bundled_run(tmp_path, capsys):
     assert main([*args, "--jobscale-checkpoint", "dprobe/profiling/coldstart/default_coldstart.pt"]) == 2
     assert "not a dprobe job-scale checkpoint" in capsys.readouterr().err
     damaged = tmp_path / "damaged.pt"
-    damaged.write_bytes(Path(js.DEFAULT_CHECKPOINT).read_bytes()[:500])
+    damaged.write_bytes(Path(DEFAULT_CHECKPOINT).read_bytes()[:500])
     assert main([*args, "--jobscale-checkpoint", str(damaged)]) == 2
     assert "cannot be read (corrupt, truncated" in capsys.readouterr().err
     log.write_text("\n".join(log.read_text().splitlines()[:3]) + "\n")

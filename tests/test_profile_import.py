@@ -118,9 +118,9 @@ def test_bad_sessions_are_refused_and_the_data_set_is_untouched(dataset, tmp_pat
 
 def test_training_uses_each_collections_gpu(dataset, tmp_path) -> None:
     """Runs from another GPU are featurised with that GPU's peak FLOP/s and memory; an unknown GPU is named."""
+    from dprobe.profiling.coldstart.dataset import load_dataset
     from dprobe.profiling.coldstart.features import FEATURES
     from dprobe.profiling.coldstart.gpus import GPUS, gpu_key
-    from dprobe.profiling.coldstart.train import load_dataset
 
     assert [gpu_key(n) for n in ("NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB")] == \
         ["h200", "h100", "a100"]
@@ -140,27 +140,27 @@ def test_training_uses_each_collections_gpu(dataset, tmp_path) -> None:
     add_collection(session, small)
 
     ds = load_dataset(str(small), tmp_path / "cache", progress=False)
-    assert ds["gpus"] == ["h200", "h200", "a100", "a100"]
+    assert ds.gpus == ["h200", "h200", "a100", "a100"]
     flops, mem = FEATURES.index("log_peak_flops"), FEATURES.index("log_gpu_mem")
-    assert ds["feats"][:2, flops] == pytest.approx(math.log(GPUS["h200"].peak_flops_bf16))
-    assert ds["feats"][2:, flops] == pytest.approx(math.log(GPUS["a100"].peak_flops_bf16))
-    assert ds["feats"][2:, mem] == pytest.approx(math.log(42298834944))
-    assert (ds["base"][2:, 3] > 2 * ds["base"][:2, 3]).all()  # slower GPU, longer roofline step
+    assert ds.feats[:2, flops] == pytest.approx(math.log(GPUS["h200"].peak_flops_bf16))
+    assert ds.feats[2:, flops] == pytest.approx(math.log(GPUS["a100"].peak_flops_bf16))
+    assert ds.feats[2:, mem] == pytest.approx(math.log(42298834944))
+    assert (ds.base[2:, 3] > 2 * ds.base[:2, 3]).all()  # slower GPU, longer roofline step
 
     env = json.loads((small / "env.json").read_text())
     env["collection_3"]["gpu"] = "NVIDIA RTX 9000"  # a GPU without a spec: its runs are left out, by name
     (small / "env.json").write_text(json.dumps(env))
     ds = load_dataset(str(small), tmp_path / "cache", progress=False)
-    assert ds["gpus"] == ["h200", "h200"] and len(ds["skipped"]) == 2
+    assert ds.gpus == ["h200", "h200"] and len(ds.skipped) == 2
     assert re.match(r"run r\d+ \(torchvision:\w+, collection 3\): ValueError: .*'NVIDIA RTX 9000'.*add a GPUSpec",
-                    ds["skipped"][0])
+                    ds.skipped[0])
 
 
 @pytest.mark.slow
 def test_a_run_whose_model_cannot_be_replayed_is_left_out_by_name(dataset, tmp_path, caplog) -> None:
     """One run of a model this install cannot build does not stop training on the others: it is left
     out, logged and listed with its reason; with no run left, the refusal names one."""
-    from dprobe.profiling.coldstart.train import load_dataset
+    from dprobe.profiling.coldstart.dataset import load_dataset
 
     small = tmp_path / "small"
     small.mkdir()
@@ -170,16 +170,16 @@ def test_a_run_whose_model_cannot_be_replayed_is_left_out_by_name(dataset, tmp_p
     keep.to_csv(small / "runs.csv", index=False)
     for name in ("samples", "steps", "env"):
         shutil.copy(dataset / f"{name}.{'json' if name == 'env' else 'csv'}", small)
-    with caplog.at_level("WARNING", logger="dprobe.profiling.coldstart.train"):
+    with caplog.at_level("WARNING", logger="dprobe.profiling.coldstart.dataset"):
         ds = load_dataset(str(small), tmp_path / "cache", progress=False)
     bad, good = keep["run_id"].tolist()
     # the same in worker processes filling the cache: the run that works is cached, the other reported
     pooled = load_dataset(str(small), tmp_path / "cache2", progress=False, workers=2)
-    assert pooled["run_ids"] == ds["run_ids"] and pooled["skipped"] == ds["skipped"]
-    np.testing.assert_allclose(pooled["feats"], ds["feats"])
-    assert ds["run_ids"] == [good] and ds["models"] == [keep["model"].iloc[1]] and len(ds["feats"]) == 1
-    assert len(ds["skipped"]) == 1
-    assert ds["skipped"][0].startswith(f"run {bad} (torchvision:no_such_net, collection 2): GraphError: unknown")
+    assert pooled.run_ids == ds.run_ids and pooled.skipped == ds.skipped
+    np.testing.assert_allclose(pooled.feats, ds.feats)
+    assert ds.run_ids == [good] and ds.models == [keep["model"].iloc[1]] and len(ds.feats) == 1
+    assert len(ds.skipped) == 1
+    assert ds.skipped[0].startswith(f"run {bad} (torchvision:no_such_net, collection 2): GraphError: unknown")
     assert any("1 of 2 runs" in r.getMessage() for r in caplog.records)
     keep.iloc[1, keep.columns.get_loc("model")] = "no_such_net"
     keep.to_csv(small / "runs.csv", index=False)
@@ -187,6 +187,7 @@ def test_a_run_whose_model_cannot_be_replayed_is_left_out_by_name(dataset, tmp_p
         load_dataset(str(small), tmp_path / "cache", progress=False)
 
 
+@pytest.mark.slow
 def test_the_collectors_own_output_is_read(dataset, tmp_path, capsys) -> None:
     """tools/collect_gpu_profiles.py --dry-run (on the CPU: no NVML, no allocator) writes the real format."""
     import os

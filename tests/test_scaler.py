@@ -424,11 +424,11 @@ def test_discovered_workloads_and_clusters_are_forgotten_with_their_pods(http_pe
         pods.clear()
         pods["other-0"] = 0.5  # not a Deployment's pod; the namespace stays a virtual cluster
         scaler.cycle()
-        assert ("serving", "embed") not in scaler.decisions and ("serving", "embed") not in scaler.recommenders
+        assert ("serving", "embed") not in scaler.decisions and ("serving", "embed") not in scaler.workloads.recommenders
         assert not scaler.events_total and set(scaler.vc_decisions) == {"serving"}
         pods.clear()
         scaler.cycle()
-        assert not scaler.vc_decisions and not scaler.vc_recommenders and not scaler.vc_events_total
+        assert not scaler.vc_decisions and not scaler.vcs.recommenders and not scaler.vc_events_total
 
 
 def test_apply_mode_reads_and_patches_the_scale_subresource(http_peer, tmp_path: Path) -> None:

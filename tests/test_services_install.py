@@ -61,14 +61,6 @@ def _command(*args: str) -> list[str]:
     return [sys.executable, "-c", WITHOUT_FULL_INSTALL, json.dumps(sorted(FULL_INSTALL)), *args]
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _listed() -> set[str]:
     """The requirements file's distributions and everything they depend on (their own requirements)."""
     names = [Requirement(line).name for line in REQUIREMENTS.read_text().splitlines()
@@ -117,8 +109,9 @@ def _serve(args: list[str], port: int, until: re.Pattern[str], timeout: float = 
     return text, json.loads(line.split(" ", 1)[1])
 
 
-def test_the_sidecar_forecasts_with_the_shipped_model_without_torch() -> None:
-    port = _free_port()
+@pytest.mark.slow
+def test_the_sidecar_forecasts_with_the_shipped_model_without_torch(free_port) -> None:
+    port = free_port()
     text, loaded = _serve(["sidecar", "--source", "replay", "--forecast-interval", "1"], port,
                           re.compile(r'^dprobe_predicted_gpu_memory_bytes\{.*quantile="0.9".*\} \d', re.M))
     assert re.search(r'dprobe_model_info\{checkpoint="[^"]*default_forecaster\.onnx",kind="dprobe-forecaster '
@@ -128,8 +121,9 @@ def test_the_sidecar_forecasts_with_the_shipped_model_without_torch() -> None:
     assert not unlisted, f"loaded but not in {REQUIREMENTS.name}: {sorted(unlisted)}"
 
 
-def test_the_sidecar_replays_the_h200_trace_without_torch() -> None:
-    port = _free_port()
+@pytest.mark.slow
+def test_the_sidecar_replays_the_h200_trace_without_torch(free_port) -> None:
+    port = free_port()
     _, loaded = _serve(["sidecar", "--source", "replay", "--replay-dataset", "h200", "--step-seconds", "1",
                         "--min-points", "3", "--forecast-interval", "1"], port,
                        re.compile(r"^dprobe_observed_gpu_memory_bytes\{.*\} \d", re.M))
@@ -137,9 +131,9 @@ def test_the_sidecar_replays_the_h200_trace_without_torch() -> None:
     assert not unlisted, f"loaded but not in {REQUIREMENTS.name}: {sorted(unlisted)}"
 
 
-def test_the_scaler_runs_without_torch() -> None:
-    port = _free_port()  # no Prometheus there: the scaler runs its cycles and counts the failed queries
-    text, loaded = _serve(["scaler", "--prometheus-url", f"http://127.0.0.1:{_free_port()}", "--interval", "1"],
+def test_the_scaler_runs_without_torch(free_port) -> None:
+    port = free_port()  # no Prometheus there: the scaler runs its cycles and counts the failed queries
+    text, loaded = _serve(["scaler", "--prometheus-url", f"http://127.0.0.1:{free_port()}", "--interval", "1"],
                           port, re.compile(r'^dprobe_scaler_errors_total\{stage="query"\} [1-9]', re.M))
     assert "dprobe_scaler_cycle_seconds_count" in text
     unlisted = {canonicalize_name(d) for d in loaded} - _listed() - {"dprobe"}

@@ -18,6 +18,7 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
+from dprobe.core.names import SIDECAR_METRICS as METRICS
 from dprobe.forecaster.base import QUANTILES, Forecast, ForecastInput
 from dprobe.forecaster.baselines import make_baseline
 from dprobe.forecaster.loading import (
@@ -34,7 +35,7 @@ from dprobe.services.sidecar.engine import ForecastEngine
 from dprobe.services.sidecar.graphs import GraphResolver
 from dprobe.services.sidecar.poller import SourcePoller
 from dprobe.services.sidecar.service import Sidecar
-from dprobe.services.sidecar.window import METRICS, WindowStore
+from dprobe.services.sidecar.window import WindowStore
 from dprobe.services.sources import Sample, SourceError
 from dprobe.services.sources.synthetic import SyntheticSource
 
@@ -139,6 +140,9 @@ def test_window_freshness_follows_the_newest_finite_sample() -> None:
     store.add([Sample("a", 140.0, float("nan"), 0.25)])
     latest = store.snapshot_latest()["a"]
     assert (latest.ts, latest.memory_bytes, latest.utilization_ratio) == (140.0, None, 0.25)
+    store.add([Sample("a", 150.0, 1.0, 0.5, extra={"power_watts": float("nan"), "sm_clock_hertz": 1.5e9,
+                                                   "memory_total_bytes": -1.0})])
+    assert store.snapshot_latest()["a"].extra == {"sm_clock_hertz": 1.5e9}  # further readings: usable ones only
 
 
 def test_window_memory_is_bounded_and_rows_reused() -> None:
@@ -641,7 +645,7 @@ def test_a_failing_cycle_or_sink_does_not_stop_the_sidecar() -> None:
 
 def test_engine_runs_a_trained_model_checkpoint(tmp_path: Path) -> None:
     """A dprobe.pt checkpoint (trained on 57 s steps) serves a sidecar sampling every 10 s."""
-    from dprobe.forecaster.model import export_checkpoint
+    from dprobe.forecaster.checkpoint import export_checkpoint
     from dprobe.forecaster.module import ForecasterModule
     from dprobe.forecaster.tasks import TaskSpec
 
@@ -672,7 +676,7 @@ def test_engine_runs_a_trained_model_checkpoint(tmp_path: Path) -> None:
 def test_window_defaults_to_what_the_forecaster_reads(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """window_seconds 0: a checkpoint's context at its step (not a fixed hour that would leave half of it
     gaps); a baseline keeps an hour; a window set shorter than the checkpoint reads is kept, with a warning."""
-    from dprobe.forecaster.model import export_checkpoint
+    from dprobe.forecaster.checkpoint import export_checkpoint
     from dprobe.forecaster.module import ForecasterModule
     from dprobe.forecaster.tasks import TaskSpec
     from dprobe.services.sidecar.service import BASELINE_WINDOW_SECONDS
@@ -697,7 +701,7 @@ def test_window_defaults_to_what_the_forecaster_reads(tmp_path: Path, caplog: py
 def test_a_checkpoint_for_other_metrics(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A checkpoint that forecasts only GPU memory serves memory, and utilisation is left out (not every
     cycle failing); one that forecasts neither is refused at start, or replaced by the baseline if asked."""
-    from dprobe.forecaster.model import export_checkpoint
+    from dprobe.forecaster.checkpoint import export_checkpoint
     from dprobe.forecaster.module import ForecasterModule
     from dprobe.forecaster.tasks import TaskSpec
 

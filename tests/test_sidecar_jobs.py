@@ -8,11 +8,9 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from dprobe.forecaster.loading import open_forecaster
 from dprobe.profiling.coldstart.predict import predict_job
@@ -82,26 +80,19 @@ def test_annotation_names_the_job(tmp_path: Path) -> None:
         JobProfiles(annotations_file=str(ann))
 
 
-def _annotate(path: Path, text: str) -> None:
-    """Rewrite a downward-API file as the kubelet does: a new file swapped in (new inode and mtime)."""
-    tmp = path.with_suffix(".new")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
-def test_a_changed_annotation_changes_the_job_without_a_restart(tmp_path: Path,
+def test_a_changed_annotation_changes_the_job_without_a_restart(annotate, tmp_path: Path,
                                                                 caplog: pytest.LogCaptureFixture) -> None:
     ann = tmp_path / "annotations"
-    _annotate(ann, 'other="x"\n')
+    annotate(ann, 'other="x"\n')
     jobs = JobProfiles(default="torchvision:resnet50 batch=4", annotations_file=str(ann), gpu="a100")
     assert jobs.spec("ml/a").model == "torchvision:resnet50" and not jobs.refresh()  # unchanged: no re-read
-    _annotate(ann, 'other="x"\ndprobe.io/training-job="timm:resnet18 batch=16 precision=bf16"\n')
+    annotate(ann, 'other="x"\ndprobe.io/training-job="timm:resnet18 batch=16 precision=bf16"\n')
     assert jobs.refresh() and jobs.spec("ml/a") == JobSpec("timm:resnet18", 16, "bf16", gpu="a100")
-    _annotate(ann, 'dprobe.io/training-job="timm:resnet18 batch=sixteen"\n')
+    annotate(ann, 'dprobe.io/training-job="timm:resnet18 batch=sixteen"\n')
     with caplog.at_level(logging.WARNING, logger="dprobe"):
         assert not jobs.refresh()  # a bad annotation is logged, and the job stays what it was
     assert jobs.spec("ml/a").batch == 16 and "batch=sixteen" in caplog.text and "stays timm:resnet18" in caplog.text
-    _annotate(ann, 'other="y"\n')
+    annotate(ann, 'other="y"\n')
     assert jobs.refresh() and jobs.spec("ml/a").model == "torchvision:resnet50"  # removed: the configured job
     ann.unlink()
     assert not jobs.refresh() and jobs.spec("ml/a").model == "torchvision:resnet50"
@@ -154,15 +145,15 @@ def test_sidecar_predicts_a_targets_job_for_the_gpu_its_samples_name() -> None:
     assert (row.target, row.info["gpu"], row.labels["pod"]) == ("ml/trainer-0", "a100", "trainer-0")
 
 
-def test_sidecar_follows_a_job_annotated_after_its_start(tmp_path: Path) -> None:
+def test_sidecar_follows_a_job_annotated_after_its_start(annotate, tmp_path: Path) -> None:
     """No job at the start; ``kubectl annotate`` names one: the own pod's profile is computed and exported."""
     ann = tmp_path / "annotations"
-    _annotate(ann, 'app="trainer"\n')
+    annotate(ann, 'app="trainer"\n')
     config = SidecarConfig(listen_address="127.0.0.1", port=0, pod_name="ml/trainer-0", annotations_file=str(ann))
     sc = Sidecar(config, sources=[OnePod()], model=open_forecaster(None, "last_value"))
     sc.jobs._predict = lambda spec: RESULT  # the prediction itself is tested elsewhere
     assert not sc.jobs.active and sc.job_rows({}, set()) == []
-    _annotate(ann, 'app="trainer"\ndprobe.io/training-job="torchvision:resnet18 batch=8 gpu=l4"\n')
+    annotate(ann, 'app="trainer"\ndprobe.io/training-job="torchvision:resnet18 batch=8 gpu=l4"\n')
     sc.refresh_annotations()
     sc.jobs.run_pending()
     [row] = sc.job_rows({}, set())
@@ -220,6 +211,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("factory", "limits", "reason", "message"), [
     ("sleepy", JobLimits(timeout_s=10), "timeout", "still running after 10 s (job_timeout), killed"),
     ("spinning", JobLimits(cpu_s=8), "cpu", "past its 8 CPU seconds (job_cpu_limit), killed"),
@@ -245,6 +237,7 @@ def test_a_job_past_its_limits_is_killed_and_counted(pathological: Path, factory
         r: float(r == reason) for r in ("error", "timeout", "cpu", "memory", "killed")}
 
 
+@pytest.mark.slow
 def test_a_stopped_sidecar_kills_the_prediction_under_way(pathological: Path) -> None:
     jobs = JobProfiles(default="module:pathological_models:sleepy batch=1", gpu="h200")
     jobs.profiles(["ml/a"])
@@ -286,13 +279,8 @@ class OnePod:
         pass
 
 
-def _samples(url: str) -> list:
-    with urllib.request.urlopen(url + "/metrics", timeout=2) as r:
-        text = r.read().decode()
-    return [s for fam in text_string_to_metric_families(text) for s in fam.samples]
-
-
-def test_sidecar_exports_the_own_pods_profile_before_its_first_sample() -> None:
+@pytest.mark.slow
+def test_sidecar_exports_the_own_pods_profile_before_its_first_sample(scrape) -> None:
     job = "torchvision:resnet18 batch=8 precision=bf16 gpu=h200"
     config = SidecarConfig(listen_address="127.0.0.1", port=0, sample_interval=0.05, forecast_interval=0.1,
                            step_seconds=0.1, window_seconds=5.0, horizons=[1], stale_after=0.6, max_backoff=0.2,
@@ -302,25 +290,25 @@ def test_sidecar_exports_the_own_pods_profile_before_its_first_sample() -> None:
     sc.start()
     try:
         deadline = time.time() + 120  # the replay of a training step takes seconds
-        while not any(s.name == "dprobe_job_predicted_gpu_memory_bytes" for s in _samples(sc.server.url)):
+        while not any(s.name == "dprobe_job_predicted_gpu_memory_bytes" for s in scrape(sc.server.url)):
             assert time.time() < deadline, "no job profile exported"
             time.sleep(0.2)
-        got = _samples(sc.server.url)
+        got = scrape(sc.server.url)
         expected = predict_job("torchvision:resnet18", 8, "bf16")  # what `dprobe predict` says of the job
         mem = {s.labels["quantile"]: s.value for s in got if s.name == "dprobe_job_predicted_gpu_memory_bytes"}
-        assert mem == {"0.5": expected["device_memory_bytes"]["p50"], "0.9": expected["device_memory_bytes"]["p90"]}
+        assert mem == {"0.5": expected.device_memory_bytes.p50, "0.9": expected.device_memory_bytes.p90}
         step = {s.labels["quantile"]: s.value for s in got if s.name == "dprobe_job_predicted_step_seconds"}
-        assert step["0.5"] == pytest.approx(expected["step_time_seconds"]["p50"])
+        assert step["0.5"] == pytest.approx(expected.step_time_seconds.p50)
         [info] = [s for s in got if s.name == "dprobe_job_info"]
         assert (info.labels["target"], info.labels["namespace"], info.labels["pod"], info.labels["model"],
                 info.labels["batch"], info.labels["fits"]) == ("ml/trainer-0", "ml", "trainer-0",
-                                                               "torchvision:resnet18", "8", expected["fits"])
+                                                               "torchvision:resnet18", "8", expected.fits)
         assert not any(s.name == "dprobe_predicted_gpu_memory_bytes" for s in got)  # no forecast without samples
         src.started.set()
-        while not any(s.name == "dprobe_predicted_gpu_memory_bytes" for s in _samples(sc.server.url)):
+        while not any(s.name == "dprobe_predicted_gpu_memory_bytes" for s in scrape(sc.server.url)):
             assert time.time() < deadline
             time.sleep(0.05)
-        got = _samples(sc.server.url)
+        got = scrape(sc.server.url)
         assert {s.labels["target"] for s in got if s.name == "dprobe_job_predicted_gpu_utilization_ratio"} == {
             "ml/trainer-0"}
         assert sc.jobs.errors_total == 0

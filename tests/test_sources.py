@@ -12,10 +12,11 @@ import numpy as np
 import pynvml
 import pytest
 
-from dprobe.services.sources import Sample, SourceError, screen_samples, target_name
+from dprobe.services.sources import Sample, SourceError, registry, screen_samples, target_name
 from dprobe.services.sources.dcgm import DcgmSource, parse_dcgm_text
 from dprobe.services.sources.nvml import NvmlSource, gpu_names, pod_of_cgroup
 from dprobe.services.sources.prometheus import PrometheusSource
+from dprobe.services.sources.registry import build_source, register, source_names
 from dprobe.services.sources.replay import ReplaySource
 from dprobe.services.sources.synthetic import SyntheticSource
 
@@ -386,3 +387,24 @@ def test_synthetic_and_target_names() -> None:
     assert target_name({"pod": "p", "namespace": "n"}) == "n/p"
     assert target_name({"pod": "", "UUID": "GPU-1"}) == "GPU-1"
     assert target_name({"gpu": "3"}) == "gpu3" and target_name({}) is None
+
+
+# the registry -----------------------------------------------------------------------------------
+def test_sources_are_made_by_name_and_a_new_one_registers_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dprobe.services.sidecar.config import SOURCES, SidecarConfig, load_config
+
+    assert source_names() == SOURCES == ("auto", "nvml", "dcgm", "prometheus", "replay", "synthetic")
+    dcgm = build_source("dcgm", SidecarConfig(dcgm_url="http://dcgm:9400/metrics", dcgm_targets="gpu"))
+    assert isinstance(dcgm, DcgmSource) and (dcgm.url, dcgm.targets) == ("http://dcgm:9400/metrics", "gpu")
+    synthetic = build_source("synthetic", SimpleNamespace(synthetic_targets=3))  # any object with its options
+    assert isinstance(synthetic, SyntheticSource) and synthetic.n_targets == 3
+    with pytest.raises(ValueError, match="unknown source 'nope'"):
+        build_source("nope", SidecarConfig())
+    monkeypatch.setattr(registry, "_FACTORIES", dict(registry._FACTORIES))
+    register("scripted", lambda options: SyntheticSource(options.synthetic_targets, period=60.0))
+    assert source_names()[-1] == "scripted" and build_source("scripted", SidecarConfig()).period == 60.0
+    with pytest.raises(ValueError, match="registered already"):
+        register("dcgm", lambda options: SyntheticSource())
+    with pytest.raises(ValueError, match="option source must be one of auto, nvml, dcgm"):
+        load_config({}, env={"DPROBE_SIDECAR_SOURCE": "nope"})
+

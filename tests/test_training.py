@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 import logging
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 from dprobe.config import CONFIG_DIR, compose
 from dprobe.forecaster.base import ForecastInput
-from dprobe.training import run
+from dprobe.training import run, stage
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "exp").glob("*.yaml"))
 
@@ -36,7 +41,8 @@ def tiny(tmp_path: Path, data_dirs: list[Path], *extra: str) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("exp", EXPERIMENTS)
+@pytest.mark.parametrize("exp", [pytest.param(e, marks=pytest.mark.slow) if e in ("gnn", "helios", "no_graph") else e
+                                 for e in EXPERIMENTS])  # seconds each: the fast tier runs alibaba and coldstart
 def test_every_experiment_composes_and_runs_fast_dev_run(exp, tmp_path, small_alibaba_dir, small_helios_dir,
                                                          monkeypatch):
     """Each exp config composes with the defaults and its run reaches the end (fast_dev_run)."""
@@ -55,14 +61,14 @@ def test_every_experiment_composes_and_runs_fast_dev_run(exp, tmp_path, small_al
                     "cv_util": dict.fromkeys(ids, 0.5)}  # leave-family-out utilisation, for job scale
 
         monkeypatch.setattr(coldstart, "train_coldstart", fake_train)
-        import dprobe.profiling.jobscale as jobscale
+        import dprobe.profiling.jobscale.data as jobscale_data
 
         def no_second_cross_validation(*a, **k):
             raise AssertionError("job scale cross-validated the cold-start profiler again")
 
-        monkeypatch.setattr(jobscale, "coldstart_utilisation", no_second_cross_validation)
+        monkeypatch.setattr(jobscale_data, "coldstart_utilisation", no_second_cross_validation)
     if cfg.jobscale.enabled and cfg.jobscale.use_graph:  # graphs and replays of every run: stand-ins here
-        import dprobe.profiling.coldstart.train as cs_train
+        import dprobe.profiling.coldstart.dataset as cs_dataset
         from dprobe.data import load_h200_profiles
         from dprobe.graph import build_model_graph
         from dprobe.graph.encoder import graph_to_data
@@ -73,9 +79,9 @@ def test_every_experiment_composes_and_runs_fast_dev_run(exp, tmp_path, small_al
             g = graph_to_data(build_model_graph("torchvision:resnet18", batch=2, image=32))
             feats = np.random.default_rng(0).normal(size=(len(ids), len(FEATURES)))
             base = np.full((len(ids), 4), 4e9)  # analytical estimates: peak, device memory, util, step time
-            return {"graphs": [g] * len(ids), "feats": feats, "run_ids": ids, "base": base}
+            return cs_dataset.make_dataset([g] * len(ids), feats, base, np.ones((len(ids), 4)), ids, ids)
 
-        monkeypatch.setattr(cs_train, "load_dataset", fake_dataset)
+        monkeypatch.setattr(cs_dataset, "load_dataset", fake_dataset)
     summary = run(cfg)
     assert Path(summary["output_dir"], "config.yaml").is_file()
     if cfg.forecaster_enabled:
@@ -90,12 +96,25 @@ def test_every_experiment_composes_and_runs_fast_dev_run(exp, tmp_path, small_al
         assert torch.load(summary["jobscale_checkpoint"], weights_only=True)["kind"] == "dprobe-jobscale"
 
 
+def _train_main():
+    """train.py's @hydra.main function (train.py is a script, not a module of the package)."""
+    spec = importlib.util.spec_from_file_location("train", CONFIG_DIR.parent / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+@pytest.mark.slow
 def test_training_writes_checkpoint_that_evaluates(tmp_path, small_alibaba_dir, small_helios_dir, capsys, caplog):
-    """Two short epochs, best checkpoint exported, then scored against every baseline on both data sets."""
+    """Two short epochs, best checkpoint exported, then scored against every baseline on both data sets;
+    train.py's main returns the best epoch's validation pinball loss (what sweeps minimise)."""
     cfg = compose(tiny(tmp_path, [small_alibaba_dir, small_helios_dir], "trainer.max_epochs=2"))
     with caplog.at_level(logging.INFO, logger="pytorch_lightning"):
-        summary = run(cfg)
+        val_pinball = _train_main()(cfg)
     assert not [r for r in caplog.records if "Tip:" in r.getMessage()]  # Lightning's advertising is dropped
+    summary = json.loads(Path(tmp_path, "summary.json").read_text())
+    logged = [float(v) for v in pd.read_csv(tmp_path / "logs" / "version_0" / "metrics.csv")["val/pinball"].dropna()]
+    assert len(logged) == 2 and val_pinball == summary["val_pinball"] == pytest.approx(min(logged))
     out = capsys.readouterr().out
     assert "Forecaster checkpoint:" in out and "Evaluation report:" in out
     reports = json.loads(Path(tmp_path, "report.json").read_text())
@@ -126,6 +145,7 @@ def test_training_writes_checkpoint_that_evaluates(tmp_path, small_alibaba_dir, 
         model.predict(ForecastInput(values=window, metric="power_watts", leads=(6,), step_seconds=300))
 
 
+@pytest.mark.slow
 def test_evaluate_cli_scores_a_checkpoint(tmp_path, small_alibaba_dir, small_helios_dir, capsys):
     from dprobe.cli import main
 
@@ -175,6 +195,7 @@ def test_trainer_gpu_without_a_gpu_says_what_to_use(tmp_path, small_helios_dir, 
         run(cfg)
 
 
+@pytest.mark.slow
 def test_ddp_spawn_two_processes(tmp_path, small_helios_dir):
     """trainer=ddp trains with Lightning's DDP strategy (ddp_spawn, 2 CPU processes)."""
     cfg = compose(tiny(tmp_path, [small_helios_dir], "trainer=ddp", "trainer.strategy=ddp_spawn",
@@ -184,7 +205,8 @@ def test_ddp_spawn_two_processes(tmp_path, small_helios_dir):
     assert ckpt["tasks"][0]["name"] == "gpu_demand"
 
 
-@pytest.mark.parametrize("group", ["data", "trainer", "logger", "callbacks", "model"])
+@pytest.mark.parametrize("group", ["data", "trainer", "logger", "callbacks", "model", "evaluate", "coldstart",
+                                   "jobscale"])
 def test_every_option_of_every_group_composes(group, tmp_path):
     """Each config file of each group composes with the defaults and instantiates its target(s)."""
     from hydra.utils import instantiate
@@ -197,6 +219,8 @@ def test_every_option_of_every_group_composes(group, tmp_path):
             continue  # needs a GPU to instantiate
         if group == "model":
             assert instantiate(section, n_tasks=2).net is not None
+        elif group in ("evaluate", "coldstart", "jobscale"):  # a stage: its function, called later with data
+            assert isinstance(stage(section), functools.partial)
         elif group == "data":
             assert all(str(d).startswith(str(CONFIG_DIR.parent)) for d in section.datasets)
         elif "_target_" in section:
@@ -205,12 +229,76 @@ def test_every_option_of_every_group_composes(group, tmp_path):
             [instantiate(c) for c in section.values()]
 
 
+def test_stages_are_their_functions_with_the_configured_arguments(tmp_path):
+    """`+exp=gnn` switches the profilers on and the graph path; each stage binds what its group sets and
+    leaves what run() produces (where to write, the checkpoint, the shared cache) to the call."""
+    from dprobe.profiling.coldstart import train_coldstart
+    from dprobe.profiling.jobscale import train_jobscale
+    from dprobe.training import evaluate_checkpoint
+
+    cfg = compose(["+exp=gnn", f"paths.output_dir={tmp_path}"])
+    assert cfg.model.use_graph and cfg.coldstart.enabled and cfg.jobscale.enabled and cfg.evaluate.enabled
+    profiles = str(CONFIG_DIR.parent / "datasets" / "h200-profiles")
+    coldstart, jobscale, evaluate = stage(cfg.coldstart), stage(cfg.jobscale), stage(cfg.evaluate)
+    assert coldstart.func is train_coldstart and coldstart.keywords == {
+        "data_dir": profiles, "max_epochs": 400, "seed": 0, "folds": 20, "workers": None}
+    assert jobscale.func is train_jobscale and jobscale.keywords == {
+        "data_dir": profiles, "use_graph": True, "graph_dim": 0, "epochs": 300, "seed": 0, "folds": 20,
+        "workers": None}
+    assert evaluate.func is evaluate_checkpoint and evaluate.keywords == {
+        "datasets": list(cfg.data.datasets), "cache_dir": f"{tmp_path}/cache"}
+    off = compose(["+exp=no_graph", "seed=3", "coldstart.workers=2", f"paths.output_dir={tmp_path}"])
+    assert not off.coldstart.enabled and off.jobscale.enabled and not off.model.use_graph
+    bound = stage(off.jobscale).keywords  # the seed and coldstart.workers follow their keys
+    assert (bound["use_graph"], bound["seed"], bound["workers"]) == (False, 3, 2)
+
+
+def test_optimizer_and_schedule_come_from_the_config(tmp_path):
+    """configure_optimizers builds what conf/model/forecaster.yaml names: AdamW at model.lr and
+    model.weight_decay, one cosine cycle over trainer.max_epochs; neither is a checkpoint hyperparameter."""
+    import pytorch_lightning as pl
+    from hydra.utils import instantiate
+
+    cfg = compose(["+exp=gnn", f"paths.output_dir={tmp_path}", "model.lr=0.003"])
+    module = instantiate(cfg.model, n_tasks=2, _convert_="all")
+    assert "optimizer" not in module.hparams and "scheduler" not in module.hparams
+    assert module.hparams.lr == 0.003 and module.hparams.weight_decay == 1e-4  # recorded in the checkpoint
+    module.trainer = pl.Trainer(max_epochs=7, accelerator="cpu", logger=False, enable_checkpointing=False)
+    configured = module.configure_optimizers()
+    opt, sched = configured["optimizer"], configured["lr_scheduler"]
+    reference = torch.optim.AdamW(module.parameters(), lr=0.003, weight_decay=1e-4)
+    assert type(opt) is torch.optim.AdamW and opt.defaults == reference.defaults
+    assert isinstance(sched, torch.optim.lr_scheduler.CosineAnnealingLR) and sched.T_max == 7
+    module.make_scheduler = None  # model.scheduler=null: a constant learning rate
+    assert isinstance(module.configure_optimizers(), torch.optim.AdamW)
+
+
+@pytest.mark.slow
+def test_a_sweep_runs_each_value_in_its_own_directory(tmp_path, small_helios_dir):
+    """`python train.py -m model.lr=A,B`: two runs, each in a numbered directory of the sweep's, where
+    paths.output_dir (Hydra's run directory) puts all its outputs."""
+    sweep = tmp_path / "sweep"
+    overrides = [o for o in tiny(tmp_path, [small_helios_dir]) if not o.startswith("paths.output_dir=")]
+    subprocess.run([sys.executable, str(CONFIG_DIR.parent / "train.py"), "-m", "model.lr=0.001,0.003",
+                    "+trainer.fast_dev_run=true", "evaluate.enabled=false", f"hydra.sweep.dir={sweep}",
+                    *overrides], check=True, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    for num, lr in ((0, 0.001), (1, 0.003)):
+        run_dir = sweep / str(num)
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["output_dir"] == str(run_dir) and Path(summary["checkpoint"]).parent == run_dir
+        assert np.isfinite(summary["val_pinball"])
+        assert torch.load(summary["checkpoint"], weights_only=True)["hparams"]["lr"] == lr
+        assert f"model.lr={lr}" in (run_dir / ".hydra" / "overrides.yaml").read_text()  # Hydra's own record
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
+
+
 def _profiler_outputs(summary: dict) -> tuple[dict, dict]:
     cold = torch.load(summary["coldstart_checkpoint"], weights_only=True)
     job = torch.load(summary["jobscale_checkpoint"], weights_only=True)
     return cold["state_dict"], job["state_dict"]
 
 
+@pytest.mark.slow
 def test_profilers_train_beside_the_forecaster_with_the_same_results(tmp_path, small_alibaba_dir, small_h200_dir,
                                                                        monkeypatch, capsys):
     """With ``parallel_stages`` the h200-profiles models train in a second process while the forecaster trains
@@ -239,6 +327,7 @@ def test_profilers_train_beside_the_forecaster_with_the_same_results(tmp_path, s
             torch.testing.assert_close(value, after[key], atol=1e-3, rtol=1e-3, msg=key)
 
 
+@pytest.mark.slow
 def test_a_failing_profiler_stage_fails_the_run_by_name(tmp_path, small_alibaba_dir, small_h200_dir, monkeypatch):
     """A wrong profiles directory is refused before any training; an error in the second process reaches the
     caller with its message, after the forecaster's outputs are written."""
@@ -260,6 +349,7 @@ def test_a_failing_profiler_stage_fails_the_run_by_name(tmp_path, small_alibaba_
     assert (tmp_path / "dprobe.pt").is_file()  # the forecaster's work is kept
 
 
+@pytest.mark.slow
 def test_profilers_whose_process_died_train_after_the_forecaster(tmp_path, small_alibaba_dir, small_h200_dir,
                                                                  monkeypatch, caplog):
     """A second process killed (for memory, say) costs time, not the run: the models train in this one."""

@@ -56,9 +56,9 @@ def test_workloads_csv_gives_vectors_to_the_series_it_names(tmp_path, small_heli
                           workload_cache=str(tmp_path / "cache"))
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
-    assert batch["c"].shape == (len(batch["x"]), workload_dim()) and batch["k"].dtype == torch.bool
-    assert batch["k"].any() and (~batch["k"]).any()
-    assert torch.all(batch["c"][~batch["k"]] == 0)
+    assert batch.workload.shape == (len(batch.features), workload_dim()) and batch.known.dtype == torch.bool
+    assert batch.known.any() and (~batch.known).any()
+    assert torch.all(batch.workload[~batch.known] == 0)
 
 
 @pytest.mark.parametrize("text, message", [
@@ -81,9 +81,10 @@ def test_unknown_model_in_workloads_csv_names_the_series(tmp_path) -> None:
 
 def test_workload_conditioned_model_exports_to_onnx(tmp_path) -> None:
     from dprobe.forecaster.base import ForecastInput
+    from dprobe.forecaster.checkpoint import export_checkpoint
     from dprobe.forecaster.loading import open_forecaster, read_checkpoint
-    from dprobe.forecaster.model import export_checkpoint, export_onnx
     from dprobe.forecaster.module import ForecasterModule
+    from dprobe.forecaster.onnx_export import export_onnx
     from dprobe.forecaster.tasks import TaskSpec
 
     module = ForecasterModule(n_tasks=1, context_length=32, d_model=16, n_heads=2, n_layers=1, use_graph=True)
@@ -142,6 +143,7 @@ def test_graph_vector_is_torch_free_and_reads_the_graph(tmp_path) -> None:
     np.testing.assert_allclose(out["v"], v_small, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_training_with_workloads_csv_conditions_the_checkpoint(tmp_path, small_helios_dir) -> None:
     """`+exp=gnn` on series with a workloads.csv: the checkpoint says its workload path was trained,
     and its forecasts for a series then depend on the graph given for it."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -20,8 +21,13 @@ def mase_scale(train: np.ndarray) -> float:
     return scale if scale > 0 else float("nan")
 
 
-def pinball_terms(diff: np.ndarray, levels: Sequence[float] | np.ndarray) -> np.ndarray:
-    """Elementwise pinball loss of errors ``diff = actual - quantile`` whose last axis runs over ``levels``."""
+def pinball_terms(diff: Any, levels: Any) -> Any:
+    """Elementwise pinball loss of errors ``diff = actual - quantile`` whose last axis runs over ``levels``.
+
+    ``diff`` a numpy array (``levels`` any sequence), or a torch tensor (``levels`` a tensor or a number;
+    the result stays on its device and in the autograd graph, and torch is not imported here)."""
+    if hasattr(diff, "detach"):  # a tensor: torch.maximum
+        return (levels * diff).maximum((levels - 1) * diff)
     lv = np.asarray(levels, dtype=float)
     return np.maximum(lv * diff, (lv - 1) * diff)
 

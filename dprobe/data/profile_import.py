@@ -38,6 +38,7 @@ from typing import Any
 
 import pandas as pd
 
+from dprobe.core.names import OPTIMIZERS, PRECISIONS
 from dprobe.data.common import (
     COUNT,
     NON_NEGATIVE,
@@ -86,8 +87,7 @@ ADD_SAMPLE_RANGES = {**{k: v for k, v in SAMPLE_RANGES.items() if k != "collecti
                      "temp_c": Range()}
 ADD_STEP_RANGES = {**{k: v for k, v in STEP_RANGES.items() if k != "collection"}, "queue": COUNT}
 RUN_CHOICES = {"kind": ("train", "serve", "colocated"), "status": ("ok", "oom", "error"),
-               "precision": ("fp32", "bf16", "fp16", "bf16-pure"),  # dprobe.profiling.coldstart.replay's
-               "optimizer": ("adamw", "adam", "sgd")}
+               "precision": PRECISIONS, "optimizer": OPTIMIZERS}
 STEP_CHOICES = {"phase": ("warmup", "train", "eval", "serve")}
 FLAGS = ("true", "false", "1", "0", "1.0", "0.0")  # what dprobe.data.h200 reads as a boolean setting
 RUN_REQUIRED = ("kind", "status", "lib", "model", "batch", "precision", "t_begin", "t_end")

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from dprobe.core.split import Split
 from dprobe.forecaster.baselines import BASELINES
 
 
@@ -14,11 +15,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "evaluate",
         help="score forecasts against the baselines on a data directory",
         description="Rolling-origin evaluation over the last part of each series (--test-fraction, 30 % by "
-        "default) at the data set's lead "
+        "default: what training leaves out) at the data set's lead "
         "times (alibaba-genai-2026: 5/15/30 steps of 57 s; helios-earth-vc: 30/60/120 min). Every "
         "baseline runs, and the model's rows are added as method 'dprobe': the forecaster shipped with dprobe, "
         "or --checkpoint. DIR is laid out like one of the bundled data sets (same file names and columns; any "
-        "pods or VCs).",
+        "pods or VCs). A checkpoint is not scored on a span it was trained or calibrated on (its recorded "
+        "split) unless --allow-train-overlap.",
     )
     p.add_argument("--data", required=True, metavar="DIR", help="data directory, e.g. datasets/helios-earth-vc")
     p.add_argument("--checkpoint", metavar="CKPT",
@@ -28,19 +30,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plot", metavar="FILE.png", help="also draw forecasts against actuals for a few series")
     p.add_argument("--baselines", default=",".join(BASELINES),
                    help="comma-separated baselines to run (default: all of them: %(default)s)")
-    p.add_argument("--test-fraction", type=float, default=0.3,
-                   help="share of each series used as test span (default: %(default)s)")
+    p.add_argument("--test-fraction", type=float,
+                   help=f"share of each series used as test span (default: {Split().test_fraction:g}); a "
+                        "checkpoint's own training and validation spans must end before it")
+    p.add_argument("--allow-train-overlap", action="store_true",
+                   help="score the checkpoint even where the test span reaches into the part of the series it was "
+                        "trained or calibrated on (its figures there are not out of sample)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from dprobe.data import load_series_dataset
-    from dprobe.evaluation.harness import EvalConfig, evaluate_dataset
+    from dprobe.evaluation.harness import EvalConfig, evaluate_dataset, train_overlap
     from dprobe.evaluation.report import check_plot_path, markdown_table, plot_forecasts
 
-    if not 0 < args.test_fraction < 1:
-        raise ValueError(f"--test-fraction must be between 0 and 1, got {args.test_fraction}")
+    split = Split()
+    if args.test_fraction is not None:
+        if not 0 < args.test_fraction < 1:
+            raise ValueError(f"--test-fraction must be between 0 and 1, got {args.test_fraction}")
+        split = split.with_test_fraction(args.test_fraction)
     baselines = [b.strip() for b in args.baselines.split(",") if b.strip()]
     unknown = [b for b in baselines if b not in BASELINES]
     if unknown:
@@ -55,11 +64,16 @@ def run(args: argparse.Namespace) -> int:
 
         checkpoint = checkpoint_path(args.checkpoint) or SHIPPED_FORECASTER
         models["dprobe"] = load_forecaster(checkpoint)
+        overlap = train_overlap(models["dprobe"], split)
+        if overlap and not args.allow_train_overlap:
+            raise ValueError(f"{checkpoint} {overlap}: pass --test-fraction {models['dprobe'].split.test_fraction:g} "
+                             "or less to score it on what it has not seen, or --allow-train-overlap to score it "
+                             "there anyway")
         if checkpoint == SHIPPED_FORECASTER:
             print(f"scoring the forecaster shipped with dprobe ({SHIPPED_FORECASTER.name}) as 'dprobe'; "
                   "--checkpoint CKPT scores yours", file=sys.stderr)
     ds = load_series_dataset(args.data)
-    cfg = EvalConfig(test_fraction=args.test_fraction, baselines=baselines,
+    cfg = EvalConfig(split=split, baselines=baselines,
                      progress=not args.no_progress and sys.stderr.isatty())
     graphs = None
     if models:  # series a workloads.csv names are forecast with their model graph

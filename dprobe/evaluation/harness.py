@@ -1,7 +1,7 @@
 """Rolling-origin evaluation over the last part of each series, at fixed lead times.
 
-For each series and each lead h, every position t of the test span (the last
-``test_fraction`` of the series, origins where ``t + h`` is still inside the
+For each series and each lead h, every position t of the test span (from the
+:class:`~dprobe.core.split.Split`'s test start on, origins where ``t + h`` is still inside the
 series and observed) is a forecast origin: the method sees ``y[..t]`` and
 forecasts ``y[t + h]``. Baselines are computed as forecast paths over the
 whole series (see :mod:`dprobe.forecaster.baselines`), with quantiles from
@@ -22,6 +22,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from tqdm.auto import tqdm
 
 from dprobe.core import metrics
+from dprobe.core.split import Split
 from dprobe.data import SeriesDataset
 from dprobe.forecaster.base import QUANTILES, Forecaster, ForecastInput
 from dprobe.forecaster.baselines import PathBaseline, conformal_quantiles, make_baseline
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class EvalConfig:
-    test_fraction: float = 0.3
+    split: Split = Split()  # where each series' test span starts (a checkpoint's own: its ``split``)
     baselines: Sequence[str] = ("last_value", "seasonal_naive", "moving_average", "moving_median", "ewma", "ets")
     window: int = 30  # moving average / median window (steps)
     alpha: float = 0.3  # EWMA smoothing
@@ -156,6 +157,16 @@ def score(method: str, target: str, ds: SeriesDataset, per_series: dict[str, Ser
     return rows
 
 
+def train_overlap(forecaster: Forecaster, split: Split) -> str | None:
+    """Why scoring ``forecaster`` on ``split``'s test span would count windows it was trained or calibrated on
+    (the split its checkpoint records ends later), or None (a baseline records none: it fits nothing ahead)."""
+    trained: Split | None = getattr(forecaster, "split", None)
+    if trained is None or not trained.reaches_into(split):
+        return None
+    return (f"was trained and calibrated on the first {100 * trained.test_start:g} % of each series, and the "
+            f"test span starts at {100 * split.test_start:g} %")
+
+
 def evaluate_dataset(ds: SeriesDataset, models: dict[str, Forecaster] | None = None,
                      cfg: EvalConfig | None = None,
                      on_method: Callable[[str, float], None] | None = None,
@@ -175,7 +186,7 @@ def evaluate_dataset(ds: SeriesDataset, models: dict[str, Forecaster] | None = N
         if not series:
             log.warning("%s/%s: no series with at least %d points", ds.name, target, cfg.min_length)
             continue
-        starts = {u: int(np.floor(len(y) * (1 - cfg.test_fraction))) for u, y in series.items()}
+        starts = {u: cfg.split.test_index(len(y)) for u, y in series.items()}
         origins = {u: np.arange(starts[u], len(y) - min(ds.lead_steps)) for u, y in series.items()}
         result.actuals[target] = series
         result.test_start.update({f"{target}/{u}": s for u, s in starts.items()})

@@ -12,10 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99)
-
-# Metric names a forecaster may be asked for (what each head of the model predicts).
-METRICS = ("gpu_memory_bytes", "gpu_utilization_ratio", "gpu_duty_cycle_pct", "gpu_demand")
+from dprobe.core.names import QUANTILES
 
 
 @dataclass

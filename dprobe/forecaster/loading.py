@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 FORECASTER_LOADERS: dict[str, Callable[[dict], Forecaster]] = {}
 REQUIRED_KEYS = ("kind", "dprobe_version")
 # modules whose import registers the trained models' loaders (imported on first use)
-BUILTIN_LOADER_MODULES = ("dprobe.forecaster.model",)
+BUILTIN_LOADER_MODULES = ("dprobe.forecaster.checkpoint",)
 SHIPPED = "dprobe"  # the shipped forecaster, where a model is named (beside the baselines' names)
 SHIPPED_FORECASTER = Path(__file__).resolve().parent.parent / "default_forecaster.onnx"
 

@@ -1,8 +1,8 @@
 """Forecasting with a trained network, independent of how the network is run.
 
 :class:`TrainedForecaster` holds what a checkpoint knows (tasks, leads, point
-sources) and turns windows into forecasts; subclasses only run the network:
-:class:`dprobe.forecaster.model.ModelForecaster` with torch,
+sources, the split it was fitted with) and turns windows into forecasts; subclasses only run the
+network: :class:`dprobe.forecaster.checkpoint.ModelForecaster` with torch,
 :class:`OnnxForecaster` with ONNX Runtime (no torch import: what the sidecar uses).
 """
 
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dprobe.core.split import Split
 from dprobe.forecaster.base import Forecast, ForecastInput
 from dprobe.forecaster.features import (
     REGIMES,
@@ -50,6 +51,7 @@ class TrainedForecaster:
         # per task: how the quantiles' spread grows from lead 0 to the first trained lead (1: linearly,
         # 0.5: as the square root of the lead; select_short_lead_exponents); older checkpoints: linearly
         self.short_lead_exponents = [float(e) for e in meta.get("short_lead_exponents") or [1.0] * len(self.tasks)]
+        self.split = Split.from_dict(meta.get("split"))  # older checkpoints: the default split
         self.context_length = int(hp["context_length"])
         self.quantile_levels = tuple(hp.get("quantiles", (0.5, 0.9, 0.99)))
         self.version = meta.get("dprobe_version", "?")
@@ -100,9 +102,11 @@ class TrainedForecaster:
         _, spec, _ = self.task_for(metric)
         return max(spec.leads) * spec.step_seconds
 
-    def _predict_task(self, k: int, spec: TaskSpec, values: np.ndarray, cov: np.ndarray | None,
-                      cond: np.ndarray | None = None, known: np.ndarray | None = None) -> np.ndarray:
-        """Quantiles at the task's own leads, in the task's units: ``(B, H_task, Q)``."""
+    def predict_task(self, k: int, spec: TaskSpec, values: np.ndarray, cov: np.ndarray | None,
+                     cond: np.ndarray | None = None, known: np.ndarray | None = None) -> np.ndarray:
+        """Quantiles at task ``k``'s own leads, in the task's units: ``(B, H_task, Q)``, from windows ``values``
+        ``(B, L)`` at the task's step (covariates ``cov`` ``(B, L, C)``, workload vectors ``cond`` and flags
+        ``known``, or None); what :meth:`predict` interpolates to the leads it is asked for."""
         n = self.context_length
         if values.shape[1] < n:  # pad the left with gaps
             values = np.concatenate([np.full((len(values), n - values.shape[1]), np.nan), values], 1)
@@ -149,7 +153,7 @@ class TrainedForecaster:
             raise ValueError(f"{batch.metric}: trained for leads up to {max(spec.leads)} steps of "
                              f"{spec.step_seconds:g} s ({max(spec.leads) * spec.step_seconds:g} s); asked for "
                              f"{batch.leads[int(np.argmax(too_far))] * batch.step_seconds:g} s")
-        q = self._predict_task(k, spec, values, cov, *self._workloads(batch.graphs, len(values)))
+        q = self.predict_task(k, spec, values, cov, *self._workloads(batch.graphs, len(values)))
 
         out = interpolate_leads(last_observed(values), q, spec.leads, leads, self.short_lead_exponents[k]) / factor
         return Forecast(point=out[..., 0], quantiles=out, leads=batch.leads, quantile_levels=self.quantile_levels)

@@ -2,9 +2,9 @@
 
 Each (data set, metric) pair is a *task* with its own lead times. Where a directory has a
 ``workloads.csv``, its series carry a workload vector (:mod:`dprobe.data.workloads`). Series are
-split in time: origins whose forecasts end before ``val_start`` of a series
-train, origins in ``[val_start, test_start)`` validate, and the last
-``1 - test_start`` of every series is left for ``dprobe evaluate``.
+split in time by a :class:`~dprobe.core.split.Split`: origins whose forecasts end before its
+validation start train, those from there whose forecasts end before its test start validate, and
+the rest of every series is left for ``dprobe evaluate``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
 
+from dprobe.core.split import Split
 from dprobe.data.registry import load_series_dataset
 from dprobe.data.workloads import workload_vectors
 from dprobe.forecaster.features import (
@@ -49,6 +50,26 @@ class TaskSeries:
         values = np.where(valid, self.values[at], np.nan)
         cov = None if self.covariates is None else np.where(valid[..., None], self.covariates[at], np.nan)
         return values, cov
+
+
+@dataclass
+class WindowBatch:
+    """A batch of ``B`` windows of ``L`` steps, as :class:`WindowCollate` gathers them (CPU tensors).
+
+    Window units: a window's values less its last observed value, over its scale
+    (:func:`~dprobe.forecaster.features.make_features`)."""
+
+    features: torch.Tensor  # (B, L, 2 + N_COVARIATES) float: values in window units, observed flags, covariates
+    stats: torch.Tensor  # (B, N_STATS) float: the window's summary statistics (window_stats)
+    weight: torch.Tensor  # (B,) float: loss weight (the task's, times the busy-window factor in training)
+    target: torch.Tensor  # (B, H) float: the values at the task's leads in window units, NaN where unobserved
+    task: torch.Tensor  # (B,) long: the window's task
+    workload: torch.Tensor  # (B, D) float: the series' workload vector (dprobe.data.workloads), zeros if unknown
+    known: torch.Tensor  # (B,) bool: the series' workload is known
+    points: torch.Tensor  # (B, P) float: the simple point forecasts (SIMPLE_POINTS), window units
+    scale: torch.Tensor  # (B,) float: window units -> the metric's units
+    series: torch.Tensor  # (B,) long: index of the series in its task
+    regime: torch.Tensor  # (B,) long: what the window's last steps did (REGIMES)
 
 
 @dataclass(frozen=True)
@@ -84,7 +105,7 @@ class WindowCollate:
         self.change_weighting = change_weighting
         self.rng = np.random.default_rng(seed)
 
-    def __call__(self, rows: list[np.ndarray]) -> dict[str, torch.Tensor]:
+    def __call__(self, rows: list[np.ndarray]) -> WindowBatch:
         rows_arr = np.stack(rows)
         feats, stats, targets, task_ids, weights, cond, known, points, scales, series, regimes = (
             [] for _ in range(11))
@@ -114,27 +135,31 @@ class WindowCollate:
             task_ids.append(np.full(len(sel), k))
             cond.append(ts.workload[s])
             known.append(ts.known[s])
-        return {
-            "x": torch.from_numpy(np.concatenate(feats)).float(),
-            "s": torch.from_numpy(np.concatenate(stats)).float(),
-            "w": torch.from_numpy(np.concatenate(weights)).float(),
-            "y": torch.from_numpy(np.concatenate(targets)).float(),
-            "task": torch.from_numpy(np.concatenate(task_ids)).long(),
-            "c": torch.from_numpy(np.concatenate(cond)).float(),
-            "k": torch.from_numpy(np.concatenate(known)),
-            "p": torch.from_numpy(np.concatenate(points)).float(),  # simple point forecasts, window units
-            "scale": torch.from_numpy(np.concatenate(scales)).float(),  # window units -> the metric's units
-            "series": torch.from_numpy(np.concatenate(series)).long(),  # index of the series in its task
-            "r": torch.from_numpy(np.concatenate(regimes)).long(),  # what the last step did (REGIMES)
-        }
+        return WindowBatch(
+            features=torch.from_numpy(np.concatenate(feats)).float(),
+            stats=torch.from_numpy(np.concatenate(stats)).float(),
+            weight=torch.from_numpy(np.concatenate(weights)).float(),
+            target=torch.from_numpy(np.concatenate(targets)).float(),
+            task=torch.from_numpy(np.concatenate(task_ids)).long(),
+            workload=torch.from_numpy(np.concatenate(cond)).float(),
+            known=torch.from_numpy(np.concatenate(known)),
+            points=torch.from_numpy(np.concatenate(points)).float(),
+            scale=torch.from_numpy(np.concatenate(scales)).float(),
+            series=torch.from_numpy(np.concatenate(series)).long(),
+            regime=torch.from_numpy(np.concatenate(regimes)).long(),
+        )
 
 
 class SeriesDataModule(pl.LightningDataModule):
-    """Windows of every metric of the given series data sets (alibaba-genai-2026, helios-earth-vc layouts)."""
+    """Windows of every metric of the given series data sets (alibaba-genai-2026, helios-earth-vc layouts).
+
+    ``val_start``, ``test_start``: the :class:`~dprobe.core.split.Split` (:attr:`split`), recorded in the
+    checkpoint; plain numbers here, so that the Lightning checkpoints' hyperparameters stay plain."""
 
     def __init__(self, datasets: list[str], context_length: int = 128, batch_size: int = 256,
-                 samples_per_epoch: int = 20000, val_samples: int = 4000, val_start: float = 0.6,
-                 test_start: float = 0.7, min_history: int = 16, num_workers: int = 0, seed: int = 0,
+                 samples_per_epoch: int = 20000, val_samples: int = 4000,
+                 val_start: float = Split.validation_start, test_start: float = Split.test_start,
+                 min_history: int = 16, num_workers: int = 0, seed: int = 0,
                  workload_cache: str | None = None, covariate_dropout: float = 0.0,
                  calm_weight: float | None = None) -> None:
         super().__init__()
@@ -142,6 +167,7 @@ class SeriesDataModule(pl.LightningDataModule):
             raise ValueError(f"calm_weight must be at least 1 (how many times a calm window may count, relative "
                              f"to a typical one), or null to weigh every window alike; got {calm_weight!r}")
         self.save_hyperparameters()
+        self.split = Split(validation_start=val_start, test_start=test_start)
         self.tasks: list[TaskSeries] = []
         self._train_rows = self._val_rows = None
         self.task_weights: list[float] = []
@@ -171,7 +197,7 @@ class SeriesDataModule(pl.LightningDataModule):
                     values[i, : lengths[i]] = arrays[u]
                     if cov is not None:
                         cov[i, : lengths[i]] = covs[u]
-                train_part = [arrays[u][: int(len(arrays[u]) * hp.val_start)] for u in ids]
+                train_part = [arrays[u][: self.split.validation_index(len(arrays[u]))] for u in ids]
                 levels = window_scale(np.array([[np.nanmean(np.abs(a)) if np.isfinite(a).any() else np.nan]
                                                 for a in train_part]), 0.0)
                 floor = float(0.5 * np.median(levels[levels > 0])) if (levels > 0).any() else 1.0
@@ -186,11 +212,8 @@ class SeriesDataModule(pl.LightningDataModule):
                                              workload=workload, known=known))
                 h = max(ds.lead_steps)
                 for i, n in enumerate(lengths):
-                    v0, t0 = int(n * hp.val_start), int(n * hp.test_start)
                     observed = np.cumsum(~np.isnan(values[i, :n]))
-                    ok = np.flatnonzero(observed >= hp.min_history)
-                    tr = ok[ok + h < v0]
-                    va = ok[(ok >= v0) & (ok + h < t0)]
+                    tr, va = self.split.fit_origins(np.flatnonzero(observed >= hp.min_history), n, h)
                     train_rows.append(np.stack([np.full(len(tr), k), np.full(len(tr), i), tr], axis=1))
                     val_rows.append(np.stack([np.full(len(va), k), np.full(len(va), i), va], axis=1))
         self._train_rows = np.concatenate(train_rows).astype(np.int64)
@@ -223,11 +246,11 @@ class SeriesDataModule(pl.LightningDataModule):
             sel = rows[rows[:, 0] == k]
             sel = sel[rng.choice(len(sel), min(n, len(sel)), replace=False)]
             batch = collate(list(sel))
-            y = batch["y"].numpy()
+            y = batch.target.numpy()
             err = float(np.nanmean(np.abs(y))) if np.isfinite(y).any() else 1.0
             weights.append(1.0 / max(err, 1e-3))
             if calm is not None:
-                x = batch["x"].numpy()
+                x = batch.features.numpy()
                 change = window_change(x[..., 0], x[..., 1])
                 typical.append(max(float(np.median(change)), 1e-6))
                 mean.append(float(change_factor(change, typical[-1], calm).mean()))

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
+
+from dprobe.sim.fixed_cli import FIXED_HELP, add_fixed_arguments, check_mode, run_fixed
 
 DESCRIPTION = """Replay a cluster job log (Philly or ITP layout) through per-VC GPU quotas that a policy
 resets every --interval seconds, and report what each policy does to queueing and GPU use.
@@ -31,7 +32,8 @@ example:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("simulate", help="replay cluster job logs under GPU quota policies",
-                              description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=f"{DESCRIPTION}\n\n{FIXED_HELP}",
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     data = p.add_argument_group("jobs")
     data.add_argument("--data", metavar="DIR",
                       help="job log directory laid out like datasets/philly-jobs or datasets/itp-elasticflow "
@@ -42,19 +44,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       "--start-day); the cluster starts empty")
     data.add_argument("--start-day", type=float, default=0.0, metavar="D",
                       help="skip the jobs submitted in the first D days of the log (default: %(default)g)")
-    data.add_argument("--queue", choices=("backfill", "fifo"), default="backfill",
+    data.add_argument("--queue", choices=("backfill", "fifo"),
                       help="backfill: a later job that fits starts while the head waits (Kueue BestEffortFIFO); "
-                      "fifo: nothing passes the head (default: %(default)s)")
+                      "fifo: nothing passes the head (default: backfill)")
     sim = p.add_argument_group("scaling")
     sim.add_argument("--policies", default="static,reactive,forecast",
                      help="comma-separated policies to compare (default: %(default)s)")
     sim.add_argument("--interval", type=float, default=600.0, metavar="S",
                      help="seconds between quota decisions (default: %(default)g)")
-    sim.add_argument("--provision-delay", type=float, default=300.0, metavar="S",
-                     help="seconds before a quota increase is usable (default: %(default)g)")
+    sim.add_argument("--provision-delay", type=float, metavar="S",
+                     help="seconds before a quota increase is usable (default: 300)")
     sim.add_argument("--horizon", type=float, metavar="S",
                      help="forecast lead in seconds (default: the provisioning delay rounded up to whole "
-                     "intervals, at least one interval)")
+                     "intervals, at least one interval; with --fixed, one interval)")
     sim.add_argument("--quantile", type=float, default=0.9,
                      help="forecast quantile the forecast policy provisions for: 0.5, 0.9 or 0.99 "
                      "(default: %(default)g)")
@@ -80,28 +82,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="least quota per VC, the scaler's min_gpus (default: 0)")
     sim.add_argument("--max-gpus", type=int, metavar="N",
                      help="most quota per VC, the scaler's max_replicas (default per VC: the most GPUs its "
-                     "jobs would hold at once if each started at submission)")
+                     "jobs would hold at once if each started at submission; with --fixed, at most --gpus)")
     sim.add_argument("--checkpoint", metavar="CKPT",
                      help="a trained dprobe checkpoint with a gpu_demand task for the forecast policy; "
                           "'dprobe': the forecaster shipped with dprobe")
     sim.add_argument("--static-gpus", type=int, metavar="N", help="static policy: this quota for every VC")
-    sim.add_argument("--static-percentile", type=float, default=95.0, metavar="P",
-                     help="static policy: percentile of the warm-up demand (default: %(default)g)")
+    sim.add_argument("--static-percentile", type=float, metavar="P",
+                     help="static policy: percentile of the warm-up demand (default: 95)")
     sim.add_argument("--static-warmup", type=float, default=0.5, metavar="F",
                      help="static policy: share of the log, from its start, the percentile is taken over "
-                     "(default: %(default)g)")
+                     "(with --fixed: whose GPU-time sets the quotas; default: %(default)g)")
+    add_fixed_arguments(p)
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print one JSON object instead of a Markdown table")
     out.add_argument("--per-vc", action="store_true", help="also report every VC")
     out.add_argument("--plot", metavar="FILE.png",
-                     help="draw demand against quota for the busiest VC per policy and the wait-time CDF")
+                     help="draw demand against quota for the busiest VC per policy and the wait-time CDF "
+                     "(with --fixed: the wait-time CDF per scheduling policy and every VC's quota over time)")
     out.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
 
-# the options that set the scaler's policy, with their defaults (None: the --tolerance)
-POLICY_FLAGS = {"margin": 0.1, "tolerance": 0.1, "scale_up_tolerance": None, "scale_down_tolerance": None,
-                "scale_up_gpus": 4, "min_gpus": 0}
+# the options that set the scaler's policy (their defaults: ScalerSettings')
+POLICY_FLAGS = ("margin", "tolerance", "scale_up_tolerance", "scale_down_tolerance", "scale_up_gpus", "min_gpus")
 
 
 def _flag(name: str) -> str:
@@ -119,7 +122,7 @@ def _policy_settings(policy: object) -> dict:
 
 def _check(args: argparse.Namespace) -> list[str]:
     """The policies asked for; a ValueError for any option out of range."""
-    from dprobe.sim.policies import POLICY_NAMES
+    from dprobe.sim.policies import POLICY_NAMES, ScalerSettings
 
     policies = [s.strip() for s in args.policies.split(",") if s.strip()]
     unknown = [s for s in policies if s not in POLICY_NAMES]
@@ -132,9 +135,9 @@ def _check(args: argparse.Namespace) -> list[str]:
     if args.scaler_config and given:
         raise ValueError(f"--scaler-config sets the scaler's policy; set {', '.join(_flag(f) for f in given)} "
                          "in that file instead")
-    for flag, default in POLICY_FLAGS.items():
+    for flag in POLICY_FLAGS:
         if getattr(args, flag) is None and not args.scaler_config:
-            setattr(args, flag, default)
+            setattr(args, flag, getattr(ScalerSettings, flag))
     for flag in ("margin", "tolerance", "scale_up_tolerance", "scale_down_tolerance"):
         value = getattr(args, flag)
         if value is not None and not value >= 0:
@@ -146,11 +149,24 @@ def _check(args: argparse.Namespace) -> list[str]:
         raise ValueError(f"need 0 <= --min-gpus <= --max-gpus and --max-gpus >= 1, got {least}, {args.max_gpus}")
     if args.static_gpus is not None and args.static_gpus < 0:
         raise ValueError(f"--static-gpus must be >= 0, got {args.static_gpus}")
-    if not 0 <= args.static_percentile <= 100:
+    if args.static_percentile is not None and not 0 <= args.static_percentile <= 100:
         raise ValueError(f"--static-percentile must be between 0 and 100, got {args.static_percentile:g}")
     if not 0 < args.static_warmup <= 1:
         raise ValueError(f"--static-warmup must be in (0, 1], got {args.static_warmup:g}")
     return policies
+
+
+def _scaler_settings(args: argparse.Namespace):
+    """The scaler settings of the options checked by ``_check``, or of ``--scaler-config``."""
+    from dprobe.sim.policies import ScalerSettings
+
+    if args.scaler_config:
+        from dprobe.services.scaler.config import load_config
+
+        return ScalerSettings(configured=load_config({"config": args.scaler_config}, env={}).gpu_policy())
+    return ScalerSettings(margin=args.margin, tolerance=args.tolerance, min_gpus=args.min_gpus,
+                          scale_up_tolerance=args.scale_up_tolerance,
+                          scale_down_tolerance=args.scale_down_tolerance, scale_up_gpus=args.scale_up_gpus)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -159,18 +175,24 @@ def run(args: argparse.Namespace) -> int:
     from dprobe.evaluation.report import check_plot_path
     from dprobe.forecaster.loading import checkpoint_path
     from dprobe.sim.cluster import SimConfig, check_span, simulate
-    from dprobe.sim.jobs import DAY, bundled_dir, load_jobs, peak_demand
+    from dprobe.sim.jobs import DAY, load_selected, peak_demand
     from dprobe.sim.policies import (
         ForecastQuota,
         ReactiveQuota,
-        ScalerSettings,
         StaticQuota,
         forecast_setup,
         static_quotas,
     )
-    from dprobe.sim.report import markdown_table, plot_results, policy_report
+    from dprobe.sim.report import markdown_table, plot_results, policy_report, print_report
 
     names = _check(args)
+    check_mode(args)
+    if args.fixed:
+        settings = _scaler_settings(args)
+        return run_fixed(args, names, settings, _policy_settings(settings.base()))
+    args.queue = args.queue or "backfill"
+    args.provision_delay = 300.0 if args.provision_delay is None else args.provision_delay
+    args.static_percentile = 95.0 if args.static_percentile is None else args.static_percentile
     if args.plot:
         check_plot_path(args.plot)
     config = SimConfig(interval=args.interval, provision_delay=args.provision_delay,
@@ -178,23 +200,10 @@ def run(args: argparse.Namespace) -> int:
     horizon = args.horizon or max(1, math.ceil(args.provision_delay / args.interval - 1e-9)) * args.interval
     setup = (forecast_setup(checkpoint_path(args.checkpoint), args.interval, horizon, args.quantile)
              if "forecast" in names else None)
-    if args.scaler_config:  # read before the log: a bad file is refused at once
-        from dprobe.services.scaler.config import load_config
-
-        configured = load_config({"config": args.scaler_config}, env={}).gpu_policy()
-    directory = args.data or str(bundled_dir())
-    dataset, jobs = load_jobs(directory)
-    jobs = jobs.select(args.vc, args.days, args.start_day)
-    if not len(jobs):
-        raise ValueError(f"{directory}: no jobs to simulate with these --vc / --days")
+    settings = _scaler_settings(args)  # a bad --scaler-config is refused before the log is read
+    dataset, directory, jobs = load_selected(args.data, args.vc, args.days, args.start_day)
     check_span(jobs, min(args.interval, setup.history_step if setup else math.inf))
 
-    if args.scaler_config:
-        settings = ScalerSettings(configured=configured)
-    else:
-        settings = ScalerSettings(margin=args.margin, tolerance=args.tolerance, min_gpus=args.min_gpus,
-                                  scale_up_tolerance=args.scale_up_tolerance,
-                                  scale_down_tolerance=args.scale_down_tolerance, scale_up_gpus=args.scale_up_gpus)
     n_vcs = len(jobs.vc_names)
     max_gpus = np.full(n_vcs, args.max_gpus) if args.max_gpus else peak_demand(jobs)
     static = (np.full(n_vcs, args.static_gpus) if args.static_gpus is not None
@@ -225,11 +234,7 @@ def run(args: argparse.Namespace) -> int:
         },
         "policies": [policy_report(r, per_vc=args.per_vc) for r in results],
     }
-    if args.json:
-        json.dump(report, sys.stdout, allow_nan=False)
-        sys.stdout.write("\n")
-    else:
-        print(markdown_table(report))
+    print_report(report, args.json, markdown_table)
     if args.plot:
         path = plot_results(results, args.plot)
         print(f"plot written to {path}", file=sys.stderr)

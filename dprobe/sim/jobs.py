@@ -97,6 +97,18 @@ def load_jobs(directory: str | Path) -> tuple[str, JobTable]:
     return name, JobTable.from_frame(JOB_LOADERS[name](Path(directory)))
 
 
+def load_selected(directory: str | None, vcs: list[str] | None = None, days: float | None = None,
+                  start_day: float = 0.0) -> tuple[str, str, JobTable]:
+    """The data set's name, the directory (default: the bundled Philly log) and its jobs selected as
+    :meth:`JobTable.select`; a ValueError when the selection holds none."""
+    directory = directory or str(bundled_dir())
+    dataset, jobs = load_jobs(directory)
+    jobs = jobs.select(vcs, days, start_day)
+    if not len(jobs):
+        raise ValueError(f"{directory}: no jobs to simulate with these --vc / --days")
+    return dataset, directory, jobs
+
+
 def unconstrained_demand(jobs: JobTable, n_vcs: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Per VC, the GPUs its jobs would hold if each started at submission: change times and the
     step function's value from each time on (``times[k] <= t < times[k+1]``)."""

@@ -14,10 +14,12 @@ import numpy as np
 
 from dprobe.forecaster.base import QUANTILES, Forecaster, ForecastInput
 from dprobe.services.scaler.policy import (
+    DEFAULT_POLICY,
     DEFAULT_SCALE_DOWN,
     DEFAULT_SCALE_UP,
+    MIN_GPUS,
+    SCALE_UP_PODS,
     Policy,
-    RatePolicy,
     Recommender,
 )
 from dprobe.sim.jobs import JobTable, sample_step_function, unconstrained_demand
@@ -84,19 +86,19 @@ def static_quotas(jobs: JobTable, percentile: float = 95.0, warmup_fraction: flo
 class ScalerSettings:
     """The scaler settings the simulation exposes; the rest are :class:`Policy`'s defaults."""
 
-    margin: float = 0.1
-    tolerance: float = 0.1
-    min_gpus: int = 0
-    scale_up_tolerance: float | None = None  # None: tolerance
-    scale_down_tolerance: float | None = None
-    scale_up_gpus: int = 4  # a scale-up may add this many GPUs or double the quota, whichever is more (HPA: 4)
+    margin: float = DEFAULT_POLICY.margin
+    tolerance: float = DEFAULT_POLICY.tolerance
+    min_gpus: int = MIN_GPUS
+    scale_up_tolerance: float | None = DEFAULT_SCALE_UP.tolerance  # None: tolerance
+    scale_down_tolerance: float | None = DEFAULT_SCALE_DOWN.tolerance
+    scale_up_gpus: int = SCALE_UP_PODS  # a scale-up may add this many GPUs or double the quota, whichever is more
     configured: Policy | None = None  # a scaler config's GPU policy: replaces all of the above
 
     def base(self) -> Policy:
         """The policy before the per-VC cap: demand counted in GPUs, as jobs ask them (``target`` 1)."""
         if self.configured is not None:  # its rules as they are
             return replace(self.configured, target=1.0, fallback_replicas=None)
-        up = (RatePolicy("percent", 100, 15), RatePolicy("pods", self.scale_up_gpus, 15))
+        up = tuple(replace(r, value=self.scale_up_gpus) if r.type == "pods" else r for r in DEFAULT_SCALE_UP.policies)
         return Policy(target=1.0, margin=self.margin, tolerance=self.tolerance, min_replicas=self.min_gpus,
                       max_replicas=max(self.min_gpus, 1 << 30),
                       scale_up=replace(DEFAULT_SCALE_UP, tolerance=self.scale_up_tolerance, policies=up),

@@ -25,28 +25,35 @@ TABLE_COLUMNS = (  # (key, header, format)
 )
 
 
+def spread(values: np.ndarray, name: str) -> dict:
+    """``mean_{name}_seconds`` and its p50, p95 and p99 over ``values`` (NaNs left out); None if empty."""
+    values = values[~np.isnan(values)]
+    out = {f"mean_{name}_seconds": float(values.mean()) if len(values) else None}
+    for q in (50, 95, 99):
+        out[f"p{q}_{name}_seconds"] = float(np.percentile(values, q)) if len(values) else None
+    return out
+
+
+def long_wait_share(waits: np.ndarray) -> float | None:
+    """The share of jobs (NaNs left out) that waited more than :data:`LONG_WAIT_SECONDS`."""
+    waits = waits[~np.isnan(waits)]
+    return float((waits > LONG_WAIT_SECONDS).mean()) if len(waits) else None
+
+
 def summarise(result: SimResult, vc: int | None = None) -> dict:
     """The figures of one run, over all VCs or over VC index ``vc``."""
     jobs = result.jobs
     mine = np.ones(len(jobs), dtype=bool) if vc is None else jobs.vc == vc
     vcs = slice(None) if vc is None else slice(vc, vc + 1)
     waits = result.waits()[mine]
-    waits = waits[~np.isnan(waits)]
     provisioned = float(result.provisioned_gpu_seconds[vcs].sum()) / 3600
     used = float(result.used_gpu_seconds[vcs].sum()) / 3600
-
-    def pct(q: float) -> float | None:
-        return float(np.percentile(waits, q)) if len(waits) else None
-
     return {
         "jobs": int(mine.sum()),
         "rejected_jobs": int(result.rejected[mine].sum()),
         "unstarted_jobs": int(result.unstarted[mine].sum()),
-        "mean_wait_seconds": float(waits.mean()) if len(waits) else None,
-        "p50_wait_seconds": pct(50),
-        "p95_wait_seconds": pct(95),
-        "p99_wait_seconds": pct(99),
-        "waited_over_10min_share": float((waits > LONG_WAIT_SECONDS).mean()) if len(waits) else None,
+        **spread(waits, "wait"),
+        "waited_over_10min_share": long_wait_share(waits),
         "gpu_hours_provisioned": provisioned,
         "gpu_hours_used": used,
         "utilization_of_provisioned": used / provisioned if provisioned > 0 else None,
@@ -62,6 +69,18 @@ def policy_report(result: SimResult, per_vc: bool = False) -> dict:
     if per_vc:
         out["vcs"] = [{"vc": name, **summarise(result, v)} for v, name in enumerate(result.jobs.vc_names)]
     return out
+
+
+def print_report(report: dict, as_json: bool, table) -> None:
+    """``report`` as one JSON object on stdout, or as the Markdown ``table(report)``."""
+    import json
+    import sys
+
+    if as_json:
+        json.dump(report, sys.stdout, allow_nan=False)
+        sys.stdout.write("\n")
+    else:
+        print(table(report))
 
 
 def _cell(value: object, fmt: str) -> str:
@@ -84,18 +103,41 @@ def markdown_table(report: dict) -> str:
     s = report["settings"]
     setting = (f"Decisions every {s['interval_seconds']:g} s, quota increases in service after "
                f"{s['provision_delay_seconds']:g} s, queue {s['queue']}")
+    if s.get("scaler_config"):
+        setting += f"; the scaler's policy from {s['scaler_config']}"
+    labelled = [(p["policy"], p) for p in report["policies"]]
+    return "\n".join(lines + footer(setting, report, labelled, "policy"))
+
+
+def footer(setting: str, report: dict, rows: list[tuple[str, dict]], unit: str) -> list[str]:
+    """The lines under a table: ``setting`` and the forecast, jobs never started and the time of each
+    ``(label, row)``."""
+    s = report["settings"]
     if report.get("forecaster"):
         setting += (f"; forecast {s['horizon_seconds']:g} s ahead at p{s['quantile'] * 100:g} "
                     f"by {report['forecaster']}")
-    if s.get("scaler_config"):
-        setting += f"; the scaler's policy from {s['scaler_config']}"
-    lines += ["", setting + "."]
-    unstarted = [f"{p['policy']} {p['unstarted_jobs']}" for p in report["policies"] if p["unstarted_jobs"]]
+    lines = ["", setting + "."]
+    unstarted = [f"{label} {row['unstarted_jobs']}" for label, row in rows if row["unstarted_jobs"]]
     if unstarted:
         lines.append(f"Jobs never started (counted as waiting until the end): {', '.join(unstarted)}.")
-    timing = ", ".join(f"{p['policy']} {p['wall_seconds']:.1f}s" for p in report["policies"])
-    lines += [f"Time per policy: {timing}", ""]
-    return "\n".join(lines)
+    timing = ", ".join(f"{label} {row['wall_seconds']:.1f}s" for label, row in rows)
+    return [*lines, f"Time per {unit}: {timing}", ""]
+
+
+def plot_wait_cdf(ax, curves: list[tuple[str, np.ndarray]], title: str) -> None:
+    """One CDF of queueing delay per ``(label, waits)`` on a log scale, 10 minutes dotted."""
+    for label, waits in curves:
+        waits = np.sort(waits)
+        if len(waits):
+            ax.step(np.maximum(waits, 1.0), np.arange(1, len(waits) + 1) / len(waits), where="post",
+                    label=label, lw=1.0)
+    ax.set_xscale("log")
+    ax.set_xlabel("queueing delay (s; below 1 s drawn at 1 s)", fontsize=8)
+    ax.set_ylabel("share of jobs", fontsize=8)
+    ax.axvline(LONG_WAIT_SECONDS, color="grey", ls=":", lw=0.8)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(f"{title} (dotted: 10 min)", fontsize=9)
 
 
 def plot_results(results: list[SimResult], path: str | Path) -> Path:
@@ -122,19 +164,7 @@ def plot_results(results: list[SimResult], path: str | Path) -> Path:
         ax.tick_params(labelsize=7)
         ax.legend(fontsize=7, loc="upper left")
     axes[len(results) - 1].set_xlabel("day", fontsize=8)
-    ax = axes[-1]
-    for r in results:
-        waits = np.sort(r.waits()[~r.rejected])
-        if len(waits):
-            ax.step(np.maximum(waits, 1.0), np.arange(1, len(waits) + 1) / len(waits), where="post",
-                    label=r.policy, lw=1.0)
-    ax.set_xscale("log")
-    ax.set_xlabel("queueing delay (s; below 1 s drawn at 1 s)", fontsize=8)
-    ax.set_ylabel("share of jobs", fontsize=8)
-    ax.axvline(LONG_WAIT_SECONDS, color="grey", ls=":", lw=0.8)
-    ax.tick_params(labelsize=7)
-    ax.legend(fontsize=7, loc="lower right")
-    ax.set_title("queueing delay CDF (dotted: 10 min)", fontsize=9)
+    plot_wait_cdf(axes[-1], [(r.policy, r.waits()[~r.rejected]) for r in results], "queueing delay CDF")
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -28,12 +27,6 @@ def find_prometheus() -> str | None:
     return None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def prom_query(base_url: str, query: str) -> list[dict]:
     """``/api/v1/query`` result (a vector) of ``query``."""
     url = f"{base_url}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
@@ -51,14 +44,14 @@ class PrometheusHandle(str):
 
 
 @contextmanager
-def run_prometheus(binary: str, workdir: Path, scrape_targets: list[str], scrape_interval: str = "1s",
+def run_prometheus(binary: str, port: int, workdir: Path, scrape_targets: list[str], scrape_interval: str = "1s",
                    timeout: float = 30.0, target_labels: dict[str, str] | None = None,
                    honor_labels: bool = False, rule_files: list[Path] | None = None) -> Iterator[PrometheusHandle]:
-    """Start Prometheus scraping ``scrape_targets`` (host:port) and yield its base URL; stop it after.
+    """Start Prometheus on loopback ``port``, scraping ``scrape_targets`` (host:port), and yield its base URL;
+    stop it after.
     ``target_labels``: labels of the scrape target (as Kubernetes service discovery attaches the scraped
     pod's); ``honor_labels``: the scraped series' own labels win over them; ``rule_files``: recording and
     alerting rules it evaluates."""
-    port = free_port()
     workdir.mkdir(parents=True, exist_ok=True)
     config = {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
@@ -101,7 +94,7 @@ def run_prometheus(binary: str, workdir: Path, scrape_targets: list[str], scrape
 
 
 @pytest.fixture
-def prometheus_server(tmp_path: Path) -> Callable:
+def prometheus_server(tmp_path: Path, free_port: Callable[[], int]) -> Callable:
     """Factory: ``with prometheus_server(["127.0.0.1:9477"]) as base_url: ...`` (skips without the binary)."""
     binary = find_prometheus()
     if binary is None:
@@ -109,7 +102,8 @@ def prometheus_server(tmp_path: Path) -> Callable:
     counter = iter(range(1000))
 
     def start(scrape_targets: list[str], scrape_interval: str = "1s", **kw):
-        return run_prometheus(binary, tmp_path / f"prometheus-{next(counter)}", scrape_targets, scrape_interval, **kw)
+        return run_prometheus(binary, free_port(), tmp_path / f"prometheus-{next(counter)}", scrape_targets,
+                              scrape_interval, **kw)
 
     return start
 

@@ -20,7 +20,7 @@ from dprobe.services.sidecar.config import SidecarConfig
 from dprobe.services.sidecar.service import Sidecar
 from dprobe.services.sources.dcgm import DcgmSource
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a real Prometheus: seconds per test
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 # what Kubernetes service discovery attaches to a target: the scraped pod's own namespace and name
 OPERATOR_TARGET_LABELS = {"namespace": "monitoring", "pod": "dprobe-7f8d9c-xkz2p", "container": "dprobe"}

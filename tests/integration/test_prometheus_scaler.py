@@ -17,7 +17,7 @@ from dprobe.services.sidecar.config import SidecarConfig
 from dprobe.services.sidecar.service import Sidecar
 from dprobe.services.sources.dcgm import DcgmSource
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a real Prometheus: seconds per test
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 DASHBOARD = DEPLOY / "grafana" / "dprobe-scaler.json"
 KEDA = DEPLOY / "keda" / "scaledobject-scaler.yaml"

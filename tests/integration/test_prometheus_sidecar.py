@@ -8,16 +8,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dprobe.core.names import SIDECAR_METRICS as METRICS
 from dprobe.forecaster.base import ForecastInput
 from dprobe.forecaster.baselines import make_baseline
 from dprobe.forecaster.loading import open_forecaster
 from dprobe.services.sidecar.config import SidecarConfig
 from dprobe.services.sidecar.service import Sidecar
-from dprobe.services.sidecar.window import METRICS
 from dprobe.services.sources.dcgm import DcgmSource
 from dprobe.services.sources.replay import ReplaySource
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a real Prometheus: seconds per test
 
 
 def trace_rows() -> dict[str, list[tuple[float, float, float]]]:

@@ -1,12 +1,17 @@
-"""Cold-start job profiler: a training job's memory, utilisation and step time from its model alone."""
+"""Cold-start job profiler: a training job's memory, utilisation and step time from its model alone.
+
+Prediction (``predict``) reads the replay (``replay``, ``memtrack``, ``allocator``, ``autocast``,
+``graph_estimate``), the job's features (``features``, ``gpus``) and the learned residual model
+(``model``, ``residual``, ``checkpoint``); training (``dataset``, ``fit``, ``crossval``, ``train``,
+``report``) builds on those and is never imported by prediction."""
 
 from dprobe.core.lazy import lazy_exports
 
 _EXPORTS = {
     "family_of": "dprobe.profiling.coldstart.features",
-    "predict_job": "dprobe.profiling.coldstart.predict",
+    "predict_job": "dprobe.profiling.coldstart.predict", "JobPrediction": "dprobe.profiling.coldstart.predict",
     "ReplayEstimate": "dprobe.profiling.coldstart.replay", "replay_training_step": "dprobe.profiling.coldstart.replay",
-    "cross_validate": "dprobe.profiling.coldstart.train", "train_coldstart": "dprobe.profiling.coldstart.train",
+    "cross_validate": "dprobe.profiling.coldstart.crossval", "train_coldstart": "dprobe.profiling.coldstart.train",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__ = lazy_exports(__name__, _EXPORTS)

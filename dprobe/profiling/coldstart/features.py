@@ -94,7 +94,7 @@ def analytical_for(model: str, batch: int, precision: str, optimizer: str, image
     path = replay_cache_path(model, batch, precision, optimizer, image, seq, config_kwargs, cache_dir,
                              grad_checkpointing)
     if path is not None and path.is_file():
-        return ReplayEstimate(**json.loads(path.read_text()))
+        return ReplayEstimate.from_dict(json.loads(path.read_text()))
     est = replay_training_step(spec, batch, precision, optimizer, image=image, seq=seq,
                                grad_checkpointing=grad_checkpointing)
     if path is not None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dprobe.core.names import PRECISIONS
 from dprobe.graph.onnx_reader import SAVES_INPUT, SAVES_INPUT_OPS, SAVES_OUTPUT
 from dprobe.graph.ops import dtype_size
 from dprobe.graph.schema import GraphNode, ModelGraph
@@ -37,11 +38,11 @@ from dprobe.profiling.coldstart.memtrack import (
     OPTIMIZER,
     TENSOR_CORE_CLASSES,
     MemoryTracker,
+    ReplayOp,
     op_class,
 )
 from dprobe.profiling.coldstart.replay import (
     CUDA_CONTEXT_BYTES,
-    PRECISIONS,
     SMALL_LIMIT,
     WEIGHT_DTYPES,
     ReplayEstimate,
@@ -124,7 +125,7 @@ def parameter_sizes(node: GraphNode, tensors: list[int] | None = None) -> list[i
     return [node.params]
 
 
-def _optimizer_step(graph: ModelGraph, optimizer: str) -> tuple[float, list[list[float]]]:
+def _optimizer_step(graph: ModelGraph, optimizer: str) -> tuple[float, list[ReplayOp]]:
     """Optimizer state bytes and kernels of a steady step, replayed on meta tensors (:func:`parameter_sizes`)."""
     listed = graph.meta.get("param_tensors", {})
     params = nn.ParameterList([nn.Parameter(torch.empty(size, device="meta")) for n in graph.nodes if n.params > 0
@@ -144,7 +145,7 @@ def _optimizer_step(graph: ModelGraph, optimizer: str) -> tuple[float, list[list
             for p in params:
                 p.grad = None
     state = float(before) - 2 * sum(p.numel() * 4 for p in params)  # less the parameters and their gradients
-    return max(state, 0.0), [[float(v) for v in op] for op in tracker.ops]
+    return max(state, 0.0), [ReplayOp(*(float(v) for v in op)) for op in tracker.ops]
 
 
 def estimate_from_graph(graph: ModelGraph, batch: int, precision: str = "fp32",
@@ -245,7 +246,7 @@ def estimate_from_graph(graph: ModelGraph, batch: int, precision: str = "fp32",
     if state_bytes:
         alloc(state_bytes)
     steady = param_bytes + state_bytes
-    ops: list[list[float]] = []
+    ops: list[ReplayOp] = []
     live: dict[int, int] = {n.id: alloc(out_bytes(n)) for n in order if n.kind == "input"}
     indices: dict[int, int] = {}
     # autocast keeps a half-width copy of each weight of a matrix product from its forward to its backward
@@ -256,11 +257,11 @@ def estimate_from_graph(graph: ModelGraph, batch: int, precision: str = "fp32",
         i = position[n.id]
         tc = n.kind in TENSOR_CORE_KINDS
         moved = out_bytes(n) + n.param_bytes + sum(out_bytes(by_id[base(p)]) for p in producers.get(n.id, []))
-        ops.append([FORWARD, op_class(n.kind), float(low and tc), n.flops * scale, moved])
+        ops.append(ReplayOp(FORWARD, op_class(n.kind), float(low and tc), n.flops * scale, moved))
         if n.id in weight_copies:  # autocast's cast of the weight to half width
-            ops.append([FORWARD, OP_CLASSES.index("elementwise"), 1.0, 0.0, 1.5 * n.param_bytes])
+            ops.append(ReplayOp(FORWARD, OP_CLASSES.index("elementwise"), 1.0, 0.0, 1.5 * n.param_bytes))
         if n.kind == "batchnorm":  # a training batch norm also counts its batches (num_batches_tracked += 1)
-            ops.append([FORWARD, OP_CLASSES.index("elementwise"), 0.0, 0.0, 16.0])
+            ops.append(ReplayOp(FORWARD, OP_CLASSES.index("elementwise"), 0.0, 0.0, 16.0))
         x = workspace_of.get(n.id)
         workspace = alloc(out_bytes(x)) if x is not None else None
         live[n.id] = alloc(out_bytes(n))
@@ -288,8 +289,8 @@ def estimate_from_graph(graph: ModelGraph, batch: int, precision: str = "fp32",
         moved = 2 * out_bytes(n) + n.param_bytes
         conv = n.kind in ("conv", "conv_transpose")
         kernels = 2 if tc and not conv else 1
-        ops.extend([[BACKWARD, op_class(n.kind), float(low and tc), n.flops * scale * (2 if conv else 1),
-                     moved]] * kernels)
+        ops.extend([ReplayOp(BACKWARD, op_class(n.kind), float(low and tc), n.flops * scale * (2 if conv else 1),
+                              moved)] * kernels)
         if n.params:
             alloc(n.param_bytes)  # the parameter's gradient, kept until the optimizer step
         if (x := workspace_of.get(n.id)) is not None:  # the backward's workspace: output gradient + input
@@ -304,12 +305,12 @@ def estimate_from_graph(graph: ModelGraph, batch: int, precision: str = "fp32",
         free(grad_out)
     ops.extend(optimizer_ops)
     peak, reserved = replay_reserved(events)
-    flops = float(sum(op[3] for op in ops))
+    flops = float(sum(op.flops for op in ops))
     return ReplayEstimate(
         peak_bytes=float(max(peak, peak_forward)), reserved_bytes=float(reserved),
         device_bytes=float(reserved) + CUDA_CONTEXT_BYTES, param_bytes=param_bytes, state_bytes=state_bytes,
         steady_bytes=steady, activation_bytes=activation, flops=flops,
-        matmul_flops=float(sum(op[3] for op in ops if op[1] in TENSOR_CORE_CLASSES)),
-        bytes_moved=float(sum(op[4] for op in ops)), kernels=float(len(ops)),
+        matmul_flops=float(sum(op.flops for op in ops if op.op_class in TENSOR_CORE_CLASSES)),
+        bytes_moved=float(sum(op.bytes_moved for op in ops)), kernels=float(len(ops)),
         large_allocs=float(sum(1 for e in events if e[0] == "alloc" and e[2] > SMALL_LIMIT)),
         attention_flops=0.0, ops=ops)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -19,6 +19,17 @@ FORWARD, BACKWARD, OPTIMIZER = 0, 1, 2
 OP_CLASSES = ("elementwise", "norm", "matmul", "conv", "conv_grouped", "optimizer")
 TENSOR_CORE_CLASSES = (OP_CLASSES.index("matmul"), OP_CLASSES.index("conv"), OP_CLASSES.index("conv_grouped"))
 NORM_KINDS = {"batchnorm", "layernorm", "norm", "softmax", "reduce", "loss"}
+
+
+class ReplayOp(NamedTuple):
+    """One kernel of a replayed training step, as the per-kernel roofline reads it (a list of five numbers
+    in the replay cache's JSON)."""
+
+    phase: float  # FORWARD, BACKWARD or OPTIMIZER
+    op_class: float  # index into OP_CLASSES
+    low_precision: float  # 1: a bf16 / fp16 kernel, 0: fp32
+    flops: float
+    bytes_moved: float
 
 
 def op_class(kind: str, grouped: bool = False) -> int:
@@ -79,8 +90,7 @@ class MemoryTracker(RememberingMode):
         self.sizes: list[int] = []
         self.events: list[tuple[str, int, int]] = []  # the alloc / free trace, for the allocator model
         self.phase = FORWARD  # set by the caller: FORWARD, BACKWARD or OPTIMIZER
-        # per kernel: (phase, OP_CLASSES index, low precision (0/1), flops, bytes)
-        self.ops: list[tuple[int, int, int, float, float]] = []
+        self.ops: list[ReplayOp] = []  # per kernel
 
     def track(self, t: torch.Tensor) -> None:
         storage = t.untyped_storage()
@@ -116,16 +126,16 @@ class MemoryTracker(RememberingMode):
 
     @property
     def flops(self) -> float:
-        return float(sum(op[3] for op in self.ops))
+        return float(sum(op.flops for op in self.ops))
 
     @property
     def matmul_flops(self) -> float:
         """FLOPs of matmuls and convolutions (the tensor-core classes)."""
-        return float(sum(op[3] for op in self.ops if op[1] in TENSOR_CORE_CLASSES))
+        return float(sum(op.flops for op in self.ops if op.op_class in TENSOR_CORE_CLASSES))
 
     @property
     def bytes_moved(self) -> float:
-        return float(sum(op[4] for op in self.ops))
+        return float(sum(op.bytes_moved for op in self.ops))
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -154,5 +164,5 @@ class MemoryTracker(RememberingMode):
             cls = op_class("conv" if conv else kind, grouped=conv and _conv_groups(func, args) > 1)
         low = int(any(t.dtype in (torch.bfloat16, torch.float16) for t in inputs))
         moved = sum(t.numel() * t.element_size() for t in inputs) + sum(t.numel() * t.element_size() for t in outs)
-        self.ops.append((self.phase, cls, low, f, float(moved)))
+        self.ops.append(ReplayOp(self.phase, cls, low, f, float(moved)))
         return out

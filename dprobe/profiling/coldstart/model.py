@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 from torch_geometric.data import Batch
 
+from dprobe.core.metrics import pinball_terms
 from dprobe.graph.encoder import GraphEncoder
+from dprobe.profiling.coldstart.features import FEATURES, MEMORY_FEATURES
 
 TARGETS = ["peak_memory_bytes", "device_memory_bytes", "gpu_utilization", "step_time_seconds"]
 QUANTILES = (0.5, 0.9)
@@ -87,7 +91,7 @@ class ColdStartEnsemble(nn.Module):
         super().__init__()
         self.members = nn.ModuleList(members)
         self.encoder = members[0].encoder  # whether graphs are needed at all
-        # added to each target's p90 residual so that it covers 90 % of unseen families (see train.fit)
+        # added to each target's p90 residual so that it covers 90 % of unseen families (see fit.fit)
         self.register_buffer("p90_shift", torch.zeros(len(TARGETS)))
 
     def forward(self, graphs: Batch | None, feats: torch.Tensor) -> torch.Tensor:  # -> [n, 4, 2]
@@ -96,9 +100,22 @@ class ColdStartEnsemble(nn.Module):
         return torch.stack([out[..., 0], p90], dim=-1)
 
 
+def target_groups(features: list[str]) -> list[tuple[list[int], list[int]]]:
+    """Memory targets see the memory features only; utilisation and step time see all of them."""
+    memory = [i for i, name in enumerate(features) if name in MEMORY_FEATURES]
+    return [([0, 1], memory), ([2, 3], list(range(len(features))))]
+
+
+def build_member(hp: dict[str, Any], n_features: int) -> ColdStartModel:
+    """An untrained ensemble member of the hyperparameters ``hp`` (``hidden``, ``graph_dim``, ``layers``,
+    ``dropout``), with a head per group of :func:`target_groups`."""
+    return ColdStartModel(n_features, hidden=hp["hidden"], graph_dim=hp["graph_dim"], layers=hp["layers"],
+                          dropout=hp["dropout"], groups=target_groups(FEATURES))
+
+
 def pinball(pred: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     loss = 0.0
     for i, q in enumerate(QUANTILES):
         err = target - pred[..., i]
-        loss = loss + (torch.maximum(q * err, (q - 1) * err) * weights).mean()
+        loss = loss + (pinball_terms(err, q) * weights).mean()
     return loss

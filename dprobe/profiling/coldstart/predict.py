@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,21 +24,102 @@ ONNX_NOTE = ("ONNX file: the step is estimated from the graph's nodes, not repla
              "training=torch.onnx.TrainingMode.TRAINING (docs/graph-and-coldstart.md)")
 
 
+@dataclass(frozen=True)
+class Band:
+    """A predicted quantity's p50 and p90."""
+
+    p50: float
+    p90: float
+
+
+@dataclass(frozen=True)
+class AnalyticalEstimate:
+    """The replay's own figures for the job, before the learned corrections."""
+
+    peak_memory_bytes: int
+    device_memory_bytes: int
+    gpu_utilization: float  # with the host stalls
+    step_time_seconds: float
+    param_bytes: int
+    optimizer_state_bytes: int
+    activation_bytes: int
+    flops_per_step: float
+    kernels_per_step: int
+    gpu_seconds_per_step: float  # the per-kernel roofline of a step: GPU busy time
+    host_seconds_per_step: float  # and the host's time to issue its ops
+
+
+@dataclass
+class JobPrediction:
+    """What ``dprobe predict`` says of a job; :meth:`as_dict` is its JSON (``--json``)."""
+
+    model: str
+    batch: int
+    precision: str
+    optimizer: str
+    gpu: str
+    host_stall_s: float
+    host_factor: float
+    unknown_nodes: int  # graph nodes of ops dprobe does not know
+    graph_nodes: int
+    method: str  # "learned" (corrected by the checkpoint) or "analytical"
+    checkpoint: str | None  # the cold-start checkpoint (None: the analytical estimate alone)
+    peak_memory_bytes: Band  # the training peak of the PyTorch allocator
+    device_memory_bytes: Band  # what NVML / DCGM will show
+    gpu_utilization: Band  # 0-1
+    step_time_seconds: Band
+    gpu_memory_bytes: int  # the GPU's memory
+    fits: str  # "yes", "maybe" or "no" (:func:`fits_on_gpu`)
+    analytical: AnalyticalEstimate
+    grad_checkpointing: bool = False
+    notes: list[str] = field(default_factory=list)
+    # where the JSON has the note: after the key that stood last when the first note was added
+    note_after: str = "graph_nodes"
+    graph: ModelGraph | None = field(default=None, repr=False, compare=False)  # the model graph predicted from
+
+    @property
+    def note(self) -> str:
+        """The notes, separated by "; " ("" without any)."""
+        return "; ".join(self.notes)
+
+    def add_note(self, text: str) -> None:
+        """Append ``text`` to the prediction's notes."""
+        if not self.notes:
+            self.note_after = next(reversed(self._items()))
+        self.notes.append(text)
+
+    def _items(self) -> dict[str, Any]:
+        """The JSON's keys and values but the note."""
+        head = {k: getattr(self, k) for k in ("model", "batch", "precision", "optimizer", "gpu", "host_stall_s",
+                                               "host_factor", "unknown_nodes", "graph_nodes", "method")}
+        if self.checkpoint is not None:
+            head["checkpoint"] = self.checkpoint
+        out = {**head, **{t: asdict(getattr(self, t)) for t in TARGETS}, "gpu_memory_bytes": self.gpu_memory_bytes,
+               "fits": self.fits, "analytical": asdict(self.analytical)}
+        if self.grad_checkpointing:
+            out["grad_checkpointing"] = True
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        """The prediction as ``dprobe predict --json`` prints it."""
+        out: dict[str, Any] = {}
+        for key, value in self._items().items():
+            out[key] = value
+            if key == self.note_after and self.notes:
+                out["note"] = self.note
+        return out
+
+
 def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str = "adamw",
                 image: int | None = None, seq: int | None = None, config_kwargs: dict | str | None = None,
                 checkpoint: str | Path | None = None, gpu: str = "h200", host_stall_s: float = 0.0,
-                host_factor: float = 1.0, samples: Any = None,
-                jobscale_checkpoint: str | Path | None = None, grad_checkpointing: bool = False) -> dict[str, Any]:
+                host_factor: float = 1.0, grad_checkpointing: bool = False) -> JobPrediction:
     """Predict peak allocator bytes, NVML bytes, GPU utilisation and step time (p50 and p90 each).
 
     ``host_stall_s``: seconds per step, on average, that the GPU waits on the host (data loading,
     evaluation, checkpointing); it lowers utilisation, not the step time (a step's own duration).
     ``host_factor``: how slowly the machine's host (CPU, Python, driver) issues ops against the typical
     machine of the training data (1); e.g. 1.4 for a host that takes 40 % longer to launch each kernel.
-    ``samples``: the job's first second of GPU samples, once it has started
-    (:func:`dprobe.data.gpu_samples.read_gpu_samples`): the result then has ``job_scale``, where its memory
-    and utilisation are heading over the next ten seconds (:func:`dprobe.profiling.jobscale.predict_next`), from
-    ``jobscale_checkpoint`` (default: the one shipped with dprobe).
     ``grad_checkpointing``: the job turns a ``transformers`` or timm model's gradient checkpointing on
     (``gradient_checkpointing_enable()``, ``set_grad_checkpointing()``): its blocks keep their inputs
     only and recompute.
@@ -50,16 +132,6 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
     from dprobe.graph.zoo import remedy
 
     check_job(batch, image, seq, host_stall_s, host_factor, gpu)
-    if samples is not None:  # check them and the checkpoints before the replay (seconds)
-        from dprobe.profiling.jobscale import DEFAULT_CHECKPOINT, first_second, load_jobscale
-
-        first_second(samples)
-        jobscale_checkpoint = jobscale_checkpoint or DEFAULT_CHECKPOINT
-        jobscale = load_jobscale(jobscale_checkpoint)
-    elif jobscale_checkpoint is not None:
-        raise ValueError("--jobscale-checkpoint is read with --samples (the job's first samples) only")
-    else:
-        jobscale = None
     coldstart = _coldstart_checkpoint(checkpoint)
     spec = GPUS[gpu]
     if parse_spec(model, config_kwargs).lib == "onnx":  # a graph, no module to replay: estimate from its nodes
@@ -67,9 +139,8 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
             raise ValueError("--grad-checkpointing needs the model as a transformers or timm module, not an ONNX file")
         graph = read_onnx(model, batch=batch, seq=seq)
         est = estimate_from_graph(graph, batch, precision, optimizer)
-        result = _predict(model, batch, precision, optimizer, graph, est, spec, gpu, coldstart, host_stall_s,
-                          host_factor, note=ONNX_NOTE)
-        return _with_job_scale(result, graph, samples, jobscale_checkpoint, jobscale)
+        return _predict(model, batch, precision, optimizer, graph, est, spec, gpu, coldstart, host_stall_s,
+                        host_factor, note=ONNX_NOTE)
     try:
         est = analytical_for(model, batch, precision, optimizer, image=image, seq=seq,
                              config_kwargs=config_kwargs, grad_checkpointing=grad_checkpointing)
@@ -89,12 +160,12 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
     graph = build_model_graph(model, batch=batch, image=image, seq=seq, config_kwargs=config_kwargs)
     result = _predict(model, batch, precision, optimizer, graph, est, spec, gpu, coldstart, host_stall_s, host_factor)
     if est.values_assumed:
-        add_note(result, f"replayed with {VALUES_ASSUMED_NOTE}")
+        result.add_note(f"replayed with {VALUES_ASSUMED_NOTE}")
     if grad_checkpointing:
         plain = analytical_for(model, batch, precision, optimizer, image=image, seq=seq, config_kwargs=config_kwargs)
         _with_recompute_timing(result, _predict(model, batch, precision, optimizer, graph, plain, spec, gpu,
                                                 coldstart, host_stall_s, host_factor))
-    return _with_job_scale(result, graph, samples, jobscale_checkpoint, jobscale)
+    return result
 
 
 def check_job(batch: int, image: int | None = None, seq: int | None = None, host_stall_s: float = 0.0,
@@ -116,47 +187,23 @@ def check_job(batch: int, image: int | None = None, seq: int | None = None, host
 def _coldstart_checkpoint(checkpoint: str | Path | None) -> tuple[Path, Any, dict[str, Any]] | None:
     """The cold-start checkpoint to predict with, loaded (path, network, its dict): ``checkpoint``, else the
     shipped one; None where there is neither (the analytical estimate alone)."""
-    from dprobe.profiling.coldstart.train import load_checkpoint
+    from dprobe.profiling.coldstart.checkpoint import load_checkpoint
 
     path = Path(checkpoint) if checkpoint else (DEFAULT_CHECKPOINT if DEFAULT_CHECKPOINT.is_file() else None)
     return None if path is None else (path, *load_checkpoint(path))
 
 
-def add_note(result: dict[str, Any], text: str) -> None:
-    """Append ``text`` to the prediction's ``note`` (notes are separated by "; ")."""
-    result["note"] = f"{result['note']}; {text}" if result.get("note") else text
-
-
-def _with_recompute_timing(result: dict[str, Any], plain: dict[str, Any]) -> None:
+def _with_recompute_timing(result: JobPrediction, plain: JobPrediction) -> None:
     """A gradient-checkpointed job's prediction: memory from its own replay, step time from the same job
     without checkpointing (what the learned corrections know) scaled by the replays' step ratio (the
     recomputed forwards), utilisation as without it. The learned model saw no checkpointed run, and
     on its own would let the smaller activations bend the timing."""
-    ratio = result["analytical"]["step_time_seconds"] / plain["analytical"]["step_time_seconds"]
-    result["step_time_seconds"] = {q: v * ratio for q, v in plain["step_time_seconds"].items()}
-    result["gpu_utilization"] = plain["gpu_utilization"]
-    result["grad_checkpointing"] = True
-    add_note(result, "gradient checkpointing: memory replayed with it (layers keep their inputs and recompute "
-             f"in backward), step time {ratio:.2f}x that of the same job without it")
-
-
-def _with_job_scale(result: dict[str, Any], graph: ModelGraph, samples: Any, checkpoint: str | Path | None,
-                    loaded: tuple | None) -> dict[str, Any]:
-    """``result`` with ``job_scale`` added where the job's first samples are given (``loaded``: the
-    job-scale checkpoint as :func:`dprobe.profiling.jobscale.load_jobscale` read it)."""
-    if samples is None:
-        return result
-    from dprobe.graph.encoder import graph_to_data
-    from dprobe.profiling.jobscale import predict_next
-
-    analytical = result["analytical"]
-    coldstart = {"gpu_seconds": analytical["gpu_seconds_per_step"], "host_seconds": analytical["host_seconds_per_step"],
-                 "gpu_utilization": result["gpu_utilization"]["p50"],
-                 "device_memory_bytes": analytical["device_memory_bytes"]}
-    result["job_scale"] = predict_next(checkpoint, samples, result["batch"], result["precision"], result["optimizer"],
-                                       coldstart, host_stall_s=result["host_stall_s"], graph=graph_to_data(graph),
-                                       loaded=loaded)
-    return result
+    ratio = result.analytical.step_time_seconds / plain.analytical.step_time_seconds
+    result.step_time_seconds = Band(plain.step_time_seconds.p50 * ratio, plain.step_time_seconds.p90 * ratio)
+    result.gpu_utilization = plain.gpu_utilization
+    result.grad_checkpointing = True
+    result.add_note("gradient checkpointing: memory replayed with it (layers keep their inputs and recompute "
+                    f"in backward), step time {ratio:.2f}x that of the same job without it")
 
 
 def fits_on_gpu(peak_p50: float, device_p90: float, gpu_bytes: float) -> str:
@@ -170,31 +217,42 @@ def fits_on_gpu(peak_p50: float, device_p90: float, gpu_bytes: float) -> str:
     return "maybe" if device_p90 > gpu_bytes else "yes"
 
 
-def _as_seen(feats: np.ndarray, precision: str, net: Any, result: dict[str, Any]) -> np.ndarray:
+def _as_seen(feats: np.ndarray, precision: str, net: Any, notes: list[str]) -> np.ndarray:
     """The network's input: an fp16 job is shown as bf16 where the checkpoint learnt from no fp16 run
     (the same autocast rules and tensor-core peak; the replay behind the analytical estimate is fp16's
-    own), and ``result`` gets a note saying so (and one for bf16-pure, which the features mark as bf16)."""
+    own), and ``notes`` get one saying so (and one for bf16-pure, which the features mark as bf16)."""
     from dprobe.profiling.coldstart.model import constant_features
 
     never_varied = {FEATURES[i] for i in constant_features(net.members[0])}
     if precision == "bf16-pure":
-        add_note(result, "bf16-pure: the replay holds weights, gradients and optimizer states in bf16, the learned "
-                 "corrections are those of the bf16 autocast runs")
+        notes.append("bf16-pure: the replay holds weights, gradients and optimizer states in bf16, the learned "
+                     "corrections are those of the bf16 autocast runs")
     if precision != "fp16" or "fp16" not in never_varied or "bf16" in never_varied:
         return feats
     shown = feats.copy()
     shown[FEATURES.index("bf16")], shown[FEATURES.index("fp16")] = 1.0, 0.0
-    add_note(result, "the checkpoint learnt from no fp16 run: its corrections for bf16 are applied to the fp16 replay")
+    notes.append("the checkpoint learnt from no fp16 run: its corrections for bf16 are applied to the fp16 replay")
     return shown
+
+
+def _band(target: str, p50: float, p90: float) -> Band:
+    """A target's p50 and p90 as the prediction gives them (p90 at least the p50): bytes whole, utilisation
+    within 0-1 to four places."""
+    hi = max(float(p90), float(p50))
+    if target == "gpu_utilization":
+        return Band(round(float(np.clip(p50, 0, 1)), 4), round(float(np.clip(hi, 0, 1)), 4))
+    if target == "step_time_seconds":
+        return Band(float(p50), hi)
+    return Band(int(p50), int(hi))
 
 
 def _predict(model: str, batch: int, precision: str, optimizer: str, graph: ModelGraph, est: ReplayEstimate,
              spec: GPUSpec, gpu: str, coldstart: tuple[Path, Any, dict[str, Any]] | None, host_stall_s: float,
-             host_factor: float = 1.0, note: str = "") -> dict[str, Any]:
+             host_factor: float = 1.0, note: str = "") -> JobPrediction:
     """The prediction from the replay's estimate ``est``, corrected by the loaded cold-start checkpoint
     ``coldstart`` (:func:`_coldstart_checkpoint`; None: the analytical estimate alone)."""
     from dprobe.graph.encoder import graph_to_data
-    from dprobe.profiling.coldstart.train import (
+    from dprobe.profiling.coldstart.residual import (
         apply_stall,
         baseline,
         from_residual,
@@ -204,46 +262,35 @@ def _predict(model: str, batch: int, precision: str, optimizer: str, graph: Mode
 
     feats = with_host_factor(np.array(job_features(est, batch, precision, optimizer, spec)), math.log(host_factor))
     base = baseline(est, feats)
-    result: dict[str, Any] = {"model": model, "batch": batch, "precision": precision, "optimizer": optimizer,
-                              "gpu": gpu, "host_stall_s": host_stall_s, "host_factor": host_factor,
-                              "unknown_nodes": graph.unknown_nodes,
-                              "graph_nodes": len(graph.nodes)}
-    if note:
-        result["note"] = note
+    notes = [note] if note else []  # of the job as the model sees it: they follow graph_nodes in the JSON
     if coldstart is not None:
         ckpt_path, net, ckpt = coldstart
         trained_on = ckpt.get("gpus", ["h200"])  # checkpoints before it was recorded: h200-profiles
-        res = predict_residuals(net, [graph_to_data(graph)], np.array([_as_seen(feats, precision, net, result)]))[0]
+        res = predict_residuals(net, [graph_to_data(graph)], np.array([_as_seen(feats, precision, net, notes)]))[0]
         p50, p90 = from_residual(res[:, 0], base), from_residual(res[:, 1], base)
-        result["method"] = "learned"
-        result["checkpoint"] = str(ckpt_path)
+        method, checkpoint = "learned", str(ckpt_path)
     else:
         p50, p90 = base.copy(), base * np.array([1.05, 1.07, 1.0, 1.3])
         p90[2] = min(base[2] + 0.2, 1.0)
-        result["method"] = "analytical"
-        add_note(result, "no checkpoint: analytical estimate only")
+        method, checkpoint = "analytical", None
         trained_on = list(GPUS)
+    note_after = "graph_nodes" if notes else ("checkpoint" if checkpoint else "method")
+    if coldstart is None:
+        notes.append("no checkpoint: analytical estimate only")
     apply_stall(p50, p90, np.float64(host_stall_s))
     if gpu not in trained_on:
-        add_note(result, f"trained on {', '.join(trained_on)} measurements only, not {gpu}")
-    for i, t in enumerate(TARGETS):
-        hi = max(float(p90[i]), float(p50[i]))
-        if t == "gpu_utilization":
-            result[t] = {"p50": round(float(np.clip(p50[i], 0, 1)), 4), "p90": round(float(np.clip(hi, 0, 1)), 4)}
-        elif t == "step_time_seconds":
-            result[t] = {"p50": float(p50[i]), "p90": hi}
-        else:
-            result[t] = {"p50": int(p50[i]), "p90": int(hi)}
-    result["gpu_memory_bytes"] = int(spec.memory_bytes)
-    result["fits"] = fits_on_gpu(result["peak_memory_bytes"]["p50"], result["device_memory_bytes"]["p90"],
-                                 spec.memory_bytes)
-    result["analytical"] = {"peak_memory_bytes": int(base[0]), "device_memory_bytes": int(base[1]),
-                            "gpu_utilization": round(float(with_stall(base[2], base[3], host_stall_s)), 4),
-                            "step_time_seconds": float(base[3]),
-                            "param_bytes": int(est.param_bytes), "optimizer_state_bytes": int(est.state_bytes),
-                            "activation_bytes": int(est.activation_bytes), "flops_per_step": est.flops,
-                            "kernels_per_step": int(est.kernels),
-                            # the per-kernel roofline of a step: GPU busy time, host time to issue its ops
-                            "gpu_seconds_per_step": math.exp(feats[FEATURES.index("log_t_gpu")]),
-                            "host_seconds_per_step": math.exp(feats[FEATURES.index("log_t_host")])}
-    return result
+        notes.append(f"trained on {', '.join(trained_on)} measurements only, not {gpu}")
+    bands = {t: _band(t, p50[i], p90[i]) for i, t in enumerate(TARGETS)}
+    analytical = AnalyticalEstimate(
+        peak_memory_bytes=int(base[0]), device_memory_bytes=int(base[1]),
+        gpu_utilization=round(float(with_stall(base[2], base[3], host_stall_s)), 4), step_time_seconds=float(base[3]),
+        param_bytes=int(est.param_bytes), optimizer_state_bytes=int(est.state_bytes),
+        activation_bytes=int(est.activation_bytes), flops_per_step=est.flops, kernels_per_step=int(est.kernels),
+        gpu_seconds_per_step=math.exp(feats[FEATURES.index("log_t_gpu")]),
+        host_seconds_per_step=math.exp(feats[FEATURES.index("log_t_host")]))
+    return JobPrediction(
+        model=model, batch=batch, precision=precision, optimizer=optimizer, gpu=gpu, host_stall_s=host_stall_s,
+        host_factor=host_factor, unknown_nodes=graph.unknown_nodes, graph_nodes=len(graph.nodes), method=method,
+        checkpoint=checkpoint, **bands, gpu_memory_bytes=int(spec.memory_bytes),
+        fits=fits_on_gpu(bands["peak_memory_bytes"].p50, bands["device_memory_bytes"].p90, spec.memory_bytes),
+        analytical=analytical, notes=notes, note_after=note_after, graph=graph)

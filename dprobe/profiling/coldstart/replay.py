@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dprobe.core.names import OPTIMIZERS, PRECISIONS
 from dprobe.graph.rnn import fused_recurrent_layers
 from dprobe.graph.schema import GraphError
 from dprobe.graph.zoo import (
@@ -22,13 +23,19 @@ from dprobe.graph.zoo import (
 )
 from dprobe.profiling.coldstart.allocator import replay_reserved
 from dprobe.profiling.coldstart.autocast import AutocastEmulation
-from dprobe.profiling.coldstart.memtrack import BACKWARD, FORWARD, OPTIMIZER, MemoryTracker, round_alloc
+from dprobe.profiling.coldstart.memtrack import (
+    BACKWARD,
+    FORWARD,
+    OPTIMIZER,
+    MemoryTracker,
+    ReplayOp,
+    round_alloc,
+)
 
-# precision -> autocast dtype (None: off); the weights stay fp32 except where WEIGHT_DTYPES says otherwise
-PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16, "bf16-pure": torch.bfloat16}
+# each of PRECISIONS -> autocast dtype (None: off); the weights stay fp32 except where WEIGHT_DTYPES says otherwise
+AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16, "bf16-pure": torch.bfloat16}
 # model.to(dtype) before training: weights, gradients and optimizer states in that dtype
 WEIGHT_DTYPES = {"bf16-pure": torch.bfloat16}
-OPTIMIZERS = ("adamw", "adam", "sgd")
 TWO_STATE_OPTIMIZERS = ("adamw", "adam")  # Adam's moments: what the learned models' "adamw" feature marks
 SMALL_LIMIT = 1 << 20  # allocations above 1 MiB come from the allocator's large pool
 STEPS = 2  # more steps change nothing: the allocator's segments are settled after the second
@@ -53,12 +60,17 @@ class ReplayEstimate:
     large_allocs: float
     attention_flops: float = 0.0  # forward FLOPs of fused attention (its kernels are not dispatched on meta)
     values_assumed: float = 0.0  # 1: the forward read tensor values, replayed with masks and labels all valid
-    # per kernel of the measured step: [phase, class, low precision, flops, bytes] (see memtrack.OP_CLASSES)
-    ops: list[list[float]] = field(default_factory=list, repr=False)
+    ops: list[ReplayOp] = field(default_factory=list, repr=False)  # per kernel of the measured step
 
     def to_dict(self) -> dict[str, Any]:
+        """The estimate as JSON takes it (each op a list of five numbers)."""
         d = asdict(self)
         return {k: (v if k == "ops" else float(v)) for k, v in d.items()}
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> ReplayEstimate:
+        """The estimate :meth:`to_dict` wrote."""
+        return ReplayEstimate(**{**d, "ops": [ReplayOp(*op) for op in d.get("ops", [])]})
 
 
 def _loss(model_out: Any, ex: ExampleInputs) -> torch.Tensor:
@@ -162,7 +174,7 @@ def _replay(spec: ModelSpec, batch: int, precision: str, optimizer: str, image: 
     checkpointing: contextlib.AbstractContextManager = contextlib.nullcontext()
     if grad_checkpointing:
         def contexts() -> tuple:
-            recomputed.append(AutocastEmulation(PRECISIONS[precision]))
+            recomputed.append(AutocastEmulation(AUTOCAST_DTYPES[precision]))
             return contextlib.nullcontext(), recomputed[-1]
 
         checkpointing = enable_grad_checkpointing(model, spec, contexts)
@@ -186,7 +198,7 @@ def _replay(spec: ModelSpec, batch: int, precision: str, optimizer: str, image: 
                 steady = float(tracker.current)
                 state = steady - param_bytes
                 tracker.reset_peak()
-            emul = AutocastEmulation(PRECISIONS[precision])
+            emul = AutocastEmulation(AUTOCAST_DTYPES[precision])
             tracker.phase = FORWARD
             with emul:
                 loss = _loss(model(*ex.args, **ex.kwargs), ex)
@@ -211,7 +223,7 @@ def _replay(spec: ModelSpec, batch: int, precision: str, optimizer: str, image: 
         bytes_moved=tracker.bytes_moved, kernels=float(tracker.kernels),
         large_allocs=float(sum(1 for s in tracker.sizes if s > SMALL_LIMIT)),
         attention_flops=float(emul.attention_flops),
-        ops=[[float(v) for v in op] for op in tracker.ops],
+        ops=[ReplayOp(*(float(v) for v in op)) for op in tracker.ops],
     )
 
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from dprobe.profiling.coldstart.crossval import CrossValidation
 
 GIB = 2**30
 # the leave-family-out scores as tabulated: (key, label, (low, high) band the learned figure must lie in)
@@ -41,22 +45,26 @@ def format_scores(learned: dict[str, float], analytical: dict[str, float],
     return "\n".join(lines), missed
 
 
-def plot_cross_validation(cv: dict[str, Any], path: str | Path) -> Path:
+def host_factor_note(cv: CrossValidation) -> str:
+    """A line on the machines' host factors, and what "learned" and "host unknown" mean."""
+    factors = ", ".join(f"{m} {math.exp(v):.2f}" for m, v in cv.host_factors.items())
+    return ("learned: each run told its machine's host factor, from the other families' runs on it; "
+            f"host unknown: the same models at the typical factor (1). Host factors: {factors}")
+
+
+def plot_cross_validation(cv: CrossValidation, path: str | Path) -> Path:
     """Four panels (allocator peak, NVML memory, utilisation, step time), each run's measured value
-    against the learned p50 (a bar up to its p90) and the analytical estimate, on unseen families.
-
-    ``cv`` is what :func:`dprobe.profiling.coldstart.train.cross_validate` returns.
-    """
+    against the learned p50 (a bar up to its p90) and the analytical estimate, on unseen families."""
     from dprobe.core.plots import predicted_vs_measured, save_figure, subplots
-    from dprobe.profiling.coldstart.train import apply_stall
+    from dprobe.profiling.coldstart.residual import apply_stall
 
-    ds = cv["dataset"]
-    y = np.where(ds["valid"], ds["y"], np.nan)
-    base = ds["base"].copy()
-    apply_stall(base, base.copy(), ds["stall"])  # what the benchmark scores as "analytical"
-    fig, axes = subplots(len(PANELS), f"Cold start, leave-model-family-out: {cv['runs']} runs, "
-                                      f"{cv['families']} families (each scored by a model that never saw its family)")
+    ds = cv.dataset
+    y = np.where(ds.valid, ds.y, np.nan)
+    base = ds.base.copy()
+    apply_stall(base, base.copy(), ds.stall)  # what the benchmark scores as "analytical"
+    fig, axes = subplots(len(PANELS), f"Cold start, leave-model-family-out: {cv.runs} runs, "
+                                      f"{cv.families} families (each scored by a model that never saw its family)")
     for ax, (k, title, unit, label, log) in zip(axes, PANELS, strict=True):
-        predicted_vs_measured(ax, title, y[:, k] / unit, cv["p50"][:, k] / unit, cv["p90"][:, k] / unit,
+        predicted_vs_measured(ax, title, y[:, k] / unit, cv.p50[:, k] / unit, cv.p90[:, k] / unit,
                               base[:, k] / unit, "learned", "analytical", label, log=log, legend=k == 0)
     return save_figure(fig, path)

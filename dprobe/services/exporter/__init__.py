@@ -1,7 +1,7 @@
-"""The Prometheus exporter of the sidecar: a custom collector and a small HTTP server."""
+"""What the services share to export their metrics: the HTTP server (/metrics, /healthz, /readyz) and the base
+of their collectors."""
 
-from dprobe.services.exporter.collector import SidecarCollector
-from dprobe.services.exporter.server import ExporterServer
-from dprobe.services.exporter.state import ExporterState, ForecastSnapshot, Latest, SourceStatus
+from dprobe.services.exporter.collector import StateCollector
+from dprobe.services.exporter.server import ExporterServer, run_until_signalled
 
-__all__ = ["ExporterServer", "ExporterState", "ForecastSnapshot", "Latest", "SidecarCollector", "SourceStatus"]
+__all__ = ["ExporterServer", "StateCollector", "run_until_signalled"]

@@ -6,8 +6,9 @@ from collections.abc import Iterator, Mapping
 from typing import Protocol
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
+from dprobe.core.names import RECOMMENDED_GPUS, RECOMMENDED_REPLICAS
+from dprobe.services.exporter.collector import StateCollector
 from dprobe.services.scaler.policy import Decision
 
 WORKLOAD_LABELS = ["namespace", "workload"]
@@ -16,33 +17,42 @@ WORKLOAD_LABELS = ["namespace", "workload"]
 class ScalerState(Protocol):
     """What the collector reads: implemented by :class:`~dprobe.services.scaler.service.Scaler`."""
 
-    decisions: Mapping[tuple[str, str], Decision]
-    vc_decisions: Mapping[str, Decision]
     vc_held_gpus: Mapping[str, int]
     vc_pending_gpus: Mapping[str, float]
-    events_total: Mapping[tuple[str, str, str], int]
-    vc_events_total: Mapping[tuple[str, str], int]
     errors_total: Mapping[str, int]
-    rejected_total: Mapping[str, int]
-    activations: Mapping[tuple[str, str], tuple[float, bool]]
     last_cycle_at: float | None
 
+    @property
+    def decisions(self) -> Mapping[tuple[str, str], Decision]: ...
 
-class ScalerCollector(Collector):
+    @property
+    def vc_decisions(self) -> Mapping[str, Decision]: ...
+
+    @property
+    def events_total(self) -> Mapping[tuple[str, ...], int]: ...  # (namespace, workload, direction)
+
+    @property
+    def vc_events_total(self) -> Mapping[tuple[str, ...], int]: ...  # (vc, direction)
+
+    @property
+    def rejected_total(self) -> Mapping[str, int]: ...
+
+    @property
+    def activations(self) -> Mapping[tuple[str, str], tuple[float, bool]]: ...
+
+
+class ScalerCollector(StateCollector):
     """``dprobe_recommended_replicas{namespace,workload}``, ``dprobe_recommended_gpus{vc}`` and the
     decisions behind them (demand, desired count, current count), scale events and errors."""
 
     def __init__(self, state: ScalerState) -> None:
         self.state = state
 
-    def describe(self) -> list[Metric]:
-        return []  # families depend on the state
-
     def collect(self) -> Iterator[Metric]:
         s = self.state
         decisions, vcs = dict(s.decisions), dict(s.vc_decisions)  # copies: the loop swaps them
         per_workload = [
-            ("dprobe_recommended_replicas", "Replicas recommended for the workload.", lambda d: d.replicas),
+            (RECOMMENDED_REPLICAS, "Replicas recommended for the workload.", lambda d: d.replicas),
             ("dprobe_scaler_desired_replicas", "Replicas the forecast alone asks for (before stabilisation "
                                                "and rate limits).", lambda d: d.desired),
             ("dprobe_scaler_current_replicas", "Replicas the decision started from.", lambda d: d.current),
@@ -70,7 +80,7 @@ class ScalerCollector(Collector):
                 fam.add_metric([ns, workload], float(row[pick]))
             yield fam
         per_vc = [
-            ("dprobe_recommended_gpus", "GPUs recommended for the virtual cluster.", lambda d: d.replicas),
+            (RECOMMENDED_GPUS, "GPUs recommended for the virtual cluster.", lambda d: d.replicas),
             ("dprobe_scaler_vc_demand_gpus", "Forecast GPU demand of the virtual cluster: its pods' predicted "
                                              "utilisation times their GPUs, summed, plus the GPUs waiting.",
              lambda d: d.demand),

@@ -29,11 +29,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from dprobe.core.names import QUANTILES
 from dprobe.core.options import OptionSet, option
-from dprobe.forecaster.base import QUANTILES
 from dprobe.services.scaler.policy import (
+    DEFAULT_POLICY,
     DEFAULT_SCALE_DOWN,
     DEFAULT_SCALE_UP,
+    MAX_GPUS,
+    MIN_GPUS,
     Policy,
     RatePolicy,
     ScalingRules,
@@ -85,24 +88,27 @@ class ScalerConfig:
     kubeconfig: str = option("", "kubeconfig file for apply mode (default: in-cluster, else ~/.kube/config)")
     events: bool = option(True, "apply mode: record a Kubernetes Event (SuccessfulRescale, FailedRescale) on each "
                                 "workload or ResourceQuota it changes, as the HPA does")
-    target: float = option(0.8, "utilisation (0-1) one replica should carry; for GPUs, one GPU")
-    margin: float = option(0.1, "safety margin added to the forecast demand (VPA)")
-    tolerance: float = option(0.1, "no change while demand / capacity is within this of 1 (HPA)")
-    scale_up_tolerance: float | None = option(None, "tolerance above 1 only: a scale-up needs demand / capacity "
-                                                    "above 1 + this (unset: tolerance)")
-    scale_down_tolerance: float | None = option(None, "tolerance below 1 only: a scale-down needs demand / "
-                                                      "capacity below 1 - this (unset: tolerance)")
-    min_replicas: int = option(1, "fewest replicas recommended (0 allows scale to zero below activation)")
-    max_replicas: int = option(100, "most replicas recommended")
-    activation: float = option(0.0, "with min_replicas 0: demand below this scales to zero (KEDA)")
-    fallback_replicas: int | None = option(None, "replicas after failure_threshold cycles without a forecast "
-                                                 "(KEDA fallback; unset: hold the current count)")
-    failure_threshold: int = option(3, "cycles without a forecast before the fallback")
-    min_forecast_coverage: float = option(0.5, "below this share of a workload's expected pods with a forecast, "
-                                               "its count is held (as with no forecast)")
-    scale_up_stabilization_seconds: float = option(0.0, "a scale-up takes the lowest recommendation of this window")
-    scale_down_stabilization_seconds: float = option(300.0, "a scale-down takes the highest recommendation of "
-                                                            "this window")
+    target: float = option(DEFAULT_POLICY.target, "utilisation (0-1) one replica should carry; for GPUs, one GPU")
+    margin: float = option(DEFAULT_POLICY.margin, "safety margin added to the forecast demand (VPA)")
+    tolerance: float = option(DEFAULT_POLICY.tolerance, "no change while demand / capacity is within this of 1 (HPA)")
+    scale_up_tolerance: float | None = option(DEFAULT_SCALE_UP.tolerance, "tolerance above 1 only: a scale-up needs "
+                                              "demand / capacity above 1 + this (unset: tolerance)")
+    scale_down_tolerance: float | None = option(DEFAULT_SCALE_DOWN.tolerance, "tolerance below 1 only: a scale-down "
+                                                "needs demand / capacity below 1 - this (unset: tolerance)")
+    min_replicas: int = option(DEFAULT_POLICY.min_replicas, "fewest replicas recommended (0 allows scale to zero "
+                                                            "below activation)")
+    max_replicas: int = option(DEFAULT_POLICY.max_replicas, "most replicas recommended")
+    activation: float = option(DEFAULT_POLICY.activation, "with min_replicas 0: demand below this scales to zero "
+                                                          "(KEDA)")
+    fallback_replicas: int | None = option(DEFAULT_POLICY.fallback_replicas, "replicas after failure_threshold "
+                                           "cycles without a forecast (KEDA fallback; unset: hold the current count)")
+    failure_threshold: int = option(DEFAULT_POLICY.failure_threshold, "cycles without a forecast before the fallback")
+    min_forecast_coverage: float = option(DEFAULT_POLICY.min_forecast_coverage, "below this share of a workload's "
+                                          "expected pods with a forecast, its count is held (as with no forecast)")
+    scale_up_stabilization_seconds: float = option(DEFAULT_SCALE_UP.stabilization_seconds, "a scale-up takes the "
+                                                   "lowest recommendation of this window")
+    scale_down_stabilization_seconds: float = option(DEFAULT_SCALE_DOWN.stabilization_seconds, "a scale-down takes "
+                                                     "the highest recommendation of this window")
     scale_up_policies: list[dict[str, Any]] = option(
         [asdict(r) for r in DEFAULT_SCALE_UP.policies],
         "rate limits of a scale-up, the largest change allowed wins: [{type: pods|percent, value, period_seconds}] "
@@ -110,8 +116,8 @@ class ScalerConfig:
     scale_down_policies: list[dict[str, Any]] = option(
         [asdict(r) for r in DEFAULT_SCALE_DOWN.policies],
         "rate limits of a scale-down, as scale_up_policies (HPA behavior.scaleDown.policies)")
-    min_gpus: int = option(0, "fewest GPUs recommended for a virtual cluster")
-    max_gpus: int = option(1024, "most GPUs recommended for a virtual cluster")
+    min_gpus: int = option(MIN_GPUS, "fewest GPUs recommended for a virtual cluster")
+    max_gpus: int = option(MAX_GPUS, "most GPUs recommended for a virtual cluster")
     workloads: list[dict[str, Any]] = option([], "scaled workloads with their own settings (YAML, or JSON in env)")
     log_level: str = option("info", "debug, info, warning or error")
 

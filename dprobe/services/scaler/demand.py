@@ -21,11 +21,12 @@ import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from dprobe.core.names import JOB_PREDICTED, PREDICTED, RECOMMENDED_GPUS, RECOMMENDED_REPLICAS
 from dprobe.services.scaler.config import ScalerConfig, WorkloadSpec
 from dprobe.services.sources.prometheus import query_vector
 
-PREDICTED_UTILIZATION = "dprobe_predicted_gpu_utilization_ratio"
-JOB_UTILIZATION = "dprobe_job_predicted_gpu_utilization_ratio"
+PREDICTED_UTILIZATION = PREDICTED["gpu_utilization_ratio"]
+JOB_UTILIZATION = JOB_PREDICTED["gpu_utilization_ratio"]
 # a Deployment's pods: <deployment>-<pod-template-hash>-<5 characters>
 DEPLOYMENT_POD = re.compile(r"(?P<workload>.+)-[a-z0-9]{5,10}-[a-z0-9]{5}")
 
@@ -128,12 +129,12 @@ def previous_recommendations(config: ScalerConfig) -> tuple[dict[tuple[str, str]
     window = f"[{int(config.restore_seconds)}s]"
     workloads: dict[tuple[str, str], int] = {}
     for labels, value in query_vector(config.prometheus_url, f"max by (namespace, workload) "
-                                      f"(last_over_time(dprobe_recommended_replicas{window}))", config.http_timeout):
+                                      f"(last_over_time({RECOMMENDED_REPLICAS}{window}))", config.http_timeout):
         if labels.get("workload") and math.isfinite(value) and value >= 0:
             workloads[(labels.get("namespace", ""), labels["workload"])] = int(round(value))
     vcs: dict[str, int] = {}
     for labels, value in query_vector(config.prometheus_url, f"max by (vc) "
-                                      f"(last_over_time(dprobe_recommended_gpus{{sharing!=\"true\"}}{window}))",
+                                      f"(last_over_time({RECOMMENDED_GPUS}{{sharing!=\"true\"}}{window}))",
                                       config.http_timeout):
         if labels.get("vc") and math.isfinite(value) and value >= 0:
             vcs[labels["vc"]] = int(round(value))

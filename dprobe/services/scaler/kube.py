@@ -1,4 +1,5 @@
-"""Reading and setting a workload's replicas through the Kubernetes scale subresource (apply mode).
+"""Apply mode: reading and setting a workload's replicas through the Kubernetes scale subresource, and a
+virtual cluster's GPUs through its ResourceQuota.
 
 The official ``kubernetes`` client; the scaler needs RBAC ``get`` and ``patch`` on
 ``deployments/scale`` and ``statefulsets/scale``, and ``create`` on ``events`` for the Events it records
@@ -10,16 +11,24 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import socket
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from dprobe.services.scaler.config import WorkloadSpec
+from dprobe.services.scaler.actuator import Actuator, ActuatorError
+from dprobe.services.scaler.config import ScalerConfig, WorkloadSpec
+from dprobe.services.scaler.ledger import Ledger
+from dprobe.services.scaler.policy import Decision
+from dprobe.services.scaler.reader import DemandReader
 
 log = logging.getLogger(__name__)
 
 
-class KubernetesError(RuntimeError):
+class KubernetesError(ActuatorError):
     """The API server refused or could not be reached; names the workload and the reason."""
+
+    stage = "kubernetes"
 
 
 @dataclass(frozen=True)
@@ -118,3 +127,79 @@ class ScaleClient:
                 "reportingInstance": socket.gethostname(), "firstTimestamp": now, "lastTimestamp": now, "count": 1}
         self._call(f"{obj.kind} {obj.namespace}/{obj.name}: record event", self.core.create_namespaced_event,
                    obj.namespace, body)
+
+
+class Cluster(Protocol):
+    """What :class:`KubernetesActuator` calls: a :class:`ScaleClient` (or a stand-in for one)."""
+
+    def replicas(self, spec: WorkloadSpec) -> int: ...
+
+    def scale(self, spec: WorkloadSpec, replicas: int) -> None: ...
+
+    def quota(self, namespace: str, name: str, resource: str) -> int: ...
+
+    def set_quota(self, namespace: str, name: str, resource: str, value: int) -> None: ...
+
+    def record_event(self, obj: ObjectRef, reason: str, message: str, warning: bool = False) -> None: ...
+
+
+class KubernetesActuator(Actuator):
+    """Apply mode: a listed workload's decision starts from its scale and sets it; with ``vc_quota_name``, a
+    virtual cluster's from and to the GPU limit of the ResourceQuota of that name in its namespace (without,
+    its GPUs are recommended only). Each change is recorded as an Event on the object (``events`` option),
+    ``SuccessfulRescale`` or ``FailedRescale``, as the HPA records them; a failure to record one is counted
+    (``errors["events"]``) and logged once."""
+
+    mode = "apply"
+
+    def __init__(self, config: ScalerConfig, client: Cluster, errors: Counter[str]) -> None:
+        self.config, self.client, self.errors = config, client, errors
+
+    def prepare(self, reader: DemandReader, workloads: Ledger[tuple[str, str]], vcs: Ledger[str]) -> None:
+        pass  # the counts it sets are read from the cluster, decision by decision
+
+    def replicas(self, spec: WorkloadSpec) -> int:
+        return self.client.replicas(spec)
+
+    def scale(self, spec: WorkloadSpec, decision: Decision, demand: float | None) -> bool:
+        return self._set(ObjectRef.of(spec), lambda: self.client.scale(spec, decision.replicas), decision, demand,
+                         "pod-equivalents")
+
+    def gpus(self, vc: str) -> int | None:
+        if not self.config.vc_quota_name:
+            return None
+        return self.client.quota(vc, self.config.vc_quota_name, self.config.vc_quota_resource)
+
+    def set_gpus(self, vc: str, decision: Decision, demand: float | None) -> bool:
+        if not self.config.vc_quota_name:
+            return True  # recommended only
+        name, resource = self.config.vc_quota_name, self.config.vc_quota_resource
+        return self._set(ObjectRef(vc, "ResourceQuota", name, "v1"),
+                         lambda: self.client.set_quota(vc, name, resource, decision.replicas), decision, demand, "GPUs")
+
+    def _set(self, obj: ObjectRef, patch: Callable[[], None], decision: Decision, demand: float | None, unit: str) -> bool:
+        """``patch()``, then an Event on ``obj`` saying how it went; False when the patch failed (counted, logged)."""
+        try:
+            patch()
+        except KubernetesError as exc:
+            self.errors[exc.stage] += 1
+            log.warning("%s", exc)
+            self._event(obj, "FailedRescale", f"New size: {decision.replicas}; error: {exc}", warning=True)
+            return False
+        c = self.config
+        why = "no forecast" if demand is None else (
+            f"demand {demand:.2f} {unit} (p{100 * c.quantile:g} of GPU utilisation {c.horizon_seconds} s ahead)")
+        self._event(obj, "SuccessfulRescale", f"New size: {decision.replicas}; reason: {decision.reason}; {why}")
+        return True
+
+    def _event(self, obj: ObjectRef, reason: str, message: str, warning: bool = False) -> None:
+        """Record a Kubernetes Event on ``obj`` (``events`` option); a failure is counted, logged once."""
+        if not self.config.events:
+            return
+        try:
+            self.client.record_event(obj, reason, message, warning)
+        except KubernetesError as exc:
+            self.errors["events"] += 1
+            log.log(logging.WARNING if self.errors["events"] == 1 else logging.DEBUG,
+                    "%s (further failures to record events are counted in dprobe_scaler_errors_total"
+                    "{stage=\"events\"})", exc)

@@ -77,8 +77,12 @@ class ScalingRules:
 
 
 # the HPA's defaults: up at once by 100 % or 4 pods per 15 s; down after 5 min, by up to 100 % per 15 s
-DEFAULT_SCALE_UP = ScalingRules(0.0, (RatePolicy("percent", 100, 15), RatePolicy("pods", 4, 15)), "max")
+SCALE_UP_PODS = 4
+DEFAULT_SCALE_UP = ScalingRules(0.0, (RatePolicy("percent", 100, 15), RatePolicy("pods", SCALE_UP_PODS, 15)),
+                                "max")
 DEFAULT_SCALE_DOWN = ScalingRules(300.0, (RatePolicy("percent", 100, 15),), "max")
+# a virtual cluster's GPUs: the bounds of their recommendation (its policy's min and max replicas)
+MIN_GPUS, MAX_GPUS = 0, 1024
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,10 @@ class Policy:
 
     def bound(self, count: int) -> int:
         return max(self.min_replicas, min(self.max_replicas, count))
+
+
+# every default in one place: the scaler's options, the simulator's and a workload's own policy start here
+DEFAULT_POLICY = Policy()
 
 
 @dataclass(frozen=True)

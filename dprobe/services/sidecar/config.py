@@ -12,9 +12,10 @@ from typing import Any
 from dprobe.core.options import OptionSet, option
 from dprobe.forecaster.baselines import BASELINES
 from dprobe.forecaster.loading import SHIPPED
+from dprobe.services.sources.registry import source_names
 
 ENV_PREFIX = "DPROBE_SIDECAR_"
-SOURCES = ("auto", "nvml", "dcgm", "prometheus", "replay", "synthetic")
+SOURCES = source_names()
 MODELS = (SHIPPED, *BASELINES)
 
 

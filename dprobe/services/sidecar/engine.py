@@ -8,11 +8,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from dprobe.forecaster.base import QUANTILES, Forecaster, ForecastInput
+from dprobe.core.names import QUANTILES, SIDECAR_METRICS
+from dprobe.forecaster.base import Forecaster, ForecastInput
 from dprobe.forecaster.loading import serves
-from dprobe.services.exporter.state import ForecastSnapshot
 from dprobe.services.sidecar.graphs import GraphResolver
-from dprobe.services.sidecar.window import METRICS, WindowStore
+from dprobe.services.sidecar.state import ForecastSnapshot
+from dprobe.services.sidecar.window import WindowStore
 
 log = logging.getLogger(__name__)
 BOUNDS = {"gpu_memory_bytes": (0.0, np.inf), "gpu_utilization_ratio": (0.0, 1.0)}
@@ -25,8 +26,8 @@ class ForecastEngine:
                  drop_after: float, min_points: int = 3, graphs: GraphResolver | None = None,
                  observe_seconds: Callable[[float], None] | None = None, clock: Callable[[], float] = time.time):
         self.store, self.forecaster = store, forecaster
-        self.metrics = tuple(m for m in METRICS if serves(forecaster, m))  # a checkpoint may forecast one only
-        for metric in sorted(set(METRICS) - set(self.metrics)):
+        self.metrics = tuple(m for m in SIDECAR_METRICS if serves(forecaster, m))  # a checkpoint may forecast one
+        for metric in sorted(set(SIDECAR_METRICS) - set(self.metrics)):
             log.warning("%s does not forecast %s: its forecasts are left out", forecaster.name, metric)
         self.horizons = tuple(int(h) for h in horizons)
         self.leads = tuple(max(1, int(round(h / store.step))) for h in self.horizons)
@@ -87,7 +88,7 @@ class ForecastEngine:
         graphs = [self.graphs.graph(t) for t in kept] if self.graphs is not None and self.graphs.active else None
         quantiles = {}
         ages = now - np.array([latest[t].ts for t in kept])
-        for metric in METRICS:
+        for metric in SIDECAR_METRICS:
             values = windows[metric][keep]
             has = np.sum(~np.isnan(values), axis=1) >= self.min_points
             # each metric's own freshness: steps since its last reading (a target whose utilisation turned

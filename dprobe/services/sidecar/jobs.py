@@ -26,20 +26,22 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.metrics_core import CounterMetricFamily
 
 from dprobe.core.lazy import installed
+from dprobe.core.names import OPTIMIZERS, PRECISIONS
 from dprobe.services.sidecar.annotations import TRAINING_JOB, AnnotationPolicy, AnnotationsFile, Refused
+
+if TYPE_CHECKING:
+    from dprobe.profiling.coldstart.predict import JobPrediction
 
 log = logging.getLogger(__name__)
 ANNOTATION = TRAINING_JOB
-PRECISIONS = ("fp32", "bf16", "fp16", "bf16-pure")
-OPTIMIZERS = ("adamw", "adam", "sgd")
 DEFAULT_GPU = "h200"  # the GPU of the profiles the cold-start model learnt from
 KEYS = ("batch", "precision", "optimizer", "image", "seq", "gpu", "host_stall", "config_kwargs")
-# what a profile holds: (the prediction's key, the exported name's stem)
+# what a profile holds: (the prediction's field, the exported name's stem)
 TARGETS = (("device_memory_bytes", "gpu_memory_bytes"), ("peak_memory_bytes", "allocator_peak_bytes"),
            ("gpu_utilization", "gpu_utilization_ratio"), ("step_time_seconds", "step_seconds"))
 # why a job has no profile: its model cannot be predicted, or its child ran past a limit or was killed
@@ -109,7 +111,7 @@ class JobSpec:
             raise ValueError(f"{text!r}: host_stall must be >= 0 seconds")
         return JobSpec(model, **kw)
 
-    def predict(self, checkpoint: str | None = None) -> dict[str, Any]:
+    def predict(self, checkpoint: str | None = None) -> JobPrediction:
         """The cold-start prediction (:func:`dprobe.profiling.coldstart.predict.predict_job`; seconds on a CPU)."""
         from dprobe.profiling.coldstart.predict import predict_job
 
@@ -201,8 +203,7 @@ def child_main(request: Mapping[str, Any]) -> int:
     os.dup2(2, 1)  # what libraries print goes to stderr; stdout holds the answer only
     try:
         result = JobSpec(**request["spec"]).predict(request["checkpoint"])
-        answer = {key: {q: float(result[key][q]) for q in ("p50", "p90")} for key, _ in TARGETS}
-        answer["fits"] = str(result["fits"])
+        answer = {**{key: dataclasses.asdict(getattr(result, key)) for key, _ in TARGETS}, "fits": result.fits}
     except BaseException as exc:  # noqa: BLE001 - the parent reads the reason from the status and stderr
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return MEMORY_EXIT if _out_of_memory(exc) else 1

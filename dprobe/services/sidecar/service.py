@@ -5,25 +5,26 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 from prometheus_client import Histogram
 from prometheus_client.registry import CollectorRegistry
 
+from dprobe.core.names import FORECAST_SECONDS, SIDECAR_METRICS
 from dprobe.forecaster.base import ForecastInput
 from dprobe.forecaster.loading import LoadedModel, open_forecaster, serves
-from dprobe.services.exporter import ExporterServer, SidecarCollector
-from dprobe.services.exporter.server import run_until_signalled
-from dprobe.services.exporter.state import ForecastSnapshot, JobRow, Latest, SourceStatus
+from dprobe.services.exporter.server import ExporterServer, run_until_signalled
 from dprobe.services.sidecar.annotations import AnnotationPolicy
+from dprobe.services.sidecar.collector import SidecarCollector
 from dprobe.services.sidecar.config import SidecarConfig
 from dprobe.services.sidecar.engine import ForecastEngine
 from dprobe.services.sidecar.graphs import GraphResolver
 from dprobe.services.sidecar.jobs import JobLimits, JobProfiles
 from dprobe.services.sidecar.poller import SourcePoller
-from dprobe.services.sidecar.window import METRICS, WindowStore
+from dprobe.services.sidecar.state import ForecastSnapshot, JobRow, Latest, SourceStatus
+from dprobe.services.sidecar.window import WindowStore
 from dprobe.services.sources.base import Sample, Source
+from dprobe.services.sources.registry import build_source
 
 log = logging.getLogger(__name__)
 BASELINE_WINDOW_SECONDS = 3600.0  # history kept for a baseline forecaster (window_seconds: 0)
@@ -34,7 +35,7 @@ def forecaster_window_seconds(forecaster: object) -> float | None:
     """Seconds of history the forecaster reads for the sidecar's metrics (the longest of them), or None
     when it does not say (baselines)."""
     reads = getattr(forecaster, "window_seconds", None)
-    spans = [float(reads(m)) for m in METRICS if serves(forecaster, m)] if reads is not None else []
+    spans = [float(reads(m)) for m in SIDECAR_METRICS if serves(forecaster, m)] if reads is not None else []
     return max(spans) if spans else None
 
 
@@ -71,52 +72,9 @@ def check_forecaster(engine: ForecastEngine, length: int, config: SidecarConfig)
 
 
 def build_sources(config: SidecarConfig) -> list[Source]:
-    """The configured source; ``auto`` is NVML when it sees a GPU, else replay of a bundled trace."""
-    kind = config.source
-    if kind == "auto":
-        from dprobe.services.sources.nvml import nvml_available
-
-        kind = "nvml" if nvml_available() else "replay"
-        log.info("source auto: %s", "GPU found, reading NVML" if kind == "nvml"
-                    else f"no GPU found, replaying the bundled {config.replay_dataset} trace")
-    if kind == "nvml":
-        from dprobe.services.sources.nvml import NvmlSource, pod_of_cgroup, pod_of_pid
-
-        names = {}
-        if config.pod_name:  # processes in this sidecar's own pod get its name
-            try:
-                own = pod_of_cgroup(Path("/proc/self/cgroup").read_text())
-            except OSError:
-                own = None
-            if own:
-                names[own[0]] = config.pod_name
-        return [NvmlSource(per_process=config.nvml_per_process, pod_names=names, pod_resolver=pod_of_pid)]
-    if kind == "dcgm":
-        from dprobe.services.sources.dcgm import DcgmSource
-
-        return [DcgmSource(config.dcgm_url, config.http_timeout, config.dcgm_targets, config.dcgm_utilization)]
-    if kind == "prometheus":
-        from dprobe.services.sources.prometheus import (
-            DEFAULT_MEMORY_QUERY,
-            DEFAULT_UTILIZATION_QUERY,
-            PrometheusSource,
-        )
-
-        return [PrometheusSource(
-            config.prometheus_url, config.prometheus_memory_query or DEFAULT_MEMORY_QUERY,
-            config.prometheus_utilization_query or DEFAULT_UTILIZATION_QUERY, step=config.step_seconds,
-            lookback=config.window_seconds, timeout=config.http_timeout,
-            target_label=config.prometheus_target_label or None)]
-    if kind == "replay":
-        from dprobe.services.sources.replay import ReplaySource
-
-        return [ReplaySource(config.replay_dataset, config.replay_path or None, config.replay_speed or None,
-                             loop=config.replay_loop, max_targets=config.replay_max_targets or None)]
-    if kind == "synthetic":
-        from dprobe.services.sources.synthetic import SyntheticSource
-
-        return [SyntheticSource(config.synthetic_targets)]
-    raise ValueError(f"unknown source {kind!r}")
+    """The configured source (:mod:`dprobe.services.sources.registry`); ``auto`` is NVML when it sees a GPU,
+    else replay of a bundled trace."""
+    return [build_source(config.source, config)]
 
 
 class Sidecar:
@@ -126,7 +84,7 @@ class Sidecar:
                  model: LoadedModel | None = None):
         self.config = config.validate()
         self.model = model or open_forecaster(config.checkpoint, config.model, config.fallback_on_bad_checkpoint,
-                                              metrics=METRICS)
+                                              metrics=SIDECAR_METRICS)
         self.config.window_seconds = resolve_window(self.config, self.model.forecaster)
         if config.min_points > config.window_length:
             raise ValueError(f"min_points {config.min_points} is more than the window holds "
@@ -134,7 +92,7 @@ class Sidecar:
         self.sources = build_sources(config) if sources is None else sources
         self.store = WindowStore(config.step_seconds, config.window_length, config.max_targets)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.forecast_seconds = Histogram("dprobe_forecast_seconds", "Duration of a forecast cycle (all targets).",
+        self.forecast_seconds = Histogram(FORECAST_SECONDS, "Duration of a forecast cycle (all targets).",
                                           buckets=LATENCY_BUCKETS, registry=self.registry)
         self.annotation_policy = AnnotationPolicy(config.graph_dir, config.allow_code_annotations)
         self.graphs = GraphResolver(config.graphs, config.graph_file, config.annotations_file, self.annotation_policy)

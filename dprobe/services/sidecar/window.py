@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Mapping
+from types import MappingProxyType
 
 import numpy as np
 
-from dprobe.services.exporter.state import Latest
+from dprobe.core.names import SIDECAR_METRICS
+from dprobe.services.sidecar.state import Latest
 from dprobe.services.sources.base import Sample
 
-METRICS = ("gpu_memory_bytes", "gpu_utilization_ratio")
+NO_EXTRA: Mapping[str, float] = MappingProxyType({})
+
+
+def usable_extra(extra: Mapping[str, float]) -> Mapping[str, float]:
+    """A sample's further readings that can be exported: finite and not negative (the rest is left out)."""
+    if not extra:
+        return NO_EXTRA
+    return {k: float(v) for k, v in extra.items() if math.isfinite(v) and v >= 0}
 
 
 class WindowStore:
@@ -36,8 +46,8 @@ class WindowStore:
         old = getattr(self, "_bins", None)
         n_old = 0 if old is None else old.shape[0]
         bins = np.full((capacity, self.length), -1, dtype=np.int64)
-        sums = np.zeros((len(METRICS), capacity, self.length))
-        counts = np.zeros((len(METRICS), capacity, self.length), dtype=np.int32)
+        sums = np.zeros((len(SIDECAR_METRICS), capacity, self.length))
+        counts = np.zeros((len(SIDECAR_METRICS), capacity, self.length), dtype=np.int32)
         last = np.full(capacity, -1, dtype=np.int64)
         if old is not None:
             bins[:n_old], sums[:, :n_old], counts[:, :n_old], last[:n_old] = (
@@ -91,7 +101,8 @@ class WindowStore:
                 prev = self.latest.get(s.target)
                 if prev is None or s.ts >= prev.ts:
                     memory, utilization = (v if v is not None and math.isfinite(v) else None for v in readings)
-                    self.latest[s.target] = Latest(s.ts, memory, utilization, source, s.labels, s.gpu_model)
+                    self.latest[s.target] = Latest(s.ts, memory, utilization, source, s.labels, s.gpu_model,
+                                                   usable_extra(s.extra))
 
     def drop_older_than(self, cutoff: float) -> list[str]:
         """Forget targets whose latest sample is older than ``cutoff``; returns their names."""
@@ -121,7 +132,7 @@ class WindowStore:
             slots = ids % self.length
             valid = np.take_along_axis(self._bins[rows], slots, axis=1) == ids
             out = {}
-            for k, metric in enumerate(METRICS):
+            for k, metric in enumerate(SIDECAR_METRICS):
                 sums = np.take_along_axis(self._sums[k, rows], slots, axis=1)
                 counts = np.take_along_axis(self._counts[k, rows], slots, axis=1)
                 with np.errstate(invalid="ignore", divide="ignore"):

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from dprobe.services.sources.base import IDENTITY_LABELS, Sample, SourceError, check_reading, target_name
 from dprobe.services.sources.http import http_get
+from dprobe.services.sources.registry import register
 
 MIB = 1024 * 1024
 FIELDS = {
@@ -121,3 +123,10 @@ class DcgmSource:
 
     def close(self) -> None:
         pass
+
+
+def _from_options(options: Any) -> DcgmSource:
+    return DcgmSource(options.dcgm_url, options.http_timeout, options.dcgm_targets, options.dcgm_utilization)
+
+
+register("dcgm", _from_options)

@@ -9,8 +9,10 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from dprobe.services.sources.base import Sample, SourceError
+from dprobe.services.sources.registry import register
 
 log = logging.getLogger(__name__)
 
@@ -162,3 +164,19 @@ def nvml_available() -> bool:
         return False
     finally:
         src.close()
+
+
+def _from_options(options: Any) -> NvmlSource:
+    """NVML, with the sidecar's own pod named ``options.pod_name`` (its processes' cgroup is this one's)."""
+    names = {}
+    if options.pod_name:
+        try:
+            own = pod_of_cgroup(Path("/proc/self/cgroup").read_text())
+        except OSError:
+            own = None
+        if own:
+            names[own[0]] = options.pod_name
+    return NvmlSource(per_process=options.nvml_per_process, pod_names=names, pod_resolver=pod_of_pid)
+
+
+register("nvml", _from_options)

@@ -6,9 +6,11 @@ import json
 import time
 import urllib.parse
 from collections import defaultdict
+from typing import Any
 
 from dprobe.services.sources.base import IDENTITY_LABELS, Sample, SourceError, target_name
 from dprobe.services.sources.http import http_get
+from dprobe.services.sources.registry import register
 
 DEFAULT_MEMORY_QUERY = "sum by (namespace, pod) (DCGM_FI_DEV_FB_USED{pod!=\"\"}) * 1048576"
 DEFAULT_UTILIZATION_QUERY = "avg by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL{pod!=\"\"}) / 100"
@@ -123,3 +125,14 @@ class PrometheusSource:
 
     def close(self) -> None:
         pass
+
+
+def _from_options(options: Any) -> PrometheusSource:
+    return PrometheusSource(
+        options.prometheus_url, options.prometheus_memory_query or DEFAULT_MEMORY_QUERY,
+        options.prometheus_utilization_query or DEFAULT_UTILIZATION_QUERY, step=options.step_seconds,
+        lookback=options.window_seconds, timeout=options.http_timeout,
+        target_label=options.prometheus_target_label or None)
+
+
+register("prometheus", _from_options)

@@ -13,10 +13,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from dprobe.services.sources.base import Sample, target_name
+from dprobe.services.sources.registry import register
 
 DATASET_DIRS = {"alibaba": "alibaba-genai-2026", "h200": "h200-profiles"}
 DEFAULT_SPEED = {"alibaba": 60.0, "h200": 1.0}
@@ -126,3 +128,11 @@ class ReplaySource:
 
     def close(self) -> None:
         pass
+
+
+def _from_options(options: Any) -> ReplaySource:
+    return ReplaySource(options.replay_dataset, options.replay_path or None, options.replay_speed or None,
+                        loop=options.replay_loop, max_targets=options.replay_max_targets or None)
+
+
+register("replay", _from_options)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from typing import Any
 
 from dprobe.services.sources.base import Sample
+from dprobe.services.sources.registry import register
 
 GIB = 1024**3
 
@@ -33,3 +35,10 @@ class SyntheticSource:
 
     def close(self) -> None:
         pass
+
+
+def _from_options(options: Any) -> SyntheticSource:
+    return SyntheticSource(options.synthetic_targets)
+
+
+register("synthetic", _from_options)

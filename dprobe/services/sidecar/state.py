@@ -1,4 +1,5 @@
-"""What the exporter reads at scrape time: the latest samples, the latest forecasts, source health."""
+"""What the sidecar's collector reads at scrape time: the latest samples, the latest forecasts, source health,
+the job profiles."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import numpy as np
 @dataclass(frozen=True, slots=True)
 class Latest:
     """The latest sample of a target; ``labels``: its identity labels (dcgm-exporter's names); ``gpu_model``:
-    its GPU's model name where the source gives it."""
+    its GPU's model name where the source gives it; ``extra``: its further readings that are finite and not
+    negative (a sample's ``extra``: ``power_watts``, ``sm_clock_hertz``, ...)."""
 
     ts: float
     memory_bytes: float | None
@@ -20,6 +22,7 @@ class Latest:
     source: str
     labels: Mapping[str, str] = field(default_factory=dict)
     gpu_model: str = ""
+    extra: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -62,8 +65,9 @@ class SourceStatus:
     rejected: Mapping[str, int] = field(default_factory=dict)
 
 
-class ExporterState(Protocol):
-    """Implemented by the sidecar; everything is read without blocking the sampling."""
+class SidecarState(Protocol):
+    """What :class:`~dprobe.services.sidecar.collector.SidecarCollector` reads, implemented by
+    :class:`~dprobe.services.sidecar.service.Sidecar`; everything is read without blocking the sampling."""
 
     stale_after: float
     forecast_max_age: float

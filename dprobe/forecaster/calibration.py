@@ -1,36 +1,25 @@
-"""The trained DProbe forecaster behind the :class:`Forecaster` interface, and its two file formats.
+"""Calibration of a fitted forecaster on the validation windows, and the checkpoint it gives.
 
-``dprobe.pt`` is a plain dict (tensors, numbers, strings) that loads with
-``torch.load(path, weights_only=True)``::
-
-    {"kind": "dprobe-forecaster", "format": 1, "dprobe_version": ...,
-     "hparams": {...ForecasterModule arguments...}, "tasks": [TaskSpec dicts],
-     "point_sources": [per task [per lead [per regime]]],
-     "quantile_shifts": [per task [per regime [per lead [per quantile]]]],
-     "regimes": ["moved", "recent", "held"], "short_lead_exponents": [per task],
-     "state_dict": {...}}
-
-``dprobe.onnx`` is the same network exported to ONNX, with everything but the
-weights in its metadata (``dprobe`` key, JSON). The sidecar runs it with ONNX
-Runtime, without importing torch (a fraction of the memory).
+After training, one pass of the network over every validation window (:func:`validation_outputs`)
+chooses, per task and lead, the point forecast to serve (:func:`select_point_sources`) and the shifts
+that make the quantiles' coverage nominal (:func:`conformal_shifts`); the forecaster as it will serve
+then chooses how its quantiles widen below the first trained lead (:func:`select_short_lead_exponents`).
+:func:`build_checkpoint` runs these in order and returns the ``dprobe.pt`` dict
+(:mod:`dprobe.forecaster.checkpoint`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import warnings
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from dprobe import __version__
 from dprobe.core.metrics import pinball_terms
+from dprobe.forecaster.checkpoint import ModelForecaster, checkpoint_dict
 from dprobe.forecaster.features import REGIMES, last_observed
-from dprobe.forecaster.loading import register_forecaster_loader
-from dprobe.forecaster.runtime import FORMAT, KIND, TrainedForecaster
-from dprobe.forecaster.tasks import TaskSpec
+from dprobe.forecaster.runtime import TrainedForecaster
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +32,14 @@ def validation_outputs(module, datamodule) -> dict[int, dict[str, np.ndarray]]:
     module.eval()
     cols: dict[int, dict[str, list[np.ndarray]]] = {}
     for batch in datamodule.calibration_dataloader():
-        q = module(batch["x"], batch["s"], batch["task"], batch.get("c"), batch.get("k")).numpy()  # (B, H, Q)
-        task = batch["task"].numpy()
+        q = module(batch.features, batch.stats, batch.task, batch.workload, batch.known).numpy()  # (B, H, Q)
+        task = batch.task.numpy()
         for k in np.unique(task):
             rows = task == k
             got = cols.setdefault(int(k), {})
-            for name, value in (("q", q), ("p", batch["p"].numpy()), ("y", batch["y"].numpy()),
-                                ("scale", batch["scale"].numpy()), ("series", batch["series"].numpy()),
-                                ("r", batch["r"].numpy())):
+            for name, value in (("q", q), ("p", batch.points.numpy()), ("y", batch.target.numpy()),
+                                ("scale", batch.scale.numpy()), ("series", batch.series.numpy()),
+                                ("r", batch.regime.numpy())):
                 got.setdefault(name, []).append(value[rows])
     return {k: {name: np.concatenate(v) for name, v in got.items()} for k, got in cols.items()}
 
@@ -246,7 +235,7 @@ def select_short_lead_exponents(forecaster: TrainedForecaster, datamodule, confi
         cond = known = None
         if forecaster.conditioned and ts.known.any():
             cond, known = ts.workload[series].astype(np.float32), ts.known[series].astype(np.float32)
-        q = forecaster._predict_task(k, ts.spec, values, cov, cond, known)  # (N, H, Q) at the trained leads
+        q = forecaster.predict_task(k, ts.spec, values, cov, cond, known)  # (N, H, Q) at the trained leads
         short = np.arange(1, first)
         y = ts.values[series[:, None], origin[:, None] + short]  # (N, L-1)
         last = last_observed(values)
@@ -262,113 +251,31 @@ def select_short_lead_exponents(forecaster: TrainedForecaster, datamodule, confi
     return out
 
 
-def export_checkpoint(module, tasks: list[TaskSpec], path: str | Path, **choices) -> Path:
-    """Write :func:`checkpoint_dict` of the arguments to ``path``."""
-    return save_checkpoint(checkpoint_dict(module, tasks, **choices), path)
+def build_checkpoint(module, datamodule, select_point: bool = True, calibrate_quantiles: bool = True) -> dict:
+    """The ``dprobe.pt`` dict (:func:`~dprobe.forecaster.checkpoint.checkpoint_dict`) of ``module`` fitted on
+    ``datamodule``, calibrated on its validation windows: the point forecasts (``select_point``; else the
+    model's p50), the quantiles' shifts (``calibrate_quantiles``; else none), then, with the forecaster as
+    it will serve, how the quantiles widen below the first lead. Records the data module's split.
 
-
-def save_checkpoint(obj: dict, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(obj, path)
-    return path
-
-
-def checkpoint_dict(module, tasks: list[TaskSpec], point_sources: list[list] | None = None,
-                    quantile_shifts: list | None = None, workloads_trained: bool = False,
-                    short_lead_exponents: list[float] | None = None) -> dict:
-    """What inference needs (no optimizer state, no pickled classes), as ``dprobe.pt`` holds it.
-
-    ``point_sources``: per task and lead a name, or a name per regime (:func:`select_point_sources`);
-    ``quantile_shifts``: per task ``(H, Q)`` or, per regime, ``(R, H, Q)`` (:func:`conformal_shifts`);
-    ``short_lead_exponents``: per task, how the quantiles widen below the first lead
-    (:func:`select_short_lead_exponents`; linearly when not given).
-    ``workloads_trained``: some training series had a known workload, so the model's
-    known-workload path was trained; without it, forecasts ignore any graph they are given.
+    Runs on the CPU, wherever training ran (the data module's batches are CPU tensors, and a checkpoint must
+    load on a machine without a GPU): ``module`` is moved there.
     """
-    hparams = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dict(module.hparams).items()}
-    obj = {
-        "kind": KIND,
-        "format": FORMAT,
-        "dprobe_version": __version__,
-        "hparams": hparams,
-        "tasks": [t.to_dict() for t in tasks],
-        "point_sources": point_sources or [["model"] * len(t.leads) for t in tasks],
-        "quantile_shifts": quantile_shifts or [],
-        "regimes": list(REGIMES),  # what the per-regime entries above are of
-        "workloads_trained": bool(workloads_trained),
-        "short_lead_exponents": [float(e) for e in short_lead_exponents or [1.0] * len(tasks)],
-        "state_dict": {k: v.detach().cpu() for k, v in module.state_dict().items()},
-    }
-    return obj
-
-
-def network_from_checkpoint(obj: dict):
-    """The plain-torch network (no Lightning) of a ``dprobe.pt`` dict, in eval mode."""
-    from dprobe.forecaster.network import build_network
-
-    if obj.get("format") != FORMAT:
-        raise ValueError(f"checkpoint format {obj.get('format')!r} is not supported (expected {FORMAT})")
-    net = build_network(**obj["hparams"])
-    prefix = "net."
-    net.load_state_dict({k[len(prefix):]: v for k, v in obj["state_dict"].items() if k.startswith(prefix)})
-    return net.eval()
-
-
-def export_onnx(obj: dict, path: str | Path) -> Path:
-    """Export a ``dprobe.pt`` dict's network to ONNX, with its metadata (all but the weights) inside."""
-    import io
-    import warnings
-
-    import onnx
-
-    net = network_from_checkpoint(obj)
-    hp = obj["hparams"]
-    from dprobe.forecaster.features import N_COVARIATES, N_STATS
-
-    example = (torch.zeros(2, hp["context_length"], 2 + N_COVARIATES), torch.zeros(2, N_STATS),
-               torch.zeros(2, dtype=torch.long))
-    names = ["x", "stats", "task"]
-    if hp.get("use_graph"):  # workload inputs: vectors (B, D) and known flags (B,) as 0 / 1
-        from dprobe.data.workloads import workload_dim
-
-        example = (*example, torch.zeros(2, workload_dim()), torch.tensor([1.0, 0.0]))
-        names += ["cond", "known"]
-    buf = io.BytesIO()
-    batch_axis = {0: "batch"}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the exporter's notes on its own deprecation and on index ops
-        torch.onnx.export(net, example, buf, dynamo=False, input_names=names,
-                          output_names=["quantiles"], opset_version=17,
-                          dynamic_axes={**{n: batch_axis for n in names}, "quantiles": batch_axis})
-    model = onnx.load_from_string(buf.getvalue())
-    meta = {k: obj[k] for k in ("kind", "format", "dprobe_version", "hparams", "tasks", "point_sources",
-                                    "quantile_shifts", "regimes", "workloads_trained", "short_lead_exponents")
-            if k in obj}
-    entry = model.metadata_props.add()
-    entry.key, entry.value = "dprobe", json.dumps(meta)
-    path = Path(path)
-    onnx.save(model, str(path))
-    return path
-
-
-class ModelForecaster(TrainedForecaster):
-    """A ``dprobe.pt`` checkpoint run with torch (training, evaluation)."""
-
-    def __init__(self, obj: dict, device: str = "cpu") -> None:
-        self.module = network_from_checkpoint(obj).to(device)
-        self.device = device
-        self._setup(obj)
-
-    @torch.no_grad()
-    def _network(self, x: np.ndarray, stats: np.ndarray, task: np.ndarray, cond: np.ndarray | None = None,
-                 known: np.ndarray | None = None) -> np.ndarray:
-        def t(a: np.ndarray | None) -> torch.Tensor | None:
-            return None if a is None else torch.from_numpy(a).to(self.device)
-
-        return self.module(t(x), t(stats), t(task), t(cond), t(known)).cpu().numpy()
-
-
-@register_forecaster_loader(KIND)
-def load_model_forecaster(obj: dict) -> ModelForecaster:
-    return ModelForecaster(obj)
+    module = module.cpu()
+    outputs = validation_outputs(module, datamodule)  # one pass over the validation windows serves both
+    sources = select_point_sources(module, datamodule, outputs=outputs) if select_point else None
+    if sources:
+        log.info("point forecast per task and lead (chosen on validation): %s",
+                 {t.name: s for t, s in zip(datamodule.task_specs, sources, strict=True)})
+    shifts = conformal_shifts(module, datamodule, sources, outputs=outputs) if calibrate_quantiles else None
+    known = sum(int(t.known.sum()) for t in datamodule.tasks)
+    if module.hparams.use_graph:
+        log.info("workload conditioning: %d training series with a known workload%s", known,
+                 "" if known else " (no workloads.csv: graphs given at inference will be ignored)")
+    choices = dict(point_sources=sources, quantile_shifts=shifts, workloads_trained=known > 0,
+                   split=datamodule.split)
+    # how the quantiles widen below the first lead, chosen with the forecaster as it will serve
+    serving = ModelForecaster(checkpoint_dict(module, datamodule.task_specs, **choices))
+    exponents = select_short_lead_exponents(serving, datamodule)
+    log.info("quantile spread below the first lead per task (1: linear, 0.5: square root): %s",
+             {t.name: e for t, e in zip(datamodule.task_specs, exponents, strict=True)})
+    return checkpoint_dict(module, datamodule.task_specs, short_lead_exponents=exponents, **choices)

@@ -1,13 +1,19 @@
-"""``dprobe predict MODEL``: cold-start prediction of a training job's memory, utilisation and step time."""
+"""``dprobe predict MODEL``: cold-start prediction of a training job's memory, utilisation and step time, and
+with ``--samples`` where a started job is heading (job scale)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dprobe.profiling.coldstart.predict import JobPrediction
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from dprobe.core.names import OPTIMIZERS, PRECISIONS
     from dprobe.graph.cli import add_model_args
     from dprobe.profiling.coldstart.gpus import GPUS
 
@@ -18,11 +24,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               "the next 10 s.")
     add_model_args(p)
     p.add_argument("--batch", type=int, required=True, help="training batch size")
-    p.add_argument("--precision", choices=["fp32", "bf16", "fp16", "bf16-pure"], default="fp32",
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="fp32; bf16 or fp16 autocast, weights in fp32; bf16-pure: the model in bf16 "
                    "(model.to(torch.bfloat16): weights, gradients and optimizer states) with bf16 autocast "
                    "(default fp32)")
-    p.add_argument("--optimizer", choices=["adamw", "adam", "sgd"], default="adamw",  # replay.OPTIMIZERS
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw",
                    help="adamw and adam keep two states per parameter, sgd (with momentum) one (default adamw)")
     p.add_argument("--grad-checkpointing", action="store_true",
                    help="the job turns on gradient (activation) checkpointing of a transformers or timm model "
@@ -52,53 +58,47 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def predict_from_args(args: argparse.Namespace) -> dict:
+def predict_from_args(args: argparse.Namespace) -> JobPrediction:
     """The prediction ``dprobe predict`` prints, for its parsed arguments."""
     from dprobe.data.gpu_samples import read_gpu_samples
-    from dprobe.profiling.coldstart.predict import predict_job
+    from dprobe.profiling.predict import predict_with_samples
 
     samples = read_gpu_samples(args.samples) if args.samples else None
-    return predict_job(args.model, args.batch, precision=args.precision, optimizer=args.optimizer,
-                       image=args.image, seq=args.seq, config_kwargs=args.config_kwargs,
-                       checkpoint=args.checkpoint, gpu=args.gpu, host_stall_s=args.host_stall,
-                       host_factor=args.host_factor, samples=samples, jobscale_checkpoint=args.jobscale_checkpoint,
-                       grad_checkpointing=args.grad_checkpointing)
+    return predict_with_samples(args.model, args.batch, samples=samples, jobscale_checkpoint=args.jobscale_checkpoint,
+                                precision=args.precision, optimizer=args.optimizer, image=args.image, seq=args.seq,
+                                config_kwargs=args.config_kwargs, checkpoint=args.checkpoint, gpu=args.gpu,
+                                host_stall_s=args.host_stall, host_factor=args.host_factor,
+                                grad_checkpointing=args.grad_checkpointing)
 
 
 def run(args: argparse.Namespace) -> int:
-    result = predict_from_args(args)
+    from dprobe.profiling.predict import StartedJobPrediction
+
+    p = predict_from_args(args)
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(p.as_dict()))
         return 0
     gib = 1 << 30
     stall = f", host stall {1000 * args.host_stall:g} ms a step" if args.host_stall else ""
     stall += f", host factor {args.host_factor:g}" if args.host_factor != 1.0 else ""
-    print(f"{args.model} batch {args.batch} {args.precision} {args.optimizer} on {args.gpu}{stall} "
-          f"({result['method']})")
-    print(f"  allocator peak  {result['peak_memory_bytes']['p50'] / gib:8.2f} GiB (p90 "
-          f"{result['peak_memory_bytes']['p90'] / gib:.2f})")
-    print(f"  device memory   {result['device_memory_bytes']['p50'] / gib:8.2f} GiB (p90 "
-          f"{result['device_memory_bytes']['p90'] / gib:.2f})")
-    print(f"  GPU utilisation {100 * result['gpu_utilization']['p50']:8.1f} %   (p90 "
-          f"{100 * result['gpu_utilization']['p90']:.1f})")
-    print(f"  step time       {1000 * result['step_time_seconds']['p50']:8.1f} ms  (p90 "
-          f"{1000 * result['step_time_seconds']['p90']:.1f})")
-    if result["fits"] != "yes":
-        why = ("out of memory: the allocator peak alone is more" if result["fits"] == "no"
-               else "the device memory's p90 is more")
-        print(f"  {'will not fit' if result['fits'] == 'no' else 'may not fit'} on the {args.gpu.upper()} at batch "
-              f"{args.batch} ({why} than its {result['gpu_memory_bytes'] / gib:.1f} GiB); try a smaller --batch, "
-              "bf16 or sgd")
-    if "job_scale" in result:
-        js = result["job_scale"]
-        mem, util = js["memory_plateau_bytes"], js["gpu_utilization"]
-        print(f"  next {js['horizon_seconds']:g} s, from the first {js['after_seconds']:g} s of samples "
-              f"({js['samples_used']}):")
+    print(f"{args.model} batch {args.batch} {args.precision} {args.optimizer} on {args.gpu}{stall} ({p.method})")
+    print(f"  allocator peak  {p.peak_memory_bytes.p50 / gib:8.2f} GiB (p90 {p.peak_memory_bytes.p90 / gib:.2f})")
+    print(f"  device memory   {p.device_memory_bytes.p50 / gib:8.2f} GiB (p90 {p.device_memory_bytes.p90 / gib:.2f})")
+    print(f"  GPU utilisation {100 * p.gpu_utilization.p50:8.1f} %   (p90 {100 * p.gpu_utilization.p90:.1f})")
+    print(f"  step time       {1000 * p.step_time_seconds.p50:8.1f} ms  (p90 {1000 * p.step_time_seconds.p90:.1f})")
+    if p.fits != "yes":
+        why = "out of memory: the allocator peak alone is more" if p.fits == "no" else "the device memory's p90 is more"
+        print(f"  {'will not fit' if p.fits == 'no' else 'may not fit'} on the {args.gpu.upper()} at batch "
+              f"{args.batch} ({why} than its {p.gpu_memory_bytes / gib:.1f} GiB); try a smaller --batch, bf16 or sgd")
+    if isinstance(p, StartedJobPrediction):
+        js = p.job_scale
+        mem, util = js.memory_plateau_bytes, js.gpu_utilization
+        print(f"  next {js.horizon_seconds:g} s, from the first {js.after_seconds:g} s of samples ({js.samples_used}):")
         print(f"  memory plateau  {mem['p50'] / gib:8.2f} GiB (p90 {mem['p90'] / gib:.2f}, p99 {mem['p99'] / gib:.2f})")
         print(f"  GPU utilisation {100 * util['p50']:8.1f} %   (p90 {100 * util['p90']:.1f}, "
               f"p99 {100 * util['p99']:.1f})")
-    if result["unknown_nodes"]:
-        print(f"  note: {result['unknown_nodes']} graph node(s) had unknown ops", file=sys.stderr)
-    for note in filter(None, result.get("note", "").split("; ")):
+    if p.unknown_nodes:
+        print(f"  note: {p.unknown_nodes} graph node(s) had unknown ops", file=sys.stderr)
+    for note in filter(None, p.note.split("; ")):
         print(f"  note: {note}", file=sys.stderr)
     return 0

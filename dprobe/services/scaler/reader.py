@@ -1,0 +1,113 @@
+"""What the scaler reads from Prometheus each cycle: the demand view, the activation queries and, in recommend
+mode, the counts a decision starts from. A failed query is counted (``errors["query"]``) and logged once per
+reason, at debug level while the same reason repeats."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+from dprobe.services.scaler.config import ScalerConfig, WorkloadSpec
+from dprobe.services.scaler.demand import (
+    DemandView,
+    activation_value,
+    add_pending,
+    group_demand,
+    pending_gpus,
+    pod_forecasts,
+    pod_gpus,
+    previous_recommendations,
+    workload_replicas,
+)
+from dprobe.services.scaler.policy import Decision
+from dprobe.services.sources.base import SourceError
+
+log = logging.getLogger(__name__)
+
+
+class DemandReader:
+    """The Prometheus queries of one scaler; ``errors``: the scaler's error counts, by stage."""
+
+    def __init__(self, config: ScalerConfig, specs: list[WorkloadSpec], errors: Counter[str]) -> None:
+        self.config, self.specs, self.errors = config, specs, errors
+        self.rejected_total: Counter[str] = Counter()  # forecasts left out, by reason
+        self.activations: dict[tuple[str, str], tuple[float, bool]] = {}  # activation queries: (value, active)
+        self.failure = ""  # why the forecasts could not be read ('' while they can)
+        self._failures: dict[str, str] = {}  # the other queries: the last failure's reason
+
+    def read(self) -> DemandView | None:
+        """This cycle's demand, or None when Prometheus could not be read (counted, logged)."""
+        try:
+            forecasts = pod_forecasts(self.config, self.rejected_total)
+        except SourceError as exc:
+            self.errors["query"] += 1
+            # once when it starts failing (and again if the reason changes), not every cycle
+            (log.warning if str(exc) != self.failure else log.debug)("reading forecasts failed: %s", exc)
+            self.failure = str(exc)
+            return None
+        if self.failure:
+            log.info("reading forecasts again after %s", self.failure)
+            self.failure = ""
+        gpus: dict[tuple[str, str], tuple[int, dict[str, str]]] = {}
+        try:
+            gpus = pod_gpus(self.config)
+            self._failures.pop("gpus_query", None)
+        except SourceError as exc:  # virtual clusters then count one GPU per pod; no pod is known missing
+            self.failed("gpus_query", exc, "one GPU per pod, pods without forecasts unseen")
+        view = group_demand(forecasts, self.specs, gpus, self.config.vc_label, self.config.discover)
+        if self.config.vc_pending_query.strip():
+            try:
+                add_pending(view.vcs, pending_gpus(self.config))
+                self._failures.pop("vc_pending_query", None)
+            except SourceError as exc:  # the clusters' demand is then their pods' forecasts alone
+                self.failed("vc_pending_query", exc, "demand without waiting GPUs this cycle")
+        return view
+
+    def active(self, spec: WorkloadSpec, previous: Decision | None) -> bool | None:
+        """What the workload's activation query says (None: it has none). A query that fails keeps the
+        workload as it is (``previous``: its last decision): counted, logged once, taken as active while it
+        runs, inactive at zero."""
+        if not spec.activation_query:
+            return None
+        query = "{}/{}: activation query".format(*spec.key)
+        try:
+            value = activation_value(self.config, spec.activation_query)
+        except SourceError as exc:
+            self.failed(query, exc, "kept as it is")
+            self.activations.pop(spec.key, None)
+            return bool(previous and previous.replicas > 0)
+        self._failures.pop(query, None)
+        self.activations[spec.key] = value, value > spec.activation_query_threshold
+        return self.activations[spec.key][1]
+
+    def replicas(self) -> dict[tuple[str, str], int]:
+        """Each workload's replicas as kube-state-metrics shows them (``replicas_query``; empty when it fails)."""
+        try:
+            replicas = workload_replicas(self.config)
+        except SourceError as exc:
+            self.failed("replicas_query", exc, "expected pods from the last recommendations")
+            return {}
+        self._failures.pop("replicas_query", None)
+        return replicas
+
+    def recommendations(self) -> tuple[dict[tuple[str, str], int], dict[str, int]]:
+        """The recommendations of the scaler's last run (``restore_seconds``; none when 0 or when the query
+        fails): per workload, per virtual cluster."""
+        if self.config.restore_seconds <= 0:
+            return {}, {}
+        try:
+            workloads, vcs = previous_recommendations(self.config)
+        except SourceError as exc:
+            self.failed("restore", exc, "starting from the pods seen")
+            return {}, {}
+        if workloads or vcs:
+            log.info("starting from %d recommendations of the last %g s", len(workloads) + len(vcs),
+                     self.config.restore_seconds)
+        return workloads, vcs
+
+    def failed(self, query: str, exc: SourceError, outcome: str) -> None:
+        """Count a failed query; log it once per reason (at debug level while the same reason repeats)."""
+        self.errors["query"] += 1
+        (log.warning if self._failures.get(query) != str(exc) else log.debug)(
+            "%s failed (%s): %s", query, outcome, exc)
+        self._failures[query] = str(exc)

@@ -1,0 +1,177 @@
+"""``dprobe simulate --fixed``: a cluster of fixed size, quota moved between VCs, five scheduling policies."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+FIXED_HELP = """with --fixed: the cluster has --gpus GPUs (default: the log's peak demand, the most GPUs
+its jobs would hold at once if each started at submission, rounded up to whole nodes) on nodes of
+--gpus-per-node; a job's GPUs go on as few nodes as possible (it waits while they are scattered). The
+GPUs are split into VC quotas that sum to the total, and every --scheduling policy runs under every quota
+policy of --policies:
+  static    quotas proportional to each VC's GPU-time in the first --static-warmup of the log; no lending
+  reactive  the static quotas; GPUs a VC leaves idle (neither held nor asked for by its queue) for
+            --lend-delay seconds are lent to other VCs, and reclaimed when their VC needs them: by waiting
+            for the borrowing jobs to finish, or with --preempt by preempting the most recently started,
+            each paying --restart-cost seconds when it restarts
+  forecast  every --interval, the scaler's per-VC target on the --quantile of the demand forecast
+            --horizon ahead (default one interval), normalised to the total; idle GPUs lent as reactive
+scheduling within a VC (--scheduling):
+  fifo      first submitted first; nothing passes the head
+  sjf       shortest logged duration first (an oracle); nothing passes the head
+  qssf      least estimated GPU-time first (Helios): duration from the same user's finished jobs, else the
+            VC's (the bundled logs have no user column: the VC's); nothing passes the head
+  tiresias  discretised 2D-LAS: queues by GPU-seconds received (--las-thresholds, default 18000: two
+            queues), FIFO within a queue, higher queues preempt lower ones
+  easy      EASY backfilling: FIFO, later jobs start if estimated (as qssf) not to delay the head
+A job asking for more GPUs than the cluster, or than its VC can ever hold (static: its quota), is
+excluded and counted. Reported per pair: queueing delay (mean, p95, p99), JCT, GPU utilisation,
+preemptions, GPUs of quota moved, GPU-hours lent; and the cuts against static and against reactive."""
+
+# the options of --fixed (flag: type, metavar, help); FIXED_HELP says more
+CLUSTER_OPTIONS = {
+    "--gpus": (int, "N", "the cluster's GPUs, a multiple of --gpus-per-node (default: the peak demand)"),
+    "--gpus-per-node": (int, "G", "GPUs per node; a job goes on as few nodes as possible (default: 8)"),
+    "--scheduling": (str, "LIST", "of fifo,sjf,qssf,tiresias,easy, comma-separated (default: all five)"),
+    "--las-thresholds": (str, "LIST", "tiresias: GPU-seconds that move a job down a queue (default: 18000)"),
+}
+LENDING_OPTIONS = {
+    "--lend-delay": (float, "S", "seconds a VC's GPUs stay idle before they are lent (default: 300)"),
+    "--restart-cost": (float, "S", "seconds a preempted job spends again on restart (default: 60)"),
+}
+PREEMPT_HELP = "reclaim lent GPUs by preempting the borrowing jobs (default: wait for them to finish)"
+FIXED_FLAGS = (*CLUSTER_OPTIONS, *LENDING_OPTIONS, "--preempt")
+ELASTIC_ONLY = ("queue", "provision_delay", "static_gpus", "static_percentile")
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def add_fixed_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``--fixed`` option group of ``dprobe simulate``."""
+    group = p.add_argument_group("fixed-size cluster (--fixed)")
+    group.add_argument("--fixed", action="store_true", help=(
+        "fix the cluster's GPUs and move quota between VCs (DProbe's setting), under every --scheduling "
+        "policy; the options below need it, and --queue, --provision-delay, --static-gpus and "
+        "--static-percentile do not apply"))
+    for flag, (kind, metavar, text) in {**CLUSTER_OPTIONS, **LENDING_OPTIONS}.items():
+        group.add_argument(flag, type=kind, metavar=metavar, help=text)
+    group.add_argument("--preempt", action="store_true", help=PREEMPT_HELP)
+
+
+def check_mode(args: argparse.Namespace) -> None:
+    """Fixed-only options without --fixed, or elastic-only ones with it: a ValueError."""
+    if args.fixed:
+        given = [f"--{f.replace('_', '-')}" for f in ELASTIC_ONLY if getattr(args, f) is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} do not apply with --fixed")
+        return
+    given = [flag for flag in FIXED_FLAGS if getattr(args, _dest(flag)) not in (None, False)]
+    if given:
+        raise ValueError(f"{', '.join(given)} need --fixed")
+
+
+def _schedulings(args: argparse.Namespace) -> list:
+    from dprobe.sim.scheduling import DEFAULT_LAS_THRESHOLDS, SCHEDULING_NAMES, Scheduling
+
+    names = [s.strip() for s in (args.scheduling or ",".join(SCHEDULING_NAMES)).split(",") if s.strip()]
+    unknown = [s for s in names if s not in SCHEDULING_NAMES]
+    if unknown or not names:
+        raise ValueError(f"unknown scheduling policy {', '.join(unknown) or '(none given)'}; choose from "
+                         f"{', '.join(SCHEDULING_NAMES)}")
+    thresholds = DEFAULT_LAS_THRESHOLDS
+    if args.las_thresholds:
+        try:
+            thresholds = tuple(float(x) for x in args.las_thresholds.split(","))
+        except ValueError:
+            raise ValueError("--las-thresholds must be comma-separated GPU-seconds, "
+                             f"got {args.las_thresholds!r}") from None
+    return [Scheduling(n, thresholds) for n in dict.fromkeys(names)]
+
+
+def peak_total_demand(jobs) -> int:
+    """The most GPUs the log's jobs would hold at once if each started at submission."""
+    import numpy as np
+
+    from dprobe.sim.jobs import JobTable, peak_demand
+
+    one = JobTable(jobs.job_ids, np.zeros_like(jobs.vc), jobs.submit, jobs.duration, jobs.gpus, ["all"])
+    return int(peak_demand(one)[0]) if len(jobs) else 0
+
+
+def run_fixed(args: argparse.Namespace, names: list[str], settings, policy_doc: dict) -> int:
+    """``dprobe simulate --fixed`` for the quota policies ``names``, with the scaler ``settings`` (a
+    :class:`~dprobe.sim.policies.ScalerSettings`, described by ``policy_doc``), all checked by the caller."""
+    import numpy as np
+
+    from dprobe.evaluation.report import check_plot_path
+    from dprobe.forecaster.loading import checkpoint_path
+    from dprobe.sim.cluster import check_span
+    from dprobe.sim.fixed import FixedConfig, simulate_fixed
+    from dprobe.sim.fixed_report import fixed_markdown, plot_fixed, reductions, run_report, targets
+    from dprobe.sim.jobs import DAY, load_selected, peak_demand
+    from dprobe.sim.policies import ForecastQuota, forecast_setup
+    from dprobe.sim.quota_split import ForecastShares, Lending, StaticShares, static_shares
+    from dprobe.sim.report import print_report
+
+    scheds = _schedulings(args)
+    per_node = 8 if args.gpus_per_node is None else args.gpus_per_node
+    lend_delay = 300.0 if args.lend_delay is None else args.lend_delay
+    restart = 60.0 if args.restart_cost is None else args.restart_cost
+    FixedConfig(gpus=args.gpus or per_node, gpus_per_node=per_node, interval=args.interval,
+                lend_delay=lend_delay, restart_cost=restart)  # checks the options before the log is read
+    if args.plot:
+        check_plot_path(args.plot)
+    horizon = args.horizon or args.interval
+    setup = (forecast_setup(checkpoint_path(args.checkpoint), args.interval, horizon, args.quantile)
+             if "forecast" in names else None)
+    dataset, directory, jobs = load_selected(args.data, args.vc, args.days, args.start_day)
+    check_span(jobs, min(args.interval, setup.history_step if setup else math.inf))
+    peak = peak_total_demand(jobs)
+    gpus = args.gpus or max(1, math.ceil(peak / per_node)) * per_node
+    shares = static_shares(jobs, gpus, args.static_warmup)
+    most = np.full(len(jobs.vc_names), args.max_gpus) if args.max_gpus else peak_demand(jobs)
+    max_gpus = np.minimum(most, gpus)
+    progress = not args.quiet and sys.stderr.isatty()
+    results = []
+    for sched in scheds:
+        config = FixedConfig(gpus=gpus, gpus_per_node=per_node, scheduling=sched, interval=args.interval,
+                             lend_delay=lend_delay, preempt=args.preempt, restart_cost=restart)
+        for name in names:
+            if name == "static":
+                policy = StaticShares(shares)
+            elif name == "reactive":
+                policy = Lending(shares)
+            else:  # a fresh recommender per run: it keeps state
+                inner = ForecastQuota(max_gpus, settings, setup.forecaster, setup.history_step, setup.lead,
+                                      args.quantile, setup.context_steps, setup.covariates)
+                policy = ForecastShares(shares, inner)
+            results.append(simulate_fixed(jobs, policy, config, progress=progress))
+    rows = reductions(results)
+    report = {
+        "dataset": dataset, "data": str(directory), "mode": "fixed", "jobs": len(jobs), "vcs": jobs.vc_names,
+        "log_days": float(jobs.submit[-1] - jobs.submit[0]) / DAY,
+        "forecaster": setup.name if setup else None,
+        "settings": {
+            "gpus": gpus, "gpus_from": "--gpus" if args.gpus else "peak demand", "peak_demand_gpus": peak,
+            "gpus_per_node": per_node, "nodes": gpus // per_node,
+            "scheduling": [s.name for s in scheds], "las_thresholds": list(scheds[0].las_thresholds),
+            "interval_seconds": args.interval, "horizon_seconds": horizon, "quantile": args.quantile,
+            "lend_delay_seconds": lend_delay, "preempt": args.preempt, "restart_cost_seconds": restart,
+            "static_warmup": args.static_warmup,
+            "users": "none in the log: qssf and easy estimate durations from the VC's finished jobs",
+            "scaler_config": args.scaler_config, "policy": policy_doc,
+            "max_gpus": dict(zip(jobs.vc_names, max_gpus.tolist(), strict=True)),
+            "static_gpus": dict(zip(jobs.vc_names, shares.tolist(), strict=True)),
+        },
+        "runs": [run_report(r, per_vc=args.per_vc) for r in results],
+        "reductions": rows,
+        "targets": targets(rows),
+    }
+    print_report(report, args.json, fixed_markdown)
+    if args.plot:
+        print(f"plot written to {plot_fixed(results, args.plot)}", file=sys.stderr)
+    return 0
