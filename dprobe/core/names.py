@@ -8,9 +8,8 @@ from __future__ import annotations
 
 # forecasts -------------------------------------------------------------------------------------------
 QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99)
-# Metric names a forecaster may be asked for (what each head of the model predicts).
-METRICS = ("gpu_memory_bytes", "gpu_utilization_ratio", "gpu_duty_cycle_pct", "gpu_demand")
-# what the sidecar samples, forecasts and exports per target (the first two of METRICS)
+# what the sidecar samples, forecasts and exports per target (a forecaster's tasks name further metrics:
+# gpu_duty_cycle_pct, gpu_demand)
 SIDECAR_METRICS = ("gpu_memory_bytes", "gpu_utilization_ratio")
 
 # training jobs (cold-start profiles) -----------------------------------------------------------------
