@@ -42,9 +42,21 @@ def best_val_pinball(trainer: pl.Trainer) -> float | None:
     return None if score is None else float(score)
 
 
-def train_forecaster(cfg: DictConfig, out_dir: Path) -> tuple[Path, float | None]:
+def started_as_rank_zero() -> bool:
+    """Whether this process is rank zero of its run, from the variables launchers set before a trainer exists
+    (torchrun: ``RANK``; SLURM: ``SLURM_PROCID``; Lightning's own launcher: ``NODE_RANK`` and
+    ``LOCAL_RANK``); True in a single-process run."""
+    for name in ("RANK", "SLURM_PROCID"):
+        if os.environ.get(name, "").strip():
+            return os.environ[name].strip() == "0"
+    return all(os.environ.get(name, "0").strip() in ("", "0") for name in ("NODE_RANK", "LOCAL_RANK"))
+
+
+def train_forecaster(cfg: DictConfig, out_dir: Path) -> tuple[Path | None, float | None]:
     """Fit the forecaster on ``cfg.data`` and write the inference checkpoint ``dprobe.pt``; returns its path
-    and the validation pinball loss (:func:`best_val_pinball`)."""
+    and the validation pinball loss (:func:`best_val_pinball`). In a multi-process run (``trainer=ddp``)
+    every rank fits, and only rank zero goes on to the point choice, calibration and export: the other
+    ranks return ``(None, val_pinball)``."""
     from dprobe.forecaster.calibration import build_checkpoint
     from dprobe.forecaster.checkpoint import save_checkpoint
     from dprobe.forecaster.module import ForecasterModule
@@ -60,6 +72,8 @@ def train_forecaster(cfg: DictConfig, out_dir: Path) -> tuple[Path, float | None
                                       logger=_instantiate_dict(cfg.get("logger")) or False)
     trainer.fit(model, datamodule=datamodule)
     val_pinball = best_val_pinball(trainer)
+    if not trainer.is_global_zero:
+        return None, val_pinball
     best = getattr(trainer.checkpoint_callback, "best_model_path", "") if trainer.checkpoint_callback else ""
     if best and Path(best).is_file():
         model = ForecasterModule.load_from_checkpoint(best, weights_only=True, map_location="cpu")
@@ -193,10 +207,14 @@ def run(cfg: DictConfig) -> dict:
     logging.getLogger("pytorch_lightning.utilities.rank_zero").addFilter(_DROP_TIPS)  # once: same object
     pl.seed_everything(cfg.seed, workers=True)
     out_dir = Path(cfg.paths.output_dir)
+    summary: dict = {"output_dir": str(out_dir), "val_pinball": None}
+    if not started_as_rank_zero():  # a DDP worker that a launcher started: it fits, rank zero does everything else
+        if cfg.forecaster_enabled:
+            summary["val_pinball"] = train_forecaster(cfg, out_dir)[1]
+        return summary
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     check_profiles(cfg)
-    summary: dict = {"output_dir": str(out_dir), "val_pinball": None}
     split = side_by_side(cfg)
     profilers = None
     threads = torch.get_num_threads()
@@ -212,6 +230,10 @@ def run(cfg: DictConfig) -> dict:
     try:
         if cfg.forecaster_enabled:
             checkpoint, summary["val_pinball"] = train_forecaster(cfg, out_dir)
+            if checkpoint is None:  # not rank zero after all (the trainer knows best): nothing more to do
+                if profilers is not None:
+                    profilers.stop()
+                return summary
             summary["checkpoint"] = str(checkpoint)
             if cfg.evaluate.enabled:
                 summary["evaluation"] = stage(cfg.evaluate)(checkpoint=checkpoint, out_dir=out_dir)["report"]
@@ -234,6 +256,9 @@ def run(cfg: DictConfig) -> dict:
     if profiled is not None:
         print("\n".join(profiled["tables"]))
         summary.update(profiled["summary"])
+    if cfg.get("pretrain") is not None and cfg.pretrain.enabled:  # +exp=pretrain_gnn: conf/pretrain/gnn.yaml
+        pretrained = stage(cfg.pretrain)(out_dir=str(out_dir / "pretrain_gnn"))
+        summary["graph_encoder"] = pretrained["checkpoint"]
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     print(f"\nForecaster checkpoint: {summary.get('checkpoint', '(not trained)')}")
     if "checkpoint" in summary:

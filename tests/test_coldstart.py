@@ -241,13 +241,14 @@ def test_cli_predict(capsys, tmp_path) -> None:
     assert "note" not in out  # the shipped checkpoint learnt from H200 runs
     assert main([*args, "--gpu", "a100"]) == 0
     on_a100 = json.loads(capsys.readouterr().out)
-    assert "trained on h200 measurements only, not a100" in on_a100["note"]
+    assert on_a100["gpu_seen_in_training"] is False and out["gpu_seen_in_training"] is True
+    assert "trained on h200, rtx3090 measurements only, not a100" in on_a100["note"]
     assert main([*args[:-1], "--gpu", "a100"]) == 0  # the report says it too
-    assert "note: trained on h200 measurements only, not a100" in capsys.readouterr().err
-    # no training run was on an A100 or in fp16: the corrections stay those learnt, never extrapolated
+    assert "note: gpu_seen_in_training: false" in capsys.readouterr().err
+    # no training run was on an A100: the corrections are those learnt on the H200 and the 3090 together
     assert main([*args[:-2], "fp16", "--json"]) == 0
     in_fp16 = json.loads(capsys.readouterr().out)
-    assert "learnt from no fp16 run" in in_fp16["note"]
+    assert in_fp16["gpu_seen_in_training"] and "note" not in in_fp16
     assert main([*args, "--optimizer", "adam"]) == 0  # Adam keeps AdamW's two states per parameter
     with_adam = json.loads(capsys.readouterr().out)
     assert with_adam["analytical"]["optimizer_state_bytes"] == out["analytical"]["optimizer_state_bytes"]
@@ -439,7 +440,7 @@ def test_collection_settings_fill_cudnn_benchmark(tmp_path) -> None:
 @pytest.mark.slow
 def test_p90_calibration_moves_coverage_towards_90_percent(monkeypatch) -> None:
     rng = np.random.default_rng(1)
-    n, fams = 60, 12
+    n, fams = 120, 24  # fewer runs leave the coverage to a run or two either way
     feats = rng.normal(size=(n, len(FEATURES)))
     base = np.abs(rng.normal(size=(n, 4))) + 1.0
     base[:, 2] = 0.5
@@ -714,7 +715,7 @@ def test_memory_head_sees_the_op_mix_but_no_timing() -> None:
     (memory_targets, memory), (timing_targets, timing) = target_groups(FEATURES)
     assert memory_targets == [0, 1] and timing_targets == [2, 3] and timing == list(range(len(FEATURES)))
     names = {FEATURES[i] for i in memory}
-    assert {"share_conv", "share_conv_grouped", "share_matmul", "log_peak", "bf16"} <= names
+    assert {"share_conv", "share_conv_grouped", "share_matmul", "log_peak", "half"} <= names
     assert not names & {"log_t_compute", "log_t_memory", "log_t_gpu", "log_t_host", "log_t_roof"}
 
 

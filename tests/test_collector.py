@@ -11,6 +11,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_bundled_plans_read(collector) -> None:
     for path in sorted((ROOT / "tools" / "plans").glob("*.json")):
+        if path.name.startswith(("pairs", "ddp")):  # --pairs and --ddp plans: read by their own readers
+            continue
         items = collector.read_plan(path)
         assert items and all(spec["lib"] in ("torchvision", "timm", "transformers") for spec, _, _ in items)
 

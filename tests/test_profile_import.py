@@ -141,10 +141,12 @@ def test_training_uses_each_collections_gpu(dataset, tmp_path) -> None:
 
     ds = load_dataset(str(small), tmp_path / "cache", progress=False)
     assert ds.gpus == ["h200", "h200", "a100", "a100"]
-    flops, mem = FEATURES.index("log_peak_flops"), FEATURES.index("log_gpu_mem")
-    assert ds.feats[:2, flops] == pytest.approx(math.log(GPUS["h200"].peak_flops_bf16))
-    assert ds.feats[2:, flops] == pytest.approx(math.log(GPUS["a100"].peak_flops_bf16))
-    assert ds.feats[2:, mem] == pytest.approx(math.log(42298834944))
+    # the GPU enters through the roofline: the same kernels at the A100's peaks (fp32: 3.2-3.4x the H200's time)
+    compute = FEATURES.index("log_t_compute")
+    slower = ds.feats[2:, compute] - ds.feats[:2, compute]
+    ratios = (GPUS["h200"].peak_flops_tf32 / GPUS["a100"].peak_flops_tf32,
+              GPUS["h200"].peak_flops_fp32 / GPUS["a100"].peak_flops_fp32)
+    assert (slower >= math.log(min(ratios)) - 1e-6).all() and (slower <= math.log(max(ratios)) + 1e-6).all()
     assert (ds.base[2:, 3] > 2 * ds.base[:2, 3]).all()  # slower GPU, longer roofline step
 
     env = json.loads((small / "env.json").read_text())

@@ -77,7 +77,7 @@ def test_config_precedence_file_env_flags(tmp_path: Path) -> None:
     ({"DPROBE_SIDECAR_MAX_TARGETS": "-3"}, "max_targets must be at least 1"),
     ({"DPROBE_SIDECAR_MIN_POINTS": "0"}, "min_points must be at least 1"),
     ({"DPROBE_SIDECAR_HORIZONS": "5,60"}, "horizons must be at least step_seconds"),
-    ({"DPROBE_SIDECAR_HORIZONS": "60,inf"}, "option horizons: cannot convert float infinity"),
+    ({"DPROBE_SIDECAR_HORIZONS": "60,inf"}, "option horizons: item 'inf' of the list: expected a whole number"),
     ({"DPROBE_SIDECAR_STALE_AFTER": "nan"}, "stale_after must be positive"),
     ({"DPROBE_SIDECAR_STALE_AFTER": "inf"}, "stale_after must be positive"),
     ({"DPROBE_SIDECAR_SAMPLE_INTERVAL": "60"}, "stale_after .* must not be shorter than sample_interval"),

@@ -13,8 +13,19 @@ import pytest
 
 from dprobe.cli import main
 from dprobe.forecaster.base import QUANTILES, Forecast, ForecastInput
-from dprobe.sim.fixed import OVER_CLUSTER, OVER_VC, FixedConfig, FixedResult, Nodes, simulate_fixed
+from dprobe.sim.fixed import (
+    DEMOTE,
+    OVER_CLUSTER,
+    OVER_VC,
+    FixedConfig,
+    FixedResult,
+    Nodes,
+    _FixedCluster,
+    simulate_fixed,
+)
+from dprobe.sim.fixed_cli import concurrent_demand, default_gpus
 from dprobe.sim.fixed_report import reduction, targets
+from dprobe.sim.helios_jobs import DeriveStats, derive_class, derive_jobs
 from dprobe.sim.jobs import JobTable
 from dprobe.sim.policies import ForecastQuota, ScalerSettings
 from dprobe.sim.quota_split import (
@@ -25,6 +36,7 @@ from dprobe.sim.quota_split import (
     normalise,
     split_total,
     static_shares,
+    wants,
 )
 from dprobe.sim.scheduling import DurationEstimator, Scheduling, reservation
 
@@ -128,6 +140,37 @@ def test_tiresias_does_not_preempt_within_the_same_queue() -> None:
     assert r.first_start.tolist() == [0, 100] and r.las_preemptions == 1
 
 
+def test_a_demotion_less_than_a_float_step_away_is_not_scheduled_at_now() -> None:
+    # a 64-GPU job 4e-6 GPU-s short of the threshold crosses it 6e-8 s on: at an epoch-second clock that
+    # rounds to now, and the demotion would be scheduled at now for ever
+    now = 1588295185.7142856
+    jobs = one_vc((now, 10000, 64))
+    c = _FixedCluster(jobs, StaticShares(np.array([64])), config(64, 8, "tiresias"), None, now)
+    c.run_start[0], c.attained[0], c.remaining[0] = now, 18000.0 - 4e-6, 10000.0
+    c._schedule_demotion(0, now)
+    assert [e[:3] for e in c.events] == [(now + 1e-3, DEMOTE, 0)]
+
+
+def test_tiresias_starvation_guard_promotes_a_job_that_waited_too_long() -> None:
+    # A (300 s) runs 200 s, is demoted at 100 GPU-s and preempted at 200 by a stream of 50-s jobs
+    # (each stays in the highest queue) that would keep it queued until the stream ends at 5200
+    stream = [(200 + 50 * k, 50, 1) for k in range(100)]
+    jobs = one_vc((0, 300, 1), *stream)
+
+    def run(limit: float) -> FixedResult:
+        return run_one(jobs, 1, "tiresias", restart_cost=0.0,
+                       sched={"las_thresholds": (100.0,), "starve_limit": limit})
+
+    never = run(0.0)
+    assert never.end[0] == 5300 and never.promotions == 0 and never.queued_seconds[0] == 5000
+    once = run(1.0)  # waited as long as it ran (200 s): promoted at 400, runs its last 100 s
+    assert once.end[0] == 500 and once.promotions == 1 and once.queued_seconds[0] == 200
+    assert once.queued_seconds[1:].max() == 100  # the stream's jobs wait those 100 s
+    twice = run(2.0)  # promoted after 400 s
+    assert twice.end[0] == 700 and twice.queued_seconds[0] == 400
+    assert run_one(jobs, 1, "fifo").promotions == 0
+
+
 def test_easy_backfills_a_short_job_without_delaying_the_head() -> None:
     # earlier jobs teach the estimator: u1's jobs run 50 s, u2's 500 s
     history = [(0, 50, 1), (0, 500, 1)]
@@ -154,6 +197,8 @@ def test_bad_scheduling_settings_are_refused() -> None:
         Scheduling("srtf")
     with pytest.raises(ValueError, match="increasing positive GPU-seconds"):
         Scheduling("tiresias", las_thresholds=(100.0, 50.0))
+    with pytest.raises(ValueError, match="--starve-limit must be a number >= 0"):
+        Scheduling("tiresias", starve_limit=-1.0)
     with pytest.raises(ValueError, match="multiple of --gpus-per-node"):
         FixedConfig(gpus=10, gpus_per_node=8)
 
@@ -217,6 +262,11 @@ def test_normalise_scales_down_or_tops_up_to_the_total() -> None:
     assert normalise(np.array([0, 0]), 8, shares).tolist() == [6, 2]
 
 
+def test_a_vc_is_planned_for_what_it_asks_now_when_the_forecast_is_lower() -> None:
+    targets, now, most = np.array([4, 0, 2]), np.array([1, 9, 3]), np.array([8, 6, 8])
+    assert wants(targets, now, most).tolist() == [4, 6, 3]  # never below the target; at most max_gpus
+
+
 def per_vc_forecaster(levels: list[float]) -> SimpleNamespace:
     """Forecasts ``levels[v]`` for VC ``v``, at every lead and quantile."""
 
@@ -234,27 +284,41 @@ def forecast_policy(shares: list[int], levels: list[float], max_gpus: list[int])
 
 
 def test_forecast_moves_quota_to_where_demand_is_coming() -> None:
-    # b expects 6 GPUs, a none: b gets its 6 and the spare 2 split 1:1
+    # b expects 6 GPUs, a none but holds 1: b gets its 6, a the 1 it asks now, and the spare 1 goes 1:1
     jobs = JobTable.from_lists([("a", 0, 5000, 1), ("b", 1000, 100, 6)])
     r = simulate_fixed(jobs, forecast_policy([4, 4], [0.0, 6.0], [8, 8]), config(8, lend_delay=1e9))
     # first decision: a's recommender holds 4 (the scaler's 300-s scale-down window), b asks 6: 10 of 8,
-    # scaled down to 3 and 5; then a's target is 0, b's 6, and the 2 spare GPUs go 1:1
-    assert r.quota_at_decision[:, :3].T.tolist() == [[3, 5], [1, 7], [1, 7]]
+    # scaled down to 3 and 5; then a's target is 0 but it asks 1 now (its running job), b's 6, and the
+    # spare GPU goes as the static shares (1:1, the first VC on a tie)
+    assert r.quota_at_decision[:, :3].T.tolist() == [[3, 5], [2, 6], [2, 6]]
     assert r.quota_at_decision.sum(axis=0).tolist() == [8] * r.quota_at_decision.shape[1]
-    assert r.gpus_moved == 3 and r.quota_changes.tolist() == [2, 2]
+    assert r.gpus_moved == 2 and r.quota_changes.tolist() == [2, 2]
     assert r.first_start.tolist() == [0, 1000]  # a runs in its new quota, b's job within its own
     static = simulate_fixed(jobs, StaticShares(np.array([4, 4])), config(8))
     assert static.excluded.tolist() == [0, OVER_VC]
 
 
+class Scripted(Lending):
+    """Quotas set on a schedule ``[(from time, quotas)]``, lending as ``reactive``."""
+
+    name = "scripted"
+
+    def __init__(self, shares: list[int], schedule: list[tuple[float, list[int]]]) -> None:
+        super().__init__(np.array(shares))
+        self.schedule = schedule
+
+    def decide(self, view) -> np.ndarray:
+        return np.array([q for t, q in self.schedule if view.now >= t][-1])
+
+
 def test_a_quota_moved_away_is_reclaimed_by_waiting_or_by_preemption() -> None:
     # a runs 3 jobs in its quota of 3; from 600 its quota is 1 and b's 7: b's 6-GPU job needs one of a's
     jobs = JobTable.from_lists([*[("a", 0, 5000, 1)] * 4, ("b", 1, 100, 6)])
-    wait = simulate_fixed(jobs, forecast_policy([4, 4], [0.0, 6.0], [8, 8]), config(8, lend_delay=1e9))
+    schedule = [(0, [3, 5]), (600, [1, 7])]
+    wait = simulate_fixed(jobs, Scripted([4, 4], schedule), config(8, lend_delay=1e9))
     assert wait.first_start.tolist() == [0, 0, 0, 5000, 5000]  # a's 4th job then fits its quota of 1
     assert wait.lent_gpu_seconds == 2 * (5000 - 600)
-    preempt = simulate_fixed(jobs, forecast_policy([4, 4], [0.0, 6.0], [8, 8]),
-                             config(8, lend_delay=1e9, preempt=True))
+    preempt = simulate_fixed(jobs, Scripted([4, 4], schedule), config(8, lend_delay=1e9, preempt=True))
     assert preempt.first_start[4] == 600 and preempt.reclaim_preemptions == 1
     assert preempt.preemptions.tolist() == [0, 0, 1, 0, 0]  # the newest of a's jobs, one is enough
 
@@ -327,7 +391,7 @@ def test_cli_fixed_json_and_plot(capsys: pytest.CaptureFixture[str], tmp_path: P
     assert plot.stat().st_size > 10_000
 
 
-def test_cli_fixed_table_defaults_to_the_peak_demand(capsys: pytest.CaptureFixture[str],
+def test_cli_fixed_table_at_the_default_size(capsys: pytest.CaptureFixture[str],
                                                      tmp_path: Path) -> None:
     code, out, _ = run_cli(capsys, "--fixed", "--data", str(small_log(tmp_path)), "--scheduling", "fifo,easy",
                            "--policies", "static,reactive", "--preempt")
@@ -342,7 +406,7 @@ def test_cli_help_explains_the_fixed_options(capsys: pytest.CaptureFixture[str])
         main(["simulate", "--help"])
     out = capsys.readouterr().out
     for flag in ("--fixed", "--gpus N", "--gpus-per-node", "--scheduling", "--lend-delay", "--preempt",
-                 "--restart-cost", "--las-thresholds", "tiresias", "easy", "qssf", "no user column"):
+                 "--restart-cost", "--las-thresholds", "--starve-limit", "tiresias", "easy", "qssf", "no user column"):
         assert flag in out
 
 
@@ -354,6 +418,10 @@ def test_cli_help_explains_the_fixed_options(capsys: pytest.CaptureFixture[str])
     (["--fixed", "--scheduling", "fifo,lottery"], "unknown scheduling policy lottery"),
     (["--fixed", "--las-thresholds", "1h"], "--las-thresholds must be comma-separated GPU-seconds"),
     (["--fixed", "--lend-delay", "-1", "--gpus", "8"], "--lend-delay must be >= 0 seconds"),
+    (["--fixed", "--starve-limit", "nan"], "--starve-limit must be a number >= 0"),
+    (["--fixed", "--gpus", "64", "--gpus-percentile", "90"], "give --gpus or --gpus-percentile, not both"),
+    (["--fixed", "--gpus-percentile", "0"], "--gpus-percentile must be in (0, 100], got 0"),
+    (["--gpus-percentile", "95"], "--gpus-percentile need --fixed"),
 ])
 def test_cli_fixed_bad_options_exit_2_with_one_line(capsys: pytest.CaptureFixture[str], argv: list[str],
                                                     message: str) -> None:
@@ -380,3 +448,56 @@ def test_cli_fixed_refuses_a_log_without_a_column(capsys: pytest.CaptureFixture[
         f.write("timestamp,duration,cluster\n2017-10-01 00:00:00,10,vca\n")
     code, _, err = run_cli(capsys, "--fixed", "--data", str(log))
     assert code == 2 and "num_gpus" in err
+
+
+# --- the default size, and a job log derived from per-minute counts ---------------------------------------
+
+def test_default_size_is_a_percentile_of_the_concurrent_demand_in_whole_nodes() -> None:
+    # 1 GPU held over [0, 600), 9 over [600, 1200) (two jobs overlap), 8 over [1200, 2400)
+    jobs = JobTable.from_lists([("a", 0, 1200, 1), ("b", 600, 1800, 8), ("a", 2400, 600, 2)])
+    assert concurrent_demand(jobs, 600.0).tolist() == [1, 9, 8, 8, 2]
+    assert default_gpus(jobs, 50, 600.0, 4) == 8  # p50 = 8
+    assert default_gpus(jobs, 90, 600.0, 4) == 12  # p90 = 8.4, up to whole nodes of 4
+    assert default_gpus(jobs, 100, 600.0, 8) == 16  # the peak, 9
+
+
+def test_jobs_are_derived_from_net_changes_in_the_per_minute_counts() -> None:
+    t = np.arange(6) * 60.0
+    jobs = np.array([1, 3, 3, 2, 0, 1])
+    gpus = np.array([2, 6, 6, 4, 0, 3])
+    stats = DeriveStats()
+    out = derive_class(t, jobs, gpus, 1, 7, stats)
+    # one job of 2 GPUs present from the start; two of 2 each (4 GPUs more) at 60; the oldest leaves at 180,
+    # the other two at 240; one of 3 arrives at 300 and is still there after the last minute
+    assert out == [(0.0, 180.0, 2), (60.0, 180.0, 2), (60.0, 180.0, 2), (300.0, 60.0, 3)]
+    assert (stats.present_at_start, stats.present_at_end, stats.gpu_mismatch) == (1, 1, 0.0)
+    big = derive_class(t[:2], np.array([0, 1]), np.array([0, 4]), 8, None, DeriveStats())
+    assert big == [(60.0, 60.0, 8)]  # kept within its class: at least 8 GPUs
+
+
+def test_a_helios_directory_is_simulated_as_a_derived_log(capsys: pytest.CaptureFixture[str],
+                                                          tmp_path: Path) -> None:
+    from dprobe.sim.helios_jobs import COLUMNS
+
+    directory = tmp_path / "helios"
+    directory.mkdir()
+    for vc, scale in (("vcaaa", 1), ("vcbbb", 2)):
+        rows = [",".join(COLUMNS)]
+        for minute in range(240):
+            n = scale * (1 + (minute // 30) % 3)
+            time = f"2020-05-01 {minute // 60:02d}:{minute % 60:02d}:00"
+            rows.append(",".join([time, str(n), str(2 * n), "0", "0", "0", "0", "0", "0"]))
+        with gzip.open(directory / f"{vc}.csv.gz", "wt") as f:
+            f.write("\n".join(rows) + "\n")
+    frame, stats = derive_jobs(directory)
+    assert stats.per_vc == {"vcaaa": len(frame[frame.cluster == "vcaaa"]), "vcbbb": len(frame) - stats.per_vc["vcaaa"]}
+    assert stats.gpu_mismatch == 0 and set(frame.num_gpus) == {2}
+    code, out, _ = run_cli(capsys, "--fixed", "--data", str(directory), "--scheduling", "fifo", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["dataset"] == "helios-earth-vc (derived jobs)" and report["jobs"] == len(frame)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    with gzip.open(bad / "vcccc.csv.gz", "wt") as f:
+        f.write("time,running_job_num\n2020-05-01 00:00:00,1\n")
+    with pytest.raises(Exception, match="vcccc.csv.gz: missing column running_job_num_less_8"):
+        derive_jobs(bad)

@@ -6,6 +6,7 @@ import functools
 import importlib.util
 import json
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -41,7 +42,7 @@ def tiny(tmp_path: Path, data_dirs: list[Path], *extra: str) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("exp", [pytest.param(e, marks=pytest.mark.slow) if e in ("gnn", "helios", "no_graph") else e
+@pytest.mark.parametrize("exp", [pytest.param(e, marks=pytest.mark.slow) if e in ("gnn", "helios", "no_graph", "pretrain_gnn") else e
                                  for e in EXPERIMENTS])  # seconds each: the fast tier runs alibaba and coldstart
 def test_every_experiment_composes_and_runs_fast_dev_run(exp, tmp_path, small_alibaba_dir, small_helios_dir,
                                                          monkeypatch):
@@ -241,7 +242,8 @@ def test_stages_are_their_functions_with_the_configured_arguments(tmp_path):
     profiles = str(CONFIG_DIR.parent / "datasets" / "h200-profiles")
     coldstart, jobscale, evaluate = stage(cfg.coldstart), stage(cfg.jobscale), stage(cfg.evaluate)
     assert coldstart.func is train_coldstart and coldstart.keywords == {
-        "data_dir": profiles, "max_epochs": 400, "seed": 0, "folds": 20, "workers": None}
+        "data_dir": profiles, "benchmarks": [str(CONFIG_DIR.parent / "datasets" / "timm-train-rtx3090")],
+        "max_epochs": 400, "seed": 0, "folds": 20, "workers": None}
     assert jobscale.func is train_jobscale and jobscale.keywords == {
         "data_dir": profiles, "use_graph": True, "graph_dim": 0, "epochs": 300, "seed": 0, "folds": 20,
         "workers": None}
@@ -378,3 +380,26 @@ def test_profilers_whose_process_died_train_after_the_forecaster(tmp_path, small
         summary = run(cfg)
     assert "before it returned; training the cold-start and job-scale models in this process" in caplog.text
     assert Path(summary["coldstart_checkpoint"]).is_file() and Path(summary["jobscale_checkpoint"]).is_file()
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_one_output_directory(tmp_path, small_helios_dir):
+    """`python train.py trainer=ddp trainer.devices=2`: Lightning starts a second process that runs train.py
+    again; both fit, rank zero alone chooses the point, calibrates, exports and evaluates, and both use the
+    one run directory (here named to the microsecond, so that a second resolution of ``${now:}`` would
+    differ)."""
+    runs = tmp_path / "outputs"
+    overrides = [o for o in tiny(tmp_path, [small_helios_dir]) if not o.startswith("paths.output_dir")]
+    cmd = [sys.executable, str(CONFIG_DIR.parent / "train.py"), *overrides, "trainer=ddp", "trainer.devices=2",
+           "trainer.max_epochs=1", "data.val_samples=32", f"hydra.run.dir={runs}/${{now:%H-%M-%S-%f}}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("Forecaster checkpoint:") == 1, done.stdout[-3000:]  # rank zero's summary only
+    (run_dir,) = list(runs.iterdir())  # one directory for the run, not one per process
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert Path(summary["checkpoint"]).parent == run_dir and (run_dir / "dprobe.onnx").is_file()
+    assert (run_dir / "report.json").is_file()
+    ckpt = torch.load(run_dir / "dprobe.pt", weights_only=True)
+    assert ckpt["tasks"][0]["name"] == "gpu_demand"
+    assert not (tmp_path / "lightning_logs").exists() and not list(tmp_path.glob("outputs/*/*/dprobe.pt"))

@@ -21,6 +21,13 @@ tools/plans/*.json; a spec may fix "phases", e.g. for control runs that repeat
 an earlier collection's), for what you want to measure. Test with --dry-run on the CPU first. Then add the
 session to a profiles data set with `dprobe profiles add OUT --data DIR`.
 
+Several GPUs at hand: --ddp PLAN (tools/plans/ddp1.json) measures data-parallel steps instead, with
+torchrun over NCCL (tools/collect_ddp_steps.py; its output refits `dprobe predict --gpus`).
+
+Co-located pairs: --pairs PLAN (tools/plans/pairs1.json) runs each member alone first, then each pair
+as two processes on the GPU, time-slicing or under MPS ("mode"), at several utilisation levels: what
+calibrates dprobe's interference model (dprobe.sharing.interference.pair_calibrations).
+
 Usage: python3 collect_gpu_profiles.py [--budget SECONDS] [--dry-run] [--plan FILE]
        python3 collect_gpu_profiles.py --single JSON --seconds S --tag T
 """
@@ -473,6 +480,44 @@ def read_plan(path):
 STEPS = None
 
 
+def read_pairs(path):
+    """PAIRS from a JSON file: a list of {"a": [spec, batch, precision], "b": [...], "mode":
+    "time-slicing" | "mps"} (ValueError naming what is wrong); the members' solo runs as MODELS items."""
+    try:
+        with open(path) as f:
+            items = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"--pairs {path}: {e}") from e
+    if not isinstance(items, list) or not items:
+        raise ValueError(f"--pairs {path}: expected a non-empty JSON list of pairs")
+    pairs, solo = [], []
+    for i, item in enumerate(items):
+        members = [item.get(k) for k in ("a", "b")] if isinstance(item, dict) else []
+        ok = (len(members) == 2 and item.get("mode", "time-slicing") in ("time-slicing", "mps")
+              and all(isinstance(m, list) and len(m) == 3 and isinstance(m[0], dict) and m[0].get("model")
+                      and m[0].get("lib") in ("torchvision", "timm", "transformers")
+                      and isinstance(m[1], int) and m[1] > 0 and m[2] in ("fp32", "bf16") for m in members))
+        if not ok:
+            raise ValueError(f"--pairs {path}: item {i} is not {{\"a\": [spec, batch, fp32|bf16], \"b\": [...], "
+                             f"\"mode\": time-slicing|mps}}: {json.dumps(item)[:200]}")
+        pairs.append((tuple(members[0]), tuple(members[1]), item.get("mode", "time-slicing")))
+        for spec, bs, prec in members:
+            if (spec, [bs], [prec]) not in solo:
+                solo.append((spec, [bs], [prec]))
+    return pairs, solo
+
+
+def mps(on):
+    """Start (or stop) the MPS control daemon; False where it cannot be (the pair then runs time-sliced)."""
+    try:
+        if on:
+            return subprocess.run(["nvidia-cuda-mps-control", "-d"], timeout=20).returncode == 0
+        return subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", text=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired) as e:
+        log("mps", "on" if on else "off", "failed:", e)
+        return False
+
+
 def host_benchmark(cuda, n=4000):
     """How fast this host issues work: microseconds per tiny kernel launch (queued, no sync), per small
     linear layer and per synchronised round trip. Step times of small, host-bound jobs scale with these."""
@@ -526,12 +571,25 @@ def main():
     ap.add_argument("--no-services", action="store_true")
     ap.add_argument("--no-benchmark", action="store_true")
     ap.add_argument("--plan", help="JSON file of [spec, batch sizes, precisions] items to run instead of MODELS")
+    ap.add_argument("--pairs", metavar="PLAN", help="co-located pairs (tools/plans/pairs*.json): each member "
+                    "alone, then each pair, time-sliced or under MPS, instead of MODELS, services and PAIRS")
+    ap.add_argument("--ddp", metavar="PLAN", help="several GPUs: data-parallel steps of a tools/plans/ddp*.json plan "
+                    "(torchrun, NCCL) by tools/collect_ddp_steps.py, into $OUT/ddp")
     args = ap.parse_args()
+    if args.ddp:  # data parallel: its own script, the same OUT
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "collect_ddp_steps.py")
+        os.execv(sys.executable, [sys.executable, script, "--plan", args.ddp] + ["--dry-run"] * args.dry_run)
     if args.plan:
         try:
             MODELS[:] = read_plan(args.plan)
         except ValueError as e:
             ap.error(str(e))
+    if args.pairs:  # the members' solo runs, then the pairs
+        try:
+            PAIRS[:], MODELS[:] = read_pairs(args.pairs)
+        except ValueError as e:
+            ap.error(str(e))
+        args.no_services = True
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
     NO_FLOPS = args.no_flops
@@ -544,7 +602,7 @@ def main():
         STEPS = StepLog(os.path.join(OUT, "steps_pairs.csv"))
         spec = json.loads(args.single)
         train_run(args.tag, spec["spec"], spec["batch"], spec["precision"], args.seconds,
-                  0, device)
+                  0, device, spec["spec"].get("phases", False))
         return
 
     STEPS = StepLog(os.path.join(OUT, "steps.csv"))
@@ -583,6 +641,8 @@ def main():
     n = args.skip
     if args.no_services:
         reserve_services = 0
+    if args.pairs:  # keep time for the pairs after their members' solo runs
+        reserve_services = 0 if args.dry_run else 25 * len(PAIRS)
     for spec, bs, prec in items:
         if time.time() - T0 > budget - reserve_services:
             log("budget reached before", spec["model"], bs, prec)
@@ -607,10 +667,12 @@ def main():
         time.sleep(0.5)
 
     # co-located tenants: separate processes sharing the GPU
-    for i, (a, b) in enumerate(PAIRS):
-        if args.dry_run or args.no_services or time.time() - T0 > budget - 25:
+    for i, (a, b, *mode) in enumerate(PAIRS):
+        if args.dry_run or (args.no_services and not args.pairs) or time.time() - T0 > budget - 25:
             break
         run_id = f"p{i:02d}"
+        use_mps = bool(mode) and mode[0] == "mps" and mps(True)
+        log("pair", run_id, "mps" if use_mps else "time-slicing")
         sampler.label = run_id
         StepLog(os.path.join(OUT, "steps_pairs.csv")).f.close()  # header once
         procs = []
@@ -625,6 +687,8 @@ def main():
                 p.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 p.kill()
+        if use_mps:
+            mps(False)
         sampler.label = "idle"
         time.sleep(0.5)
         log("pair", run_id, [p.returncode for p in procs])

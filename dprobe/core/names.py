@@ -40,3 +40,8 @@ MODEL_INFO = "dprobe_model"  # an info metric: dprobe_model_info
 # the scaler's
 RECOMMENDED_REPLICAS = "dprobe_recommended_replicas"
 RECOMMENDED_GPUS = "dprobe_recommended_gpus"
+# the scaler's, with sharing enabled (also dprobe_recommended_gpus{vc,sharing="none"|"shared"})
+RECOMMENDED_GPU_MEMORY = "dprobe_recommended_gpu_memory_bytes"
+RECOMMENDED_GPU_FRACTION = "dprobe_recommended_gpu_fraction"
+RECOMMENDED_MIG_PROFILE = "dprobe_recommended_mig_profile"  # an info metric: dprobe_recommended_mig_profile_info
+COLOCATION_PLAN = "dprobe_colocation_plan_pods"  # pods of a workload on one GPU of the plan

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import field
 from pathlib import Path
@@ -29,18 +30,96 @@ def option(default: Any, help: str, **kw: Any) -> Any:
     return field(default=default, metadata={"help": help, **kw})
 
 
+TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+INTEGER = re.compile(r"[+-]?\d+")
+
+
+def _show(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else f"{value!r} ({type(value).__name__})"
+
+
 def _bool(value: Any) -> bool:
+    """true/false, yes/no, on/off, 1/0 (text or YAML); anything else is refused."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    low = value.strip().lower() if isinstance(value, str) else None
+    if low not in TRUE + FALSE:
+        raise ValueError(f"expected true/false (or yes/no, on/off, 1/0), got {_show(value)}")
+    return low in TRUE
+
+
+def _int(value: Any) -> int:
+    """A whole number, written as one: ``90.7``, ``1e3``, ``true`` or ``""`` is refused, never rounded."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and INTEGER.fullmatch(value.strip()):
+        return int(value.strip())
+    raise ValueError(f"expected a whole number, got {_show(value)}")
+
+
+def _float(value: Any) -> float:
+    """A number (``nan`` and ``inf`` pass: the service's own checks say which options take them)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str) and value.strip():
+        try:
+            return float(value.strip())
+        except ValueError:
+            pass
+    raise ValueError(f"expected a number, got {_show(value)}")
+
+
+def _str(value: Any) -> str:
+    """Text; YAML that is not text (``no``, ``5``, a list) is refused rather than turned into ``'False'``."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ValueError(f"expected text, got {_show(value)} (quote it in YAML)")
+    return value
+
+
+def _int_list(value: Any) -> list[int]:
+    """``60,300`` (a flag or variable; ``[60, 300]`` too) or a YAML list of whole numbers; an empty item is
+    refused (``60,,300``), an empty text is the empty list."""
     if isinstance(value, str):
-        low = value.strip().lower()
-        if low not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-            raise ValueError(f"expected true/false, got {value!r}")
-        return low in ("1", "true", "yes", "on")
-    return bool(value)
+        text = value.strip()
+        if text.startswith("["):
+            value = _structured(text)
+        else:
+            value = [] if not text else [v.strip() for v in text.split(",")]
+    if not isinstance(value, list | tuple):
+        raise ValueError(f"expected a comma-separated list of whole numbers, got {_show(value)}")
+    out = []
+    for item in value:
+        if item == "":
+            raise ValueError(f"empty item in {value!r}")
+        try:
+            out.append(_int(item))
+        except ValueError as exc:
+            raise ValueError(f"item {item!r} of the list: {exc}") from None
+    return out
+
+
+def _str_dict(value: Any) -> dict[str, str]:
+    """A mapping of names to text (numbers are written as text); nested lists or mappings are refused."""
+    value = _structured(value) or {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"expected a mapping, got {_show(value)}")
+    for k, v in value.items():
+        if isinstance(v, Mapping | list) or v is None:
+            raise ValueError(f"the value of {k!r} must be text, got {_show(v)}")
+    return {str(k): str(v) for k, v in value.items()}
 
 
 def _structured(value: Any) -> Any:
     """YAML (or JSON) text as data; data as it is."""
     return (yaml.safe_load(value) if value.strip() else None) if isinstance(value, str) else value
+
+
+SERVICE_SECTIONS = ("sidecar", "scaler", "exporter")  # one file may hold the settings of several services
+PARSERS: dict[str, Callable[[Any], Any]] = {"bool": _bool, "int": _int, "float": _float, "str": _str}
 
 
 class OptionSet:
@@ -54,32 +133,26 @@ class OptionSet:
     def convert(self, name: str, value: Any, origin: str) -> Any:
         """``value`` (from YAML, env or a flag) as the type of option ``name``; clear error naming ``origin``."""
         f = self.fields[name]
-        typ = str(f.type)
+        typ = str(f.type).replace(" ", "")
+        optional = typ.endswith("|None")
+        typ = typ.removesuffix("|None")
         try:
-            if typ.startswith("list[dict"):
+            if optional and (value is None or isinstance(value, str) and not value.strip()):
+                value = None
+            elif typ.startswith("list[dict"):
                 value = _structured(value) or []
                 if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
-                    raise ValueError("expected a list of mappings")
+                    raise ValueError(f"expected a list of mappings, got {_show(value)}")
                 value = [dict(v) for v in value]
-            elif typ.startswith("list"):
-                items = value.split(",") if isinstance(value, str) else list(value)
-                value = [int(float(v)) for v in items if str(v).strip()]
+            elif typ == "list[int]":
+                value = _int_list(value)
             elif typ.startswith("dict"):
-                value = _structured(value) or {}
-                if not isinstance(value, Mapping):
-                    raise ValueError("expected a mapping")
-                value = {str(k): str(v) for k, v in value.items()}
-            elif typ == "bool":
-                value = _bool(value)
-            elif typ in ("int", "float"):
-                value = (int if typ == "int" else float)(value)
-            elif typ in ("int | None", "float | None"):
-                value = None if value in (None, "") else (int if typ.startswith("int") else float)(value)
-            elif typ.startswith("str | None"):
-                value = None if value in (None, "") else str(value)
+                value = _str_dict(value)
+            elif typ in PARSERS:
+                value = PARSERS[typ](value)
             else:
-                value = "" if value is None else str(value)
-        except (TypeError, ValueError, OverflowError, yaml.YAMLError) as exc:  # OverflowError: int("inf")
+                raise TypeError(f"options of type {typ} are not supported")
+        except (ValueError, OverflowError, yaml.YAMLError) as exc:
             raise ValueError(f"{origin}: option {name}: {exc}") from exc
         choices = f.metadata.get("choices")
         if choices and value not in choices:
@@ -91,10 +164,12 @@ class OptionSet:
         out: dict[str, Any] = {}
         for key, value in doc.items():
             name = f"{prefix}{str(key).replace('-', '_')}"
-            if isinstance(value, Mapping) and name not in self.fields:
-                out.update(self.flatten(value, f"{name}_"))
-            else:
-                out[name] = value
+            inner = self.flatten(value, f"{name}_") if isinstance(value, Mapping) and name not in self.fields \
+                else {name: value}
+            for key in inner:
+                if key in out:  # dcgm: {url: ...} beside dcgm_url: one would silently win
+                    raise ValueError(f"option {key} is given twice (nested and flat)")
+            out.update(inner)
         return out
 
     def from_file(self, path: str | Path) -> dict[str, Any]:
@@ -107,8 +182,15 @@ class OptionSet:
             raise ValueError(f"{path}: not valid YAML ({exc})") from exc
         if not isinstance(doc, Mapping):
             raise ValueError(f"{path}: the config must be a mapping of options")
-        doc = doc.get(self.section, doc) if isinstance(doc.get(self.section), Mapping) else doc
-        flat = self.flatten(doc)
+        if isinstance(doc.get(self.section), Mapping):  # under `sidecar:`; beside it only other services' sections
+            others = sorted(str(k) for k in doc if k != self.section and k not in SERVICE_SECTIONS)
+            if others:
+                raise ValueError(f"{path}: unknown key(s) {', '.join(others)} beside the {self.section}: section")
+            doc = doc[self.section]
+        try:
+            flat = self.flatten(doc)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from exc
         unknown = sorted(set(flat) - set(self.fields))
         if unknown:
             raise ValueError(f"{path}: unknown option(s) {', '.join(unknown)}")

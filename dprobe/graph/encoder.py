@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch_geometric.data import Batch, Data
-from torch_geometric.nn import GINEConv, global_add_pool, global_max_pool, global_mean_pool
+from torch_geometric.nn import GATv2Conv, GINEConv, global_add_pool, global_max_pool, global_mean_pool
 
 from dprobe.graph.ops import KIND_INDEX, KINDS
 from dprobe.graph.schema import GraphError, ModelGraph, load_model_graph
@@ -41,16 +41,30 @@ def graph_to_data(graph: ModelGraph) -> Data:
     return Data(x=x, kind=kinds, edge_index=ei, edge_attr=ea, num_nodes=x.shape[0])
 
 
-class GraphEncoder(nn.Module):
-    """GINE message passing over op nodes, then mean + max + log-sum pooling to a graph embedding."""
+CONVS = ("gine", "gatv2")  # the message-passing layers GraphEncoder offers
 
-    def __init__(self, hidden: int = 64, out_dim: int = 64, layers: int = 3) -> None:
+
+def _conv(conv: str, hidden: int, heads: int) -> nn.Module:
+    if conv == "gine":
+        return GINEConv(nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, hidden)),
+                        edge_dim=EDGE_FEATURES)
+    if conv == "gatv2":
+        if hidden % heads:
+            raise ValueError(f"hidden ({hidden}) must be a multiple of heads ({heads}) for gatv2")
+        return GATv2Conv(hidden, hidden // heads, heads=heads, edge_dim=EDGE_FEATURES)
+    raise ValueError(f"conv must be one of {', '.join(CONVS)}, got {conv!r}")
+
+
+class GraphEncoder(nn.Module):
+    """Message passing over op nodes (GINE, or GATv2 with ``conv="gatv2"``), then mean + max + log-sum pooling
+    to a graph embedding."""
+
+    def __init__(self, hidden: int = 64, out_dim: int = 64, layers: int = 3, conv: str = "gine",
+                 heads: int = 4) -> None:
         super().__init__()
         self.kind_emb = nn.Embedding(len(KINDS), hidden)
         self.inp = nn.Linear(NODE_FEATURES, hidden)
-        self.convs = nn.ModuleList(
-            GINEConv(nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, hidden)),
-                     edge_dim=EDGE_FEATURES) for _ in range(layers))
+        self.convs = nn.ModuleList(_conv(conv, hidden, heads) for _ in range(layers))
         self.norms = nn.ModuleList(nn.LayerNorm(hidden) for _ in range(layers))
         self.out = nn.Linear(3 * hidden, out_dim)
 

@@ -37,8 +37,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", default=None, metavar="CKPT",
                    help="cold-start checkpoint (default: the one shipped with dprobe)")
     p.add_argument("--gpu", choices=list(GPUS), default="h200",
-                   help="the GPU's memory, peak FLOP/s and bandwidth; the output's note says when the "
-                   "checkpoint never saw a run on it (the shipped one learnt from H200 runs; default h200)")
+                   help="the GPU: its memory, peak FLOP/s per precision, bandwidth, SMs, L2 and clock from the "
+                   "data sheets; the output says when the checkpoint never saw a run on it "
+                   "(gpu_seen_in_training; the shipped one learnt from H200 and RTX 3090 runs; default h200)")
+    p.add_argument("--gpu-spec", default=None, metavar="FILE",
+                   help="any other GPU, as a YAML or JSON file: name, memory_gib, fp32_tflops, fp16_tflops "
+                   "(tensor, dense), bandwidth_gbps, sm_count, l2_mib, boost_clock_mhz, and optionally "
+                   "tf32_tflops and bf16_tflops (default: fp32's); replaces --gpu")
     p.add_argument("--host-stall", type=float, default=0.0, metavar="SECONDS",
                    help="seconds per step, on average, the GPU waits on the host: data loading, evaluation, "
                    "checkpointing (e.g. 0.25 s every 25 steps = 0.01); lowers utilisation (default 0)")
@@ -55,6 +60,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="job-scale checkpoint for --samples (default: the one shipped with dprobe; "
                    "train.py writes jobscale/jobscale.pt)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    from dprobe.profiling.dataparallel.cli import add_data_parallel_args  # --gpus, --nodes, --placement ...
+
+    add_data_parallel_args(p)
+    from dprobe.sharing.colocate import add_colocate_args  # --colocate OTHER: dprobe.sharing.colocate
+
+    add_colocate_args(p)
     p.set_defaults(func=run)
 
 
@@ -66,14 +77,32 @@ def predict_from_args(args: argparse.Namespace) -> JobPrediction:
     samples = read_gpu_samples(args.samples) if args.samples else None
     return predict_with_samples(args.model, args.batch, samples=samples, jobscale_checkpoint=args.jobscale_checkpoint,
                                 precision=args.precision, optimizer=args.optimizer, image=args.image, seq=args.seq,
-                                config_kwargs=args.config_kwargs, checkpoint=args.checkpoint, gpu=args.gpu,
+                                config_kwargs=args.config_kwargs, checkpoint=args.checkpoint, gpu=_gpu(args),
                                 host_stall_s=args.host_stall, host_factor=args.host_factor,
-                                grad_checkpointing=args.grad_checkpointing)
+                                grad_checkpointing=args.grad_checkpointing, search_batch=True)
+
+
+def _gpu(args: argparse.Namespace) -> object:
+    """``--gpu``'s key, or the spec ``--gpu-spec`` reads (its errors name the file and field)."""
+    from dprobe.profiling.coldstart.gpus import load_gpu_spec
+
+    if args.gpu_spec and args.gpu != "h200":
+        raise ValueError("give --gpu or --gpu-spec, not both")
+    return load_gpu_spec(args.gpu_spec) if args.gpu_spec else args.gpu
 
 
 def run(args: argparse.Namespace) -> int:
+    # data parallel (--gpus): dprobe.profiling.dataparallel.cli prints it
+    from dprobe.profiling.dataparallel.cli import refuse_without_gpus, run_data_parallel
     from dprobe.profiling.predict import StartedJobPrediction
 
+    refuse_without_gpus(args)
+    if getattr(args, "colocate", None):  # two jobs on one GPU: dprobe.sharing.colocate
+        from dprobe.sharing.colocate import run_colocate
+
+        return run_colocate(args, predict_from_args)
+    if getattr(args, "gpus", None) is not None:
+        return run_data_parallel(args, predict_from_args)
     p = predict_from_args(args)
     if args.json:
         print(json.dumps(p.as_dict()))
@@ -81,15 +110,18 @@ def run(args: argparse.Namespace) -> int:
     gib = 1 << 30
     stall = f", host stall {1000 * args.host_stall:g} ms a step" if args.host_stall else ""
     stall += f", host factor {args.host_factor:g}" if args.host_factor != 1.0 else ""
-    print(f"{args.model} batch {args.batch} {args.precision} {args.optimizer} on {args.gpu}{stall} ({p.method})")
+    print(f"{args.model} batch {args.batch} {args.precision} {args.optimizer} on {p.gpu}{stall} ({p.method})")
     print(f"  allocator peak  {p.peak_memory_bytes.p50 / gib:8.2f} GiB (p90 {p.peak_memory_bytes.p90 / gib:.2f})")
     print(f"  device memory   {p.device_memory_bytes.p50 / gib:8.2f} GiB (p90 {p.device_memory_bytes.p90 / gib:.2f})")
     print(f"  GPU utilisation {100 * p.gpu_utilization.p50:8.1f} %   (p90 {100 * p.gpu_utilization.p90:.1f})")
     print(f"  step time       {1000 * p.step_time_seconds.p50:8.1f} ms  (p90 {1000 * p.step_time_seconds.p90:.1f})")
     if p.fits != "yes":
         why = "out of memory: the allocator peak alone is more" if p.fits == "no" else "the device memory's p90 is more"
-        print(f"  {'will not fit' if p.fits == 'no' else 'may not fit'} on the {args.gpu.upper()} at batch "
+        print(f"  {'will not fit' if p.fits == 'no' else 'may not fit'} on the {p.gpu.upper()} at batch "
               f"{args.batch} ({why} than its {p.gpu_memory_bytes / gib:.1f} GiB); try a smaller --batch, bf16 or sgd")
+    if p.largest_batch is not None:
+        print(f"  largest batch predicted to fit: {p.largest_batch}" if p.largest_batch else
+              "  no batch is predicted to fit")
     if isinstance(p, StartedJobPrediction):
         js = p.job_scale
         mem, util = js.memory_plateau_bytes, js.gpu_utilization

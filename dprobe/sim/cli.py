@@ -7,6 +7,7 @@ import math
 import sys
 
 from dprobe.sim.fixed_cli import FIXED_HELP, add_fixed_arguments, check_mode, run_fixed
+from dprobe.sim.sharing_cli import SHARING_HELP, add_sharing_arguments, run_sharing
 
 DESCRIPTION = """Replay a cluster job log (Philly or ITP layout) through per-VC GPU quotas that a policy
 resets every --interval seconds, and report what each policy does to queueing and GPU use.
@@ -32,7 +33,7 @@ example:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("simulate", help="replay cluster job logs under GPU quota policies",
-                              description=f"{DESCRIPTION}\n\n{FIXED_HELP}",
+                              description=f"{DESCRIPTION}\n\n{FIXED_HELP}\n\n{SHARING_HELP}",
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     data = p.add_argument_group("jobs")
     data.add_argument("--data", metavar="DIR",
@@ -93,6 +94,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="static policy: share of the log, from its start, the percentile is taken over "
                      "(with --fixed: whose GPU-time sets the quotas; default: %(default)g)")
     add_fixed_arguments(p)
+    add_sharing_arguments(p)  # --sharing: dprobe.sim.sharing_cli
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print one JSON object instead of a Markdown table")
     out.add_argument("--per-vc", action="store_true", help="also report every VC")
@@ -185,6 +187,8 @@ def run(args: argparse.Namespace) -> int:
     )
     from dprobe.sim.report import markdown_table, plot_results, policy_report, print_report
 
+    if args.sharing:  # pods packed onto shared GPUs: dprobe.sim.sharing_cli
+        return run_sharing(args)
     names = _check(args)
     check_mode(args)
     if args.fixed:

@@ -36,7 +36,7 @@ from dprobe.sim.quota_split import FixedQuotaPolicy
 from dprobe.sim.scheduling import BACKFILL_DEPTH, DurationEstimator, Scheduling, SortedJobs, reservation
 from dprobe.sim.view import ClusterView, DemandHistory
 
-FINISH, DEMOTE, LENDABLE = 0, 1, 2  # heap event kinds
+FINISH, DEMOTE, LENDABLE, PROMOTE = 0, 1, 2, 3  # heap event kinds
 INCLUDED, OVER_CLUSTER, OVER_VC = 0, 1, 2  # why a job was excluded
 
 
@@ -135,6 +135,7 @@ class FixedResult:
     lent_gpu_seconds: float  # area under the GPUs held beyond quotas
     reclaim_preemptions: int  # jobs preempted to give lent GPUs back
     las_preemptions: int  # jobs preempted by a higher Tiresias queue of their own VC
+    promotions: int  # Tiresias: queued jobs promoted to the highest queue by the starvation guard
     quota_changes: np.ndarray  # (V,) decisions that changed the VC's quota
     gpus_moved: int  # GPUs of quota moved between VCs, over all decisions
     decision_times: np.ndarray  # (T,)
@@ -184,6 +185,7 @@ class _FixedCluster:
         self.epoch = [0] * n  # bumped at every start and stop: stale heap events are skipped
         self.alloc: list[list[tuple[int, int]] | None] = [None] * n
         self.attained = [0.0] * n  # GPU-seconds received (Tiresias)
+        self.base = [0.0] * n  # attained GPU-seconds when last promoted: the queue counts from there
         self.enqueued = [0.0] * n
         self.queued = [0.0] * n
         self.first_start = [math.nan] * n
@@ -200,7 +202,7 @@ class _FixedCluster:
         self.freed = False
         self.used_area = [0.0] * n_vcs
         self.restart_area = 0.0
-        self.reclaims = self.las_preempts = self.preemption_count = 0
+        self.reclaims = self.las_preempts = self.preemption_count = self.promotions = 0
         self.total_running = self.total_queued = 0
         if policy.lending and config.lend_delay > 0:  # the initial quotas, idle from the start
             heapq.heappush(self.events, (t0 + config.lend_delay, LENDABLE, 0, 0))
@@ -213,7 +215,7 @@ class _FixedCluster:
         if name == "qssf":
             return self.estimate[j] * self.size[j]
         if name == "tiresias":
-            return float(self.sched.level(self.attained[j]))
+            return float(self.sched.level(self.attained[j] - self.base[j]))
         return float(j)  # fifo, easy: submission order
 
     def idle(self, v: int) -> int:
@@ -270,6 +272,19 @@ class _FixedCluster:
         self.total_queued += 1
         self.dirty.add(v)
         self.note_idle(v, now)
+        if self.by_level is not None and self.attained[j] > self.base[j]:
+            wait = self.sched.promotion_wait(self.attained[j] / self.size[j])
+            if wait is not None and self.key(j) > 0:
+                heapq.heappush(self.events, (now + wait, PROMOTE, j, self.epoch[j]))
+
+    def promote(self, j: int, now: float) -> None:
+        """Tiresias' starvation guard: a job of a lower queue waited too long; it goes to the highest queue."""
+        v = self.vc[j]
+        self.queues[v].remove(j)
+        self.base[j] = self.attained[j]
+        self.queues[v].push(j, self.key(j))
+        self.promotions += 1
+        self.dirty.add(v)
 
     def start(self, j: int, alloc: list[tuple[int, int]], now: float) -> None:
         v, size = self.vc[j], self.size[j]
@@ -295,10 +310,12 @@ class _FixedCluster:
         self.note_idle(v, now)
 
     def _schedule_demotion(self, j: int, now: float) -> None:
-        att = self.attained[j] + self.size[j] * (now - self.run_start[j])
+        att = self.attained[j] - self.base[j] + self.size[j] * (now - self.run_start[j])
         threshold = self.sched.next_threshold(att)
         if threshold is not None:
-            at = now + (threshold - att) / self.size[j]
+            # at least 1 ms on: at epoch-second clocks, a crossing less than a float step away would round to
+            # now and be scheduled again at now for ever
+            at = max(now + (threshold - att) / self.size[j], now + 1e-3)
             if at < self.run_start[j] + self.remaining[j]:
                 heapq.heappush(self.events, (at, DEMOTE, j, self.epoch[j]))
 
@@ -306,7 +323,7 @@ class _FixedCluster:
         """A running job's GPU-seconds crossed a Tiresias threshold: it moves to the next queue."""
         v = self.vc[j]
         running = self.by_level[v]
-        level = float(self.sched.level(self.attained[j] + self.size[j] * (now - self.run_start[j])))
+        level = float(self.sched.level(self.attained[j] - self.base[j] + self.size[j] * (now - self.run_start[j])))
         if level != running.key(j):
             running.remove(j)
             running.push(j, level)
@@ -607,6 +624,8 @@ def simulate_fixed(jobs: JobTable, policy: FixedQuotaPolicy, config: FixedConfig
             elif kind == FINISH:
                 c.finish(who, now)
                 last_progress = now
+            elif kind == PROMOTE:
+                c.promote(who, now)
             else:
                 c.demote(who, now)
         while i < n_jobs and submit[i] == now:
@@ -629,7 +648,8 @@ def simulate_fixed(jobs: JobTable, policy: FixedQuotaPolicy, config: FixedConfig
             next_sample = t0 + samples * policy.history_step
         if next_decision == now:
             demand = np.array(c.used) + np.array(c.queued_gpus)
-            new = policy.decide(ClusterView(now=now, demand=demand, quota=np.array(c.q), history=history))
+            new = policy.decide(ClusterView(now=now, demand=demand, quota=np.array(c.q), history=history,
+                                            held=np.array(c.used)))
             if new is not None:
                 step, changed = c.set_quota(new, now)
                 moved += step
@@ -655,6 +675,7 @@ def simulate_fixed(jobs: JobTable, policy: FixedQuotaPolicy, config: FixedConfig
         preemptions=np.array(c.preempted, dtype=np.int64), end_time=end,
         used_gpu_seconds=np.array(c.used_area), restart_gpu_seconds=c.restart_area,
         lent_gpu_seconds=lent_area, reclaim_preemptions=c.reclaims, las_preemptions=c.las_preempts,
+        promotions=c.promotions,
         quota_changes=changes, gpus_moved=moved,
         decision_times=np.array(decision_times),
         quota_at_decision=np.array(quota_log, dtype=np.int64).reshape(n_dec, n_vcs).T,

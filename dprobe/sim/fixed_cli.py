@@ -6,9 +6,10 @@ import argparse
 import math
 import sys
 
-FIXED_HELP = """with --fixed: the cluster has --gpus GPUs (default: the log's peak demand, the most GPUs
-its jobs would hold at once if each started at submission, rounded up to whole nodes) on nodes of
---gpus-per-node; a job's GPUs go on as few nodes as possible (it waits while they are scattered). The
+FIXED_HELP = """with --fixed: the cluster has --gpus GPUs (default: the --gpus-percentile, 90, of the log's
+concurrent demand: the GPUs its jobs would hold if each started at submission, sampled every --interval
+from the first submission to the last, rounded up to whole nodes; so GPUs are short about a tenth of
+the time) on nodes of --gpus-per-node; a job's GPUs go on as few nodes as possible (it waits while they are scattered). The
 GPUs are split into VC quotas that sum to the total, and every --scheduling policy runs under every quota
 policy of --policies:
   static    quotas proportional to each VC's GPU-time in the first --static-warmup of the log; no lending
@@ -24,18 +25,25 @@ scheduling within a VC (--scheduling):
   qssf      least estimated GPU-time first (Helios): duration from the same user's finished jobs, else the
             VC's (the bundled logs have no user column: the VC's); nothing passes the head
   tiresias  discretised 2D-LAS: queues by GPU-seconds received (--las-thresholds, default 18000: two
-            queues), FIFO within a queue, higher queues preempt lower ones
+            queues), FIFO within a queue, higher queues preempt lower ones; a queued job of a lower queue
+            that has waited --starve-limit times as long as it has run goes back to the highest queue
   easy      EASY backfilling: FIFO, later jobs start if estimated (as qssf) not to delay the head
+--data may also be a helios-earth-vc directory: a job log is then derived from its per-minute VC counts
+(arrivals and departures from the changes of the job counts, oldest jobs leaving first; docs/simulate.md).
 A job asking for more GPUs than the cluster, or than its VC can ever hold (static: its quota), is
 excluded and counted. Reported per pair: queueing delay (mean, p95, p99), JCT, GPU utilisation,
 preemptions, GPUs of quota moved, GPU-hours lent; and the cuts against static and against reactive."""
 
 # the options of --fixed (flag: type, metavar, help); FIXED_HELP says more
 CLUSTER_OPTIONS = {
-    "--gpus": (int, "N", "the cluster's GPUs, a multiple of --gpus-per-node (default: the peak demand)"),
+    "--gpus": (int, "N", "the cluster's GPUs, a multiple of --gpus-per-node (default: --gpus-percentile)"),
+    "--gpus-percentile": (float, "P", "without --gpus, size the cluster at this percentile of the log's "
+                          "concurrent demand, rounded up to whole nodes (default: 90; 100: the peak)"),
     "--gpus-per-node": (int, "G", "GPUs per node; a job goes on as few nodes as possible (default: 8)"),
     "--scheduling": (str, "LIST", "of fifo,sjf,qssf,tiresias,easy, comma-separated (default: all five)"),
     "--las-thresholds": (str, "LIST", "tiresias: GPU-seconds that move a job down a queue (default: 18000)"),
+    "--starve-limit": (float, "K", "tiresias: a queued job of a lower queue that has waited K times as long as it "
+                       "has run is promoted to the highest queue (default: 2; 0: never)"),
 }
 LENDING_OPTIONS = {
     "--lend-delay": (float, "S", "seconds a VC's GPUs stay idle before they are lent (default: 300)"),
@@ -75,7 +83,12 @@ def check_mode(args: argparse.Namespace) -> None:
 
 
 def _schedulings(args: argparse.Namespace) -> list:
-    from dprobe.sim.scheduling import DEFAULT_LAS_THRESHOLDS, SCHEDULING_NAMES, Scheduling
+    from dprobe.sim.scheduling import (
+        DEFAULT_LAS_THRESHOLDS,
+        DEFAULT_STARVE_LIMIT,
+        SCHEDULING_NAMES,
+        Scheduling,
+    )
 
     names = [s.strip() for s in (args.scheduling or ",".join(SCHEDULING_NAMES)).split(",") if s.strip()]
     unknown = [s for s in names if s not in SCHEDULING_NAMES]
@@ -89,10 +102,14 @@ def _schedulings(args: argparse.Namespace) -> list:
         except ValueError:
             raise ValueError("--las-thresholds must be comma-separated GPU-seconds, "
                              f"got {args.las_thresholds!r}") from None
-    return [Scheduling(n, thresholds) for n in dict.fromkeys(names)]
+    starve = DEFAULT_STARVE_LIMIT if args.starve_limit is None else args.starve_limit
+    return [Scheduling(n, thresholds, starve) for n in dict.fromkeys(names)]
 
 
-def peak_total_demand(jobs) -> int:
+DEFAULT_GPUS_PERCENTILE = 90.0
+
+
+def _peak(jobs) -> int:
     """The most GPUs the log's jobs would hold at once if each started at submission."""
     import numpy as np
 
@@ -100,6 +117,30 @@ def peak_total_demand(jobs) -> int:
 
     one = JobTable(jobs.job_ids, np.zeros_like(jobs.vc), jobs.submit, jobs.duration, jobs.gpus, ["all"])
     return int(peak_demand(one)[0]) if len(jobs) else 0
+
+
+def concurrent_demand(jobs, step: float):
+    """The GPUs all the log's jobs would hold if each started at submission (no queueing), sampled every
+    ``step`` seconds from the first submission to the last."""
+    import numpy as np
+
+    from dprobe.sim.jobs import JobTable, sample_step_function, unconstrained_demand
+
+    if not len(jobs):
+        return np.zeros(0)
+    one = JobTable(jobs.job_ids, np.zeros_like(jobs.vc), jobs.submit, jobs.duration, jobs.gpus, ["all"])
+    times, values = unconstrained_demand(one, 1)
+    grid = np.arange(float(jobs.submit[0]), float(jobs.submit[-1]) + step, step)
+    return sample_step_function(times[0], values[0], grid).astype(np.float64)
+
+
+def default_gpus(jobs, percentile: float, step: float, per_node: int) -> int:
+    """The cluster size of the rule: the ``percentile`` of :func:`concurrent_demand` (100: the peak), rounded
+    up to whole nodes, at least one node."""
+    import numpy as np
+
+    level = _peak(jobs) if percentile == 100 else float(np.percentile(concurrent_demand(jobs, step), percentile))
+    return max(1, math.ceil(level / per_node)) * per_node
 
 
 def run_fixed(args: argparse.Namespace, names: list[str], settings, policy_doc: dict) -> int:
@@ -123,15 +164,20 @@ def run_fixed(args: argparse.Namespace, names: list[str], settings, policy_doc: 
     restart = 60.0 if args.restart_cost is None else args.restart_cost
     FixedConfig(gpus=args.gpus or per_node, gpus_per_node=per_node, interval=args.interval,
                 lend_delay=lend_delay, restart_cost=restart)  # checks the options before the log is read
+    if args.gpus is not None and args.gpus_percentile is not None:
+        raise ValueError("give --gpus or --gpus-percentile, not both")
+    percentile = DEFAULT_GPUS_PERCENTILE if args.gpus_percentile is None else args.gpus_percentile
+    if not 0 < percentile <= 100:
+        raise ValueError(f"--gpus-percentile must be in (0, 100], got {percentile:g}")
     if args.plot:
         check_plot_path(args.plot)
     horizon = args.horizon or args.interval
     setup = (forecast_setup(checkpoint_path(args.checkpoint), args.interval, horizon, args.quantile)
              if "forecast" in names else None)
-    dataset, directory, jobs = load_selected(args.data, args.vc, args.days, args.start_day)
+    dataset, directory, jobs = load_selected(args.data, args.vc, args.days, args.start_day, derive=True)
     check_span(jobs, min(args.interval, setup.history_step if setup else math.inf))
-    peak = peak_total_demand(jobs)
-    gpus = args.gpus or max(1, math.ceil(peak / per_node)) * per_node
+    peak = _peak(jobs)
+    gpus = args.gpus or default_gpus(jobs, percentile, args.interval, per_node)
     shares = static_shares(jobs, gpus, args.static_warmup)
     most = np.full(len(jobs.vc_names), args.max_gpus) if args.max_gpus else peak_demand(jobs)
     max_gpus = np.minimum(most, gpus)
@@ -156,9 +202,12 @@ def run_fixed(args: argparse.Namespace, names: list[str], settings, policy_doc: 
         "log_days": float(jobs.submit[-1] - jobs.submit[0]) / DAY,
         "forecaster": setup.name if setup else None,
         "settings": {
-            "gpus": gpus, "gpus_from": "--gpus" if args.gpus else "peak demand", "peak_demand_gpus": peak,
+            "gpus": gpus,
+            "gpus_from": "--gpus" if args.gpus else f"p{percentile:g} of the concurrent demand, whole nodes",
+            "peak_demand_gpus": peak,
             "gpus_per_node": per_node, "nodes": gpus // per_node,
             "scheduling": [s.name for s in scheds], "las_thresholds": list(scheds[0].las_thresholds),
+            "starve_limit": scheds[0].starve_limit,
             "interval_seconds": args.interval, "horizon_seconds": horizon, "quantile": args.quantile,
             "lend_delay_seconds": lend_delay, "preempt": args.preempt, "restart_cost_seconds": restart,
             "static_warmup": args.static_warmup,

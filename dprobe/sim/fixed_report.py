@@ -48,6 +48,7 @@ def summarise_fixed(result: FixedResult, vc: int | None = None) -> dict:
             "gpu_utilization": used / (result.gpus * span) if span > 0 else None,
             "reclaim_preemptions": result.reclaim_preemptions,
             "las_preemptions": result.las_preemptions,
+            "starvation_promotions": result.promotions,
             "restart_gpu_hours": result.restart_gpu_seconds / 3600,
             "quota_changes": int(result.quota_changes.sum()),
             "gpus_moved": result.gpus_moved,

@@ -12,6 +12,7 @@ from dprobe.data import DatasetError, detect_dataset, load_itp, load_philly, reg
 
 JOB_LOADERS = {"philly-jobs": load_philly, "itp-elasticflow": load_itp}
 DEFAULT_DATASET = "philly-jobs"
+DERIVED_DATASET = "helios-earth-vc"  # per-minute VC counts a job log is derived from (dprobe.sim.helios_jobs)
 DAY = 86400.0
 
 
@@ -88,21 +89,27 @@ def bundled_dir(folder: str = DEFAULT_DATASET) -> Path:
     return registry.bundled_dir(folder, "pass --data")
 
 
-def load_jobs(directory: str | Path) -> tuple[str, JobTable]:
-    """The data set's name and its jobs, for a directory laid out like philly-jobs or itp-elasticflow."""
+def load_jobs(directory: str | Path, derive: bool = False) -> tuple[str, JobTable]:
+    """The data set's name and its jobs, for a directory laid out like philly-jobs or itp-elasticflow, or
+    with ``derive`` like helios-earth-vc (a log derived from its per-minute counts, :mod:`dprobe.sim.helios_jobs`)."""
     name = detect_dataset(directory)
+    if name == DERIVED_DATASET and derive:  # no job log: one rebuilt from the per-minute counts (assumptions there)
+        from dprobe.sim.helios_jobs import derive_jobs
+
+        return f"{name} (derived jobs)", JobTable.from_frame(derive_jobs(directory)[0])
     if name not in JOB_LOADERS:
+        hint = "; with --fixed a job log is derived from it" if name == DERIVED_DATASET else ""
         raise DatasetError(f"{directory}: holds {name}, not a job log (expected the layout of "
-                           f"{' or '.join(JOB_LOADERS)})")
+                           f"{' or '.join(JOB_LOADERS)}){hint}")
     return name, JobTable.from_frame(JOB_LOADERS[name](Path(directory)))
 
 
 def load_selected(directory: str | None, vcs: list[str] | None = None, days: float | None = None,
-                  start_day: float = 0.0) -> tuple[str, str, JobTable]:
+                  start_day: float = 0.0, derive: bool = False) -> tuple[str, str, JobTable]:
     """The data set's name, the directory (default: the bundled Philly log) and its jobs selected as
-    :meth:`JobTable.select`; a ValueError when the selection holds none."""
+    :meth:`JobTable.select` (``derive``: as :func:`load_jobs`); a ValueError when the selection holds none."""
     directory = directory or str(bundled_dir())
-    dataset, jobs = load_jobs(directory)
+    dataset, jobs = load_jobs(directory, derive)
     jobs = jobs.select(vcs, days, start_day)
     if not len(jobs):
         raise ValueError(f"{directory}: no jobs to simulate with these --vc / --days")

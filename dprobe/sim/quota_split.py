@@ -87,9 +87,10 @@ class Lending(FixedQuotaPolicy):
 
 
 class ForecastShares(Lending):
-    """Quotas moved every decision: the scaler's per-VC targets on the forecast demand (``inner``), normalised
-    to the total. Spare GPUs (targets summing to less) go out in proportion to the static shares; targets
-    summing to more are scaled down in proportion. Each VC's recommender is told the quota actually set."""
+    """Quotas moved every decision: per VC, the scaler's target on the forecast demand (``inner``), and never
+    less than the VC asks now (GPUs held + queued, up to its ``max_gpus``), normalised to the total. Spare GPUs
+    (wants summing to less) go out in proportion to the static shares; wants summing to more are scaled down
+    in proportion. Each VC's recommender is told the quota actually set."""
 
     name = "forecast"
 
@@ -100,10 +101,18 @@ class ForecastShares(Lending):
 
     def decide(self, view: ClusterView) -> np.ndarray:
         targets = np.asarray(self.inner.decide(view), dtype=np.int64)
-        quota = normalise(targets, self.total, self.shares)
+        quota = normalise(wants(targets, view.demand, self.inner.max_gpus), self.total, self.shares)
         for v, rec in enumerate(self.inner.recommenders):
             rec.applied(view.now, int(targets[v]), int(quota[v]))
         return quota
+
+
+def wants(targets: np.ndarray, demand_now: np.ndarray, max_gpus: np.ndarray) -> np.ndarray:
+    """What each VC is planned for: the forecast target, or what it asks now if more (queued jobs are certain
+    demand; the scaler's step limits are for GPUs that take time to come up, not for GPUs that exist), at most
+    its ``max_gpus``; never below the target."""
+    now = np.minimum(np.asarray(demand_now, dtype=np.int64), max_gpus)
+    return np.maximum(np.asarray(targets, dtype=np.int64), now)
 
 
 def normalise(targets: np.ndarray, total: int, shares: np.ndarray) -> np.ndarray:

@@ -9,7 +9,10 @@ Five policies, each as schedulers of GPU clusters describe it:
   VC, else of the whole cluster (:class:`DurationEstimator`); nothing passes the head.
 - ``tiresias``: Tiresias' discretised two-dimensional least-attained-service: a job's priority queue
   is set by the GPU-seconds it has received (``thresholds``), FIFO within a queue, and a job of a
-  higher queue preempts running jobs of lower ones (they resume later, paying the restart cost).
+  higher queue preempts running jobs of lower ones (they resume later, paying the restart cost). Its
+  starvation guard (the Tiresias paper's STARVELIMIT): a job of a lower queue that has waited
+  ``starve_limit`` times as long as it has run is promoted to the highest queue, its attained service
+  counted afresh from there.
 - ``easy``: EASY backfilling: FIFO, the head job holds a reservation at the time the VC's running
   jobs are estimated to leave it room (estimates as ``qssf``'s), and a later job may start now if it
   is estimated to end before then or fits in what the head leaves over.
@@ -25,6 +28,9 @@ from dataclasses import dataclass
 SCHEDULING_NAMES: tuple[str, ...] = ("fifo", "sjf", "qssf", "tiresias", "easy")
 # Tiresias' queue thresholds in GPU-seconds: 2 queues split at 5 GPU-hours, as Helios' simulator runs it
 DEFAULT_LAS_THRESHOLDS: tuple[float, ...] = (18000.0,)
+# Tiresias' starvation guard: a queued job of a lower queue is promoted once it has waited this many times as
+# long as it has run (0: never)
+DEFAULT_STARVE_LIMIT = 2.0
 PRIOR_SECONDS = 3600.0  # a duration estimate before any job has finished
 BACKFILL_DEPTH = 100  # queued jobs a pass looks at past the first that cannot start (Slurm's bf_max_job_test)
 
@@ -35,6 +41,7 @@ class Scheduling:
 
     name: str
     las_thresholds: tuple[float, ...] = DEFAULT_LAS_THRESHOLDS
+    starve_limit: float = DEFAULT_STARVE_LIMIT  # tiresias: promote after waiting this many times its run time
 
     def __post_init__(self) -> None:
         if self.name not in SCHEDULING_NAMES:
@@ -43,6 +50,8 @@ class Scheduling:
         t = self.las_thresholds
         if not t or any(not (math.isfinite(x) and x > 0) for x in t) or list(t) != sorted(set(t)):
             raise ValueError(f"LAS thresholds must be increasing positive GPU-seconds, got {list(t)}")
+        if not (math.isfinite(self.starve_limit) and self.starve_limit >= 0):
+            raise ValueError(f"--starve-limit must be a number >= 0 (0: no promotion), got {self.starve_limit:g}")
 
     @property
     def uses_estimates(self) -> bool:
@@ -51,6 +60,11 @@ class Scheduling:
     def level(self, attained: float) -> int:
         """Tiresias' queue (0: highest) for a job that has received ``attained`` GPU-seconds."""
         return bisect.bisect_right(self.las_thresholds, attained + 1e-6)
+
+    def promotion_wait(self, run_seconds: float) -> float | None:
+        """Seconds a queued job of a lower queue that has run ``run_seconds`` waits before it is promoted to the
+        highest queue (None: never)."""
+        return self.starve_limit * run_seconds if self.starve_limit > 0 else None
 
     def next_threshold(self, attained: float) -> float | None:
         """The GPU-seconds at which a job leaves its queue for the next (None: the last queue)."""

@@ -39,3 +39,4 @@ class ClusterView:
     demand: np.ndarray  # GPUs held by running jobs + GPUs asked by queued jobs
     quota: np.ndarray  # the quota last set (GPUs in service + GPUs still coming up)
     history: DemandHistory | None  # None unless the policy asked for one
+    held: np.ndarray | None = None  # GPUs held by the VC's running jobs (the fixed-size cluster sets it)

@@ -1,14 +1,17 @@
 """Cold-start job profiler: a training job's memory, utilisation and step time from its model alone.
 
 Prediction (``predict``) reads the replay (``replay``, ``memtrack``, ``allocator``, ``autocast``,
-``graph_estimate``), the job's features (``features``, ``gpus``) and the learned residual model
-(``model``, ``residual``, ``checkpoint``); training (``dataset``, ``fit``, ``crossval``, ``train``,
-``report``) builds on those and is never imported by prediction."""
+``graph_estimate``), the job's features (``features``, ``gpus``: the GPUs' figures and ``--gpu-spec``
+files) and the learned residual model (``model``, ``residual``, ``checkpoint``); training (``dataset``,
+``timm_bench``: timm training benchmarks on other GPUs, ``fit``, ``crossval``, ``train``, ``report``)
+builds on those and is never imported by prediction."""
 
 from dprobe.core.lazy import lazy_exports
 
 _EXPORTS = {
     "family_of": "dprobe.profiling.coldstart.features",
+    "GPUS": "dprobe.profiling.coldstart.gpus", "load_gpu_spec": "dprobe.profiling.coldstart.gpus",
+    "load_timm_bench": "dprobe.profiling.coldstart.timm_bench",
     "predict_job": "dprobe.profiling.coldstart.predict", "JobPrediction": "dprobe.profiling.coldstart.predict",
     "ReplayEstimate": "dprobe.profiling.coldstart.replay", "replay_training_step": "dprobe.profiling.coldstart.replay",
     "cross_validate": "dprobe.profiling.coldstart.crossval", "train_coldstart": "dprobe.profiling.coldstart.train",

@@ -10,7 +10,7 @@ from dprobe.profiling.coldstart.features import FEATURES
 from dprobe.profiling.coldstart.model import ColdStartEnsemble, build_member
 
 KIND = "dprobe-coldstart"
-VERSION = 4  # 4: the memory head sees the op-mix shares
+VERSION = 5  # 4: the memory head sees the op-mix shares; 5: no GPU-name features, fp16 and bf16 one "half"
 
 
 def load_checkpoint(path: str | Path) -> tuple[ColdStartEnsemble, dict[str, Any]]:

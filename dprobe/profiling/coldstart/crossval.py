@@ -79,7 +79,7 @@ def _score_fold(test: np.ndarray, train: np.ndarray, max_epochs: int, seed: int,
 def cross_validate(data_dir: str, cache_dir: str | Path, max_epochs: int = 400, seed: int = 0,
                    ds: ProfileDataset | None = None, progress: bool = True, train_families: int | None = None,
                    calibrate: bool = True, folds: int | None = None, workers: int | None = 1,
-                   **hparams: Any) -> CrossValidation:
+                   trainable: np.ndarray | None = None, **hparams: Any) -> CrossValidation:
     """Leave-model-family-out: each family is scored by a model trained on the other families only
     (``progress``: a bar over the folds). ``folds``: deal the families at random (seeded by ``seed``)
     into that many groups and leave out one group at a time instead, which is quicker with many families
@@ -87,7 +87,8 @@ def cross_validate(data_dir: str, cache_dir: str | Path, max_epochs: int = 400, 
     other families, drawn at random, to see how the errors fall with more families. ``calibrate=False``
     skips the p90 calibration (its p90 coverage is then not meaningful; the p50 is the same, and quicker).
     ``workers``: folds fitted in that many processes at once (1: none; None: one per core, at most four;
-    the scores do not depend on it)."""
+    the scores do not depend on it). ``trainable``: a mask of the runs a fold may learn from (e.g. one
+    GPU's, to score the others as a GPU no training run was on); every run is still predicted."""
     from dprobe.core.workers import map_folds, resolve_workers
 
     hp = {**DEFAULTS, **hparams}
@@ -103,7 +104,8 @@ def cross_validate(data_dir: str, cache_dir: str | Path, max_epochs: int = 400, 
         others = sorted(set(fams) - set(fams[test]))
         if train_families is not None:
             others = list(rng.choice(others, size=min(train_families, len(others)), replace=False))
-        plans.append((test, np.where(np.isin(fams, others))[0]))
+        train = np.isin(fams, others) if trainable is None else np.isin(fams, others) & trainable
+        plans.append((test, np.where(train)[0]))
     score = partial(_score_fold, max_epochs=max_epochs, seed=seed, hp=hp, calibrate=calibrate, ds=ds)
     scored = map_folds(score, plans, resolve_workers(workers), "cold start, leave-family-out", progress)
     for (test, _), (fold_p50, fold_p90, fold_typical) in zip(plans, scored, strict=True):

@@ -8,7 +8,7 @@ import contextlib
 import logging
 import time
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,19 @@ class ProfileDataset:
     gpus: list[str]  # the GPU each run was measured on
     machines: list[str]  # the machine (a collection of runs measured on one host)
     skipped: list[str] = field(default_factory=list)  # runs left out, each with its reason
+
+
+def arch_family(lib: str, model: str) -> str:
+    """The family a run is held out with: a timm model's module (resnet50 and resnet18d: "resnet"; ViT-S and
+    DeiT-B: "vision_transformer" / "deit"), as timm benchmarks group them; any other model's name stem
+    (:func:`family_of`)."""
+    if lib == "timm":
+        from dprobe.profiling.coldstart.timm_bench import timm_module
+
+        module = timm_module(model)
+        if module:
+            return module
+    return family_of(model)
 
 
 def measured(y: np.ndarray) -> np.ndarray:
@@ -157,7 +170,7 @@ def load_dataset(data_dir: str, cache_dir: str | Path, progress: bool = True,
         bases.append(baseline(est, f))
         ys.append([row["peak_alloc_bytes"], row["nvml_used_bytes_steps"],
                    row["gpu_util_pct_steps"] / 100.0, row["step_time_median_s"]])
-        fams.append(family_of(str(row["model"])))
+        fams.append(arch_family(str(row["lib"]), str(row["model"])))
         ids.append(str(row["run_id"]))
     log.info("features of %d runs in %.1f s", len(ids), time.time() - t0)
     if not ids:
@@ -169,5 +182,74 @@ def load_dataset(data_dir: str, cache_dir: str | Path, progress: bool = True,
     ds = make_dataset(graphs, np.array(feats), np.array(bases), np.array(ys), fams, ids,
                       models=[str(m) for m in kept["model"]], batch=kept["batch"].to_numpy(),
                       stall=kept["host_stall_s"].to_numpy(dtype=np.float64), gpus=gpus, machines=machines)
+    ds.skipped = skipped
+    return ds
+
+
+def concat_datasets(parts: list[ProfileDataset]) -> ProfileDataset:
+    """Several training sets as one (their runs in order; run ids must differ)."""
+    if len(parts) == 1:
+        return parts[0]
+    ids = [r for p in parts for r in p.run_ids]
+    if len(set(ids)) != len(ids):
+        raise ValueError("the training sets share run ids")
+    arrays = ("feats", "base", "y", "y_fit", "valid", "stall", "batch")
+    lists = ("graphs", "families", "run_ids", "models", "gpus", "machines", "skipped")
+    return ProfileDataset(**{k: np.concatenate([getattr(p, k) for p in parts]) for k in arrays},
+                          **{k: [v for p in parts for v in getattr(p, k)] for k in lists})
+
+
+def load_benchmark_dataset(directory: str | Path, memory_format: str = "nchw",
+                           progress: bool = True) -> ProfileDataset:
+    """The runs of a timm training benchmark folder (:mod:`~dprobe.profiling.coldstart.timm_bench`, e.g.
+    datasets/timm-train-rtx3090) as training rows: step time only (memory and utilisation not measured
+    there), families by timm module, the GPU of its ``stack.json``, replays from its cache (a job not in
+    it is replayed here). A model this timm cannot build or replay is left out and listed in ``skipped``.
+    Graphs are not traced (None): these rows serve models without a graph embedding."""
+    from dprobe.profiling.coldstart.gpus import GPUS
+    from dprobe.profiling.coldstart.timm_bench import (
+        REPLAYS,
+        fused_attention,
+        load_timm_bench,
+        read_replays,
+        replay_key,
+        replay_one,
+    )
+
+    bench = load_timm_bench(directory, memory_format)
+    stack = bench.stack
+    key = str(stack["gpu"])
+    if key not in GPUS:
+        raise ValueError(f"{directory}: stack.json names the GPU {key!r}, which dprobe has no spec for "
+                         f"({', '.join(GPUS)})")
+    gpu = replace(GPUS[key], memory_bytes=float(stack["gpu_memory_bytes"]))
+    cache = read_replays(Path(directory) / REPLAYS)
+    precision, optimizer, fused = str(stack["precision"]), str(stack["optimizer"]), fused_attention(stack)
+    feats, bases, ys, fams, ids, models, batches, skipped = [], [], [], [], [], [], [], []
+    for r in tqdm(bench.runs.itertuples(), total=len(bench.runs), desc="benchmark runs", unit="run",
+                  leave=False, disable=not progress):
+        rec = cache.get(replay_key(r.model, int(r.batch), int(r.image), precision, optimizer, fused))
+        if rec is None:
+            rec = replay_one(r.model, int(r.batch), int(r.image), precision, optimizer, fused)
+        if "error" in rec:
+            skipped.append(f"{key} benchmark, timm:{r.model} batch {r.batch}: {rec['error']}")
+            continue
+        est = ReplayEstimate.from_dict(rec["est"])
+        f = job_features(est, int(r.batch), precision, optimizer, gpu,
+                         cudnn_benchmark=bool(stack.get("cudnn_benchmark", False)))
+        feats.append(f)
+        bases.append(baseline(est, f))
+        ys.append([np.nan, np.nan, np.nan, r.step_time_s])
+        fams.append(str(r.family))
+        ids.append(f"{key}:{r.model}")
+        models.append(str(r.model))
+        batches.append(int(r.batch))
+    if skipped:
+        log.warning("%d of %d runs of %s left out (their models could not be built or replayed here)",
+                    len(skipped), len(bench.runs), directory)
+    n = len(ids)
+    ds = make_dataset([None] * n, np.array(feats).reshape(n, -1), np.array(bases).reshape(n, 4),
+                      np.array(ys).reshape(n, 4), fams, ids, models=models, batch=np.array(batches),
+                      gpus=[key] * n, machines=[f"{key} benchmark"] * n)
     ds.skipped = skipped
     return ds

@@ -15,21 +15,25 @@ from dprobe.profiling.coldstart.gpus import GPUSpec
 from dprobe.profiling.coldstart.memtrack import BACKWARD, FORWARD, OP_CLASSES, OPTIMIZER, TENSOR_CORE_CLASSES
 from dprobe.profiling.coldstart.replay import TWO_STATE_OPTIMIZERS, ReplayEstimate, replay_training_step
 
-BF16 = ("bf16", "bf16-pure")  # the precisions the "bf16" feature marks: bf16 kernels (the replay has the bytes)
+BF16 = ("bf16", "bf16-pure")  # bf16 kernels (the job-scale features mark them)
+HALF = ("bf16", "fp16", "bf16-pure")  # the precisions the "half" feature marks: autocast's tensor-core kernels
 LAUNCH_S = 4e-6  # GPU-side cost of one kernel (launch latency, tail)
 # host time to issue one op from eager PyTorch: forward ops (Python, autograd recording), backward ops
 # (C++ autograd engine), optimizer ops (foreach)
 HOST_S = {FORWARD: 15e-6, BACKWARD: 8e-6, OPTIMIZER: 10e-6}
-FEATURES = ["log_peak", "log_reserved", "log_params", "log_state", "log_act", "log_batch", "bf16", "fp16",
+# No feature names the GPU: it enters through the roofline (FLOPs over its peaks, bytes over its bandwidth,
+# per kernel), so that one learnt correction serves every GPU, those no training run was on included.
+# fp16 and bf16 are one feature ("half"): the same autocast rules and tensor cores, each at its own peak.
+FEATURES = ["log_peak", "log_reserved", "log_params", "log_state", "log_act", "log_batch", "half",
             "adamw", "cudnn_benchmark", "log_flops", "log_t_compute", "log_t_memory", "log_t_gpu",
-            "log_t_host", "log_t_roof", "log_kernels", "act_share", "log_gpu_mem", "log_peak_flops",
+            "log_t_host", "log_t_roof", "log_kernels", "act_share",
             "share_conv", "share_conv_grouped", "share_matmul", "share_norm",
             "log_kernels_forward", "log_kernels_backward", "log_kernels_optimizer"]
 
 # what the memory residuals may depend on: the job's shape and its op mix (the roofline's GPU-time shares
 # of convolutions and matmuls, whose libraries keep workspaces of their own), not its host timing
-MEMORY_FEATURES = ["log_peak", "log_reserved", "log_params", "log_state", "log_act", "log_batch", "bf16", "fp16",
-                   "adamw", "cudnn_benchmark", "log_kernels", "act_share", "log_gpu_mem",
+MEMORY_FEATURES = ["log_peak", "log_reserved", "log_params", "log_state", "log_act", "log_batch", "half",
+                   "adamw", "cudnn_benchmark", "log_kernels", "act_share",
                    "share_conv", "share_conv_grouped", "share_matmul"]
 
 
@@ -37,16 +41,17 @@ def roofline_seconds(est: ReplayEstimate, precision: str, gpu: GPUSpec, tf32: bo
     """Per-kernel roofline of one step: GPU busy time, host issue time, and the step (the larger of the two).
 
     Each kernel takes max(FLOPs / peak, bytes / bandwidth) plus a launch cost; bf16 / fp16 kernels run at
-    the tensor-core peak, fp32 matmuls and convolutions at the TF32 peak when ``tf32`` (as
+    their tensor-core peak (:meth:`GPUSpec.peak_half`), fp32 matmuls and convolutions at the TF32 peak when ``tf32`` (as
     ``torch.backends.cuda.matmul.allow_tf32``), everything else at the fp32 vector peak.
     """
     ops = np.asarray(est.ops, dtype=np.float64).reshape(-1, 5)
     phase, cls, low, flops, moved = ops.T
     tensor = np.isin(cls, TENSOR_CORE_CLASSES)
     fp32_mm = gpu.peak_flops_tf32 if tf32 else gpu.peak_flops_fp32
-    peak = np.where(tensor, np.where(low > 0, gpu.peak_flops_bf16, fp32_mm), gpu.peak_flops_fp32)
+    half = gpu.peak_half(precision)
+    peak = np.where(tensor, np.where(low > 0, half, fp32_mm), gpu.peak_flops_fp32)
     # fused attention kernels do not dispatch on meta: forward + backward ~ 3.5 forwards
-    attn_peak = fp32_mm if precision == "fp32" else gpu.peak_flops_bf16
+    attn_peak = fp32_mm if precision == "fp32" else half
     t_attention = 3.5 * est.attention_flops / attn_peak
     t_compute = float(np.sum(flops / peak)) + t_attention
     t_memory = float(np.sum(moved / gpu.bandwidth))
@@ -67,10 +72,10 @@ def job_features(est: ReplayEstimate, batch: int, precision: str, optimizer: str
     t = roofline_seconds(est, precision, gpu)
     lg = math.log
     return [lg(est.peak_bytes), lg(est.reserved_bytes), lg(est.param_bytes), lg(max(est.state_bytes, 1.0)),
-            lg(max(est.activation_bytes, 1.0)), lg(batch), float(precision in BF16), float(precision == "fp16"),
+            lg(max(est.activation_bytes, 1.0)), lg(batch), float(precision in HALF),
             float(optimizer in TWO_STATE_OPTIMIZERS), float(cudnn_benchmark), lg(max(est.flops, 1.0)),
             *(lg(max(t[k], 1e-7)) for k in ("compute", "memory", "gpu", "host", "roof")), lg(max(est.kernels, 1.0)),
-            est.activation_bytes / max(est.peak_bytes, 1.0), lg(gpu.memory_bytes), lg(gpu.peak_flops_bf16),
+            est.activation_bytes / max(est.peak_bytes, 1.0),
             t["share_conv"], t["share_conv_grouped"], t["share_matmul"], t["share_norm"],
             *(lg(max(t[f"kernels_{p}"], 1.0)) for p in ("forward", "backward", "optimizer"))]
 

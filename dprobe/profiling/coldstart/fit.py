@@ -157,3 +157,26 @@ def _fit_member(ds: ProfileDataset, idx: np.ndarray, max_epochs: int, seed: int,
         loss.backward()
         opt.step()
     return model.eval()
+
+
+def unseen_gpu_shift(ds: ProfileDataset, max_epochs: int, seed: int, hp: dict[str, Any]) -> dict[str, float]:
+    """How much wider (added to the p90 residual, per target) a prediction's p90 must be on a GPU no
+    training run was on: each GPU of ``ds`` held out in turn, the model fitted (and calibrated) on the
+    others' runs, the shift that makes its p90 cover 90 % of the held-out GPU's runs; the largest over
+    GPUs, never below 0. A target gets none unless a held-out GPU and the others both measured it
+    (``{}`` with fewer than two GPUs)."""
+    gpus = sorted(set(ds.gpus))
+    if len(gpus) < 2:
+        return {}
+    shifts: dict[str, float] = {}
+    for gpu in gpus:
+        held = np.flatnonzero(np.asarray(ds.gpus) == gpu)
+        train = np.flatnonzero(np.asarray(ds.gpus) != gpu)
+        model = fit(ds, train, max_epochs, seed, hp)
+        with torch.no_grad():
+            p90 = model(None, torch.tensor(ds.feats[held], dtype=torch.float32))[..., 1].numpy()
+        score = np.where(ds.valid[held], to_residual(ds.y_fit[held], ds.base[held]) - p90, np.nan)
+        for t, name in enumerate(TARGETS):  # where both the held-out GPU and the others measured it
+            if np.isfinite(score[:, t]).sum() >= 10 and ds.valid[train, t].sum() >= 10:
+                shifts[name] = max(shifts.get(name, 0.0), float(conformal_shift(score[:, t], 0.9)), 0.0)
+    return shifts

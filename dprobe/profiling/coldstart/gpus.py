@@ -1,4 +1,5 @@
-"""The GPUs dprobe has figures for: memory, peak FLOP/s and bandwidth, and how NVML names them.
+"""The GPUs dprobe has figures for, as features: memory, peak FLOP/s per precision, bandwidth, SMs, L2,
+clocks; how NVML names them; and a spec file (``--gpu-spec``) for any other GPU.
 
 Plain data without torch, so that a sidecar installed without it (deploy/requirements-services.txt)
 still checks the ``gpu=`` of a job.
@@ -6,43 +7,166 @@ still checks the ``gpu=`` of a job.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+GIB = 1 << 30
 
 
 @dataclass(frozen=True)
 class GPUSpec:
-    """Device memory, dense peak FLOP/s (bf16 / fp16, TF32, fp32 vector) and memory bandwidth."""
+    """A GPU as the roofline and the learned model see it (dense peaks, no sparsity).
+
+    ``peak_flops_fp16`` / ``peak_flops_bf16``: tensor-core matrix FLOP/s with fp32 accumulation (what
+    autocast's matmuls and convolutions get; a GPU without bf16 tensor cores has its fp32 figure there);
+    ``peak_flops_tf32``: fp32 matmuls with TF32 allowed (the fp32 figure where there is no TF32);
+    ``peak_flops_fp32``: vector fp32, everything else.
+    """
 
     memory_bytes: float
     peak_flops_bf16: float
     peak_flops_tf32: float
     peak_flops_fp32: float
-    bandwidth: float
+    bandwidth: float  # bytes/s of device memory
+    peak_flops_fp16: float = 0.0  # 0: as bf16
+    sm_count: int = 0  # 0: not given
+    l2_bytes: float = 0.0
+    boost_clock_mhz: float = 0.0
+    name: str = ""
+
+    def peak_half(self, precision: str) -> float:
+        """Tensor-core peak of an autocast precision: fp16's own where given, else bf16's."""
+        return self.peak_flops_fp16 if precision == "fp16" and self.peak_flops_fp16 > 0 else self.peak_flops_bf16
 
 
-# memory as NVML reports it (the measured figure replaces it for a collection's runs); dense tensor-core
-# FLOP/s (no sparsity) and bandwidth from the vendor's data sheets. Only H200 runs are bundled: the others
-# change the roofline, not the learned corrections (see docs/graph-and-coldstart.md, Known gaps).
+# Vendor data sheets (dense tensor FLOP/s, boost clock). Memory as NVML reports it where known (the measured
+# figure replaces it for a collection's runs). H100/H200: "NVIDIA H100 Tensor Core GPU" and H200 data sheets
+# (SXM); A100: "NVIDIA A100 Tensor Core GPU" data sheet (80GB SXM); L40S, A10, L4, T4: their product data
+# sheets; RTX 3090: "NVIDIA Ampere GA102 GPU Architecture" whitepaper, appendix A (GeForce: fp16/bf16 tensor
+# with fp32 accumulate at half the fp16-accumulate rate).
 GPUS = {
-    "h200": GPUSpec(150109880320, 989e12, 494e12, 67e12, 4.8e12),
-    "h100": GPUSpec(85520809984, 989e12, 494e12, 67e12, 3.35e12),
-    "a100": GPUSpec(85899345920, 312e12, 156e12, 19.5e12, 2.0e12),
-    "l40s": GPUSpec(48305799168, 362e12, 183e12, 91.6e12, 864e9),
-    "a10": GPUSpec(24146608128, 125e12, 62.5e12, 31.2e12, 600e9),
-    "l4": GPUSpec(24152899584, 121e12, 60e12, 30.3e12, 300e9),
+    "h200": GPUSpec(150109880320, 989e12, 494e12, 67e12, 4.8e12, sm_count=132, l2_bytes=50 * 2**20,
+                    boost_clock_mhz=1980, name="H200 SXM 141GB"),
+    "h100": GPUSpec(85520809984, 989e12, 494e12, 67e12, 3.35e12, sm_count=132, l2_bytes=50 * 2**20,
+                    boost_clock_mhz=1980, name="H100 SXM 80GB"),
+    "a100": GPUSpec(85899345920, 312e12, 156e12, 19.5e12, 2.0e12, sm_count=108, l2_bytes=40 * 2**20,
+                    boost_clock_mhz=1410, name="A100 SXM 80GB"),
+    "l40s": GPUSpec(48305799168, 362e12, 183e12, 91.6e12, 864e9, sm_count=142, l2_bytes=96 * 2**20,
+                    boost_clock_mhz=2520, name="L40S"),
+    "a10": GPUSpec(24146608128, 125e12, 62.5e12, 31.2e12, 600e9, sm_count=72, l2_bytes=6 * 2**20,
+                   boost_clock_mhz=1695, name="A10"),
+    "l4": GPUSpec(24152899584, 121e12, 60e12, 30.3e12, 300e9, sm_count=58, l2_bytes=48 * 2**20,
+                  boost_clock_mhz=2040, name="L4"),
+    "rtx3090": GPUSpec(25769803776, 71e12, 35.6e12, 35.6e12, 936e9, peak_flops_fp16=71e12, sm_count=82,
+                       l2_bytes=6 * 2**20, boost_clock_mhz=1695, name="GeForce RTX 3090"),
+    # Turing: no TF32, no bf16 tensor cores (their fp32 figure stands in)
+    "t4": GPUSpec(16106127360, 8.1e12, 8.1e12, 8.1e12, 320e9, peak_flops_fp16=65e12, sm_count=40,
+                  l2_bytes=4 * 2**20, boost_clock_mhz=1590, name="T4"),
 }
+# NVML / CUDA device names that do not carry the key as a word ("NVIDIA GeForce RTX 3090" -> rtx3090)
+ALIASES = {("rtx", "3090"): "rtx3090"}
+
+# --gpu-spec FILE: field -> (unit factor to GPUSpec's, plausible range in the file's unit, required)
+SPEC_FIELDS: dict[str, tuple[str, float, tuple[float, float], bool]] = {
+    "memory_gib": ("memory_bytes", GIB, (1, 2048), True),
+    "fp32_tflops": ("peak_flops_fp32", 1e12, (0.5, 1000), True),
+    "tf32_tflops": ("peak_flops_tf32", 1e12, (0.5, 5000), False),
+    "bf16_tflops": ("peak_flops_bf16", 1e12, (0.5, 20000), False),
+    "fp16_tflops": ("peak_flops_fp16", 1e12, (0.5, 20000), True),
+    "bandwidth_gbps": ("bandwidth", 1e9, (50, 100000), True),
+    "sm_count": ("sm_count", 1, (1, 2000), True),
+    "l2_mib": ("l2_bytes", 2**20, (0.25, 4096), True),
+    "boost_clock_mhz": ("boost_clock_mhz", 1, (300, 5000), True),
+}
+
+
+class GPUSpecError(ValueError):
+    """A GPU spec file that is missing a field, has an unknown one, or one out of the plausible range."""
+
+
+def load_gpu_spec(path: str | Path) -> GPUSpec:
+    """A GPU spec from a YAML or JSON file: ``name``, ``memory_gib``, ``fp32_tflops``, ``fp16_tflops``
+    (tensor, dense, fp32 accumulate), ``bandwidth_gbps`` (GB/s), ``sm_count``, ``l2_mib``,
+    ``boost_clock_mhz``; optional ``tf32_tflops`` (default fp32's: no TF32) and ``bf16_tflops`` (default
+    fp32's: no bf16 tensor cores). A :class:`GPUSpecError` names a missing, unknown or implausible field."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise GPUSpecError(f"{path}: cannot read the GPU spec ({exc.strerror or exc})") from exc
+    try:
+        data = json.loads(text) if path.suffix.lower() == ".json" else _yaml(text)
+    except ValueError as exc:
+        raise GPUSpecError(f"{path}: not valid {'JSON' if path.suffix.lower() == '.json' else 'YAML'} ({exc})") from exc
+    return gpu_spec_from_dict(data, str(path))
+
+
+def _yaml(text: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(str(exc).splitlines()[0]) from exc
+
+
+def gpu_spec_from_dict(data: Any, where: str = "GPU spec") -> GPUSpec:
+    """:func:`load_gpu_spec` of parsed data (``where`` names it in errors)."""
+    if not isinstance(data, dict):
+        raise GPUSpecError(f"{where}: a GPU spec is a mapping of fields ({', '.join(SPEC_FIELDS)}), "
+                           f"not {type(data).__name__}")
+    unknown = sorted(set(data) - set(SPEC_FIELDS) - {"name"})
+    if unknown:
+        raise GPUSpecError(f"{where}: unknown field {unknown[0]!r} (fields: name, {', '.join(SPEC_FIELDS)})")
+    name = data.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise GPUSpecError(f"{where}: field 'name' missing or empty (the GPU's name, e.g. 'RTX 4090')")
+    values: dict[str, float] = {}
+    for key, (attr, unit, (low, high), required) in SPEC_FIELDS.items():
+        if key not in data:
+            if required:
+                raise GPUSpecError(f"{where}: field {key!r} missing")
+            continue
+        v = data[key]
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            raise GPUSpecError(f"{where}: field {key!r} must be a number, not {v!r}")
+        if not low <= v <= high:
+            raise GPUSpecError(f"{where}: field {key!r} = {v:g} is implausible (expected {low:g} to {high:g})")
+        values[attr] = v * unit
+    values.setdefault("peak_flops_tf32", values["peak_flops_fp32"])
+    values.setdefault("peak_flops_bf16", values["peak_flops_fp32"])
+    if values["peak_flops_fp16"] < values["peak_flops_fp32"]:
+        raise GPUSpecError(f"{where}: field 'fp16_tflops' ({data['fp16_tflops']:g}) is below 'fp32_tflops' "
+                           f"({data['fp32_tflops']:g}): give the tensor-core figure")
+    values["sm_count"] = int(values["sm_count"])
+    return GPUSpec(**values, name=name.strip())
+
+
+def spec_as_dict(spec: GPUSpec) -> dict[str, Any]:
+    """A spec as the prediction's JSON shows it (``--gpu-spec``'s fields and units)."""
+    out: dict[str, Any] = {"name": spec.name}
+    for key, (attr, unit, _, _) in SPEC_FIELDS.items():
+        v = getattr(spec, attr) if attr != "peak_flops_fp16" else spec.peak_half("fp16")
+        out[key] = round(v / unit, 3)
+    return out
 
 
 def gpu_key(device_name: str) -> str:
     """The ``GPUS`` key of a device as CUDA / NVML names it ("NVIDIA H100 80GB HBM3" -> "h100")."""
     name = device_name.lower()
+    words = name.replace("-", " ").split()
     for key in GPUS:
-        if key in name.replace("-", " ").split():
+        if key in words:
+            return key
+    for alias, key in ALIASES.items():
+        if all(w in words for w in alias):
             return key
     raise ValueError(f"dprobe has no peak FLOP/s and bandwidth for the GPU {device_name!r} (it knows "
                      f"{', '.join(k.upper() for k in GPUS)}); add a GPUSpec for it to "
-                     "dprobe.profiling.coldstart.gpus.GPUS")
+                     "dprobe.profiling.coldstart.gpus.GPUS, or predict with --gpu-spec FILE")
 
 
 def gpu_spec(device_name: str, memory_bytes: float | None = None) -> GPUSpec:
@@ -51,3 +175,7 @@ def gpu_spec(device_name: str, memory_bytes: float | None = None) -> GPUSpec:
     if memory_bytes is not None and math.isfinite(memory_bytes) and memory_bytes > 0:
         spec = replace(spec, memory_bytes=float(memory_bytes))
     return spec
+
+
+__all__ = ["GPUS", "GPUSpec", "GPUSpecError", "gpu_key", "gpu_spec", "gpu_spec_from_dict", "load_gpu_spec",
+           "spec_as_dict"]

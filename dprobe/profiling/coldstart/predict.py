@@ -13,7 +13,7 @@ from dprobe.graph.onnx_reader import read_onnx
 from dprobe.graph.schema import ModelGraph
 from dprobe.graph.zoo import VALUES_ASSUMED_NOTE, parse_spec
 from dprobe.profiling.coldstart.features import FEATURES, analytical_for, job_features, with_host_factor
-from dprobe.profiling.coldstart.gpus import GPUS, GPUSpec
+from dprobe.profiling.coldstart.gpus import GPUS, GPUSpec, spec_as_dict
 from dprobe.profiling.coldstart.graph_estimate import estimate_from_graph
 from dprobe.profiling.coldstart.model import TARGETS
 from dprobe.profiling.coldstart.replay import ReplayEstimate
@@ -71,6 +71,9 @@ class JobPrediction:
     gpu_memory_bytes: int  # the GPU's memory
     fits: str  # "yes", "maybe" or "no" (:func:`fits_on_gpu`)
     analytical: AnalyticalEstimate
+    gpu_seen_in_training: bool = True  # whether the checkpoint learnt from runs on this GPU
+    largest_batch: int | None = None  # the largest batch predicted to fit (0: none; None: not searched)
+    gpu_spec: dict[str, Any] | None = None  # the GPU's figures (--gpu-spec's fields)
     grad_checkpointing: bool = False
     notes: list[str] = field(default_factory=list)
     # where the JSON has the note: after the key that stood last when the first note was added
@@ -95,7 +98,9 @@ class JobPrediction:
         if self.checkpoint is not None:
             head["checkpoint"] = self.checkpoint
         out = {**head, **{t: asdict(getattr(self, t)) for t in TARGETS}, "gpu_memory_bytes": self.gpu_memory_bytes,
-               "fits": self.fits, "analytical": asdict(self.analytical)}
+               "fits": self.fits, "largest_batch": self.largest_batch,
+               "gpu_seen_in_training": self.gpu_seen_in_training, "gpu_spec": self.gpu_spec,
+               "analytical": asdict(self.analytical)}
         if self.grad_checkpointing:
             out["grad_checkpointing"] = True
         return out
@@ -112,8 +117,9 @@ class JobPrediction:
 
 def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str = "adamw",
                 image: int | None = None, seq: int | None = None, config_kwargs: dict | str | None = None,
-                checkpoint: str | Path | None = None, gpu: str = "h200", host_stall_s: float = 0.0,
-                host_factor: float = 1.0, grad_checkpointing: bool = False) -> JobPrediction:
+                checkpoint: str | Path | None = None, gpu: str | GPUSpec = "h200", host_stall_s: float = 0.0,
+                host_factor: float = 1.0, grad_checkpointing: bool = False,
+                search_batch: bool = False) -> JobPrediction:
     """Predict peak allocator bytes, NVML bytes, GPU utilisation and step time (p50 and p90 each).
 
     ``host_stall_s``: seconds per step, on average, that the GPU waits on the host (data loading,
@@ -123,6 +129,9 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
     ``grad_checkpointing``: the job turns a ``transformers`` or timm model's gradient checkpointing on
     (``gradient_checkpointing_enable()``, ``set_grad_checkpointing()``): its blocks keep their inputs
     only and recompute.
+    ``gpu``: a key of ``GPUS`` or a :class:`GPUSpec` (``--gpu-spec FILE``, :func:`~dprobe.profiling.coldstart.gpus.load_gpu_spec`).
+    ``search_batch``: also find the largest batch predicted to fit the GPU (``largest_batch``; a replay or
+    three more, :func:`largest_fitting_batch`).
     """
     from torch_geometric.data import Batch  # noqa: F401 - fail early if PyG is missing
 
@@ -133,7 +142,7 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
 
     check_job(batch, image, seq, host_stall_s, host_factor, gpu)
     coldstart = _coldstart_checkpoint(checkpoint)
-    spec = GPUS[gpu]
+    spec, gpu = (gpu, gpu.name) if isinstance(gpu, GPUSpec) else (GPUS[gpu], gpu)
     if parse_spec(model, config_kwargs).lib == "onnx":  # a graph, no module to replay: estimate from its nodes
         if grad_checkpointing:
             raise ValueError("--grad-checkpointing needs the model as a transformers or timm module, not an ONNX file")
@@ -161,6 +170,9 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
     result = _predict(model, batch, precision, optimizer, graph, est, spec, gpu, coldstart, host_stall_s, host_factor)
     if est.values_assumed:
         result.add_note(f"replayed with {VALUES_ASSUMED_NOTE}")
+    if search_batch:
+        result.largest_batch = largest_fitting_batch(result, est, image=image, seq=seq, config_kwargs=config_kwargs,
+                                                     grad_checkpointing=grad_checkpointing)
     if grad_checkpointing:
         plain = analytical_for(model, batch, precision, optimizer, image=image, seq=seq, config_kwargs=config_kwargs)
         _with_recompute_timing(result, _predict(model, batch, precision, optimizer, graph, plain, spec, gpu,
@@ -169,7 +181,7 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
 
 
 def check_job(batch: int, image: int | None = None, seq: int | None = None, host_stall_s: float = 0.0,
-              host_factor: float = 1.0, gpu: str = "h200") -> None:
+              host_factor: float = 1.0, gpu: str | GPUSpec = "h200") -> None:
     """A ValueError naming the option for a job that cannot be: a batch, image side or sequence length
     below 1, a host stall that is negative or infinite, a host factor that is not a positive number, an
     unknown GPU."""
@@ -180,8 +192,8 @@ def check_job(batch: int, image: int | None = None, seq: int | None = None, host
         raise ValueError(f"--host-stall must be >= 0 seconds, not {host_stall_s}")
     if not 0 < host_factor < float("inf"):
         raise ValueError(f"--host-factor must be a positive number, not {host_factor}")
-    if gpu not in GPUS:
-        raise ValueError(f"unknown GPU {gpu!r} ({', '.join(GPUS)})")
+    if not isinstance(gpu, GPUSpec) and gpu not in GPUS:
+        raise ValueError(f"unknown GPU {gpu!r} ({', '.join(GPUS)}; --gpu-spec FILE for another)")
 
 
 def _coldstart_checkpoint(checkpoint: str | Path | None) -> tuple[Path, Any, dict[str, Any]] | None:
@@ -218,21 +230,12 @@ def fits_on_gpu(peak_p50: float, device_p90: float, gpu_bytes: float) -> str:
 
 
 def _as_seen(feats: np.ndarray, precision: str, net: Any, notes: list[str]) -> np.ndarray:
-    """The network's input: an fp16 job is shown as bf16 where the checkpoint learnt from no fp16 run
-    (the same autocast rules and tensor-core peak; the replay behind the analytical estimate is fp16's
-    own), and ``notes`` get one saying so (and one for bf16-pure, which the features mark as bf16)."""
-    from dprobe.profiling.coldstart.model import constant_features
-
-    never_varied = {FEATURES[i] for i in constant_features(net.members[0])}
+    """The network's input (the features mark fp16, bf16 and bf16-pure alike as "half", each replayed and
+    put on the roofline at its own peak); ``notes`` get one for bf16-pure."""
     if precision == "bf16-pure":
         notes.append("bf16-pure: the replay holds weights, gradients and optimizer states in bf16, the learned "
                      "corrections are those of the bf16 autocast runs")
-    if precision != "fp16" or "fp16" not in never_varied or "bf16" in never_varied:
-        return feats
-    shown = feats.copy()
-    shown[FEATURES.index("bf16")], shown[FEATURES.index("fp16")] = 1.0, 0.0
-    notes.append("the checkpoint learnt from no fp16 run: its corrections for bf16 are applied to the fp16 replay")
-    return shown
+    return feats
 
 
 def _band(target: str, p50: float, p90: float) -> Band:
@@ -267,19 +270,33 @@ def _predict(model: str, batch: int, precision: str, optimizer: str, graph: Mode
         ckpt_path, net, ckpt = coldstart
         trained_on = ckpt.get("gpus", ["h200"])  # checkpoints before it was recorded: h200-profiles
         res = predict_residuals(net, [graph_to_data(graph)], np.array([_as_seen(feats, precision, net, notes)]))[0]
+        seen = gpu in trained_on
+        if not seen:  # wider p90 where the checkpoint learnt how much (GPUs held out in turn)
+            widen = ckpt.get("unseen_gpu_p90_shift", {})
+            res[:, 1] += np.array([widen.get(t, 0.0) for t in TARGETS])
         p50, p90 = from_residual(res[:, 0], base), from_residual(res[:, 1], base)
+        stack_factor = ckpt.get("memory_factors", {}).get(gpu)
+        if stack_factor:  # the memory of the stack this GPU's fit labels came from, against the replay's
+            p50[:2] *= stack_factor
+            p90[:2] *= stack_factor
+            notes.append(f"memory x{stack_factor:.3f}: learnt from {gpu}'s fit / does-not-fit labels (their "
+                         "software stack's context and workspaces)")
         method, checkpoint = "learned", str(ckpt_path)
     else:
         p50, p90 = base.copy(), base * np.array([1.05, 1.07, 1.0, 1.3])
         p90[2] = min(base[2] + 0.2, 1.0)
         method, checkpoint = "analytical", None
-        trained_on = list(GPUS)
+        trained_on, seen = list(GPUS), gpu in GPUS
     note_after = "graph_nodes" if notes else ("checkpoint" if checkpoint else "method")
     if coldstart is None:
         notes.append("no checkpoint: analytical estimate only")
     apply_stall(p50, p90, np.float64(host_stall_s))
-    if gpu not in trained_on:
-        notes.append(f"trained on {', '.join(trained_on)} measurements only, not {gpu}")
+    if coldstart is not None and not seen:
+        widened = sorted(k for k, v in coldstart[2].get("unseen_gpu_p90_shift", {}).items() if v > 0)
+        notes.append(f"gpu_seen_in_training: false: trained on {', '.join(trained_on)} measurements only, not "
+                     f"{gpu}, whose corrections are those learnt across those GPUs" + (
+                         f", p90 widened as a GPU held out in training needed ({', '.join(widened)})"
+                         if widened else ""))
     bands = {t: _band(t, p50[i], p90[i]) for i, t in enumerate(TARGETS)}
     analytical = AnalyticalEstimate(
         peak_memory_bytes=int(base[0]), device_memory_bytes=int(base[1]),
@@ -293,4 +310,58 @@ def _predict(model: str, batch: int, precision: str, optimizer: str, graph: Mode
         host_factor=host_factor, unknown_nodes=graph.unknown_nodes, graph_nodes=len(graph.nodes), method=method,
         checkpoint=checkpoint, **bands, gpu_memory_bytes=int(spec.memory_bytes),
         fits=fits_on_gpu(bands["peak_memory_bytes"].p50, bands["device_memory_bytes"].p90, spec.memory_bytes),
-        analytical=analytical, notes=notes, note_after=note_after, graph=graph)
+        analytical=analytical, notes=notes, note_after=note_after, graph=graph, gpu_seen_in_training=seen,
+        gpu_spec=spec_as_dict(spec))
+
+
+MAX_BATCH = 1 << 16
+
+
+def largest_fitting_batch(pred: JobPrediction, est: ReplayEstimate, image: int | None = None, seq: int | None = None,
+                          config_kwargs: dict | str | None = None, grad_checkpointing: bool = False) -> int:
+    """The largest batch whose allocator peak (p50, the job's learned correction applied) plus the CUDA
+    context fits the GPU (:func:`fits_on_gpu`'s "no" line); 0 where not even batch 1 does.
+
+    The replay's peak is close to linear in the batch (weights, gradients and optimizer states fixed,
+    activations per sample): a second replay gives the line, the batch where it meets the GPU's memory is
+    replayed to check, and the search steps down (or up) from there, a replay a step; a few replays in all.
+    """
+    from dprobe.profiling.coldstart.replay import CUDA_CONTEXT_BYTES
+
+    ratio = pred.peak_memory_bytes.p50 / max(est.peak_bytes, 1.0)  # the learned correction at this batch
+    budget = (pred.gpu_memory_bytes - CUDA_CONTEXT_BYTES) / ratio  # the replayed peak that still fits
+
+    def peak(b: int) -> float:
+        if b == pred.batch:
+            return est.peak_bytes
+        return analytical_for(pred.model, b, pred.precision, pred.optimizer, image=image, seq=seq,
+                              config_kwargs=config_kwargs, grad_checkpointing=grad_checkpointing).peak_bytes
+
+    other = pred.batch * 2 if pred.batch < 4 else pred.batch // 2
+    try:
+        p_other = peak(other)
+    except Exception:  # noqa: BLE001 - e.g. a batch norm that refuses batch 1: no line to search along
+        return 0 if est.peak_bytes > budget else pred.batch
+    slope = (est.peak_bytes - p_other) / (pred.batch - other)
+    if slope <= 0:
+        return MAX_BATCH if est.peak_bytes <= budget else 0
+    guess = int(np.clip(pred.batch + (budget - est.peak_bytes) / slope, 1, MAX_BATCH))
+    fits = {pred.batch: est.peak_bytes <= budget, other: p_other <= budget}
+    best = max((b for b, ok in fits.items() if ok), default=0)
+    for _ in range(4):  # refine around the line's answer: each step replays one batch
+        if guess in fits:
+            break
+        try:
+            p_guess = peak(guess)
+        except Exception:  # noqa: BLE001
+            break
+        fits[guess] = p_guess <= budget
+        if fits[guess]:
+            best = max(best, guess)
+            nxt = guess + max(1, guess // 50)
+        else:  # down by as much as the peak is over, a little more
+            nxt = max(1, min(guess - 1, int(guess * budget / p_guess * 0.99)))
+        if nxt in fits or nxt == guess:
+            break
+        guess = nxt
+    return min(best, MAX_BATCH) if best else 0

@@ -5,11 +5,20 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Protocol
 
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.samples import Sample
 
-from dprobe.core.names import RECOMMENDED_GPUS, RECOMMENDED_REPLICAS
+from dprobe.core.names import (
+    COLOCATION_PLAN,
+    RECOMMENDED_GPU_FRACTION,
+    RECOMMENDED_GPU_MEMORY,
+    RECOMMENDED_GPUS,
+    RECOMMENDED_MIG_PROFILE,
+    RECOMMENDED_REPLICAS,
+)
 from dprobe.services.exporter.collector import StateCollector
 from dprobe.services.scaler.policy import Decision
+from dprobe.services.scaler.sharing import PLACEMENTS, SharePlan
 
 WORKLOAD_LABELS = ["namespace", "workload"]
 
@@ -19,8 +28,10 @@ class ScalerState(Protocol):
 
     vc_held_gpus: Mapping[str, int]
     vc_pending_gpus: Mapping[str, float]
+    grouped_pods: Mapping[str, int]  # pods put in a workload last cycle, by method: owner, name
     errors_total: Mapping[str, int]
     last_cycle_at: float | None
+    shares: SharePlan | None  # the last cycle's GPU shares (None: sharing off, or no cycle yet)
 
     @property
     def decisions(self) -> Mapping[tuple[str, str], Decision]: ...
@@ -87,6 +98,7 @@ class ScalerCollector(StateCollector):
             ("dprobe_scaler_vc_missing_gpus", "GPUs held by the virtual cluster's pods without a usable forecast.",
              lambda d: d.missing),
         ]
+        shares = s.shares
         for name, doc, value in per_vc:
             fam = GaugeMetricFamily(name, doc, labels=["vc"])
             for vc, d in sorted(vcs.items()):
@@ -95,7 +107,13 @@ class ScalerCollector(StateCollector):
                 v = value(d)
                 if v is not None:
                     fam.add_metric([vc], float(v))
+            if name == RECOMMENDED_GPUS and shares is not None:  # beside {vc}: {vc,sharing="none"|"shared"}
+                for vc, counts in sorted(shares.vc_gpus.items()):
+                    for sharing, n in zip(("none", "shared"), counts, strict=True):
+                        fam.samples.append(Sample(RECOMMENDED_GPUS, {"vc": vc, "sharing": sharing}, float(n)))
             yield fam
+        if shares is not None:
+            yield from self._shares(shares)
         held = GaugeMetricFamily("dprobe_scaler_vc_held_gpus", "GPUs the virtual cluster's pods hold.", labels=["vc"])
         for vc, n in sorted(dict(s.vc_held_gpus).items()):
             held.add_metric([vc], n)
@@ -105,6 +123,12 @@ class ScalerCollector(StateCollector):
         for vc, n in sorted(dict(s.vc_pending_gpus).items()):
             pending.add_metric([vc], n)
         yield pending
+        grouped = GaugeMetricFamily("dprobe_scaler_grouped_pods", "Pods put in a workload in the last cycle, by "
+                                    "method: owner (kube-state-metrics' kube_pod_owner) or name (the workloads' "
+                                    "pods patterns, for pods without a known owner).", labels=["method"])
+        for method, n in sorted(dict(s.grouped_pods).items()):
+            grouped.add_metric([method], n)
+        yield grouped
         events = CounterMetricFamily("dprobe_scaler_scale_events", "Decisions that changed a workload's "
                                      "replicas, by direction.", labels=[*WORKLOAD_LABELS, "direction"])
         for key, n in sorted(s.events_total.items()):
@@ -122,12 +146,65 @@ class ScalerCollector(StateCollector):
         for stage, n in sorted(s.errors_total.items()):
             errors.add_metric([stage], n)
         yield errors
-        rejected = CounterMetricFamily("dprobe_scaler_rejected_forecasts", "Forecasts left out as unusable "
-                                       "(nan, infinite, negative, above_one): their pods count as missing.",
-                                       labels=["reason"])
+        rejected = CounterMetricFamily("dprobe_scaler_rejected_forecasts", "Forecasts left out as unusable: "
+                                       "nan, infinite, negative, above_one (their pods count as missing); with "
+                                       "sharing, memory forecasts: memory_nan, memory_infinite, memory_negative "
+                                       "(their pods keep the GPUs they hold).", labels=["reason"])
         for reason, n in sorted(dict(s.rejected_total).items()):
             rejected.add_metric([reason], n)
         yield rejected
         if s.last_cycle_at is not None:
             yield GaugeMetricFamily("dprobe_scaler_last_cycle_timestamp_seconds",
                                     "Unix time of the last decision cycle.", value=s.last_cycle_at)
+
+    @staticmethod
+    def _shares(shares: SharePlan) -> Iterator[Metric]:
+        """The GPU shares (sharing enabled): per workload, the co-location plan, and pods not packed."""
+        per_workload = [
+            (RECOMMENDED_GPU_MEMORY, "GPU memory limit recommended for each pod of the workload: its pods' largest "
+                                     "memory forecast at the sharing memory quantile plus the margin (bytes).",
+             lambda w: w.memory_bytes),
+            (RECOMMENDED_GPU_FRACTION, "Share of one GPU recommended for each pod of the workload (0-1): its "
+                                       "memory limit over the GPU's memory or its utilisation forecast, the "
+                                       "larger (time-slicing, mps); the share its MIG profile takes (mig).",
+             lambda w: w.fraction),
+            ("dprobe_scaler_gpu_memory_forecast_bytes", "The workload's pods' largest memory forecast at the "
+                                                        "sharing memory quantile, over the horizons up to the "
+                                                        "scaler's (bytes).", lambda w: w.memory_forecast),
+            ("dprobe_scaler_gpu_memory_share_bytes", "GPU memory the workload's pods can have: its limit, capped by "
+                                                     "a whole GPU, its MIG profile and the GPU memory its pods see "
+                                                     "now (bytes).", lambda w: w.share_bytes),
+        ]
+        for name, doc, value in per_workload:
+            fam = GaugeMetricFamily(name, doc, labels=WORKLOAD_LABELS)
+            for (ns, workload), share in sorted(shares.workloads.items()):
+                v = value(share)
+                if v is not None:
+                    fam.add_metric([ns, workload], float(v))
+            yield fam
+        profiles = InfoMetricFamily(RECOMMENDED_MIG_PROFILE, "MIG profile recommended for each pod of the "
+                                    "workload (mode mig).", labels=WORKLOAD_LABELS)
+        for (ns, workload), share in sorted(shares.workloads.items()):
+            if share.mig_profile:
+                profiles.add_metric([ns, workload], {"profile": share.mig_profile})
+        yield profiles
+        plan = GaugeMetricFamily(COLOCATION_PLAN, "The co-location plan: pods of the workload ('' = pods in no "
+                                 "workload) on GPU number gpu of the virtual cluster's plan.",
+                                 labels=["vc", "gpu", *WORKLOAD_LABELS])
+        for key, n in sorted(shares.colocation.items(), key=lambda kv: (kv[0][0], int(kv[0][1]), kv[0][2:])):
+            plan.add_metric(list(key), n)
+        yield plan
+        pods = GaugeMetricFamily("dprobe_scaler_sharing_pods", "Pods of the virtual cluster by placement in the "
+                                 "plan: shared, own_gpus (no memory forecast: it keeps the GPUs it holds) or "
+                                 "cannot_place (too large, several GPUs, no allowed MIG profile: it keeps them too).",
+                                 labels=["vc", "placement"])
+        for vc in sorted({vc for vc, _ in shares.placements} - {""}):
+            for placement in PLACEMENTS:
+                pods.add_metric([vc, placement], shares.placements.get((vc, placement), 0))
+        yield pods
+        unplaced = GaugeMetricFamily("dprobe_scaler_unplaced_pods", "Pods not packed at their workload's share, "
+                                     "by reason: no_memory_forecast, multi_gpu, too_large, no_profile (they keep "
+                                     "the GPUs they hold).", labels=[*WORKLOAD_LABELS, "reason"])
+        for key, n in sorted(shares.unplaced.items()):
+            unplaced.add_metric(list(key), n)
+        yield unplaced

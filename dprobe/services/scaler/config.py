@@ -6,8 +6,9 @@ workload listed under ``workloads:`` may override any of them, and its behaviour
 
     workloads:
       - namespace: serving
-        name: llm-server           # the Deployment (kind: Deployment | StatefulSet)
-        pods: "llm-server-.*"      # regex on pod names (default: the Deployment's pod names)
+        name: llm-server           # the Deployment (kind: Deployment | StatefulSet | Rollout)
+        owner: {kind: Deployment, name: llm-server}  # whose pods are its replicas (default: kind and name)
+        pods: "llm-server-.*"      # regex on pod names, for pods kube-state-metrics does not show an owner of
         target: 0.6
         max_replicas: 8
         scale_up: {tolerance: 0}   # scale up as soon as demand exceeds capacity
@@ -41,17 +42,31 @@ from dprobe.services.scaler.policy import (
     RatePolicy,
     ScalingRules,
 )
+from dprobe.services.scaler.sharing_config import SHARING_MODES, SharingSettings
+from dprobe.services.sources.prometheus import PrometheusAccess
+from dprobe.sharing.mig import GPU_MODELS
+from dprobe.sharing.planner import PLANNER_POLICIES
 
 ENV_PREFIX = "DPROBE_SCALER_"
 MODES = ("recommend", "apply")
-KINDS = ("Deployment", "StatefulSet")
+KINDS = ("Deployment", "StatefulSet", "Rollout")  # Rollout: Argo Rollouts (argoproj.io/v1alpha1)
+# kube-state-metrics: each pod's controller, through its ReplicaSet to the Deployment or Rollout that owns that
+# (a StatefulSet, DaemonSet or Job owns its pods directly); labels namespace, pod, owner_kind, owner_name
+OWNERS_QUERY = (
+    'max by (namespace, pod, owner_kind, owner_name) (kube_pod_owner{owner_kind!~"ReplicaSet|<none>|",'
+    'owner_is_controller="true"}) or max by (namespace, pod, owner_kind, owner_name) ('
+    'max by (namespace, pod, replicaset) (label_replace(kube_pod_owner{owner_kind="ReplicaSet",'
+    'owner_is_controller="true"}, "replicaset", "$1", "owner_name", "(.+)")) * on (namespace, replicaset) '
+    'group_left (owner_kind, owner_name) max by (namespace, replicaset, owner_kind, owner_name) ('
+    'kube_replicaset_owner{owner_kind!~"<none>|",owner_is_controller="true"}))')
 POLICY_FIELDS = {f.name for f in fields(Policy)} - {"scale_up", "scale_down"}
 ACTIVATION_KEYS = ("activation_query", "activation_query_threshold")
 
 
 @dataclass
-class ScalerConfig:
-    """Every option of ``dprobe scaler``."""
+class ScalerConfig(PrometheusAccess):
+    """Every option of ``dprobe scaler``; the ``prometheus_*`` credential and TLS options
+    (:class:`PrometheusAccess`) are the sidecar's too."""
 
     prometheus_url: str = option("http://127.0.0.1:9090", "Prometheus server holding the sidecars' forecasts")
     interval: float = option(30.0, "seconds between decisions")
@@ -83,6 +98,10 @@ class ScalerConfig:
         "PromQL giving each workload's replicas by namespace and workload labels (kube-state-metrics): the pods "
         "a recommend-mode decision expects, so that pods without a forecast count as missing ('' = none: the "
         "last recommendation, else the pods seen)")
+    owners_query: str = option(OWNERS_QUERY, "PromQL giving each pod's owning workload by namespace, pod, owner_kind "
+                                             "and owner_name labels (kube-state-metrics' kube_pod_owner, through "
+                                             "kube_replicaset_owner): a workload's replicas are the pods its owner "
+                                             "owns; a pod it does not list is grouped by name ('' = by name only)")
     restore_seconds: float = option(3600.0, "recommend mode: a (re)started scaler starts from its own last "
                                             "recommendations Prometheus kept this far back (0 = don't)")
     kubeconfig: str = option("", "kubeconfig file for apply mode (default: in-cluster, else ~/.kube/config)")
@@ -119,6 +138,25 @@ class ScalerConfig:
     min_gpus: int = option(MIN_GPUS, "fewest GPUs recommended for a virtual cluster")
     max_gpus: int = option(MAX_GPUS, "most GPUs recommended for a virtual cluster")
     workloads: list[dict[str, Any]] = option([], "scaled workloads with their own settings (YAML, or JSON in env)")
+    # GPU shares (YAML: a `sharing:` section; dprobe.services.scaler.sharing) --------------------------------
+    sharing_enabled: bool = option(False, "recommend GPU shares: a memory limit and a GPU fraction or MIG profile "
+                                          "per workload, the co-location plan, GPUs per virtual cluster with and "
+                                          "without sharing")
+    sharing_mode: str = option("time-slicing", "how GPUs are shared: time-slicing, mps or mig", choices=SHARING_MODES)
+    sharing_gpu_model: str = option("", "the GPUs' model (its memory and MIG profiles): " + ", ".join(GPU_MODELS)
+                                        + " or an alias such as h100 ('' = give sharing_gpu_memory_bytes)")
+    sharing_gpu_memory_bytes: float = option(0.0, "memory of one GPU in bytes (0 = the sharing_gpu_model's)")
+    sharing_memory_quantile: float = option(0.99, "memory forecast quantile a share must hold (hard: 0.5, 0.9 or "
+                                                  "0.99)")
+    sharing_memory_margin: float = option(0.15, "safety margin added to the memory forecast (VPA's is 0.15)")
+    sharing_utilization_quantile: float = option(0.9, "utilisation forecast quantile packed (soft: 0.5, 0.9 or 0.99)")
+    sharing_utilization_target: float = option(0.9, "most summed utilisation (0-1) packed onto one GPU")
+    sharing_policy: str = option("best-fit", "packing policy: " + ", ".join(PLANNER_POLICIES),
+                                 choices=PLANNER_POLICIES)
+    sharing_mig_profiles: str = option("", "mode mig: the MIG profiles a workload may get, comma-separated "
+                                           "(e.g. 1g.10gb,3g.40gb; '' = all of the GPU's)")
+    sharing_stabilization_seconds: float = option(300.0, "a memory limit is lowered only to the highest limit of "
+                                                         "this window")
     log_level: str = option("info", "debug, info, warning or error")
 
     def validate(self) -> ScalerConfig:
@@ -138,6 +176,7 @@ class ScalerConfig:
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"prometheus_url must be an http(s) URL such as http://HOST:9090, "
                              f"got {self.prometheus_url!r}")
+        self.check_prometheus_access(self.prometheus_url)
         if self.vc_pending_query.strip() and not self.vc_label:
             raise ValueError("vc_pending_query needs vc_label (the label that names each virtual cluster)")
         if self.vc_quota_name and self.vc_label != "namespace":
@@ -154,8 +193,13 @@ class ScalerConfig:
         if not 0 <= self.min_gpus <= self.max_gpus:
             raise ValueError(f"need 0 <= min_gpus <= max_gpus, got {self.min_gpus}, {self.max_gpus}")
         self.default_policy()  # checks the policy options
+        self.sharing_settings()  # checks the sharing options (None when sharing is off)
         self.workload_specs()  # checks every workload entry
         return self
+
+    def sharing_settings(self) -> SharingSettings | None:
+        """The ``sharing:`` options checked (a clear error naming the option), or None when sharing is off."""
+        return SharingSettings.from_config(self) if self.sharing_enabled else None
 
     def default_policy(self) -> Policy:
         """The policy of a workload that sets nothing itself."""
@@ -195,21 +239,26 @@ class WorkloadSpec:
     namespace: str
     name: str
     kind: str
-    pods: re.Pattern[str]
+    pods: re.Pattern[str]  # pod names, for pods without a known owner
     policy: Policy
     activation_query: str = ""  # PromQL: the workload is active while its value (summed) is above the threshold
     activation_query_threshold: float = 0.0
+    owner: tuple[str, str] = ("", "")  # (kind, name) of the controller owning its pods; default (kind, name)
 
     @property
     def key(self) -> tuple[str, str]:
         return self.namespace, self.name
+
+    @property
+    def owner_ref(self) -> tuple[str, str]:
+        return self.owner if self.owner[0] else (self.kind, self.name)
 
     @staticmethod
     def parse(entry: Mapping[str, Any], defaults: Policy, index: int = 0) -> WorkloadSpec:
         """One ``workloads:`` entry; a clear error naming the entry for anything wrong in it."""
         where = f"workloads[{index}]"
         entry = {str(k).replace("-", "_"): v for k, v in entry.items()}
-        unknown = sorted(set(entry) - POLICY_FIELDS - {"namespace", "name", "kind", "pods", "scale_up",
+        unknown = sorted(set(entry) - POLICY_FIELDS - {"namespace", "name", "kind", "pods", "owner", "scale_up",
                                                          "scale_down", *ACTIVATION_KEYS})
         if unknown:
             raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}")
@@ -220,8 +269,9 @@ class WorkloadSpec:
         kind = entry.get("kind", "Deployment")
         if kind not in KINDS:
             raise ValueError(f"{where}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
-        default_pods = (rf"{re.escape(entry['name'])}-[a-z0-9]+-[a-z0-9]{{5}}" if kind == "Deployment"
-                        else rf"{re.escape(entry['name'])}-\d+")
+        owner = _owner(entry.get("owner", {}), kind, entry["name"], where)
+        default_pods = (rf"{re.escape(entry['name'])}-\d+" if kind == "StatefulSet"
+                        else rf"{re.escape(entry['name'])}-[a-z0-9]+-[a-z0-9]{{5}}")
         try:
             pods = re.compile(str(entry.get("pods") or default_pods))
             overrides = {k: entry[k] for k in POLICY_FIELDS if k in entry}
@@ -232,7 +282,20 @@ class WorkloadSpec:
             query, threshold = _activation(entry, policy)
         except (re.error, TypeError, ValueError) as exc:
             raise ValueError(f"{where}: {exc}") from exc
-        return WorkloadSpec(entry["namespace"], entry["name"], kind, pods, policy, query, threshold)
+        return WorkloadSpec(entry["namespace"], entry["name"], kind, pods, policy, query, threshold, owner)
+
+
+def _owner(doc: Any, kind: str, name: str, where: str) -> tuple[str, str]:
+    """A workload's ``owner: {kind, name}``: the controller whose pods are its replicas (default: itself)."""
+    if not isinstance(doc, Mapping):
+        raise ValueError(f"{where}: owner must be a mapping {{kind, name}}, got {doc!r}")
+    unknown = sorted(set(map(str, doc)) - {"kind", "name"})
+    if unknown:
+        raise ValueError(f"{where}: unknown owner key(s) {', '.join(unknown)}")
+    owner = doc.get("kind", kind), doc.get("name", name)
+    if not all(isinstance(v, str) and v for v in owner):
+        raise ValueError(f"{where}: owner kind and name must be names, got {owner!r}")
+    return owner
 
 
 def _activation(entry: Mapping[str, Any], policy: Policy) -> tuple[str, float]:

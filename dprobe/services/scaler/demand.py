@@ -9,6 +9,11 @@ virtual cluster's is the sum over its pods of utilisation times the pod's GPU co
 GPUs waiting in it where ``vc_pending_query`` says (pods not scheduled, jobs queued: none of them has a
 sidecar yet).
 
+A pod belongs to the workload whose owner (``owner``, default its own kind and name) owns it, as
+kube-state-metrics shows (``owners_query``: ``kube_pod_owner``, through ``kube_replicaset_owner`` for a
+Deployment's or a Rollout's pods); a pod it does not show (kube-state-metrics absent, or not scraped yet)
+is grouped by its name (the workload's ``pods`` regex).
+
 A forecast that is not a number, infinite, negative or above 1 is no forecast: the pod is dropped (and
 counted by the scaler), never clipped to 0. A pod the GPU count query shows (it holds a GPU) but that has
 no usable forecast is *missing*: the policy counts it as the HPA counts a pod without metrics.
@@ -29,6 +34,9 @@ PREDICTED_UTILIZATION = PREDICTED["gpu_utilization_ratio"]
 JOB_UTILIZATION = JOB_PREDICTED["gpu_utilization_ratio"]
 # a Deployment's pods: <deployment>-<pod-template-hash>-<5 characters>
 DEPLOYMENT_POD = re.compile(r"(?P<workload>.+)-[a-z0-9]{5,10}-[a-z0-9]{5}")
+# owners whose pods are replicas a discovered workload may be recommended for
+SCALABLE_OWNERS = ("Deployment", "StatefulSet", "Rollout")
+GROUPING_METHODS = ("owner", "name")  # how a pod was put in its workload (dprobe_scaler_grouped_pods)
 
 
 @dataclass
@@ -50,6 +58,12 @@ class DemandView:
     workloads: dict[tuple[str, str], Demand]
     discovered: dict[tuple[str, str], Demand]
     vcs: dict[str, Demand]
+    grouped: Counter[str] = field(default_factory=Counter)  # pods put in a workload, by method
+
+
+def _vector(config: ScalerConfig, query: str) -> list[tuple[dict[str, str], float]]:
+    """An instant ``query`` at the configured Prometheus, with its credentials (SourceError on failure)."""
+    return query_vector(config.prometheus_url, query, config.http_timeout, config.prometheus_auth())
 
 
 def forecast_query(config: ScalerConfig) -> str:
@@ -86,7 +100,7 @@ def pod_forecasts(config: ScalerConfig, rejected: Counter[str] | None = None
     sidecars export the same pod, the highest forecast is kept. A forecast that cannot be used (see
     :func:`forecast_problem`) is left out and counted in ``rejected`` by reason."""
     out: dict[tuple[str, str], tuple[float, dict[str, str]]] = {}
-    for labels, value in query_vector(config.prometheus_url, forecast_query(config), config.http_timeout):
+    for labels, value in _vector(config, forecast_query(config)):
         ns, pod = labels.get("namespace", ""), labels.get("pod", "")
         if labels.get("target") not in (f"{ns}/{pod}", pod):
             continue
@@ -105,9 +119,29 @@ def pod_gpus(config: ScalerConfig) -> dict[tuple[str, str], tuple[int, dict[str,
     hold GPUs, whether or not they have a forecast."""
     if not config.gpus_query.strip():
         return {}
-    rows = query_vector(config.prometheus_url, config.gpus_query, config.http_timeout)
+    rows = _vector(config, config.gpus_query)
     return {(lab.get("namespace", ""), lab.get("pod", "")): (max(1, int(round(v))), lab) for lab, v in rows
             if math.isfinite(v) and lab.get("pod")}
+
+
+def pod_owners(config: ScalerConfig) -> dict[tuple[str, str], tuple[str, str]]:
+    """``(namespace, pod) -> (owner kind, owner name)`` from ``owners_query`` (empty when it is not set or
+    kube-state-metrics' series are absent); a pod listed with two owners is left to its name."""
+    if not config.owners_query.strip():
+        return {}
+    out: dict[tuple[str, str], tuple[str, str]] = {}
+    twice: set[tuple[str, str]] = set()
+    for labels, _ in _vector(config, config.owners_query):
+        key = labels.get("namespace", ""), labels.get("pod", "")
+        owner = labels.get("owner_kind", ""), labels.get("owner_name", "")
+        if not key[1] or not all(owner):
+            continue
+        if out.get(key, owner) != owner:
+            twice.add(key)
+        out[key] = owner
+    for key in twice:
+        del out[key]
+    return out
 
 
 def workload_replicas(config: ScalerConfig) -> dict[tuple[str, str], int]:
@@ -116,7 +150,7 @@ def workload_replicas(config: ScalerConfig) -> dict[tuple[str, str], int]:
     if not config.replicas_query.strip():
         return {}
     out: dict[tuple[str, str], int] = {}
-    for labels, value in query_vector(config.prometheus_url, config.replicas_query, config.http_timeout):
+    for labels, value in _vector(config, config.replicas_query):
         key = labels.get("namespace", ""), labels.get("workload", "")
         if key[1] and math.isfinite(value) and value >= 0:
             out[key] = max(out.get(key, 0), int(round(value)))
@@ -128,14 +162,13 @@ def previous_recommendations(config: ScalerConfig) -> tuple[dict[tuple[str, str]
     restarted scaler in recommend mode starts from, instead of the pods it happens to see."""
     window = f"[{int(config.restore_seconds)}s]"
     workloads: dict[tuple[str, str], int] = {}
-    for labels, value in query_vector(config.prometheus_url, f"max by (namespace, workload) "
-                                      f"(last_over_time({RECOMMENDED_REPLICAS}{window}))", config.http_timeout):
+    for labels, value in _vector(config, f"max by (namespace, workload) "
+                                         f"(last_over_time({RECOMMENDED_REPLICAS}{window}))"):
         if labels.get("workload") and math.isfinite(value) and value >= 0:
             workloads[(labels.get("namespace", ""), labels["workload"])] = int(round(value))
     vcs: dict[str, int] = {}
-    for labels, value in query_vector(config.prometheus_url, f"max by (vc) "
-                                      f"(last_over_time({RECOMMENDED_GPUS}{{sharing!=\"true\"}}{window}))",
-                                      config.http_timeout):
+    for labels, value in _vector(config, f"max by (vc) "
+                                         f"(last_over_time({RECOMMENDED_GPUS}{{sharing=\"\"}}{window}))"):
         if labels.get("vc") and math.isfinite(value) and value >= 0:
             vcs[labels["vc"]] = int(round(value))
     return workloads, vcs
@@ -145,7 +178,7 @@ def pending_gpus(config: ScalerConfig) -> dict[str, float]:
     """GPUs waiting per virtual cluster from ``vc_pending_query`` (samples without the ``vc_label``
     label are left out; several samples of one cluster are summed)."""
     out: dict[str, float] = defaultdict(float)
-    for labels, value in query_vector(config.prometheus_url, config.vc_pending_query, config.http_timeout):
+    for labels, value in _vector(config, config.vc_pending_query):
         vc = labels.get(config.vc_label, "")
         if vc and value == value:
             out[vc] += max(0.0, value)
@@ -163,25 +196,44 @@ def add_pending(vcs: dict[str, Demand], pending: dict[str, float]) -> None:
 def activation_value(config: ScalerConfig, query: str) -> float:
     """A workload's activation query, its samples summed (no samples: 0, as KEDA's Prometheus
     scaler reads an empty result)."""
-    rows = query_vector(config.prometheus_url, query, config.http_timeout)
+    rows = _vector(config, query)
     return float(sum(v for _, v in rows if v == v))
 
 
 def group_demand(forecasts: dict[tuple[str, str], tuple[float, dict[str, str]]], specs: list[WorkloadSpec],
-                 gpus: dict[tuple[str, str], tuple[int, dict[str, str]]], vc_label: str, discover: bool) -> DemandView:
-    """Sum the pods' forecasts per workload (the first spec whose pattern matches the pod), per
-    discovered Deployment (pods no spec claims) and per virtual cluster (``vc_label``); a pod in ``gpus``
-    without a forecast is listed as missing where it belongs."""
+                 gpus: dict[tuple[str, str], tuple[int, dict[str, str]]], vc_label: str, discover: bool,
+                 owners: dict[tuple[str, str], tuple[str, str]] | None = None) -> DemandView:
+    """Sum the pods' forecasts per workload, per discovered workload (pods no spec claims) and per virtual
+    cluster (``vc_label``); a pod in ``gpus`` without a forecast is listed as missing where it belongs.
+
+    A pod whose owner ``owners`` knows belongs to the first spec of its namespace with that owner
+    (:attr:`WorkloadSpec.owner_ref`), else to the discovered workload of its owner (a Deployment, StatefulSet
+    or Rollout); any other pod to the first spec whose ``pods`` pattern matches its name, else to the
+    discovered Deployment its name looks like."""
+    owners = owners or {}
     workloads = {s.key: Demand() for s in specs}
     discovered: dict[tuple[str, str], Demand] = defaultdict(Demand)
     vcs: dict[str, Demand] = defaultdict(Demand)
+    grouped: Counter[str] = Counter()
     pods = [(key, value, labels) for key, (value, labels) in forecasts.items()]
     pods += [(key, None, labels) for key, (_, labels) in gpus.items() if key not in forecasts]
     for (ns, pod), value, labels in sorted(pods, key=lambda row: row[0]):
-        spec = next((s for s in specs if s.namespace == ns and s.pods.fullmatch(pod)), None)
-        match = DEPLOYMENT_POD.fullmatch(pod) if spec is None and discover else None
-        demand = workloads[spec.key] if spec else discovered[(ns, match["workload"])] if match else None
+        demand: Demand | None = None
+        owner = owners.get((ns, pod))
+        if owner is not None:
+            spec = next((s for s in specs if s.namespace == ns and s.owner_ref == owner), None)
+            if spec is not None:
+                demand = workloads[spec.key]
+            elif discover and owner[0] in SCALABLE_OWNERS and (ns, owner[1]) not in workloads:
+                demand = discovered[(ns, owner[1])]
+            method = "owner"
+        else:
+            spec = next((s for s in specs if s.namespace == ns and s.pods.fullmatch(pod)), None)
+            match = DEPLOYMENT_POD.fullmatch(pod) if spec is None and discover else None
+            demand = workloads[spec.key] if spec else discovered[(ns, match["workload"])] if match else None
+            method = "name"
         if demand is not None:
+            grouped[method] += 1
             if value is None:
                 demand.missing.append(pod)
             else:
@@ -197,4 +249,4 @@ def group_demand(forecasts: dict[tuple[str, str], tuple[float, dict[str, str]]],
             else:
                 vcs[vc].total += value * n
                 vcs[vc].pods.append(f"{ns}/{pod}")
-    return DemandView(workloads, dict(discovered), dict(vcs))
+    return DemandView(workloads, dict(discovered), dict(vcs), grouped)

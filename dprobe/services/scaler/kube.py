@@ -2,7 +2,7 @@
 virtual cluster's GPUs through its ResourceQuota.
 
 The official ``kubernetes`` client; the scaler needs RBAC ``get`` and ``patch`` on
-``deployments/scale`` and ``statefulsets/scale``, and ``create`` on ``events`` for the Events it records
+``deployments/scale`` and ``statefulsets/scale`` (and ``rollouts/scale`` of ``argoproj.io`` for Argo Rollouts), and ``create`` on ``events`` for the Events it records
 on what it rescales, as the HPA does (``deploy/scaler/rbac.yaml``).
 """
 
@@ -42,7 +42,11 @@ class ObjectRef:
 
     @staticmethod
     def of(spec: WorkloadSpec) -> ObjectRef:
-        return ObjectRef(spec.namespace, spec.kind, spec.name, "apps/v1")
+        return ObjectRef(spec.namespace, spec.kind, spec.name, ROLLOUTS[0] + "/" + ROLLOUTS[1]
+                         if spec.kind == "Rollout" else "apps/v1")
+
+
+ROLLOUTS = ("argoproj.io", "v1alpha1", "rollouts")  # Argo Rollouts: group, version, plural
 
 
 EVENT_SOURCE = "dprobe-scaler"
@@ -52,7 +56,8 @@ class ScaleClient:
     """``replicas(spec)`` / ``scale(spec, n)`` on Deployments and StatefulSets, ``quota`` / ``set_quota``
     on a ResourceQuota's hard limit of one resource (a virtual cluster's GPUs)."""
 
-    def __init__(self, kubeconfig: str = "", timeout: float = 5.0, apps: Any = None, core: Any = None) -> None:
+    def __init__(self, kubeconfig: str = "", timeout: float = 5.0, apps: Any = None, core: Any = None,
+                 custom: Any = None) -> None:
         from kubernetes import client, config
 
         if apps is None or core is None:
@@ -70,6 +75,7 @@ class ScaleClient:
                 raise ValueError(f"cannot use the kubeconfig ({where}): {detail}") from exc
         self.apps = apps if apps is not None else client.AppsV1Api()
         self.core = core if core is not None else client.CoreV1Api()
+        self.custom = custom if custom is not None else client.CustomObjectsApi()
         self.timeout = timeout
 
     def _call(self, what: str, method: Any, *args: Any) -> Any:
@@ -85,13 +91,20 @@ class ScaleClient:
             raise KubernetesError(f"{what}: {exc}") from exc
 
     def _scale(self, spec: WorkloadSpec, verb: str, *args: Any) -> Any:
+        what = f"{spec.kind} {spec.namespace}/{spec.name}: {verb} scale"
+        if spec.kind == "Rollout":  # a custom resource's scale subresource: a dict
+            method = getattr(self.custom, f"{'get' if verb == 'read' else verb}_namespaced_custom_object_scale")
+            return self._call(what, method, ROLLOUTS[0], ROLLOUTS[1], spec.namespace, ROLLOUTS[2], spec.name, *args)
         kind = "deployment" if spec.kind == "Deployment" else "stateful_set"
-        return self._call(f"{spec.kind} {spec.namespace}/{spec.name}: {verb} scale",
-                          getattr(self.apps, f"{verb}_namespaced_{kind}_scale"), spec.name, spec.namespace, *args)
+        return self._call(what, getattr(self.apps, f"{verb}_namespaced_{kind}_scale"), spec.name, spec.namespace,
+                          *args)
 
     def replicas(self, spec: WorkloadSpec) -> int:
         """The workload's desired replica count (``spec.replicas`` of its scale)."""
-        return int(self._scale(spec, "read").spec.replicas or 0)
+        scale = self._scale(spec, "read")
+        if isinstance(scale, dict):
+            return int((scale.get("spec") or {}).get("replicas") or 0)
+        return int(scale.spec.replicas or 0)
 
     def scale(self, spec: WorkloadSpec, replicas: int) -> None:
         """Set the workload's replica count."""

@@ -16,6 +16,7 @@ from dprobe.services.scaler.demand import (
     pending_gpus,
     pod_forecasts,
     pod_gpus,
+    pod_owners,
     previous_recommendations,
     workload_replicas,
 )
@@ -34,6 +35,8 @@ class DemandReader:
         self.activations: dict[tuple[str, str], tuple[float, bool]] = {}  # activation queries: (value, active)
         self.failure = ""  # why the forecasts could not be read ('' while they can)
         self._failures: dict[str, str] = {}  # the other queries: the last failure's reason
+        self.grouping = ""  # how pods were last put in workloads: "owner" (kube-state-metrics), "name", ""
+        self.gpus: dict[tuple[str, str], tuple[int, dict[str, str]]] = {}  # the last read's GPUs per pod
 
     def read(self) -> DemandView | None:
         """This cycle's demand, or None when Prometheus could not be read (counted, logged)."""
@@ -54,7 +57,9 @@ class DemandReader:
             self._failures.pop("gpus_query", None)
         except SourceError as exc:  # virtual clusters then count one GPU per pod; no pod is known missing
             self.failed("gpus_query", exc, "one GPU per pod, pods without forecasts unseen")
-        view = group_demand(forecasts, self.specs, gpus, self.config.vc_label, self.config.discover)
+        self.gpus = gpus
+        view = group_demand(forecasts, self.specs, gpus, self.config.vc_label, self.config.discover,
+                            self.owners())
         if self.config.vc_pending_query.strip():
             try:
                 add_pending(view.vcs, pending_gpus(self.config))
@@ -62,6 +67,27 @@ class DemandReader:
             except SourceError as exc:  # the clusters' demand is then their pods' forecasts alone
                 self.failed("vc_pending_query", exc, "demand without waiting GPUs this cycle")
         return view
+
+    def owners(self) -> dict[tuple[str, str], tuple[str, str]]:
+        """Each pod's owner from ``owners_query``; empty (pods grouped by name) when it is not set, fails
+        (counted, logged once) or finds no kube-state-metrics series (logged once)."""
+        if not self.config.owners_query.strip():
+            return {}
+        try:
+            owners = pod_owners(self.config)
+            self._failures.pop("owners_query", None)
+        except SourceError as exc:
+            self.failed("owners_query", exc, "pods grouped by name")
+            owners = {}
+        grouping = "owner" if owners else "name"
+        if grouping != self.grouping:
+            if owners:
+                log.info("grouping pods into workloads by owner (kube-state-metrics: %d pods)", len(owners))
+            else:
+                log.warning("owners_query found no pod owners (is kube-state-metrics scraped?): grouping pods "
+                            "into workloads by name (the workloads' pods patterns)")
+            self.grouping = grouping
+        return owners
 
     def active(self, spec: WorkloadSpec, previous: Decision | None) -> bool | None:
         """What the workload's activation query says (None: it has none). A query that fails keeps the
@@ -104,6 +130,10 @@ class DemandReader:
             log.info("starting from %d recommendations of the last %g s", len(workloads) + len(vcs),
                      self.config.restore_seconds)
         return workloads, vcs
+
+    def answered(self, query: str) -> None:
+        """``query`` answered again: its next failure is logged at warning level."""
+        self._failures.pop(query, None)
 
     def failed(self, query: str, exc: SourceError, outcome: str) -> None:
         """Count a failed query; log it once per reason (at debug level while the same reason repeats)."""

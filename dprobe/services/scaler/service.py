@@ -22,11 +22,13 @@ from dprobe.services.exporter.server import ExporterServer, run_until_signalled
 from dprobe.services.scaler.actuator import Actuator, ActuatorError, RecommendActuator
 from dprobe.services.scaler.collector import ScalerCollector
 from dprobe.services.scaler.config import ScalerConfig, WorkloadSpec
-from dprobe.services.scaler.demand import Demand, DemandView
+from dprobe.services.scaler.demand import GROUPING_METHODS, Demand, DemandView
 from dprobe.services.scaler.kube import Cluster, KubernetesActuator, ScaleClient
 from dprobe.services.scaler.ledger import Ledger, name
 from dprobe.services.scaler.policy import Decision, Recommender
 from dprobe.services.scaler.reader import DemandReader
+from dprobe.services.scaler.sharing import SharePlan, ShareRecommender, previous_limits, read_pods
+from dprobe.services.sources.base import SourceError
 
 log = logging.getLogger(__name__)
 CYCLE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -69,7 +71,12 @@ class Scaler:
         self.vcs: Ledger[str] = Ledger()
         self.vc_held_gpus: dict[str, int] = {}
         self.vc_pending_gpus: dict[str, float] = {}  # from vc_pending_query
+        self.grouped_pods: dict[str, int] = {}  # pods put in a workload last cycle, by method (owner, name)
         self.last_cycle_at: float | None = None
+        settings = config.sharing_settings()
+        self.sharing = ShareRecommender(settings) if settings is not None else None
+        self.shares: SharePlan | None = None  # the last cycle's shares (sharing enabled)
+        self._shares_restored = False  # the last run's memory limits read back (once, at the first cycle)
         self._no_data = False  # the last answer held no usable forecast while pods expected some
         self.registry = CollectorRegistry(auto_describe=False)
         self.cycle_seconds = Histogram("dprobe_scaler_cycle_seconds", "Duration of a decision cycle.",
@@ -122,11 +129,14 @@ class Scaler:
             decisions.update(self._decide_discovered(now, view.discovered))
             self.vcs.decisions = self._decide_vcs(now, view.vcs)
             self.vc_held_gpus = {vc: d.gpus for vc, d in view.vcs.items()}
+            self.grouped_pods = {m: view.grouped.get(m, 0) for m in GROUPING_METHODS}
             self.vc_pending_gpus = {vc: d.pending for vc, d in view.vcs.items() if self.config.vc_pending_query}
             # an answer without a usable forecast while pods expect some: the sidecars are gone or not scraped
             self._no_data = not any(d.pods for d in (*view.workloads.values(), *view.discovered.values(),
                                                      *view.vcs.values())) and any(
                 d.demand is None and d.current > 0 for d in (*decisions.values(), *self.vcs.decisions.values()))
+            if self.sharing is not None:
+                self._share(now, view)
             if self._no_data:
                 self.errors_total["no_data"] += 1
                 log.log(logging.WARNING if self.errors_total["no_data"] == 1 else logging.DEBUG,
@@ -136,6 +146,37 @@ class Scaler:
         self.workloads.decisions = decisions
         self.last_cycle_at = now
         self.cycle_seconds.observe(time.perf_counter() - started)
+
+    def _share(self, now: float, view: DemandView) -> None:
+        """This cycle's shares (:mod:`dprobe.services.scaler.sharing`); when a query fails the last ones stay."""
+        assert self.sharing is not None
+        if not self._shares_restored and self.config.restore_seconds > 0:
+            try:
+                limits = previous_limits(self.config)
+                self.sharing.restore(now, limits)
+                if limits:
+                    log.info("starting from %d memory limits of the last %g s", len(limits),
+                             self.config.restore_seconds)
+            except SourceError as exc:
+                self.reader.failed("restore memory limits", exc, "starting from this cycle's forecasts")
+        self._shares_restored = True
+        try:
+            pods = read_pods(self.config, self.sharing.settings, view, self.reader.gpus, self.reader.rejected_total)
+            self.reader.answered("sharing")
+        except SourceError as exc:
+            self.reader.failed("sharing", exc, "the last shares kept")
+            return
+        try:
+            shares = self.sharing.recommend(now, pods)
+        except Exception:
+            self.errors_total["cycle"] += 1
+            log.exception("share recommendation failed; the last shares kept")
+            return
+        before = dict(self.shares.pod_reasons) if self.shares else {}
+        for (ns, pod), reason in sorted(shares.pod_reasons.items()):
+            if before.get((ns, pod)) != reason:
+                log.info("%s/%s keeps the GPUs it holds, not packed: %s", ns, pod, reason)
+        self.shares = shares
 
     def _guarded(self, ledger: Ledger, key: object, decide: Callable[[], Decision | None]) -> Decision | None:
         """``decide()``; a failure is counted and logged and the object keeps its last decision: one

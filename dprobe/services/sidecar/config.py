@@ -12,6 +12,7 @@ from typing import Any
 from dprobe.core.options import OptionSet, option
 from dprobe.forecaster.baselines import BASELINES
 from dprobe.forecaster.loading import SHIPPED
+from dprobe.services.sources.prometheus import PrometheusAccess
 from dprobe.services.sources.registry import source_names
 
 ENV_PREFIX = "DPROBE_SIDECAR_"
@@ -20,8 +21,9 @@ MODELS = (SHIPPED, *BASELINES)
 
 
 @dataclass
-class SidecarConfig:
-    """Every option of ``dprobe sidecar``; YAML keys may also be nested (``dcgm: {url: ...}``)."""
+class SidecarConfig(PrometheusAccess):
+    """Every option of ``dprobe sidecar``; YAML keys may also be nested (``dcgm: {url: ...}``). The
+    ``prometheus_*`` credential and TLS options (:class:`PrometheusAccess`) are the scaler's too."""
 
     listen_address: str = option("0.0.0.0", "address the HTTP server binds")
     port: int = option(9477, "port of /metrics, /healthz and /readyz")
@@ -88,9 +90,9 @@ class SidecarConfig:
 
     def validate(self) -> SidecarConfig:
         for name in ("sample_interval", "forecast_interval", "step_seconds", "stale_after",
-                     "drop_after", "http_timeout", "max_backoff"):
+                     "drop_after", "http_timeout", "max_backoff", "job_timeout", "job_cpu_limit", "job_memory_limit"):
             if not 0 < getattr(self, name) < math.inf:  # NaN and inf too: a NaN stale_after hides everything
-                raise ValueError(f"{name} must be positive seconds, got {getattr(self, name)}")
+                raise ValueError(f"{name} must be positive (and finite), got {getattr(self, name)}")
         if not 0 <= self.max_clock_skew < math.inf:
             raise ValueError(f"max_clock_skew must be 0 or positive seconds, got {self.max_clock_skew}")
         if not 0 <= self.replay_speed < math.inf:
@@ -122,6 +124,8 @@ class SidecarConfig:
             if self.source == source and (url.scheme not in ("http", "https") or not url.hostname):
                 # a typo here would otherwise only show as a source failing for ever, retried with backoff
                 raise ValueError(f"{name} must be an http(s) URL such as {example}, got {getattr(self, name)!r}")
+        if self.source == "prometheus":
+            self.check_prometheus_access(self.prometheus_url)
         self.horizons = sorted({int(h) for h in self.horizons})
         if self.job or self.jobs:  # a bad job stops the start (it would only ever be logged later)
             from dprobe.services.sidecar.jobs import JobSpec

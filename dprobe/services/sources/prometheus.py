@@ -1,4 +1,5 @@
-"""A Prometheus server as a source: ``query_range`` over the HTTP API."""
+"""A Prometheus server as a source: ``query_range`` over the HTTP API; and the options of any client of a
+Prometheus server (:class:`PrometheusAccess`: credentials, TLS, headers), shared by the sidecar and the scaler."""
 
 from __future__ import annotations
 
@@ -6,23 +7,72 @@ import json
 import time
 import urllib.parse
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
+from dprobe.core.options import option
 from dprobe.services.sources.base import IDENTITY_LABELS, Sample, SourceError, target_name
-from dprobe.services.sources.http import http_get
+from dprobe.services.sources.http import HttpAuth, http_get
 from dprobe.services.sources.registry import register
 
 DEFAULT_MEMORY_QUERY = "sum by (namespace, pod) (DCGM_FI_DEV_FB_USED{pod!=\"\"}) * 1048576"
 DEFAULT_UTILIZATION_QUERY = "avg by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL{pod!=\"\"}) / 100"
 
 
-def api_get(url: str, endpoint: str, params: dict[str, str], timeout: float, kind: str) -> list:
+AUTH_FIELDS = ("bearer_token_file", "username", "password_file", "ca_file", "cert_file", "key_file",
+               "insecure_skip_verify", "headers")
+
+
+@dataclass
+class PrometheusAccess:
+    """How a service reads a secured Prometheus (or Thanos, Mimir, Cortex): the options ``prometheus_*``
+    below, in the settings of every service that reads one (with its ``prometheus_url`` and ``http_timeout``)."""
+
+    prometheus_bearer_token_file: str = option(
+        "", "file holding a bearer token sent to Prometheus (read again when it changes, as Kubernetes rotates "
+            "projected service-account tokens)")
+    prometheus_username: str = option("", "basic auth user name for Prometheus (with prometheus_password_file)")
+    prometheus_password_file: str = option("", "file holding the basic auth password (read again when it changes)")
+    prometheus_ca_file: str = option("", "CA certificates (PEM) that verify Prometheus's TLS certificate "
+                                         "(default: the system's)")
+    prometheus_cert_file: str = option("", "client certificate (PEM) for mutual TLS, with its key in it or in "
+                                           "prometheus_key_file")
+    prometheus_key_file: str = option("", "private key (PEM) of prometheus_cert_file")
+    prometheus_insecure_skip_verify: bool = option(False, "do not verify Prometheus's TLS certificate (tests "
+                                                          "only: anyone in between can read and answer)")
+    prometheus_headers: dict[str, str] = option({}, "extra HTTP headers of every Prometheus request, e.g. "
+                                                    "{X-Scope-OrgID: team-a} for a Mimir / Thanos tenant (YAML, "
+                                                    "or JSON in env)")
+
+    def prometheus_auth(self) -> HttpAuth:
+        """The client settings of these options (one object while they stay the same, so that the files it
+        reads are read again only when they change)."""
+        values = tuple((name, repr(getattr(self, "prometheus_" + name))) for name in AUTH_FIELDS)
+        cached = self.__dict__.get("_prometheus_auth")
+        if cached is None or cached[0] != values:
+            auth = HttpAuth(**{name: getattr(self, "prometheus_" + name) for name in AUTH_FIELDS},
+                            prefix="prometheus_")
+            self.__dict__["_prometheus_auth"] = cached = (values, auth)
+        return cached[1]
+
+    def check_prometheus_access(self, url: str) -> None:
+        """Refuse at start what cannot work (ValueError naming the option): contradictory or unreadable
+        credentials, a certificate that does not load, TLS settings on an http:// URL."""
+        auth = self.prometheus_auth()
+        auth.check()
+        tls = [n for n in ("ca_file", "cert_file", "insecure_skip_verify") if getattr(self, "prometheus_" + n)]
+        if tls and not url.lower().startswith("https:"):
+            raise ValueError(f"prometheus_{tls[0]} is for an https:// server, prometheus_url is {url!r}")
+
+
+def api_get(url: str, endpoint: str, params: dict[str, str], timeout: float, kind: str,
+            auth: HttpAuth | None = None) -> list:
     """The ``result`` list of ``GET {url}/api/v1/{endpoint}`` (a Prometheus server) when it answers with
     a ``kind`` (vector, matrix); any failure is a SourceError naming the server and the query as written."""
     full = f"{url.rstrip('/')}/api/v1/{endpoint}?{urllib.parse.urlencode(params)}"
     where = f"{url}: {params.get('query', '')!r}"
     try:
-        body = http_get(full, timeout, accept="application/json")
+        body = http_get(full, timeout, accept="application/json", auth=auth)
     except SourceError as exc:  # the query as written, not URL-encoded
         raise SourceError(f"{where}: {str(exc).removeprefix(full + ': ')}") from exc
     try:
@@ -38,10 +88,11 @@ def api_get(url: str, endpoint: str, params: dict[str, str], timeout: float, kin
     return data.get("result") or []
 
 
-def query_vector(url: str, query: str, timeout: float) -> list[tuple[dict[str, str], float]]:
+def query_vector(url: str, query: str, timeout: float, auth: HttpAuth | None = None
+                 ) -> list[tuple[dict[str, str], float]]:
     """An instant ``query`` at ``url`` (a Prometheus server): ``[(labels, value), ...]``, SourceError
-    on any failure (unreachable, refused query, not an instant vector)."""
-    rows = api_get(url, "query", {"query": query}, timeout, "vector")
+    on any failure (unreachable, refused, wrong credentials, refused query, not an instant vector)."""
+    rows = api_get(url, "query", {"query": query}, timeout, "vector", auth)
     try:
         return [(dict(s.get("metric", {})), float(s["value"][1])) for s in rows]
     except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
@@ -63,8 +114,9 @@ class PrometheusSource:
 
     def __init__(self, url: str, memory_query: str = DEFAULT_MEMORY_QUERY,
                  utilization_query: str = DEFAULT_UTILIZATION_QUERY, step: float = 10.0,
-                 lookback: float = 3600.0, timeout: float = 3.0, target_label: str | None = None):
-        self.url = url.rstrip("/")
+                 lookback: float = 3600.0, timeout: float = 3.0, target_label: str | None = None,
+                 auth: HttpAuth | None = None):
+        self.url, self.auth = url.rstrip("/"), auth
         self.queries = {"memory": memory_query, "utilization": utilization_query}
         self.step, self.lookback, self.timeout, self.target_label = step, lookback, timeout, target_label
         self._since: float | None = None
@@ -86,7 +138,7 @@ class PrometheusSource:
     def _range_once(self, query: str, start: float, end: float) -> list:
         """One ``query_range``: ``[(labels, [(ts, value), ...]), ...]``."""
         params = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{self.step:g}"}
-        series = api_get(self.url, "query_range", params, self.timeout, "matrix")
+        series = api_get(self.url, "query_range", params, self.timeout, "matrix", self.auth)
         try:
             return [(dict(s.get("metric", {})), [(float(t), float(v)) for t, v in s.get("values", [])])
                     for s in series]
@@ -132,7 +184,7 @@ def _from_options(options: Any) -> PrometheusSource:
         options.prometheus_url, options.prometheus_memory_query or DEFAULT_MEMORY_QUERY,
         options.prometheus_utilization_query or DEFAULT_UTILIZATION_QUERY, step=options.step_seconds,
         lookback=options.window_seconds, timeout=options.http_timeout,
-        target_label=options.prometheus_target_label or None)
+        target_label=options.prometheus_target_label or None, auth=options.prometheus_auth())
 
 
 register("prometheus", _from_options)

@@ -1,0 +1,92 @@
+"""Step time of synchronous data-parallel training (DistributedDataParallel, NCCL ring all-reduce).
+
+A step is the single-GPU step at the per-GPU batch, ``S``, plus the part of the gradient all-reduce that
+backward does not hide, plus the wait for the slowest replica:
+
+- ring all-reduce of ``G`` gradient bytes over ``N`` GPUs moves ``2 (N - 1) / N * G`` bytes over the
+  slowest link: the node's PCIe fabric on one node (``intra``), the network between nodes otherwise
+  (``inter``), which the GPUs of the busiest node share (``per_gpu_on_node`` for each GPU beyond the
+  first); each of the ``2 (N - 1)`` ring steps adds a latency; a ring over two nodes is
+  ``two_node_penalty`` slower (measured, see docs/graph-and-coldstart.md);
+- gradient buckets are reduced while backward still runs: of the all-reduce time ``T``,
+  ``T * (tail + (1 - tail) * exp(-overlap * S / T))`` is exposed (the last bucket, ``tail``, never hides);
+- replicas finish backward at slightly different times: ``straggler * S * ln N``.
+
+Only a handful of numbers, fitted across models (:mod:`.fit`), describe the cluster; the model enters
+through ``S`` and ``G`` alone.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from dprobe.profiling.dataparallel.placement import Placement
+
+
+@dataclass(frozen=True)
+class ClusterParams:
+    """The fitted description of a cluster's all-reduce (seconds, bytes per second, fractions)."""
+
+    intra_bandwidth: float  # bytes/s of one ring link inside a node
+    intra_latency: float  # s per ring step inside a node
+    inter_bandwidth: float  # bytes/s of one ring link between nodes
+    inter_latency: float  # s per ring step across nodes
+    per_gpu_on_node: float  # slowdown of the inter-node ring per GPU beyond the first on the busiest node
+    two_node_penalty: float  # extra slowdown of a ring over exactly two nodes
+    overlap: float  # backward seconds that hide all-reduce, per second of the single-GPU step
+    tail: float  # share of the all-reduce never hidden (the last bucket)
+    straggler: float  # wait for the slowest replica, per second of step and unit of ln N
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: float(v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> ClusterParams:
+        names = [f.name for f in fields(cls)]
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise ValueError(f"data-parallel parameters lack {', '.join(missing)}")
+        return cls(**{n: float(values[n]) for n in names})
+
+    def vector(self) -> np.ndarray:
+        return np.array([getattr(self, f.name) for f in fields(self)], dtype=np.float64)
+
+
+PARAM_NAMES = tuple(f.name for f in fields(ClusterParams))
+
+
+def comm_seconds(params: ClusterParams, grad_bytes: np.ndarray, gpus: np.ndarray, nodes: np.ndarray,
+                 busiest: np.ndarray) -> np.ndarray:
+    """Seconds of one ring all-reduce of ``grad_bytes`` (0 on one GPU)."""
+    g, n, m, k = (np.asarray(a, dtype=np.float64) for a in (grad_bytes, gpus, nodes, busiest))
+    moved = 2.0 * (n - 1.0) / n * g
+    intra = moved / params.intra_bandwidth + 2.0 * (n - 1.0) * params.intra_latency
+    share = (1.0 + params.per_gpu_on_node * (k - 1.0)) * (1.0 + params.two_node_penalty * (m == 2))
+    inter = moved / params.inter_bandwidth * share + 2.0 * (n - 1.0) * params.inter_latency
+    return np.where(n <= 1, 0.0, np.where(m > 1, inter, intra))
+
+
+def sync_seconds(params: ClusterParams, single_step: np.ndarray, grad_bytes: np.ndarray, gpus: np.ndarray,
+                 nodes: np.ndarray, busiest: np.ndarray) -> np.ndarray:
+    """Seconds a step waits on the gradient all-reduce after its own backward ends (what PyTorch's
+    profiler and Pollux's ``sync_time`` call synchronisation), on top of ``single_step``."""
+    s = np.asarray(single_step, dtype=np.float64)
+    t = comm_seconds(params, grad_bytes, gpus, nodes, busiest)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        hidden = np.where(t > 0, np.exp(-params.overlap * s / np.where(t > 0, t, 1.0)), 0.0)
+    exposed = t * (params.tail + (1.0 - params.tail) * hidden)
+    n = np.asarray(gpus, dtype=np.float64)
+    return exposed + params.straggler * s * np.log(np.maximum(n, 1.0))
+
+
+def step_seconds(params: ClusterParams, single_step: float, grad_bytes: float, where: Placement) -> tuple[float, float]:
+    """(step seconds, of which synchronisation) of one data-parallel step at ``where``."""
+    sync = float(sync_seconds(params, np.array([single_step]), np.array([grad_bytes]), np.array([where.gpus]),
+                              np.array([where.nodes]), np.array([where.busiest]))[0])
+    if not math.isfinite(sync):
+        raise ValueError("data-parallel step time is not finite: check --step-time and --params")
+    return single_step + sync, sync

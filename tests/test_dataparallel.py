@@ -1,0 +1,332 @@
+"""Data-parallel step time (dprobe.profiling.dataparallel): placements, the all-reduce model, its fit on
+pollux-placements, and ``dprobe predict --gpus``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dprobe.profiling.dataparallel._fitted import FITTED
+from dprobe.profiling.dataparallel.cli import refuse_without_gpus, run_data_parallel
+from dprobe.profiling.dataparallel.data import DEFAULT_DIR, load_steps
+from dprobe.profiling.dataparallel.fit import fitted, leave_one_model_out, predict_sync
+from dprobe.profiling.dataparallel.model import ClusterParams, comm_seconds, step_seconds, sync_seconds
+from dprobe.profiling.dataparallel.placement import Placement, packed, parse_placement, resolve_placement
+from dprobe.profiling.dataparallel.predict import predict_data_parallel, scaling_limit, shipped_params
+
+PARAMS = ClusterParams(intra_bandwidth=5e9, intra_latency=1e-4, inter_bandwidth=1e9, inter_latency=5e-4,
+                       per_gpu_on_node=0.1, two_node_penalty=0.3, overlap=1.0, tail=0.2, straggler=0.0)
+
+
+# placements and their errors ------------------------------------------------------------------------
+
+def test_placement_from_digits_nodes_and_packing():
+    assert parse_placement("1122") == Placement((1, 1, 2, 2)) and str(parse_placement("8+8+4")) == "884"
+    assert str(parse_placement("16+16+8")) == "16+16+8" and parse_placement("16+16+8").gpus == 40
+    assert resolve_placement(6, placement="1122").nodes == 4
+    assert resolve_placement(7, nodes=3).per_node == (3, 2, 2)
+    assert resolve_placement(12, gpus_per_node=4).per_node == (4, 4, 4)  # packed onto as few nodes as hold them
+    assert packed(9, 8).per_node == (5, 4) and resolve_placement(1).per_node == (1,)
+
+
+@pytest.mark.parametrize(("kwargs", "names"), [
+    ({"gpus": 0}, "--gpus"),
+    ({"gpus": 6, "placement": "1112"}, "--placement"),  # digits add up to 5
+    ({"gpus": 4, "placement": "1030"}, "--placement"),  # a node with no GPU
+    ({"gpus": 4, "placement": "2x2"}, "--placement"),
+    ({"gpus": 8, "placement": "53", "gpus_per_node": 4}, "--gpus-per-node"),
+    ({"gpus": 4, "placement": "22", "nodes": 3}, "--nodes"),
+    ({"gpus": 2, "nodes": 3}, "--nodes"),  # more nodes than GPUs
+    ({"gpus": 4, "nodes": 0}, "--nodes"),
+    ({"gpus": 9, "nodes": 2, "gpus_per_node": 4}, "--gpus-per-node"),  # more GPUs than the nodes hold
+    ({"gpus": 4, "gpus_per_node": 0}, "--gpus-per-node"),
+])
+def test_impossible_placements_are_refused_by_name(kwargs, names):
+    with pytest.raises(ValueError, match=names):
+        resolve_placement(**kwargs)
+
+
+# the model ------------------------------------------------------------------------------------------
+
+def _sync(params, s, g, where):
+    return float(sync_seconds(params, np.array([s]), np.array([g]), np.array([where.gpus]), np.array([where.nodes]),
+                              np.array([where.busiest]))[0])
+
+
+def test_one_gpu_has_no_sync_and_the_ring_follows_its_links():
+    assert step_seconds(PARAMS, 0.2, 1e8, Placement((1,))) == (0.2, 0.0)
+    g = 1e8
+    one_node = float(comm_seconds(PARAMS, g, 4, 1, 4))
+    assert one_node == pytest.approx(2 * 3 / 4 * g / 5e9 + 6 * 1e-4)
+    across = float(comm_seconds(PARAMS, g, 4, 4, 1))
+    assert across == pytest.approx(2 * 3 / 4 * g / 1e9 + 6 * 5e-4) and across > one_node
+    # the busiest node's GPUs share its link; a ring over exactly two nodes is slower
+    assert float(comm_seconds(PARAMS, g, 8, 4, 3)) == pytest.approx(2 * 7 / 8 * g / 1e9 * 1.2 + 14 * 5e-4)
+    assert float(comm_seconds(PARAMS, g, 4, 2, 2)) == pytest.approx(2 * 3 / 4 * g / 1e9 * 1.1 * 1.3 + 6 * 5e-4)
+
+
+def test_backward_hides_all_but_the_tail_and_bigger_gradients_cost_more():
+    where = Placement((2, 2))
+    short, long_ = _sync(PARAMS, 0.01, 1e8, where), _sync(PARAMS, 10.0, 1e8, where)
+    t = float(comm_seconds(PARAMS, 1e8, 4, 2, 2))
+    assert short == pytest.approx(t, rel=0.05) and long_ == pytest.approx(PARAMS.tail * t, rel=1e-3)
+    assert _sync(PARAMS, 0.1, 2e8, where) > _sync(PARAMS, 0.1, 1e8, where)
+    stragglers = ClusterParams(**{**PARAMS.as_dict(), "straggler": 0.05})
+    assert _sync(stragglers, 0.1, 1e8, where) == pytest.approx(_sync(PARAMS, 0.1, 1e8, where) + 0.05 * 0.1 * math.log(4))
+
+
+def test_prediction_throughput_efficiency_and_scaling_limit():
+    where = Placement((4, 4))
+    dp = predict_data_parallel((0.2, 0.25), 1e8, 256, where, 4, "--step-time", "--params", 0.7, params=PARAMS)
+    step, sync = step_seconds(PARAMS, 0.2, 1e8, where)
+    assert dp.step_time_seconds[0] == pytest.approx(step) and dp.sync_time_seconds[0] == pytest.approx(sync)
+    assert dp.step_time_seconds[1] >= step_seconds(PARAMS, 0.25, 1e8, where)[0]
+    d = dp.as_dict()
+    assert d["local_batch"] == 32 and d["throughput_samples_per_second"]["p50"] == pytest.approx(256 / step)
+    assert d["scaling_efficiency"] == pytest.approx(0.2 / step, abs=1e-4)
+    limit = dp.scaling_limit_gpus
+    assert limit is not None and limit >= 1
+
+    def efficiency(n):
+        return 0.2 / step_seconds(PARAMS, 0.2, 1e8, packed(n, 4))[0]
+    assert all(efficiency(n) >= 0.7 for n in range(1, limit + 1)) and efficiency(limit + 1) < 0.7
+    # no communication to speak of: never drops
+    assert scaling_limit(10.0, 1.0, 4, 0.5, ClusterParams(**{**PARAMS.as_dict(), "tail": 0.0}), max_gpus=64) is None
+    with pytest.raises(ValueError, match="--min-efficiency"):
+        predict_data_parallel((0.2, 0.2), 1e8, 8, where, 4, "x", "y", 1.5, params=PARAMS)
+
+
+# the data and the fit -------------------------------------------------------------------------------
+
+@pytest.fixture
+def small_pollux(tmp_path: Path) -> Path:
+    """Three models of pollux-placements, every fourth multi-GPU row (all one-GPU rows kept)."""
+    out = tmp_path / "pollux"
+    out.mkdir()
+    shutil.copy(DEFAULT_DIR / "models.csv", out / "models.csv")
+    for model in ("bert", "imagenet", "ncf"):
+        (out / model).mkdir()
+        frame = pd.read_csv(DEFAULT_DIR / model / "placements.csv", dtype={"placement": str})
+        keep = (frame.placement == "1") | (np.arange(len(frame)) % 4 == 0)
+        frame[keep].to_csv(out / model / "placements.csv", index=False)
+    return out
+
+
+def test_load_steps_pairs_each_row_with_its_one_gpu_step(small_pollux):
+    steps = load_steps(small_pollux)
+    assert set(steps.model) == {"bert", "imagenet", "ncf"} and (steps.gpus > 1).all()
+    one = pd.read_csv(small_pollux / "ncf" / "placements.csv", dtype={"placement": str}).query("placement == '1'")
+    row = steps[steps.model == "ncf"].iloc[0]
+    assert row.single_step == pytest.approx(one[one.local_bsz == row.local_bsz].step_time.median())
+    assert row.grad_bytes == 4 * 1602657
+    assert (steps.gpus == [sum(map(int, p)) for p in steps.placement]).all()
+
+
+def test_bad_data_is_refused_by_name(small_pollux):
+    (small_pollux / "yolo").mkdir()
+    shutil.copy(small_pollux / "ncf" / "placements.csv", small_pollux / "yolo" / "placements.csv")
+    with pytest.raises(ValueError, match="yolo.*--param-count"):
+        load_steps(small_pollux)
+    assert "yolo" in set(load_steps(small_pollux, {"yolo": 1000}).model)
+    frame = pd.read_csv(small_pollux / "ncf" / "placements.csv").drop(columns="sync_time")
+    frame.to_csv(small_pollux / "ncf" / "placements.csv", index=False)
+    with pytest.raises(ValueError, match="sync_time"):
+        load_steps(small_pollux, {"yolo": 1000})
+
+
+@pytest.mark.slow
+def test_held_out_model_is_predicted_without_its_own_measurements(small_pollux):
+    """Leave-one-model-out: scrambling a model's multi-GPU measurements leaves its predictions as they were
+    (only its one-GPU step time and parameter count are read), and the others' fit beats linear scaling."""
+    base = leave_one_model_out(load_steps(small_pollux))
+    path = small_pollux / "ncf" / "placements.csv"
+    frame = pd.read_csv(path, dtype={"placement": str})
+    multi = frame.placement != "1"
+    frame.loc[multi, "sync_time"] *= 3.0
+    frame.loc[multi, "step_time"] *= 2.0
+    frame.to_csv(path, index=False)
+    again = leave_one_model_out(load_steps(small_pollux))
+    ncf = (base.model == "ncf").to_numpy()
+    np.testing.assert_allclose(again.pred_sync.to_numpy()[ncf], base.pred_sync.to_numpy()[ncf])
+    assert not np.allclose(again.pred_sync.to_numpy()[~ncf], base.pred_sync.to_numpy()[~ncf])
+    mape = np.mean(np.abs(base.pred_step / base.step_time - 1))
+    linear = np.mean(np.abs(base.single_step / base.step_time - 1))
+    assert mape < 0.5 * linear
+
+
+@pytest.mark.slow
+def test_shipped_parameters_are_the_refit_of_the_bundled_data():
+    """``python -m dprobe.profiling.dataparallel.fit --write`` on datasets/pollux-placements reproduces
+    what ships (parameters, p90 factors, models)."""
+    again = fitted()
+    assert again["models"] == FITTED["models"] and again["rows"] == FITTED["rows"]
+    for name, value in FITTED["params"].items():
+        assert again["params"][name] == pytest.approx(value, rel=1e-3, abs=1e-9), name
+    assert again["p90_step_factor"] == pytest.approx(FITTED["p90_step_factor"], rel=1e-3)
+    assert again["p90_sync_factor"] == pytest.approx(FITTED["p90_sync_factor"], rel=1e-3)
+
+
+def test_shipped_parameters_describe_the_measured_cluster():
+    """The fitted cluster: the network between nodes is the slow link, backward hides part of the
+    all-reduce, and the shipped model predicts the bundled rows better than linear scaling."""
+    p = shipped_params()
+    assert p.inter_bandwidth < p.intra_bandwidth and p.overlap > 0 and FITTED["p90_step_factor"] > 1
+    steps = load_steps()
+    pred = steps.single_step + predict_sync(p, steps)
+    assert np.mean(np.abs(pred / steps.step_time - 1)) < 0.5 * np.mean(np.abs(steps.single_step / steps.step_time - 1))
+
+
+# dprobe predict --gpus --------------------------------------------------------------------------------
+
+def _args(**kw):
+    base = {"model": "torchvision:resnet50", "batch": 64, "precision": "fp32", "json": True, "gpus": None,
+            "nodes": None, "placement": None, "gpus_per_node": None, "step_time": None, "params": None,
+            "min_efficiency": None}
+    return argparse.Namespace(**{**base, **kw})
+
+
+class _Cold:
+    """A stand-in for the cold-start prediction (its step time and graph), recording the batch asked for."""
+
+    def __init__(self):
+        self.batches = []
+
+    def __call__(self, args):
+        self.batches.append(args.batch)
+        return SimpleNamespace(step_time_seconds=SimpleNamespace(p50=0.1, p90=0.12),
+                               graph=SimpleNamespace(num_params=25_000_000),
+                               analytical=SimpleNamespace(param_bytes=1),
+                               as_dict=lambda: {"model": "torchvision:resnet50", "batch": args.batch,
+                                                "step_time_seconds": {"p50": 0.1, "p90": 0.12}})
+
+
+def test_predict_gpus_adds_data_parallel_at_the_per_gpu_batch(capsys):
+    cold = _Cold()
+    assert run_data_parallel(_args(gpus=8, nodes=2), cold) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert cold.batches == [8] and out["batch"] == 8  # the cold-start figures are one GPU's at 64 / 8
+    dp = out["data_parallel"]
+    assert (dp["gpus"], dp["nodes"], dp["placement"], dp["global_batch"], dp["local_batch"]) == (8, 2, "44", 64, 8)
+    assert dp["grad_bytes"] == 100_000_000 and dp["grad_bytes_from"] == "graph"
+    assert dp["single_gpu_step_time_seconds"] == {"p50": 0.1, "p90": 0.12}
+    step = dp["step_time_seconds"]
+    assert step["p50"] > 0.1 and step["p90"] >= step["p50"]
+    assert dp["scaling_efficiency"] == pytest.approx(0.1 / step["p50"], abs=1e-4)
+    # --step-time and --params replace the cold-start step and the graph's gradients
+    run_data_parallel(_args(gpus=8, placement="1124", step_time=0.5, params=10), cold)
+    dp = json.loads(capsys.readouterr().out)["data_parallel"]
+    assert dp["single_gpu_step_time_from"] == "--step-time" and dp["grad_bytes"] == 40
+    assert dp["single_gpu_step_time_seconds"]["p50"] == 0.5 and dp["placement"] == "1124"
+
+
+def test_predict_gpus_text(capsys):
+    def cold(args):
+        band = SimpleNamespace(p50=2 * 2**30, p90=3 * 2**30)
+        return SimpleNamespace(step_time_seconds=SimpleNamespace(p50=0.3, p90=0.3), graph=None,
+                               analytical=SimpleNamespace(param_bytes=4e8), peak_memory_bytes=band,
+                               device_memory_bytes=band, fits="yes")
+
+    assert run_data_parallel(_args(gpus=16, nodes=4, batch=256, json=False, min_efficiency=0.5), cold) == 0
+    out = capsys.readouterr().out
+    assert "on 16 GPU(s), 4 node(s) (placement 4444), 16 per GPU" in out and "400.0 MB  (replay)" in out
+    assert "drops under 50 % of one GPU's beyond" in out and "allocator peak 2.00 GiB" in out
+
+
+def test_untraceable_model_with_step_time_and_params(capsys):
+    def refuses(args):
+        raise ValueError("cannot replay a training step of module:x:y")
+
+    run_data_parallel(_args(gpus=4, step_time=0.2, params=1_000_000, json=True), refuses)
+    out = json.loads(capsys.readouterr().out)
+    assert "cannot replay" in out["note"] and out["data_parallel"]["step_time_seconds"]["p50"] > 0.2
+    with pytest.raises(ValueError, match="cannot replay"):  # without both, the cold start's error stands
+        run_data_parallel(_args(gpus=4, step_time=0.2), refuses)
+
+
+@pytest.mark.parametrize(("kw", "names"), [
+    ({"gpus": 3}, "--batch"),  # 64 does not divide over 3 GPUs
+    ({"gpus": 0}, "--gpus"),
+    ({"gpus": 6, "placement": "1122", "batch": 66, "step_time": -1.0}, "--step-time"),
+    ({"gpus": 6, "placement": "1112", "batch": 66}, "--placement"),
+    ({"gpus": 4, "params": 0}, "--params"),
+])
+def test_bad_data_parallel_options_are_refused_before_any_replay(kw, names):
+    cold = _Cold()
+    with pytest.raises(ValueError, match=names):
+        run_data_parallel(_args(**kw), cold)
+    assert cold.batches == []
+
+
+def test_data_parallel_options_want_gpus():
+    with pytest.raises(ValueError, match="--nodes is read with --gpus"):
+        refuse_without_gpus(_args(nodes=2))
+    with pytest.raises(ValueError, match="--step-time is read with --gpus"):
+        refuse_without_gpus(_args(step_time=0.1))
+    refuse_without_gpus(_args())
+
+
+@pytest.mark.slow
+def test_without_gpus_the_json_stays_as_it_was(monkeypatch, capsys):
+    import dprobe.profiling.cli as predict_cli  # imports torch and PyG
+
+    cold = _Cold()
+    monkeypatch.setattr(predict_cli, "predict_from_args", cold)
+    assert predict_cli.run(_args()) == 0
+    assert "data_parallel" not in json.loads(capsys.readouterr().out) and cold.batches == [64]
+
+
+def test_predict_parser_has_the_data_parallel_options():
+    from dprobe.cli import build_parser
+
+    args = build_parser().parse_args(["predict", "torchvision:resnet50", "--batch", "64", "--gpus", "8",
+                                      "--placement", "44", "--step-time", "0.3", "--params", "100"])
+    assert (args.gpus, args.placement, args.step_time, args.params) == (8, "44", 0.3, 100)
+
+
+# tools/collect_ddp_steps.py ---------------------------------------------------------------------------
+
+def test_ddp_plans_are_checked(script, tmp_path):
+    tool = script("tools/collect_ddp_steps.py")
+    assert all(item["gpus"] for item in tool.read_plan("tools/plans/ddp1.json"))
+    bad = tmp_path / "plan.json"
+    bad.write_text(json.dumps([{"spec": {"lib": "torchvision", "model": "resnet18"}, "gpus": [2]}]))
+    with pytest.raises(ValueError, match="local_batches"):
+        tool.read_plan(bad)
+    bad.write_text(json.dumps([{"spec": {}, "local_batches": [0], "gpus": [2]}]))
+    with pytest.raises(ValueError, match=">= 1"):
+        tool.read_plan(bad)
+
+
+@pytest.mark.slow
+def test_ddp_dry_run_writes_the_pollux_layout(tmp_path):
+    """--dry-run (one gloo process on the CPU) writes placements.csv, models.csv and env.jsonl as
+    load_steps reads them."""
+    import subprocess
+    import sys
+
+    from dprobe.profiling.dataparallel.data import PLACEMENT_COLUMNS, parameter_counts
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps([{"spec": {"lib": "torchvision", "model": "resnet18", "image": 32},
+                                 "local_batches": [2], "gpus": [1]}]))
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, str(root / "tools" / "collect_ddp_steps.py"), "--plan", str(plan),
+                          "--dry-run"], env={**os.environ, "OUT": str(tmp_path / "out")},
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    ddp = tmp_path / "out" / "ddp"
+    rows = pd.read_csv(ddp / "resnet18" / "placements.csv", dtype={"placement": str})
+    assert tuple(rows.columns) == PLACEMENT_COLUMNS and list(rows.placement) == ["1"]
+    assert (rows.step_time >= rows.sync_time).all() and (rows.sync_time >= 0).all()
+    assert parameter_counts(ddp) == {"resnet18": 11689512}
+    env = json.loads((ddp / "env.jsonl").read_text().splitlines()[0])
+    assert {"torch", "cuda", "world_size", "placement"} <= set(env)

@@ -1,0 +1,134 @@
+"""Settings are parsed strictly, from flags, variables and the file alike: a value that is not of its option's
+type is refused with the option and the value named, never rounded, guessed or dropped."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dprobe.services.scaler import config as scaler_config
+from dprobe.services.sidecar import config as sidecar_config
+
+
+def _flag(module, name: str, value: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    module.add_arguments(parser)
+    return parser.parse_args([f"--{name.replace('_', '-')}", value])
+
+
+def _load_each_way(module, prefix: str, section: str, tmp_path: Path, name: str, value, text: str | None = None):
+    """The config loaded with option ``name`` set to ``value`` from the file (YAML data), and to ``text`` (default:
+    ``str(value)``) from a variable and from a flag: three results, each a config or the ValueError raised."""
+    text = str(value) if text is None else text
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({section: {name: value}}))
+    out = []
+    loads = [lambda: module.load_config({"config": str(path)}, env={}),
+             lambda: module.load_config({}, env={prefix + name.upper(): text})]
+    if str(module.OPTIONS.fields[name].type) != "bool":  # a bool's flags take no value: --x / --no-x
+        loads.append(lambda: module.load_config(_flag(module, name, text), env={}))
+    for load in loads:
+        try:
+            out.append(load())
+        except ValueError as exc:
+            out.append(exc)
+    return out
+
+
+SIDECAR = (sidecar_config, "DPROBE_SIDECAR_", "sidecar")
+SCALER = (scaler_config, "DPROBE_SCALER_", "scaler")
+
+
+@pytest.mark.parametrize(("service", "name", "value", "text", "message"), [
+    # whole numbers: a fraction is refused, never truncated (90.7 was 90)
+    (SIDECAR, "horizons", [90.7, 300], "90.7,300", r"option horizons: item '?90.7'? of the list: expected a whole number"),
+    (SIDECAR, "horizons", ["60", ""], "60,,300", "option horizons: empty item"),
+    (SIDECAR, "horizons", "soon", "soon", "option horizons: .*expected a whole number, got 'soon'"),
+    (SIDECAR, "port", 9477.5, "9477.5", "option port: expected a whole number, got '?9477.5'?"),
+    (SIDECAR, "port", "", "", "option port: expected a whole number, got ''"),
+    (SIDECAR, "max_targets", True, "1e3", "option max_targets: expected a whole number"),
+    (SCALER, "horizon_seconds", 300.5, "300.5", "option horizon_seconds: expected a whole number"),
+    (SCALER, "max_replicas", "8 pods", "8 pods", "option max_replicas: expected a whole number, got '8 pods'"),
+    # negative where not allowed: the service's own check names the option
+    (SIDECAR, "port", -1, "-1", "port must be 0-65535"),
+    (SIDECAR, "horizons", [-60], "-60", "horizons must be at least step_seconds"),
+    (SIDECAR, "min_points", -2, "-2", "min_points must be at least 1"),
+    (SCALER, "max_replicas", -1, "-1", "min_replicas <= max_replicas"),
+    (SCALER, "failure_threshold", -3, "-3", "failure_threshold must be >= 1"),
+    (SCALER, "horizon_seconds", -300, "-300", "horizon_seconds must be positive"),
+    # booleans: true/false, yes/no, on/off, 1/0 and nothing else
+    (SIDECAR, "replay_loop", "maybe", "maybe", "option replay_loop: expected true/false .*got 'maybe'"),
+    (SIDECAR, "replay_loop", 2, "2", "option replay_loop: expected true/false"),
+    (SIDECAR, "replay_loop", "", "", "option replay_loop: expected true/false"),
+    (SCALER, "discover", "enabled", "enabled", "option discover: expected true/false"),
+    # durations (seconds)
+    (SIDECAR, "stale_after", "30s", "30s", "option stale_after: expected a number, got '30s'"),
+    (SIDECAR, "stale_after", "", "", "option stale_after: expected a number, got ''"),
+    (SIDECAR, "sample_interval", -1, "-1", "sample_interval must be positive"),
+    (SIDECAR, "job_timeout", 0, "0", "job_timeout must be positive"),
+    (SCALER, "interval", "1m", "1m", "option interval: expected a number, got '1m'"),
+    (SCALER, "scale_down_stabilization_seconds", -5, "-5", "stabilization_seconds must be >= 0"),
+    # text options: YAML that is not text (a bare `no`, a number) is refused, not turned into 'False'
+    (SIDECAR, "graph_file", False, None, "option graph_file: expected text, got False"),
+    (SCALER, "vc_label", 7, None, "option vc_label: expected text, got 7"),
+    # mappings of text
+    (SIDECAR, "prometheus_headers", {"X-Scope-OrgID": ["a", "b"]}, '{"X-Scope-OrgID": ["a", "b"]}',
+     "option prometheus_headers: the value of 'X-Scope-OrgID' must be text"),
+    (SCALER, "prometheus_headers", ["X-Scope-OrgID"], "[X-Scope-OrgID]", "option prometheus_headers: expected a mapping"),
+])
+def test_bad_values_are_refused_from_file_env_and_flags(tmp_path: Path, service, name: str, value, text,
+                                                        message: str) -> None:
+    module, prefix, section = service
+    results = _load_each_way(module, prefix, section, tmp_path, name, value, text)
+    if text is None:  # a YAML type: only the file can say it
+        results = results[:1]
+    for result in results:
+        assert isinstance(result, ValueError), f"{name}={value!r} was accepted: {getattr(result, name, result)}"
+        assert re.search(message, str(result)), str(result)
+    if text is not None and message.startswith("option "):  # a parse error says where the value came from
+        assert prefix + name.upper() in str(results[1])
+        assert len(results) == 2 or f"--{name.replace('_', '-')}" in str(results[2])
+
+
+@pytest.mark.parametrize(("service", "name", "value", "text", "expected"), [
+    (SIDECAR, "horizons", [300, 60], "300, 60", [60, 300]),
+    (SIDECAR, "horizons", [60], "[60]", [60]),
+    (SIDECAR, "port", 9100, "+9100", 9100),
+    (SIDECAR, "replay_loop", False, "no", False),
+    (SIDECAR, "replay_loop", True, "Yes", True),
+    (SIDECAR, "replay_loop", True, "on", True),
+    (SIDECAR, "nvml_per_process", False, "0", False),
+    (SIDECAR, "stale_after", 45, "45", 45.0),
+    (SIDECAR, "checkpoint", None, "", None),
+    (SCALER, "fallback_replicas", None, "", None),
+    (SCALER, "scale_up_tolerance", 0.05, "0.05", 0.05),
+    (SCALER, "prometheus_headers", {"X-Scope-OrgID": 42}, '{"X-Scope-OrgID": 42}', {"X-Scope-OrgID": "42"}),
+])
+def test_good_values_load_the_same_from_file_env_and_flags(tmp_path: Path, service, name: str, value, text,
+                                                           expected) -> None:
+    module, prefix, section = service
+    for result in _load_each_way(module, prefix, section, tmp_path, name, value, text):
+        assert not isinstance(result, ValueError), result
+        assert getattr(result, name) == expected
+
+
+def test_unknown_and_duplicate_keys_in_the_file_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    for doc, message in (
+            ({"prot": 1}, "unknown option.*prot"),
+            ({"prometheus": {"url": "http://p:9090", "tenant": "a"}}, "unknown option.*prometheus_tenant"),
+            ({"dcgm": {"url": "http://a:9400/metrics"}, "dcgm_url": "http://b:9400/metrics"},
+             "option dcgm_url is given twice"),
+            ({"sidecar": {"port": 1}, "horizons": [60]}, r"unknown key\(s\) horizons beside the sidecar: section"),
+            ({"sidecar": {"port": 1, "replay": {"loop": "maybe"}}}, "option replay_loop: expected true/false")):
+        path.write_text(yaml.safe_dump(doc))
+        with pytest.raises(ValueError, match=message):
+            sidecar_config.load_config({"config": str(path)}, env={})
+    # one file for both services: each reads its own section
+    path.write_text(yaml.safe_dump({"sidecar": {"port": 9100}, "scaler": {"port": 9200}}))
+    assert sidecar_config.load_config({"config": str(path)}, env={}).port == 9100
+    assert scaler_config.load_config({"config": str(path)}, env={}).port == 9200
