@@ -221,6 +221,7 @@ def test_predict_gpus_adds_data_parallel_at_the_per_gpu_batch(capsys):
     step = dp["step_time_seconds"]
     assert step["p50"] > 0.1 and step["p90"] >= step["p50"]
     assert dp["scaling_efficiency"] == pytest.approx(0.1 / step["p50"], abs=1e-4)
+    assert "pollux-placements" in dp["interconnect"]  # whose links the figures assume, said every time
     # --step-time and --params replace the cold-start step and the graph's gradients
     run_data_parallel(_args(gpus=8, placement="1124", step_time=0.5, params=10), cold)
     dp = json.loads(capsys.readouterr().out)["data_parallel"]

@@ -116,4 +116,5 @@ def run_data_parallel(args: argparse.Namespace, predict: Callable[[argparse.Name
     where_to = (f"beyond {limit} GPU(s)" if limit is not None else "not up to 1024 GPUs")
     print(f"  throughput per GPU drops under {100 * dp.min_efficiency:.0f} % of one GPU's {where_to} "
           f"(nodes of {dp.gpus_per_node}, per-GPU batch {local.batch})")
+    print(f"  links: {d['interconnect']}")
     return 0

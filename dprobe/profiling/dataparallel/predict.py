@@ -14,6 +14,11 @@ DEFAULT_MIN_EFFICIENCY = 0.8
 MAX_SEARCH_GPUS = 1024
 
 
+# where the link parameters come from: every prediction says so, since another cluster's links differ
+INTERCONNECT = ("fitted on pollux-placements (NVIDIA T4, 4-GPU nodes, PCIe within a node, 50 Gb/s Ethernet across); "
+                "refit on your cluster: tools/collect_ddp_steps.py, then python -m dprobe.profiling.dataparallel.fit")
+
+
 def shipped_params() -> ClusterParams:
     """The parameters fitted on ``datasets/pollux-placements`` (:mod:`.fit`)."""
     return ClusterParams.from_dict(FITTED["params"])
@@ -59,7 +64,8 @@ class DataParallelPrediction:
                 "throughput_samples_per_second": {"p50": tp[0], "p90": tp[1]},
                 "scaling_efficiency": round(self.scaling_efficiency, 4),
                 "scaling_limit": {"min_efficiency": self.min_efficiency, "gpus_per_node": self.gpus_per_node,
-                                  "max_gpus": self.scaling_limit_gpus}}
+                                  "max_gpus": self.scaling_limit_gpus},
+                "interconnect": INTERCONNECT}
 
 
 def scaling_limit(single_step: float, grad_bytes: float, gpus_per_node: int, min_efficiency: float,
