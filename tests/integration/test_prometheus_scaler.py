@@ -19,7 +19,6 @@ from dprobe.services.sources.dcgm import DcgmSource
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a real Prometheus: seconds per test
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-DASHBOARD = DEPLOY / "grafana" / "dprobe-scaler.json"
 KEDA = DEPLOY / "keda" / "scaledobject-scaler.yaml"
 CONFIGMAP = DEPLOY / "scaler" / "configmap.yaml"
 SCALER_DEPLOYMENT = DEPLOY / "scaler" / "deployment.yaml"
@@ -59,7 +58,7 @@ def _value(prom, query: str, deadline: float) -> float:
     return float(rows[0]["value"][1])
 
 
-def test_scaler_recommends_from_the_sidecars_forecasts(prometheus_server, http_peer, check_dashboard) -> None:
+def test_scaler_recommends_from_the_sidecars_forecasts(prometheus_server, http_peer) -> None:
     with http_peer(lambda path: (200, dcgm_text(), 0.0)) as dcgm_url:
         sidecar = Sidecar(SidecarConfig(listen_address="127.0.0.1", port=0, source="dcgm", sample_interval=0.1,
                                         forecast_interval=0.5, step_seconds=0.5, window_seconds=30, horizons=[5],
