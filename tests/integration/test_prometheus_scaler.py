@@ -119,7 +119,10 @@ def test_scaler_recommends_from_the_sidecars_forecasts(prometheus_server, http_p
                     assert _value(prom2, 'dprobe_scaler_vc_pending_gpus{vc="team-c"}', deadline) == 3
                     assert _value(prom2, 'dprobe_scaler_vc_demand_gpus{vc="team-c"}', deadline) == 3
                     assert _value(prom2, 'dprobe_scaler_vc_pending_gpus{vc="team-a"} or vector(0)', deadline) == 0
-                    assert _value(prom2, "sum(dprobe_scaler_errors_total) or vector(0)", deadline) == 0
+                    # no failed query or decision; a first cycle that ran before Prometheus had scraped the
+                    # sidecar counts stage="no_data" and holds, as it should (docs/faults.md)
+                    assert _value(prom2, 'sum(dprobe_scaler_errors_total{stage!="no_data"}) or vector(0)',
+                                  deadline) == 0
                     # the dashboard (which also reads kube-state-metrics, not scraped here): every query
                     # answers in tests/integration/test_dashboards_live.py
                     # the KEDA example's query, pointed at this workload: the replicas KEDA would set
