@@ -1,15 +1,19 @@
 """Leave-one-model-out benchmark of the data-parallel step-time model on pollux-placements.
 
     .venv/bin/python benchmarks/dataparallel.py [--data datasets/pollux-placements] [--param-count MODEL=N]
+                                                [--models A,B,C] [--uniform-window] [--fit-latencies]
                                                 [--json] [--check]
 
 Each model's multi-GPU rows are predicted by parameters fitted on the other models, from what a user
 gives: the model's one-GPU step time at the same per-GPU batch (``--step-time``, its own one-GPU rows)
-and its gradient bytes (4 x its parameter count). Beside it, in the same run: linear scaling (no
+and its gradient bytes (4 x its parameter count), with its backward window (``models.csv``, what
+``dprobe predict`` computes from the model's traced graph). Beside it, in the same run: linear scaling (no
 communication cost), a pure ring all-reduce at the cluster's nominal bandwidths (no fitted parameter,
 nothing hidden by backward), and the same model form fitted on the held-out model's own rows (what the
 form could reach, an oracle). ``scalability.csv`` (6-16 nodes, up to 64 GPUs, GPUs spread evenly) checks
-the fit beyond the 4 nodes it saw.
+the fit beyond the 4 nodes it saw. Ablations of what ships: ``--uniform-window`` (every model's backward
+window 0.5, as without a graph), ``--fit-latencies`` (the ring latencies fitted too); ``--models`` scores
+a subset of the models (each held out from the others of the subset).
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ import numpy as np
 import pandas as pd
 
 from dprobe.profiling.dataparallel.data import load_steps
-from dprobe.profiling.dataparallel.fit import fit_params, leave_one_model_out, p90_factors, predict_sync
+from dprobe.profiling.dataparallel.fit import HELD, fit_params, leave_one_model_out, p90_factors, predict_sync
 from dprobe.profiling.dataparallel.model import ClusterParams
+from dprobe.profiling.dataparallel.timeline import UNIFORM_WINDOW
 
 TARGET_STEP, TARGET_SYNC = 0.10, 0.20
 # the measured cluster (AWS g4dn.12xlarge: 4 T4 on PCIe Gen3 x16, 50 Gb/s Ethernet), nominal figures
@@ -44,8 +49,10 @@ def scores(frame: pd.DataFrame, sync: np.ndarray) -> dict[str, float]:
             "sync_wape": float(np.sum(np.abs(sync - measured)) / np.sum(measured))}
 
 
-def evaluate(steps: pd.DataFrame, scored: pd.DataFrame, extrapolate: pd.DataFrame | None) -> dict:
-    """Scores per held-out model and method, and their mean over models."""
+def evaluate(steps: pd.DataFrame, scored: pd.DataFrame, extrapolate: pd.DataFrame | None,
+             hold: tuple[str, ...] = HELD) -> dict:
+    """Scores per held-out model and method, and their mean over models (``hold``: the parameters the fit
+    holds, :func:`~dprobe.profiling.dataparallel.fit.fit_params`)."""
     rows = []
     for model in sorted(steps.model.unique()):
         on = (steps.model == model).to_numpy()
@@ -53,10 +60,10 @@ def evaluate(steps: pd.DataFrame, scored: pd.DataFrame, extrapolate: pd.DataFram
         methods = {"dprobe": scored.pred_sync.to_numpy()[on],
                    "linear scaling": np.zeros(on.sum()),
                    "nominal ring": predict_sync(NOMINAL_RING, part),
-                   "oracle (own fit)": predict_sync(fit_params(part), part)}
+                   "oracle (own fit)": predict_sync(fit_params(part, hold), part)}
         if extrapolate is not None and model in set(extrapolate.model):
             far = extrapolate[extrapolate.model == model]
-            methods_far = {"dprobe": predict_sync(fit_params(steps[~on]), far), "linear scaling": np.zeros(len(far)),
+            methods_far = {"dprobe": predict_sync(fit_params(steps[~on], hold), far), "linear scaling": np.zeros(len(far)),
                            "nominal ring": predict_sync(NOMINAL_RING, far)}
         else:
             far, methods_far = None, {}
@@ -85,6 +92,11 @@ def main() -> int:
     ap.add_argument("--data", default=None, help="a directory laid out like datasets/pollux-placements")
     ap.add_argument("--param-count", action="append", default=[], metavar="MODEL=N",
                     help="parameters of a model that models.csv lacks (repeatable)")
+    ap.add_argument("--models", default=None, metavar="A,B,C",
+                    help="score only these models (folders of --data), each held out from the others given")
+    ap.add_argument("--uniform-window", action="store_true",
+                    help="ablation: every model's backward window 0.5 (gradients spread evenly over backward)")
+    ap.add_argument("--fit-latencies", action="store_true", help="ablation: fit the ring latencies too")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     args = ap.parse_args()
@@ -100,8 +112,20 @@ def main() -> int:
         far = load_steps(args.data, extra, scalability=True)
     except ValueError:
         far = None
-    scored = leave_one_model_out(steps)
-    result = evaluate(steps, scored, far)
+    if args.models is not None:
+        wanted = [m for m in args.models.split(",") if m]
+        unknown = sorted(set(wanted) - set(steps.model))
+        if len(set(wanted)) < 2 or unknown:
+            ap.error(f"--models wants at least two of {', '.join(sorted(steps.model.unique()))}"
+                     + (f" (no {', '.join(unknown)})" if unknown else ""))
+        steps = steps[steps.model.isin(wanted)].reset_index(drop=True)
+        far = far[far.model.isin(wanted)].reset_index(drop=True) if far is not None else None
+    if args.uniform_window:
+        steps = steps.assign(window=UNIFORM_WINDOW)
+        far = far.assign(window=UNIFORM_WINDOW) if far is not None else None
+    hold = () if args.fit_latencies else HELD
+    scored = leave_one_model_out(steps, hold)
+    result = evaluate(steps, scored, far, hold)
     result["seconds"] = round(time.time() - t0, 1)
     mean = {r["method"]: r for r in result["mean"]}
     ours = mean["dprobe"]
@@ -112,6 +136,8 @@ def main() -> int:
     else:
         print(f"leave-one-model-out on {args.data or 'datasets/pollux-placements'}: {len(steps)} multi-GPU rows of "
               f"{steps.model.nunique()} models ({result['seconds']:.0f} s)")
+        windows = steps.groupby("model").window.first()
+        print("backward windows: " + ", ".join(f"{m} {w:.3f}" for m, w in windows.items()))
         print(f"{'model':12s} {'method':28s} {'rows':>5s} {'step MAPE':>9s} {'sync MAPE':>9s} "
               f"{'across nodes':>12s} {'sync WAPE':>9s}")
         for r in result["per_model"] + [{**r, "model": "mean", "rows": ""} for r in result["mean"]]:

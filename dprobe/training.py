@@ -106,7 +106,8 @@ def evaluate_checkpoint(checkpoint: Path, out_dir: Path, datasets: list[str], ca
                                   graphs=graphs)
         reports.append(result.to_json())
         tables.append(markdown_table(result))
-        plot_forecasts(result, out_dir / f"forecasts-{ds.name}.png", methods=["last_value", "dprobe"])
+        plot_forecasts(result, out_dir / f"forecasts-{ds.name}.png", methods=["last_value", "dprobe"],
+                       lead_index=0 if ds.groups is not None else 1)  # a job's runs are seconds long
     (out_dir / "report.json").write_text(json.dumps(reports, indent=1))
     (out_dir / "report.md").write_text("\n".join(tables))
     print("\n".join(tables))
@@ -158,6 +159,7 @@ def train_profilers(cfg: DictConfig, out_dir: Path, workers: int | None = None, 
         summary["jobscale_checkpoint"] = js["checkpoint"]
         summary["jobscale_report"] = js["report"]
         summary["jobscale_plot"] = js.get("plot")
+        summary["jobscale_predictions"] = js.get("predictions")
     return {"summary": summary, "tables": tables}
 
 
@@ -179,6 +181,27 @@ def _train_profilers_here(cfg: dict, out_dir: str, workers: int) -> dict:
     logging.basicConfig(level=logging.INFO, handlers=[handler, console], force=True)
     warnings.filterwarnings("ignore", message=".*LeafSpec.*")
     return train_profilers(OmegaConf.create(cfg), Path(out_dir), workers=workers, progress=False)
+
+
+def job_series_report(summary: dict, cfg: DictConfig, out_dir: Path) -> str | None:
+    """Where the forecaster trained on a data set of whole jobs (h200-profiles), its leave-family-out scores
+    there beside persistence, its unknown-workload embedding and the job-scale model trained in the same run
+    (:func:`dprobe.evaluation.jobs.job_report`), written to ``jobs.md``; None where it did not."""
+    from dprobe.data.registry import detect_dataset
+    from dprobe.evaluation.jobs import job_report
+    from dprobe.forecaster.loading import load_forecaster
+
+    if "checkpoint" not in summary:
+        return None
+    for directory in cfg.data.datasets:
+        if detect_dataset(directory) == "h200-profiles":
+            text, scores = job_report(load_forecaster(summary["checkpoint"]), directory,
+                                      summary.get("jobscale_predictions"), cfg.data.workload_cache,
+                                      "graph" if cfg.jobscale.use_graph else "no_graph")
+            (out_dir / "jobs.md").write_text(text)
+            summary["job_series"] = {"report": str(out_dir / "jobs.md"), "targets": scores["targets"]}
+            return text
+    return None
 
 
 def side_by_side(cfg: DictConfig) -> tuple[int, int] | None:
@@ -256,6 +279,9 @@ def run(cfg: DictConfig) -> dict:
     if profiled is not None:
         print("\n".join(profiled["tables"]))
         summary.update(profiled["summary"])
+    jobs = job_series_report(summary, cfg, out_dir)
+    if jobs:
+        print(jobs)
     if cfg.get("pretrain") is not None and cfg.pretrain.enabled:  # +exp=pretrain_gnn: conf/pretrain/gnn.yaml
         pretrained = stage(cfg.pretrain)(out_dir=str(out_dir / "pretrain_gnn"))
         summary["graph_encoder"] = pretrained["checkpoint"]

@@ -70,6 +70,20 @@ def small_h200_dir(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def small_jobs_dir(tmp_path_factory) -> Path:
+    """small_h200_dir's runs plus two of a family that the default split leaves for validation (ghostnet):
+    a data set of whole jobs with training, validation and test families, quick to trace."""
+    src = DATASETS / "h200-profiles"
+    out = tmp_path_factory.mktemp("jobs-small")
+    keep = ["r014", "r061", "r062", "r019", "r071", "r023", "r077", "r078", "r098", "r129"]
+    for name, column in (("runs", "run_id"), ("samples", "label"), ("steps", "run_id")):
+        table = pd.read_csv(src / f"{name}.csv")
+        table[table[column].isin(keep)].to_csv(out / f"{name}.csv", index=False)
+    shutil.copy(src / "env.json", out / "env.json")
+    return out
+
+
 AlibabaRows = dict[str, list[tuple[float, float, float]]]
 
 

@@ -353,7 +353,9 @@ def test_load_series_dataset_on_subsets(tmp_path: Path) -> None:
     ds = load_series_dataset(write_alibaba_subset(tmp_path / "a", longest_pods(2)))
     assert ds.name == "alibaba-genai-2026" and len(ds.series_ids) == 2
     with pytest.raises(DatasetError, match="not series"):
-        load_series_dataset(H200)
+        load_series_dataset(PHILLY)
+    jobs = load_series_dataset(H200)  # its training runs, one series each, split by model family
+    assert jobs.name == "h200-profiles" and jobs.groups is not None
 
 
 # --- malformed copies --------------------------------------------------------------------------------------

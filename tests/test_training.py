@@ -42,7 +42,7 @@ def tiny(tmp_path: Path, data_dirs: list[Path], *extra: str) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("exp", [pytest.param(e, marks=pytest.mark.slow) if e in ("gnn", "helios", "no_graph", "pretrain_gnn") else e
+@pytest.mark.parametrize("exp", [pytest.param(e, marks=pytest.mark.slow) if e in ("gnn", "helios", "jobs", "no_graph", "pretrain_gnn") else e
                                  for e in EXPERIMENTS])  # seconds each: the fast tier runs alibaba and coldstart
 def test_every_experiment_composes_and_runs_fast_dev_run(exp, tmp_path, small_alibaba_dir, small_helios_dir,
                                                          monkeypatch):

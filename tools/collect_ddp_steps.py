@@ -8,7 +8,9 @@ which trains the model for a few steps per batch size and records, like Pollux's
   $OUT/ddp/MODEL/placements.csv  placement (GPUs per node, one digit a node), local_bsz, step_time (s, median),
                                  sync_time (s, median: from the last local gradient to the end of the
                                  all-reduce, the part backward did not hide)
-  $OUT/ddp/models.csv            model, architecture, parameters (trainable), source
+  $OUT/ddp/models.csv            model, architecture, parameters (trainable), source, backward_window (the
+                                 share of backward left when a gradient byte is ready, from the model's
+                                 graph traced by dprobe; empty when dprobe cannot trace it)
   $OUT/ddp/env.jsonl             one object per run: GPU, driver, CUDA, NCCL and PyTorch versions, world size
 
 so that $OUT/ddp is laid out like datasets/pollux-placements: refit the data-parallel model on it with
@@ -99,6 +101,60 @@ def _environment(torch, device: str, world: int, local: int) -> dict:
     return env
 
 
+MODELS_HEADER = ["model", "architecture", "parameters", "source", "backward_window"]
+
+
+def graph_spec(spec: dict) -> tuple[str, dict]:
+    """The dprobe model spec of a plan item's ``spec`` and the keyword arguments of ``build_model_graph``
+    that shape its inputs (image side, sequence length, config kwargs)."""
+    lib, name = spec["lib"], spec["model"]
+    if lib == "transformers":
+        extra = {"seq": spec.get("seq"), "config_kwargs": spec.get("config_kwargs") or None}
+        return f"transformers:{spec['config']}/{spec['arch']}", {k: v for k, v in extra.items() if v is not None}
+    if lib in ("torchvision", "timm"):
+        return f"{lib}:{name}", {"image": spec["image"]} if spec.get("image") else {}
+    raise ValueError(f"model spec {spec}: lib must be torchvision, timm or transformers")
+
+
+def model_window(spec: dict, batch: int) -> float | None:
+    """The backward window (dprobe.profiling.dataparallel.timeline) of the model of ``spec``, traced by
+    dprobe on the meta device as ``dprobe predict --gpus`` traces it; None, with a note, when it cannot."""
+    try:
+        from dprobe.graph.build import build_model_graph
+        from dprobe.profiling.dataparallel.timeline import backward_window
+
+        text, extra = graph_spec(spec)
+        return backward_window(build_model_graph(text, batch=batch, **extra))
+    except Exception as exc:  # noqa: BLE001 - a model dprobe cannot trace keeps its measured rows
+        print(f"  no backward window for {spec['model']} ({type(exc).__name__}: {exc}); models.csv leaves it "
+              "empty (dprobe then assumes 0.5)", flush=True)
+        return None
+
+
+def add_model_row(path: Path, name: str, architecture: str, params: int, window: float | None) -> bool:
+    """Append ``name``'s row to the models.csv at ``path`` unless it has one already (returns whether it
+    added it). The file is created with :data:`MODELS_HEADER`; one written without the ``backward_window``
+    column gains it (empty for the models already there)."""
+    rows: list[dict[str, str]] = []
+    header = list(MODELS_HEADER)
+    if path.exists():
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            rows = list(reader)
+            header = list(reader.fieldnames or MODELS_HEADER)
+        header += [column for column in MODELS_HEADER if column not in header]
+        if any(row.get("model") == name for row in rows):
+            return False
+    rows.append({"model": name, "architecture": architecture, "parameters": str(params),
+                 "source": "counted by collect_ddp_steps.py",
+                 "backward_window": "" if window is None else f"{window:.3f}"})
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=header, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows({k: row.get(k) or "" for k in header} for row in rows)
+    return True
+
+
 def worker(item: dict, steps: int, dry_run: bool) -> None:
     """One rank: DDP training steps at each per-GPU batch; rank 0 appends the medians."""
     import torch
@@ -178,15 +234,23 @@ def worker(item: dict, steps: int, dry_run: bool) -> None:
             for bs, step, sync in rows:
                 w.writerow([placement, bs, f"{step:.6g}", f"{sync:.6g}"])
         models = out / "models.csv"
-        known = models.read_text() if models.exists() else "model,architecture,parameters,source\n"
-        if f"\n{name}," not in known:
-            models.write_text(known + f"{name},{spec['lib']}:{spec['model']},{params},counted by collect_ddp_steps.py\n")
+        if not _has_model(models, name):  # traced once per model, not once per GPU count
+            window = model_window(spec, min(item["local_batches"]))
+            add_model_row(models, name, f"{spec['lib']}:{spec['model']}", params, window)
         with (out / "env.jsonl").open("a") as f:
             f.write(json.dumps({**_environment(torch, "cuda" if cuda else "cpu", world, local), "model": name,
                                 "precision": precision, "placement": placement}) + "\n")
         print(f"  {name} placement {placement}: " + ", ".join(f"bs {b}: {s * 1e3:.1f} ms (sync {c * 1e3:.1f})"
                                                             for b, s, c in rows), flush=True)
     dist.destroy_process_group()
+
+
+def _has_model(path: Path, name: str) -> bool:
+    """Whether the models.csv at ``path`` has a row for ``name``."""
+    if not path.exists():
+        return False
+    with path.open(newline="") as f:
+        return any(row.get("model") == name for row in csv.DictReader(f))
 
 
 def main() -> int:

@@ -5,10 +5,15 @@ A series of ``n`` steps is cut at two indices: ``int(n * validation_start)`` and
 A window trains when its forecasts end before the first, validates (early stopping, the point choice,
 the quantiles' calibration) when its origin is at or after the first and its forecasts end before the
 second, and the test span, from the second to the end, is left for ``dprobe evaluate``.
+
+A data set of whole jobs (h200-profiles: one short series per training run) is split by group instead,
+in the same shares: each model family falls into the training, validation or test part by a stable hash
+of its name (:meth:`Split.group_role`), so that the test part holds families never trained on.
 """
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import asdict, dataclass, fields
 
 import numpy as np
@@ -61,6 +66,13 @@ class Split:
         validation span, forecasts end before the test span)."""
         v0, t0 = self.validation_index(n), self.test_index(n)
         return origins[origins + horizon < v0], origins[(origins >= v0) & (origins + horizon < t0)]
+
+    def group_role(self, group: str) -> str:
+        """``"train"``, ``"validation"`` or ``"test"``: the part of a data set split by group that the series of
+        ``group`` (a model family) belong to, by where a stable hash of its name falls in [0, 1) against
+        the two shares; the same on every machine and in every run."""
+        u = zlib.crc32(group.encode()) / 2**32
+        return "train" if u < self.validation_start else "validation" if u < self.test_start else "test"
 
     def reaches_into(self, other: Split) -> bool:
         """Whether a model fitted with this split saw windows of ``other``'s test span (its validation span

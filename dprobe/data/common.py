@@ -95,6 +95,11 @@ class SeriesDataset:
     lead_steps: tuple[int, ...]
     season_length: int
     units: dict[str, str] = field(default_factory=dict)
+    # a data set of whole jobs: series id -> its group (model family); such a data set is split by group
+    # (:meth:`~dprobe.core.split.Split.group_role`), not in time. None: split each series in time
+    groups: dict[str, str] | None = None
+    # the first step a forecast is made at (a job is forecast from its first second on); 0: any
+    first_origin: int = 0
 
     @property
     def series_ids(self) -> list[str]:

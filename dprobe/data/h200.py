@@ -16,6 +16,7 @@ from dprobe.data.common import (
     POSITIVE_COUNT,
     SECONDS,
     DatasetError,
+    SeriesDataset,
     read_csv,
 )
 
@@ -217,3 +218,62 @@ def load_h200_profiles(directory: str | Path) -> H200Profiles:
     env = read_env(directory)
     runs[["gpu", "gpu_total_bytes"]] = _collection_gpu(runs, env)
     return H200Profiles(runs=runs, samples=samples, steps=steps, env=env)
+
+
+# the training runs as series (a job-scale task of the forecaster): NVML samples on the 0.1 s grid, forecast
+# from each run's first second on, 1, 5 and 10 s ahead
+JOB_FREQ = pd.Timedelta(milliseconds=100)
+JOB_LEAD_STEPS = (10, 50, 100)
+JOB_FIRST_ORIGIN = 10
+JOB_TARGETS = {"gpu_memory_bytes": "mem_used_bytes", "gpu_duty_cycle_pct": "gpu_util_pct"}
+
+
+def load_h200_series(directory: str | Path) -> SeriesDataset:
+    """The training runs of an h200-profiles directory as a data set of whole jobs: one series per run
+    (``unique_id`` its run id) of NVML device memory (``gpu_memory_bytes``) and utilisation
+    (``gpu_duty_cycle_pct``, percent) on the 0.1 s grid from its first sample, grouped by model family
+    (split by family, not in time: :meth:`dprobe.core.split.Split.group_role`). Which model each run
+    trains is in runs.csv (:func:`run_workloads`)."""
+    from dprobe.data.workloads import family_of
+
+    profiles = load_h200_profiles(directory)
+    runs = profiles.train_runs()
+    if runs.empty:
+        raise DatasetError(f"{directory}: no training run with status ok in runs.csv")
+    samples = profiles.samples
+    frames, groups = [], {}
+    for run in runs.itertuples(index=False):
+        s = samples[(samples["collection"] == run.collection) & (samples["label"] == run.run_id)]
+        if len(s) < 2:
+            continue
+        step = np.rint((s["t"].to_numpy() - s["t"].min()) / JOB_FREQ.total_seconds()).astype(int)
+        values = s[list(JOB_TARGETS.values())].groupby(step).mean()
+        grid = np.arange(int(step.max()) + 1)
+        values = values.reindex(grid)
+        frame = pd.DataFrame({"unique_id": run.run_id, "ds": pd.Timestamp(0) + grid * JOB_FREQ})
+        for target, column in JOB_TARGETS.items():
+            frame[target] = values[column].to_numpy(dtype=float)
+        frame["gap"] = frame[list(JOB_TARGETS)].isna().any(axis=1)
+        frames.append(frame)
+        groups[run.run_id] = family_of(str(run.model))
+    if not frames:
+        raise DatasetError(f"{directory}: no training run has NVML samples in samples.csv")
+    return SeriesDataset(name=NAME, frame=pd.concat(frames, ignore_index=True), targets=list(JOB_TARGETS),
+                         covariates=[], freq=JOB_FREQ, lead_steps=JOB_LEAD_STEPS, season_length=JOB_FIRST_ORIGIN,
+                         units={"gpu_memory_bytes": "bytes", "gpu_duty_cycle_pct": "percent"}, groups=groups,
+                         first_origin=JOB_FIRST_ORIGIN)
+
+
+def run_workloads(directory: str | Path) -> pd.DataFrame:
+    """The ``workloads.csv`` rows (:mod:`dprobe.data.workloads`) of an h200-profiles directory's training runs,
+    from runs.csv: which model each run's series trains, at which batch and size."""
+    from dprobe.graph.encoder import run_spec
+
+    runs = load_h200_profiles(directory).train_runs()
+    rows = []
+    for _, run in runs.iterrows():
+        spec = run_spec(run)
+        rows.append({"series": str(run["run_id"]), "model": spec["model"], "batch": spec["batch"],
+                     "image": spec["image"], "seq": spec["seq"],
+                     "config_kwargs": json.dumps(spec["config_kwargs"]) if spec["config_kwargs"] else None})
+    return pd.DataFrame(rows, columns=["series", "model", "batch", "image", "seq", "config_kwargs"])

@@ -9,10 +9,14 @@ from pathlib import Path
 from dprobe.data.alibaba import DUTY_FILE, MEMORY_FILE, load_alibaba
 from dprobe.data.alibaba import NAME as ALIBABA
 from dprobe.data.common import DatasetError, SeriesDataset
+from dprobe.data.h200 import NAME as H200
+from dprobe.data.h200 import load_h200_series
 from dprobe.data.helios import NAME as HELIOS
 from dprobe.data.helios import load_helios, vc_files
 
-SERIES_LOADERS: dict[str, Callable[[Path], SeriesDataset]] = {ALIBABA: load_alibaba, HELIOS: load_helios}
+# h200-profiles: its training runs as series of whole jobs (split by model family, not in time)
+SERIES_LOADERS: dict[str, Callable[[Path], SeriesDataset]] = {ALIBABA: load_alibaba, HELIOS: load_helios,
+                                                              H200: load_h200_series}
 
 
 def bundled_dir(folder: str, hint: str = "pass its directory") -> Path:
@@ -39,7 +43,7 @@ def detect_dataset(directory: str | Path) -> str:
     if vc_files(directory):
         return HELIOS
     if (directory / "runs.csv").is_file() and (directory / "samples.csv").is_file():
-        return "h200-profiles"
+        return H200
     if any((directory / f"philly{s}").is_file() for s in (".csv.gz", ".csv")):
         return "philly-jobs"
     if any(directory.glob("cluster*.csv.gz")) or any(directory.glob("cluster*.csv")):
@@ -52,7 +56,8 @@ def detect_dataset(directory: str | Path) -> str:
 
 
 def load_series_dataset(directory: str | Path) -> SeriesDataset:
-    """Load a directory of series (alibaba-genai-2026 or helios-earth-vc layout)."""
+    """Load a directory of series (alibaba-genai-2026 or helios-earth-vc layout; h200-profiles: its training
+    runs, one series each)."""
     name = detect_dataset(directory)
     if name not in SERIES_LOADERS:
         raise DatasetError(f"{directory}: {name} holds runs or jobs, not series; evaluate it with its own experiment")

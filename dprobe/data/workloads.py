@@ -12,7 +12,9 @@ torch, so the sidecar computes the same vector online from the graph it was give
     pod-b,transformers:BertConfig/BertForSequenceClassification,32
 
 ``model`` takes any name ``dprobe graph`` does; ``image``, ``seq`` and ``config_kwargs`` (JSON)
-are optional. Series without a row are unknown.
+are optional. Series without a row are unknown. An h200-profiles directory needs none: its runs.csv
+names the model of every run, whose series are its training runs
+(:func:`dprobe.data.h200.run_workloads`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,18 @@ REQUIRED = ("series", "model", "batch")
 MAX_SIZE = 2**31 - 1  # the largest batch, image side or sequence length a row may give (an int32)
 SIZE_FEATURES = ["log_params", "log_param_bytes", "log_flops", "log_saved_bytes", "log_activation_bytes",
                  "log_nodes", "log_batch", "unknown_share"]
+
+
+def family_of(model: str) -> str:
+    """A model's family by a generic rule: lower-case, cut at the first digit, size word or separator
+    (``timm:resnet50`` and ``torchvision:resnet18`` are both ``resnet``); what leave-family-out scores and
+    the split of a data set of whole jobs (:meth:`dprobe.core.split.Split.group_role`) group by."""
+    import re
+
+    name = model.lower().split(":")[-1].split("/")[-1]
+    name = re.sub(r"(config|for[a-z]+|lmheadmodel|model)$", "", name)
+    stem = re.split(r"[\d_\-.]|(?<=[a-z])(?:tiny|small|base|large|medium|wide|xl)\b", name)[0]
+    return stem or name
 
 
 def workload_dim() -> int:
@@ -58,6 +72,10 @@ def read_workloads(directory: str | Path) -> pd.DataFrame | None:
     """The rows of ``directory/workloads.csv``, checked; None when there is no such file."""
     path = Path(directory) / FILE
     if not path.is_file():
+        if (Path(directory) / "runs.csv").is_file() and (Path(directory) / "samples.csv").is_file():
+            from dprobe.data.h200 import run_workloads  # h200-profiles: runs.csv names each run's model
+
+            return run_workloads(directory)
         return None
     try:
         table = pd.read_csv(path, dtype={"series": str})

@@ -20,7 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "baseline runs, and the model's rows are added as method 'dprobe': the forecaster shipped with dprobe, "
         "or --checkpoint. DIR is laid out like one of the bundled data sets (same file names and columns; any "
         "pods or VCs). A checkpoint is not scored on a span it was trained or calibrated on (its recorded "
-        "split) unless --allow-train-overlap.",
+        "split) unless --allow-train-overlap. An h200-profiles directory is scored as whole jobs: the runs of "
+        "the model families its split leaves for testing (--test-fraction: the share of families), from each "
+        "run's first second on, 1/5/10 s ahead, against persistence and the model without its graphs.",
     )
     p.add_argument("--data", required=True, metavar="DIR", help="data directory, e.g. datasets/helios-earth-vc")
     p.add_argument("--checkpoint", metavar="CKPT",
@@ -79,7 +81,12 @@ def run(args: argparse.Namespace) -> int:
     if models:  # series a workloads.csv names are forecast with their model graph
         from dprobe.data.workloads import workload_graphs
 
-        graphs = workload_graphs(args.data)
+        if ds.groups is not None:  # whole jobs: only the test families' runs are forecast
+            from dprobe.evaluation.jobs import held_out_runs
+
+            graphs = workload_graphs(args.data, held_out_runs(ds, split))
+        else:
+            graphs = workload_graphs(args.data)
     result = evaluate_dataset(ds, models=models, cfg=cfg, graphs=graphs)
     if not result.rows:
         raise ValueError(f"{args.data}: no series long enough to evaluate (need {cfg.min_length} points)")
@@ -89,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(markdown_table(result))
     if args.plot:
-        path = plot_forecasts(result, args.plot, methods=["last_value", "ets", *models][-3:])
+        path = plot_forecasts(result, args.plot, methods=["last_value", "ets", *models][-3:],
+                              lead_index=0 if ds.groups is not None else 1)  # a job's runs are seconds long
         print(f"plot written to {path}", file=sys.stderr)
     return 0

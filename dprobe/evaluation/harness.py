@@ -173,10 +173,15 @@ def evaluate_dataset(ds: SeriesDataset, models: dict[str, Forecaster] | None = N
                      graphs: dict[str, Any] | None = None) -> EvalResult:
     """Score every baseline in ``cfg.baselines`` and every forecaster in ``models`` on ``ds``.
 
-    ``graphs``: series id -> model graph (a directory's ``workloads.csv``), given to the models.
+    ``graphs``: series id -> model graph (a directory's ``workloads.csv``), given to the models. A data set of
+    whole jobs (split by family) is scored by :func:`dprobe.evaluation.jobs.evaluate_jobs` instead.
     """
     cfg = cfg or EvalConfig()
     models = models or {}
+    if ds.groups is not None:  # whole jobs (h200-profiles): the test families' runs, persistence as the baseline
+        from dprobe.evaluation.jobs import evaluate_jobs
+
+        return evaluate_jobs(ds, models, cfg.split, graphs, on_method)
     result = EvalResult(dataset=ds.name, rows=[])
     covs_all = ds.covariate_arrays()
     methods = [*cfg.baselines, *models]

@@ -77,7 +77,8 @@ class TrainedForecaster:
         return cond, known
 
     def task_for(self, metric: str, step_seconds: float | None = None) -> tuple[int, TaskSpec, float]:
-        """The task trained on ``metric`` (closest step if several) and the unit factor to its units.
+        """The task trained on ``metric`` (if several, the closest step among those no finer than
+        ``step_seconds``) and the unit factor to its units.
 
         ``gpu_utilization_ratio`` (0-1, what NVML / DCGM report) is served by a
         task trained on ``gpu_duty_cycle_pct`` (percent) with a factor of 100.
@@ -89,7 +90,10 @@ class TrainedForecaster:
                 factor = dict(METRIC_ALIASES.get(metric, ())).get(name, 1.0)
                 if step_seconds is None:
                     return (*matches[0], factor)
-                k, t = min(matches, key=lambda kt: abs(np.log(kt[1].step_seconds / step_seconds)))
+                # a window can be averaged into a coarser task's steps, never refined into a finer one's (the
+                # 0.1 s job task does not serve a 15 s scrape): tasks at least as coarse first, then the closest
+                usable = [kt for kt in matches if kt[1].step_seconds >= 0.67 * step_seconds] or matches
+                k, t = min(usable, key=lambda kt: abs(np.log(kt[1].step_seconds / step_seconds)))
                 return k, t, factor
         raise ValueError(f"this checkpoint forecasts {sorted({t.name for t in self.tasks})}, not {metric!r}")
 

@@ -4,7 +4,10 @@ Each (data set, metric) pair is a *task* with its own lead times. Where a direct
 ``workloads.csv``, its series carry a workload vector (:mod:`dprobe.data.workloads`). Series are
 split in time by a :class:`~dprobe.core.split.Split`: origins whose forecasts end before its
 validation start train, those from there whose forecasts end before its test start validate, and
-the rest of every series is left for ``dprobe evaluate``.
+the rest of every series is left for ``dprobe evaluate``. A data set of whole jobs (h200-profiles:
+one series per training run) is split by model family in the same shares instead
+(:meth:`~dprobe.core.split.Split.group_role`): every origin of a training family's runs trains, of a
+validation family's validates, and the test families are left for ``dprobe evaluate``.
 """
 
 from __future__ import annotations
@@ -99,9 +102,9 @@ class WindowCollate:
 
     def __init__(self, tasks: list[TaskSeries], context_length: int, task_weights: list[float],
                  covariate_dropout: float = 0.0, seed: int = 0,
-                 change_weighting: ChangeWeighting | None = None) -> None:
+                 change_weighting: ChangeWeighting | None = None, workload_dropout: float = 0.0) -> None:
         self.tasks, self.context, self.task_weights = tasks, context_length, task_weights
-        self.covariate_dropout = covariate_dropout
+        self.covariate_dropout, self.workload_dropout = covariate_dropout, workload_dropout
         self.change_weighting = change_weighting
         self.rng = np.random.default_rng(seed)
 
@@ -134,7 +137,10 @@ class WindowCollate:
             targets.append(normalise_targets(fut, last, scale))
             task_ids.append(np.full(len(sel), k))
             cond.append(ts.workload[s])
-            known.append(ts.known[s])
+            flags = ts.known[s].copy()
+            if self.workload_dropout > 0:  # as for a job whose model the sidecar was not told
+                flags &= self.rng.random(len(flags)) >= self.workload_dropout
+            known.append(flags)
         return WindowBatch(
             features=torch.from_numpy(np.concatenate(feats)).float(),
             stats=torch.from_numpy(np.concatenate(stats)).float(),
@@ -161,14 +167,21 @@ class SeriesDataModule(pl.LightningDataModule):
                  val_start: float = Split.validation_start, test_start: float = Split.test_start,
                  min_history: int = 16, num_workers: int = 0, seed: int = 0,
                  workload_cache: str | None = None, covariate_dropout: float = 0.0,
-                 calm_weight: float | None = None) -> None:
+                 calm_weight: float | None = None, workload_dropout: float = 0.0, job_share: float = 0.2) -> None:
         super().__init__()
+        if not 0 < job_share < 1:
+            raise ValueError(f"job_share must be between 0 and 1 (the share of training windows drawn from data "
+                             f"sets of whole jobs, when there are both kinds), got {job_share!r}")
+        if not 0 <= workload_dropout < 1:
+            raise ValueError(f"workload_dropout must be in [0, 1) (the share of training windows whose known "
+                             f"workload is hidden), got {workload_dropout!r}")
         if calm_weight is not None and not calm_weight >= 1:
             raise ValueError(f"calm_weight must be at least 1 (how many times a calm window may count, relative "
                              f"to a typical one), or null to weigh every window alike; got {calm_weight!r}")
         self.save_hyperparameters()
         self.split = Split(validation_start=val_start, test_start=test_start)
         self.tasks: list[TaskSeries] = []
+        self.job_tasks: list[bool] = []  # per task: from a data set of whole jobs (split by family)
         self._train_rows = self._val_rows = None
         self.task_weights: list[float] = []
         self.change_weighting: tuple[list[float], list[float], float] | None = None
@@ -189,7 +202,8 @@ class SeriesDataModule(pl.LightningDataModule):
             for target in ds.targets:
                 arrays = ds.arrays(target)
                 ids = sorted(arrays)
-                t_max = max(len(a) for a in arrays.values())
+                # padded past the longest series by the longest lead: every origin's targets can be looked up
+                t_max = max(len(a) for a in arrays.values()) + max(ds.lead_steps)
                 values = np.full((len(ids), t_max), np.nan)
                 cov = np.full((len(ids), t_max, len(ds.covariates)), np.nan) if ds.covariates else None
                 lengths = np.array([len(arrays[u]) for u in ids])
@@ -197,7 +211,9 @@ class SeriesDataModule(pl.LightningDataModule):
                     values[i, : lengths[i]] = arrays[u]
                     if cov is not None:
                         cov[i, : lengths[i]] = covs[u]
-                train_part = [arrays[u][: self.split.validation_index(len(arrays[u]))] for u in ids]
+                roles = self._roles(ds, ids)
+                train_part = ([arrays[u] for u in ids if roles[u] == "train"] if roles else
+                              [arrays[u][: self.split.validation_index(len(arrays[u]))] for u in ids])
                 levels = window_scale(np.array([[np.nanmean(np.abs(a)) if np.isfinite(a).any() else np.nan]
                                                 for a in train_part]), 0.0)
                 floor = float(0.5 * np.median(levels[levels > 0])) if (levels > 0).any() else 1.0
@@ -210,12 +226,28 @@ class SeriesDataModule(pl.LightningDataModule):
                 k = len(self.tasks)
                 self.tasks.append(TaskSeries(spec=spec, values=values, covariates=cov, lengths=lengths,
                                              workload=workload, known=known))
+                self.job_tasks.append(roles is not None)
                 h = max(ds.lead_steps)
+                validated_before = sum(len(v) for v in val_rows)
                 for i, n in enumerate(lengths):
                     observed = np.cumsum(~np.isnan(values[i, :n]))
-                    tr, va = self.split.fit_origins(np.flatnonzero(observed >= hp.min_history), n, h)
+                    if roles:  # a whole job: all its origins (from its first second on) train or validate, or none
+                        origins = np.flatnonzero((observed >= 1) & (np.arange(n) >= ds.first_origin)
+                                                 & (np.arange(n) + min(ds.lead_steps) < n))
+                        role = roles[ids[i]]
+                        tr = origins if role == "train" else origins[:0]
+                        va = origins if role == "validation" else origins[:0]
+                    else:
+                        tr, va = self.split.fit_origins(np.flatnonzero(observed >= hp.min_history), n, h)
                     train_rows.append(np.stack([np.full(len(tr), k), np.full(len(tr), i), tr], axis=1))
                     val_rows.append(np.stack([np.full(len(va), k), np.full(len(va), i), va], axis=1))
+                if roles and sum(len(v) for v in val_rows) == validated_before:
+                    families = len({ds.groups.get(str(u), str(u)) for u in ids})
+                    raise ValueError(
+                        f"{directory}: none of its {families} model families falls into the validation share "
+                        f"({self.split.validation_start:g}-{self.split.test_start:g} of families, by name), so "
+                        "nothing would validate its runs: give it more families or a wider validation share "
+                        "(data.val_start, data.test_start)")
         self._train_rows = np.concatenate(train_rows).astype(np.int64)
         val = np.concatenate(val_rows).astype(np.int64)
         self._calibration_rows = val  # every validation window: point choice and quantile calibration
@@ -226,6 +258,13 @@ class SeriesDataModule(pl.LightningDataModule):
         self.task_weights, self.change_weighting = self._balance_tasks(rng)
         if not len(self._train_rows):
             raise ValueError(f"no training windows in {hp.datasets}: series too short for the lead times")
+
+    def _roles(self, ds, ids: list) -> dict[str, str] | None:
+        """Series id -> ``"train"`` / ``"validation"`` / ``"test"`` for a data set of whole jobs (split by
+        its groups, the model families); None for one split in time."""
+        if ds.groups is None:
+            return None
+        return {u: self.split.group_role(ds.groups.get(str(u), str(u))) for u in ids}
 
     def _balance_tasks(self, rng: np.random.Generator, n: int = 2000
                        ) -> tuple[list[float], ChangeWeighting | None]:
@@ -261,14 +300,20 @@ class SeriesDataModule(pl.LightningDataModule):
         hp = self.hparams
         collate = WindowCollate(self.tasks, hp.context_length, self.task_weights,
                                 hp.covariate_dropout if train else 0.0, hp.seed,
-                                self.change_weighting if train else None)
+                                self.change_weighting if train else None,
+                                hp.workload_dropout if train else 0.0)
         return DataLoader(_Origins(rows), batch_size=hp.batch_size, sampler=sampler, shuffle=shuffle,
                           collate_fn=collate, num_workers=hp.num_workers, persistent_workers=hp.num_workers > 0)
 
     def train_dataloader(self) -> DataLoader:
         rows = self._train_rows
         counts = np.bincount(rows[:, 0], minlength=len(self.tasks)).astype(float)
-        weights = 1.0 / counts[rows[:, 0]]  # every task drawn equally often
+        jobs = np.asarray(self.job_tasks, dtype=bool)
+        # every task drawn equally often; where there are series and job tasks, the job tasks share job_share
+        share = np.ones(len(self.tasks))
+        if jobs.any() and not jobs.all():
+            share = np.where(jobs, self.hparams.job_share / jobs.sum(), (1 - self.hparams.job_share) / (~jobs).sum())
+        weights = share[rows[:, 0]] / np.maximum(counts[rows[:, 0]], 1)
         n = min(self.hparams.samples_per_epoch, len(rows) * 4)
         gen = torch.Generator().manual_seed(self.hparams.seed)
         sampler = WeightedRandomSampler(torch.as_tensor(weights), num_samples=n, replacement=True, generator=gen)

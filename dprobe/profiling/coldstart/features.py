@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dprobe.data.workloads import family_of  # noqa: F401  (where the profiler's callers take it from)
 from dprobe.graph.encoder import spec_key
 from dprobe.graph.schema import write_atomically
 from dprobe.graph.zoo import parse_spec
@@ -118,13 +119,3 @@ def replay_cache_path(model: str, batch: int, precision: str, optimizer: str, im
            "image": image, "seq": seq}
     key = spec_key({**job, "grad_checkpointing": True} if grad_checkpointing else job, extra="replay-v6")
     return Path(cache_dir) / f"replay-{key}.json"
-
-
-def family_of(model: str) -> str:
-    """Model family by a generic rule: lower-case, cut at the first digit, size word or separator."""
-    import re
-
-    name = model.lower().split(":")[-1].split("/")[-1]
-    name = re.sub(r"(config|for[a-z]+|lmheadmodel|model)$", "", name)
-    stem = re.split(r"[\d_\-.]|(?<=[a-z])(?:tiny|small|base|large|medium|wide|xl)\b", name)[0]
-    return stem or name

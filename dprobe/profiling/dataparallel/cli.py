@@ -64,6 +64,7 @@ def run_data_parallel(args: argparse.Namespace, predict: Callable[[argparse.Name
     """``dprobe predict`` with ``--gpus``: ``predict`` (the cold-start prediction of parsed arguments) at the
     per-GPU batch, and the data-parallel step time, throughput and scaling efficiency."""
     from dprobe.profiling.dataparallel.predict import DEFAULT_MIN_EFFICIENCY, predict_data_parallel
+    from dprobe.profiling.dataparallel.timeline import backward_window
 
     where = _check(args)
     local = copy.copy(args)
@@ -82,13 +83,16 @@ def run_data_parallel(args: argparse.Namespace, predict: Callable[[argparse.Name
         grad_bytes, grad_from = float(cold.graph.num_params * bytes_each), "graph"
     else:
         grad_bytes, grad_from = float(cold.analytical.param_bytes), "replay"
+    graph = getattr(cold, "graph", None)
+    window = backward_window(graph) if graph is not None else None
     if args.step_time is not None:
         single, single_from = (args.step_time, args.step_time), "--step-time"
     else:
         single, single_from = (cold.step_time_seconds.p50, cold.step_time_seconds.p90), "cold start"
     dp = predict_data_parallel(single, grad_bytes, args.batch, where,
                                args.gpus_per_node or DEFAULT_GPUS_PER_NODE, single_from, grad_from,
-                               args.min_efficiency if args.min_efficiency is not None else DEFAULT_MIN_EFFICIENCY)
+                               args.min_efficiency if args.min_efficiency is not None else DEFAULT_MIN_EFFICIENCY,
+                               window=window)
     if args.json:
         head = cold.as_dict() if cold is not None else {
             "model": args.model, "batch": local.batch, "precision": args.precision,
@@ -107,6 +111,8 @@ def run_data_parallel(args: argparse.Namespace, predict: Callable[[argparse.Name
     d = dp.as_dict()
     print(f"  one GPU step      {1000 * single[0]:8.1f} ms  ({single_from})")
     print(f"  gradients         {grad_bytes / 1e6:8.1f} MB  ({grad_from})")
+    print(f"  backward window   {dp.backward_window:8.2f}     ({dp.backward_window_from}: share of backward left to "
+          f"hide a gradient byte)")
     print(f"  step time         {1000 * dp.step_time_seconds[0]:8.1f} ms  (p90 {1000 * dp.step_time_seconds[1]:.1f})")
     print(f"  of which sync     {1000 * dp.sync_time_seconds[0]:8.1f} ms  (p90 {1000 * dp.sync_time_seconds[1]:.1f})")
     tp = d["throughput_samples_per_second"]

@@ -1,7 +1,7 @@
 """Measured data-parallel steps laid out like ``datasets/pollux-placements``: a folder per model with
 ``placements.csv`` (``placement``, ``local_bsz``, ``step_time``, ``sync_time``) and, optionally,
 ``scalability.csv`` (``num_nodes``, ``num_replicas`` instead of ``placement``); ``models.csv`` gives each
-model's parameter count."""
+model's parameter count and, optionally, its backward window (:mod:`.timeline`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from dprobe.profiling.dataparallel.placement import parse_placement, spread
+from dprobe.profiling.dataparallel.timeline import UNIFORM_WINDOW, check_window
 
 DEFAULT_DIR = Path(__file__).resolve().parents[3] / "datasets" / "pollux-placements"
 BYTES_PER_GRADIENT = 4  # fp32 gradients (the measured jobs train in fp32)
@@ -35,6 +36,19 @@ def parameter_counts(root: Path, extra: dict[str, int] | None = None) -> dict[st
     return counts
 
 
+def backward_windows(root: Path) -> dict[str, float]:
+    """Backward window of each model with one in ``models.csv``'s optional ``backward_window`` column (an
+    empty cell, or no column, leaves the model to :data:`~.timeline.UNIFORM_WINDOW`)."""
+    table = root / "models.csv"
+    if not table.is_file():
+        return {}
+    frame = pd.read_csv(table)
+    if "backward_window" not in frame.columns:
+        return {}
+    return {str(model): check_window(value, f"{table}: backward_window of {model!r}")
+            for model, value in zip(frame.model, frame.backward_window, strict=True) if not pd.isna(value)}
+
+
 def _read(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
     frame = pd.read_csv(path, dtype={"placement": str})
     missing = [c for c in columns if c not in frame.columns]
@@ -52,13 +66,15 @@ def load_steps(root: str | Path | None = None, params: dict[str, int] | None = N
                scalability: bool = False) -> pd.DataFrame:
     """One row per measured multi-GPU configuration of every model under ``root``: ``model``, ``placement``
     (as text), ``gpus``, ``nodes``, ``busiest`` (GPUs on the fullest node), ``local_bsz``, ``step_time``,
-    ``sync_time``, ``single_step`` (the model's one-GPU step time at the same per-GPU batch) and
-    ``grad_bytes``. Rows whose per-GPU batch has no one-GPU measurement are left out (counted in
+    ``sync_time``, ``single_step`` (the model's one-GPU step time at the same per-GPU batch), ``grad_bytes``
+    and ``window`` (the model's backward window, :data:`~.timeline.UNIFORM_WINDOW` where models.csv gives
+    none). Rows whose per-GPU batch has no one-GPU measurement are left out (counted in
     ``attrs["no_single"]``). ``scalability``: read ``scalability.csv`` instead (GPUs spread evenly)."""
     base = Path(root) if root is not None else DEFAULT_DIR
     if not base.is_dir():
         raise ValueError(f"--data {base} is not a directory")
     counts = parameter_counts(base, params)
+    windows = backward_windows(base)
     frames, dropped = [], 0
     for folder in sorted(p for p in base.iterdir() if (p / "placements.csv").is_file()):
         model = folder.name
@@ -78,13 +94,14 @@ def load_steps(root: str | Path | None = None, params: dict[str, int] | None = N
         rows = rows.assign(model=model, placement=[str(w) for w in where], gpus=[w.gpus for w in where],
                            nodes=[w.nodes for w in where], busiest=[w.busiest for w in where],
                            single_step=rows.local_bsz.map(one),
-                           grad_bytes=float(BYTES_PER_GRADIENT * counts[model]))
+                           grad_bytes=float(BYTES_PER_GRADIENT * counts[model]),
+                           window=windows.get(model, UNIFORM_WINDOW))
         rows = rows[rows.gpus > 1]
         dropped += int(rows.single_step.isna().sum())
         frames.append(rows.dropna(subset=["single_step"]))
     if not frames:
         raise ValueError(f"--data {base}: no model folder with a placements.csv")
     out = pd.concat(frames, ignore_index=True)[["model", "placement", "gpus", "nodes", "busiest", "local_bsz",
-                                                "step_time", "sync_time", "single_step", "grad_bytes"]]
+                                                "step_time", "sync_time", "single_step", "grad_bytes", "window"]]
     out.attrs["no_single"] = dropped
     return out

@@ -24,54 +24,73 @@ from dprobe.profiling.dataparallel.model import PARAM_NAMES, ClusterParams, sync
 
 FITTED_MODULE = Path(__file__).with_name("_fitted.py")
 EPS_SYNC = 1e-3  # s: sync times this small count as equal in the loss (one-node rings hide almost all)
-START = ClusterParams(intra_bandwidth=5e9, intra_latency=5e-5, inter_bandwidth=1e9, inter_latency=5e-4,
+START = ClusterParams(intra_bandwidth=5e9, intra_latency=0.0, inter_bandwidth=1e9, inter_latency=0.0,
                       per_gpu_on_node=0.2, two_node_penalty=0.3, overlap=0.5, tail=0.3, straggler=0.02)
+# held at their START value, not fitted: the per-ring-step latencies are not identifiable on pollux-placements
+# (fitted on all five models they come out near 0; fitted on fewer they drift to milliseconds, which a model
+# whose all-reduce backward cannot hide then pays in full)
+HELD = ("intra_latency", "inter_latency")
+FREE = tuple(n for n in PARAM_NAMES if n not in HELD)
+LATENCY_START = {"intra_latency": 5e-5, "inter_latency": 5e-4}  # where the latencies start when fitted
 LEVEL = 0.9
 
 
-def _to_params(theta: np.ndarray) -> ClusterParams:
-    values = dict(zip(PARAM_NAMES, np.exp(theta), strict=True))
-    values["tail"] = float(1.0 / (1.0 + math.exp(-theta[PARAM_NAMES.index("tail")])))
+def _free(hold: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(n for n in PARAM_NAMES if n not in hold)
+
+
+def _to_params(theta: np.ndarray, hold: tuple[str, ...] = HELD) -> ClusterParams:
+    free = _free(hold)
+    values = {**START.as_dict(), **dict(zip(free, np.exp(theta), strict=True))}
+    values["tail"] = float(1.0 / (1.0 + math.exp(-theta[free.index("tail")])))
     return ClusterParams(**values)
 
 
-def _to_theta(params: ClusterParams) -> np.ndarray:
-    theta = np.log(params.vector())
+def _to_theta(params: ClusterParams, hold: tuple[str, ...] = HELD) -> np.ndarray:
+    free = _free(hold)
+    theta = np.log([getattr(params, n) for n in free])
     tail = params.tail
-    theta[PARAM_NAMES.index("tail")] = math.log(tail / (1.0 - tail))
+    theta[free.index("tail")] = math.log(tail / (1.0 - tail))
     return theta
 
 
 def predict_sync(params: ClusterParams, steps: pd.DataFrame) -> np.ndarray:
     """Predicted synchronisation seconds of each row of :func:`~.data.load_steps`."""
     return sync_seconds(params, steps.single_step.to_numpy(), steps.grad_bytes.to_numpy(), steps.gpus.to_numpy(),
-                        steps.nodes.to_numpy(), steps.busiest.to_numpy())
+                        steps.nodes.to_numpy(), steps.busiest.to_numpy(), steps.window.to_numpy())
 
 
-def fit_params(steps: pd.DataFrame) -> ClusterParams:
+def fit_params(steps: pd.DataFrame, hold: tuple[str, ...] = HELD) -> ClusterParams:
     """Least squares on the log ratio of predicted to measured step time and sync time (each model weighing
-    the same, a soft L1 loss against the odd slow measurement), all models sharing the parameters."""
+    the same, a soft L1 loss against the odd slow measurement), all models sharing the parameters (those of
+    ``hold`` kept at their :data:`START` value; a latency fitted starts at :data:`LATENCY_START`)."""
+    wrong = sorted(set(hold) - set(PARAM_NAMES) | {"tail"} & set(hold))
+    if wrong:
+        raise ValueError(f"cannot hold {', '.join(wrong)} in the fit: hold any of {', '.join(PARAM_NAMES)} "
+                         f"but tail")
     weight = 1.0 / np.sqrt(steps.groupby("model").model.transform("size").to_numpy())
     step, sync, single = (steps[c].to_numpy() for c in ("step_time", "sync_time", "single_step"))
 
     def residuals(theta: np.ndarray) -> np.ndarray:
-        pred = predict_sync(_to_params(theta), steps)
+        pred = predict_sync(_to_params(theta, hold), steps)
         return np.concatenate([weight * np.log((single + pred) / step),
                                weight * np.log((pred + EPS_SYNC) / (sync + EPS_SYNC))])
 
-    result = least_squares(residuals, _to_theta(START), loss="soft_l1", f_scale=0.3, x_scale=1.0,
+    start = ClusterParams(**{**START.as_dict(), **{k: v for k, v in LATENCY_START.items() if k not in hold}})
+    result = least_squares(residuals, _to_theta(start, hold), loss="soft_l1", f_scale=0.3, x_scale=1.0,
                            xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=5000)
-    return _to_params(result.x)
+    return _to_params(result.x, hold)
 
 
-def leave_one_model_out(steps: pd.DataFrame) -> pd.DataFrame:
+def leave_one_model_out(steps: pd.DataFrame, hold: tuple[str, ...] = HELD) -> pd.DataFrame:
     """Each model's rows predicted by parameters fitted on the other models: ``steps`` with ``pred_sync``,
-    ``pred_step`` (its own one-GPU step time plus the predicted sync, as a user with ``--step-time`` has)."""
+    ``pred_step`` (its own one-GPU step time plus the predicted sync, as a user with ``--step-time`` has);
+    ``hold``: as in :func:`fit_params`."""
     out = steps.copy()
     out["pred_sync"] = np.nan
     for model in sorted(steps.model.unique()):
         held = (steps.model == model).to_numpy()
-        params = fit_params(steps[~held])
+        params = fit_params(steps[~held], hold)
         out.loc[held, "pred_sync"] = predict_sync(params, steps[held])
     out["pred_step"] = out.single_step + out.pred_sync
     return out

@@ -9,11 +9,13 @@ backward does not hide, plus the wait for the slowest replica:
   first); each of the ``2 (N - 1)`` ring steps adds a latency; a ring over two nodes is
   ``two_node_penalty`` slower (measured, see docs/graph-and-coldstart.md);
 - gradient buckets are reduced while backward still runs: of the all-reduce time ``T``,
-  ``T * (tail + (1 - tail) * exp(-overlap * S / T))`` is exposed (the last bucket, ``tail``, never hides);
+  ``T * (tail + (1 - tail) * exp(-overlap * W * S / T))`` is exposed (the last bucket, ``tail``, never
+  hides), where ``W`` is the model's backward window (:mod:`.timeline`: the share of backward left to
+  run once a gradient byte is ready, byte-weighted; 0.5 when gradients spread evenly over backward);
 - replicas finish backward at slightly different times: ``straggler * S * ln N``.
 
 Only a handful of numbers, fitted across models (:mod:`.fit`), describe the cluster; the model enters
-through ``S`` and ``G`` alone.
+through ``S``, ``G`` and ``W`` alone.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from dprobe.profiling.dataparallel.placement import Placement
+from dprobe.profiling.dataparallel.timeline import UNIFORM_WINDOW
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,7 @@ class ClusterParams:
     inter_latency: float  # s per ring step across nodes
     per_gpu_on_node: float  # slowdown of the inter-node ring per GPU beyond the first on the busiest node
     two_node_penalty: float  # extra slowdown of a ring over exactly two nodes
-    overlap: float  # backward seconds that hide all-reduce, per second of the single-GPU step
+    overlap: float  # all-reduce seconds hidden, per second of single-GPU step and unit of backward window
     tail: float  # share of the all-reduce never hidden (the last bucket)
     straggler: float  # wait for the slowest replica, per second of step and unit of ln N
 
@@ -71,22 +74,25 @@ def comm_seconds(params: ClusterParams, grad_bytes: np.ndarray, gpus: np.ndarray
 
 
 def sync_seconds(params: ClusterParams, single_step: np.ndarray, grad_bytes: np.ndarray, gpus: np.ndarray,
-                 nodes: np.ndarray, busiest: np.ndarray) -> np.ndarray:
+                 nodes: np.ndarray, busiest: np.ndarray, window: np.ndarray | float = UNIFORM_WINDOW) -> np.ndarray:
     """Seconds a step waits on the gradient all-reduce after its own backward ends (what PyTorch's
-    profiler and Pollux's ``sync_time`` call synchronisation), on top of ``single_step``."""
+    profiler and Pollux's ``sync_time`` call synchronisation), on top of ``single_step``; ``window``: the
+    model's backward window (:func:`~.timeline.backward_window`)."""
     s = np.asarray(single_step, dtype=np.float64)
+    w = np.asarray(window, dtype=np.float64)
     t = comm_seconds(params, grad_bytes, gpus, nodes, busiest)
     with np.errstate(divide="ignore", invalid="ignore"):
-        hidden = np.where(t > 0, np.exp(-params.overlap * s / np.where(t > 0, t, 1.0)), 0.0)
+        hidden = np.where(t > 0, np.exp(-params.overlap * w * s / np.where(t > 0, t, 1.0)), 0.0)
     exposed = t * (params.tail + (1.0 - params.tail) * hidden)
     n = np.asarray(gpus, dtype=np.float64)
     return exposed + params.straggler * s * np.log(np.maximum(n, 1.0))
 
 
-def step_seconds(params: ClusterParams, single_step: float, grad_bytes: float, where: Placement) -> tuple[float, float]:
+def step_seconds(params: ClusterParams, single_step: float, grad_bytes: float, where: Placement,
+                 window: float = UNIFORM_WINDOW) -> tuple[float, float]:
     """(step seconds, of which synchronisation) of one data-parallel step at ``where``."""
     sync = float(sync_seconds(params, np.array([single_step]), np.array([grad_bytes]), np.array([where.gpus]),
-                              np.array([where.nodes]), np.array([where.busiest]))[0])
+                              np.array([where.nodes]), np.array([where.busiest]), window)[0])
     if not math.isfinite(sync):
         raise ValueError("data-parallel step time is not finite: check --step-time and --params")
     return single_step + sync, sync

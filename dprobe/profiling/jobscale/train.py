@@ -144,6 +144,20 @@ def cross_validate(ds: JobScaleDataset, epochs: int = 300, seed: int = 0, graph_
     return score_variants(ds, cross_validate_predictions(ds, epochs, seed, graph_dim, folds=folds, workers=workers))
 
 
+def write_predictions(ds: JobScaleDataset, preds: dict[str, np.ndarray], path: Path) -> Path:
+    """Every run's leave-family-out quantiles of every variant as CSV (run_id, family, variant, target,
+    p50, p90, p99; memory plateau in bytes, utilisation 0-1): what the forecaster's job series are
+    compared with (:mod:`dprobe.evaluation.jobs`)."""
+    import pandas as pd
+
+    rows = [{"run_id": rid, "family": fam, "variant": variant, "target": target,
+             **{f"p{round(100 * level)}": float(q[i, k, j]) for j, level in enumerate(LEVELS)}}
+            for variant, q in preds.items() for i, (rid, fam) in enumerate(zip(ds.run_ids, ds.families, strict=True))
+            for k, target in enumerate(("memory_plateau_bytes", "gpu_utilization"))]
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
 def train_jobscale(data_dir: str, out_dir: str, use_graph: bool = True, epochs: int = 300, seed: int = 0,
                    graph_dim: int = 0, cache_dir: str | Path | None = None,
                    folds: int | None = None, coldstart_util: dict[str, float] | None = None,
@@ -171,6 +185,7 @@ def train_jobscale(data_dir: str, out_dir: str, use_graph: bool = True, epochs: 
     variant = "graph" if use_graph else "no_graph"
     plot = plot_cross_validation(ds, preds, variant, out / "lofo.png")
     (out / "report.md").write_text(table + f"\n![{variant} against persist, run by run]({plot.name})\n")
+    lofo = write_predictions(ds, preds, out / "lofo.csv")
     every = np.arange(len(ds.run_ids))
     net = fit(ds, every, variant, epochs, seed, graph_dim=graph_dim)
     shifts = calibrate_upper(ds, every, variant, epochs, seed, graph_dim=graph_dim)
@@ -186,4 +201,4 @@ def train_jobscale(data_dir: str, out_dir: str, use_graph: bool = True, epochs: 
                                    if variant == "graph" else None)}
     torch.save(ckpt, out / "jobscale.pt")
     return {"checkpoint": str(out / "jobscale.pt"), "report": str(out / "report.md"), "table": table,
-            "metrics": result, "plot": str(plot)}
+            "metrics": result, "plot": str(plot), "predictions": str(lofo)}
