@@ -60,6 +60,13 @@ class EvalResult:
     actuals: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     test_start: dict[str, int] = field(default_factory=dict)
 
+    def record(self, method: str, target: str, ds: SeriesDataset, per_series: dict[str, SeriesForecasts],
+               series: dict[str, np.ndarray], test_start: dict[str, int], seconds: float) -> None:
+        """Keep ``method``'s forecasts of ``target``, its time, and the rows :func:`score` makes of them."""
+        self.seconds[method] = self.seconds.get(method, 0.0) + seconds
+        self.forecasts.setdefault(method, {})[target] = per_series
+        self.rows.extend(score(method, target, ds, per_series, series, test_start))
+
     def to_json(self) -> dict:
         """Strict-JSON ready: NaN or infinite figures (e.g. MASE of series that never move) become None."""
         def clean(v: object) -> object:
@@ -207,9 +214,7 @@ def evaluate_dataset(ds: SeriesDataset, models: dict[str, Forecaster] | None = N
                 per = {u: _baseline_forecasts(_baseline_for(method, ds, cfg, starts[u]), y, ds.lead_steps,
                                               origins[u]) for u, y in series.items()}
             elapsed = time.perf_counter() - t0
-            result.seconds[method] = result.seconds.get(method, 0.0) + elapsed
-            result.forecasts.setdefault(method, {})[target] = per
-            result.rows.extend(score(method, target, ds, per, series, starts))
+            result.record(method, target, ds, per, series, starts, elapsed)
             if on_method:
                 on_method(method, elapsed)
     return result

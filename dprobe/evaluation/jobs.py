@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,6 +28,7 @@ from dprobe.core import metrics
 from dprobe.core.names import QUANTILES
 from dprobe.core.split import Split
 from dprobe.data.common import SeriesDataset
+from dprobe.evaluation.harness import EvalResult, SeriesForecasts
 from dprobe.forecaster.base import Forecaster, ForecastInput
 
 UNKNOWN_SUFFIX = "_unknown_workload"
@@ -36,15 +36,6 @@ JOBSCALE = "jobscale"
 # the job-scale model's targets, as this data set's metrics: memory in bytes, utilisation 0-1 -> percent
 JOBSCALE_TARGETS = {"gpu_memory_bytes": (0, 1.0), "gpu_duty_cycle_pct": (1, 100.0)}
 PLATEAU_SECONDS = 10.0
-
-
-@dataclass
-class JobForecasts:
-    """What one method forecast for one run and metric at every origin (as the harness keeps them)."""
-
-    origins: np.ndarray  # (N,) positions t
-    point: np.ndarray  # (N, H)
-    quantiles: np.ndarray | None  # (N, H, Q)
 
 
 def held_out_runs(ds: SeriesDataset, split: Split) -> list[str]:
@@ -83,25 +74,23 @@ def _last_observed(y: np.ndarray, t: np.ndarray) -> np.ndarray:
 
 
 def _model_forecasts(model: Forecaster, ds: SeriesDataset, target: str, y: np.ndarray, origins: np.ndarray,
-                     graph: Any) -> JobForecasts:
+                     graph: Any) -> SeriesForecasts:
     context = int(getattr(model, "context_length", 128))
     padded = np.concatenate([np.full(context - 1, np.nan), y])
     windows = np.stack([padded[t: t + context] for t in origins])  # (N, context), ending at each origin
     f = model.predict(ForecastInput(values=windows, metric=target, leads=ds.lead_steps,
                                     step_seconds=ds.freq.total_seconds(),
                                     graphs=[graph] * len(origins) if graph is not None else None))
-    return JobForecasts(origins=origins, point=f.point, quantiles=f.quantiles)
+    return SeriesForecasts(origins=origins, point=f.point, quantiles=f.quantiles)
 
 
 def evaluate_jobs(ds: SeriesDataset, models: dict[str, Forecaster] | None = None, split: Split | None = None,
                   graphs: dict[str, Any] | None = None,
-                  on_method: Callable[[str, float], None] | None = None):
+                  on_method: Callable[[str, float], None] | None = None) -> EvalResult:
     """An :class:`~dprobe.evaluation.harness.EvalResult` of persistence and every forecaster in ``models`` on
     the test families' runs of ``ds`` (a data set of whole jobs), from each run's first second on; a
     forecaster that takes workloads is scored twice, with each run's graph (``graphs``: run id -> model
     graph) and without (``<name>_unknown_workload``)."""
-    from dprobe.evaluation.harness import EvalResult, score
-
     split = split or Split()
     models = models or {}
     runs = held_out_runs(ds, split)
@@ -128,18 +117,16 @@ def evaluate_jobs(ds: SeriesDataset, models: dict[str, Forecaster] | None = None
                    _model_forecasts(model, ds, target, y, origins[u], (graphs or {}).get(u) if with_graph else None)
                    for u, y in series.items()}
             elapsed = time.perf_counter() - t0
-            result.seconds[method] = result.seconds.get(method, 0.0) + elapsed
-            result.forecasts.setdefault(method, {})[target] = per
-            result.rows.extend(score(method, target, ds, per, series, starts))
+            result.record(method, target, ds, per, series, starts, elapsed)
             if on_method:
                 on_method(method, elapsed)
     return result
 
 
-def _persist(y: np.ndarray, origins: np.ndarray, offsets: np.ndarray) -> JobForecasts:
+def _persist(y: np.ndarray, origins: np.ndarray, offsets: np.ndarray) -> SeriesForecasts:
     last = _last_observed(y, origins)
     point = np.repeat(last[:, None], offsets.shape[0], axis=1)
-    return JobForecasts(origins=origins, point=point, quantiles=point[..., None] + offsets[None])
+    return SeriesForecasts(origins=origins, point=point, quantiles=point[..., None] + offsets[None])
 
 
 def read_jobscale_predictions(path: str, variant: str = "graph") -> dict[str, np.ndarray]:
@@ -161,7 +148,8 @@ def read_jobscale_predictions(path: str, variant: str = "graph") -> dict[str, np
     return out
 
 
-def first_second_rows(result, ds: SeriesDataset, jobscale: dict[str, np.ndarray] | None = None) -> list[dict]:
+def first_second_rows(result: EvalResult, ds: SeriesDataset,
+                      jobscale: dict[str, np.ndarray] | None = None) -> list[dict]:
     """Rows (method, target, lead, MAE, pinball, runs) of every method's forecasts made at each test run's
     first second, the job-scale model's among them where ``jobscale`` has the run; and per method a
     ``memory plateau MAPE %`` row (the largest p50 over the leads against the measured plateau)."""
@@ -174,7 +162,7 @@ def first_second_rows(result, ds: SeriesDataset, jobscale: dict[str, np.ndarray]
         if jobscale:
             index, factor = JOBSCALE_TARGETS[target]
             candidates[JOBSCALE] = {target: {
-                u: JobForecasts(origins=np.array([first]),
+                u: SeriesForecasts(origins=np.array([first]),
                                 point=np.full((1, len(ds.lead_steps)), jobscale[u][index, 0] * factor),
                                 quantiles=np.repeat(jobscale[u][index][None, None] * factor, len(ds.lead_steps), 1))
                 for u in series if u in jobscale and np.isfinite(jobscale[u][index]).all()}}
@@ -212,7 +200,7 @@ def first_second_rows(result, ds: SeriesDataset, jobscale: dict[str, np.ndarray]
     return sorted(rows, key=lambda r: (r["target"], r["lead_seconds"], order.get(r["method"], 99)))
 
 
-def job_table(result, first_rows: list[dict]) -> str:
+def job_table(result: EvalResult, first_rows: list[dict]) -> str:
     """Markdown: pinball and MAE per method, metric and lead over every origin from the first second on,
     the same from the first second alone (with the job-scale model), and the memory plateau's MAPE."""
     def fmt(target: str, v: float) -> str:
@@ -237,7 +225,7 @@ def job_table(result, first_rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def ratios(result, baseline: str, method: str) -> dict[tuple[str, float], float]:
+def ratios(result: EvalResult, baseline: str, method: str) -> dict[tuple[str, float], float]:
     """``(target, lead seconds) -> 1 - pinball(method) / pinball(baseline)``: how much lower ``method``'s
     pinball is, over every origin (what the targets are stated in)."""
     pin = {(r["method"], r["target"], r["lead_seconds"]): r["pinball"] for r in result.rows}
@@ -249,7 +237,7 @@ def ratios(result, baseline: str, method: str) -> dict[tuple[str, float], float]
     return out
 
 
-def target_lines(result, first_rows: list[dict], method: str = "dprobe") -> list[str]:
+def target_lines(result: EvalResult, first_rows: list[dict], method: str = "dprobe") -> list[str]:
     """The job series' targets, met or not: pinball at 5 and 10 s at least 15 % below the unknown-workload
     embedding's and 30 % below persistence's; the memory plateau's MAPE no worse than the job-scale
     model's."""
