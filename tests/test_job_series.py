@@ -249,3 +249,11 @@ def test_exp_jobs_trains_on_job_series_and_reports_them(tmp_path, small_alibaba_
     assert "| jobscale |" in out and "memory plateau over the next 10 s" in out
     assert bench.main([*args, "--check"]) == (1 if "MISSED" in out else 0)
     assert bench.main(["--checkpoint", str(ROOT / "dprobe" / "default_forecaster.onnx")]) == 2  # no job tasks
+
+
+def test_a_forecaster_without_job_tasks_is_refused_on_jobs(jobs) -> None:
+    other = _Drift(0.0)
+    other.tasks = [TaskSpec("gpu_memory_bytes", "alibaba-genai-2026", (5, 15, 30), 57.0, (), 1.0)]
+    with pytest.raises(ValueError, match=r"without h200-profiles's job series.*\+exp=jobs"):
+        evaluate_jobs(jobs, {"dprobe": other})
+    assert evaluate_jobs(jobs, {}).rows  # the baselines alone still score

@@ -93,6 +93,12 @@ def evaluate_jobs(ds: SeriesDataset, models: dict[str, Forecaster] | None = None
     graph) and without (``<name>_unknown_workload``)."""
     split = split or Split()
     models = models or {}
+    for name, model in models.items():  # a model of other series would average a job's seconds into minutes
+        tasks = getattr(model, "tasks", None)
+        if tasks is not None and not any(t.dataset == ds.name for t in tasks):
+            raise ValueError(f"forecaster {name!r} was trained without {ds.name}'s job series (its tasks: "
+                             f"{', '.join(sorted({t.dataset for t in tasks}))}): train one with "
+                             "`python train.py +exp=jobs`, or score the baselines alone (--checkpoint none)")
     runs = held_out_runs(ds, split)
     result = EvalResult(dataset=ds.name, rows=[])
     if not runs:
