@@ -30,6 +30,7 @@ from dprobe.core.split import Split
 from dprobe.data.common import SeriesDataset
 from dprobe.evaluation.harness import EvalResult, SeriesForecasts
 from dprobe.forecaster.base import Forecaster, ForecastInput
+from dprobe.forecaster.baselines import ffill
 
 UNKNOWN_SUFFIX = "_unknown_workload"
 JOBSCALE = "jobscale"
@@ -66,11 +67,6 @@ def persistence_offsets(ds: SeriesDataset, target: str, split: Split) -> np.ndar
         d = np.concatenate(diffs) if diffs else np.zeros(1)
         out[j] = np.quantile(d, QUANTILES) if len(d) else 0.0
     return out
-
-
-def _last_observed(y: np.ndarray, t: np.ndarray) -> np.ndarray:
-    filled = pd.Series(y).ffill().to_numpy()
-    return filled[t]
 
 
 def _model_forecasts(model: Forecaster, ds: SeriesDataset, target: str, y: np.ndarray, origins: np.ndarray,
@@ -130,7 +126,7 @@ def evaluate_jobs(ds: SeriesDataset, models: dict[str, Forecaster] | None = None
 
 
 def _persist(y: np.ndarray, origins: np.ndarray, offsets: np.ndarray) -> SeriesForecasts:
-    last = _last_observed(y, origins)
+    last = ffill(y)[origins]  # the last value observed at each origin
     point = np.repeat(last[:, None], offsets.shape[0], axis=1)
     return SeriesForecasts(origins=origins, point=point, quantiles=point[..., None] + offsets[None])
 
