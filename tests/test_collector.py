@@ -39,3 +39,24 @@ def test_host_description_needs_no_gpu(collector) -> None:
     cpu = collector.host_cpu()
     assert cpu["cpu_count"] >= 1 and isinstance(cpu["cpu_model"], str)
     assert collector.host_benchmark(cuda=False) == {}  # on a GPU: microseconds per launch, tested in test_gpu.py
+
+
+@pytest.mark.slow
+def test_a_session_records_its_memory_format_and_runs_in_it(tmp_path) -> None:
+    """--memory-format nhwc: image models run channels_last; env.json and every run record say so."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "session"
+    tool = ROOT / "tools" / "collect_gpu_profiles.py"
+    subprocess.run([sys.executable, str(tool), "--dry-run", "--no-services", "--no-flops", "--memory-format", "nhwc"],
+                   check=True, env={**os.environ, "OUT": str(out)}, capture_output=True, timeout=600)
+    assert json.loads((out / "env.json").read_text())["memory_format"] == "nhwc"
+    records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    train = [r for r in records if r.get("kind") == "train"]
+    assert train and all(r["memory_format"] == "nhwc" and r["status"] == "ok" for r in train)
+    with pytest.raises(subprocess.CalledProcessError):  # an unknown format is refused by argparse
+        subprocess.run([sys.executable, str(tool), "--dry-run", "--memory-format", "nwhc"], check=True,
+                       env={**os.environ, "OUT": str(tmp_path / "x")}, capture_output=True, timeout=60)
