@@ -171,3 +171,38 @@ def test_previous_gpus_are_kept_where_they_still_fit():
     assert kept.assignment().tolist() == [1, 0, 1] and kept.gpus_used == 2
     with pytest.raises(ValueError, match="previous"):
         plan(ws, 80 * GB, previous=[0])
+
+
+def _plan_mig_one_gpu_at_a_time(workloads, model, gpus, policy):
+    """The MIG placement rule, asked of every GPU in turn: what plan_mig must reproduce, faster."""
+    from dprobe.sharing.mig import MigLayout, smallest_profile
+
+    layouts = [MigLayout(model) for _ in range(gpus)]
+    profiles = [model.profile(w.mig_profile) if w.mig_profile else smallest_profile(model, w.memory_bytes * 1.1,
+                                                                                     w.utilization or 0.0)
+                for w in workloads]
+    order = sorted(range(len(workloads)), key=lambda i: (-(profiles[i].memory_slices if profiles[i] else 99), i))
+    out = {}
+    for i in order:
+        p = profiles[i]
+        if p is None:
+            continue
+        fits = [g for g, lay in enumerate(layouts) if lay.position_for(p) is not None]
+        if policy != "first-fit":
+            fits.sort(key=lambda g: (8 - sum(layouts[g].used)) - p.memory_slices)
+        if fits:
+            layouts[fits[0]].add(p)
+            out[workloads[i].name] = (fits[0], p.name)
+    return out
+
+
+@pytest.mark.parametrize("policy", ["first-fit", "best-fit"])
+def test_plan_mig_places_as_the_rule_asked_of_every_gpu(policy):
+    rng = np.random.default_rng(3)
+    model = gpu_model("A100-80GB")
+    ws = [Workload(f"w{i}", float(rng.uniform(1, 45)) * GB, utilization=float(rng.uniform(0, 0.6)),
+                   mig_profile="2g.20gb" if i % 17 == 0 else None) for i in range(400)]
+    got = plan_mig(ws, model, gpus=60, settings=PlanSettings(policy=policy, memory_margin=0.1))
+    placed = {pl.workload: (pl.gpus[0], pl.mig_profile) for pl in got.placements if pl.placed}
+    assert placed == _plan_mig_one_gpu_at_a_time(ws, model, 60, policy)
+    assert 0 < len(placed) < len(ws)  # the GPUs fill up: some are left out, counted

@@ -10,6 +10,7 @@ are left out: they differ from their base profile only by owning the decoders).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 GIB = 1024**3
@@ -92,6 +93,12 @@ class MigLayout:
         self.used = [False] * 8  # memory slices
         self.compute = 0
         self.instances: list[tuple[MigProfile, int]] = []
+
+    def state(self) -> tuple:
+        """What :meth:`position_for` depends on: the slices in use, the compute taken and the instances of
+        each profile. GPUs in the same state take the same profiles at the same positions."""
+        counts = tuple(sorted(Counter(p.name for p, _ in self.instances).items()))
+        return tuple(self.used), self.compute, counts
 
     def position_for(self, profile: MigProfile) -> int | None:
         """The first allowed position where ``profile`` fits now, or None."""

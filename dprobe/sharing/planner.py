@@ -20,6 +20,7 @@ GPUs already in use, best-fit among equals; a new GPU only when none of them has
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
 
@@ -296,19 +297,37 @@ def plan_mig(workloads: list[Workload], model: GpuModel, gpus: int | None = None
     placements: list[Placement | None] = [None] * len(workloads)
     order = sorted(range(len(workloads)), key=lambda i: (-(profiles[i][0].memory_slices if profiles[i][0] else 99),
                                                           i))
+    # GPUs grouped by their layout's state (a few dozen states however many GPUs): whether a profile fits is
+    # asked once per state, and each state keeps its GPUs in a heap, lowest index first (a GPU that has
+    # moved on to another state is dropped when it reaches the top: states only fill up, never return)
+    by_state: dict[tuple, list[int]] = {layouts[0].state(): list(range(n_gpus))} if n_gpus else {}
+    state_of = [layouts[0].state()] * n_gpus if n_gpus else []
+    fits: dict[tuple[tuple, str], bool] = {}
     for i in order:
         p, why = profiles[i]
         w = workloads[i]
         if p is None:
             placements[i] = Placement(w.name, [], float(w.memory_bytes or 0.0), reason=why)
             continue
-        fits = [g for g, lay in enumerate(layouts) if lay.position_for(p) is not None]
-        if settings.policy != "first-fit":
-            fits.sort(key=lambda g: (8 - sum(layouts[g].used)) - p.memory_slices)
-        if not fits:
+        best: tuple | None = None  # first-fit: (GPU,); otherwise (memory slices left over, GPU)
+        for key, heap in list(by_state.items()):
+            while heap and state_of[heap[0]] != key:
+                heapq.heappop(heap)
+            if not heap:
+                del by_state[key]
+                continue
+            if (key, p.name) not in fits:
+                fits[key, p.name] = layouts[heap[0]].position_for(p) is not None
+            if fits[key, p.name]:
+                rank = (heap[0],) if settings.policy == "first-fit" else ((8 - sum(key[0])) - p.memory_slices, heap[0])
+                best = rank if best is None or rank < best else best
+        if best is None:
             placements[i] = Placement(w.name, [], p.memory_bytes, p.name, reason="no GPU with a free slot for "
                                       f"{p.name}")
             continue
-        layouts[fits[0]].add(p)
-        placements[i] = Placement(w.name, [fits[0]], p.memory_bytes, p.name, reason=why)
+        g = best[-1]
+        layouts[g].add(p)
+        state_of[g] = layouts[g].state()
+        heapq.heappush(by_state.setdefault(state_of[g], []), g)
+        placements[i] = Placement(w.name, [g], p.memory_bytes, p.name, reason=why)
     return Plan([x for x in placements if x is not None], n_gpus, model.memory_bytes)
