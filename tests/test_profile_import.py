@@ -313,3 +313,18 @@ def test_an_addition_keeps_the_files_modes_and_leaves_nothing_behind(dataset, tm
                                                           "samples.csv", "steps.csv"]
     assert {oct(p.stat().st_mode & 0o777) for p in dataset.iterdir()} == {"0o640"}
     assert (load_h200_profiles(dataset).runs["collection"] == 5).sum() == 1
+
+
+def test_a_second_addition_while_one_runs_is_refused_and_changes_nothing(dataset, tmp_path) -> None:
+    """Additions to one data set never interleave: while one holds the folder, another is refused by name."""
+    from dprobe.data.profile_import import _adding_to
+
+    session = as_session(2, tmp_path / "session", only={"r017"})
+    before = digest(dataset)
+    with _adding_to(dataset):  # as a concurrent `dprobe profiles add` holds it
+        with pytest.raises(DatasetError, match="another `dprobe profiles add` is adding to it"):
+            add_collection(session, dataset)
+        assert add_collection(session, dataset, dry_run=True)["collection"] == 5  # a dry run writes nothing
+    assert digest(dataset) == before
+    assert add_collection(session, dataset)["collection"] == 5  # released: the addition goes through
+    assert sorted(p.name for p in dataset.iterdir()) == sorted(before)  # no lock file left behind

@@ -22,6 +22,7 @@ any point leaves the data set byte for byte as it was.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -30,7 +31,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -286,10 +287,40 @@ def add_collection(source: str | Path, data_dir: str | Path, note: str = "", dry
     """Append the collector session ``source`` to the data set ``data_dir`` as its next collection.
 
     Returns a summary: the collection number, the GPU, runs added by kind and status, the renumbering.
-    ``dry_run``: check and summarise, write nothing.
+    ``dry_run``: check and summarise, write nothing. Two additions to one data set never interleave: the
+    second waits for nothing and is refused (:func:`_adding_to`), so neither run numbers nor rows collide.
     """
-    session = read_session(source)
     data_dir = Path(data_dir)
+    if dry_run or not data_dir.is_dir():
+        return _add_collection(source, data_dir, note, dry_run)
+    with _adding_to(data_dir):
+        return _add_collection(source, data_dir, note, dry_run)
+
+
+@contextlib.contextmanager
+def _adding_to(data_dir: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the folder ``data_dir`` itself (no lock file left behind) while an addition
+    reads, grows and swaps in its files; a :class:`DatasetError` if another addition holds it."""
+    try:
+        import fcntl
+    except ImportError:  # not a Unix: no locking
+        yield
+        return
+    fd = os.open(data_dir, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise DatasetError(f"{data_dir}: another `dprobe profiles add` is adding to it now; run this one "
+                               "again when it has finished (nothing was changed)") from exc
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _add_collection(source: str | Path, data_dir: Path, note: str, dry_run: bool) -> dict[str, Any]:
+    """:func:`add_collection`'s work, with the lock held where it writes."""
+    session = read_session(source)
     paths = {name: data_dir / f"{name}.csv" for name in ("runs", "samples", "steps")}
     for path in paths.values():
         if not path.is_file():
