@@ -118,20 +118,21 @@ def _pod_container_lists(doc: object) -> list[list[dict]]:
 
 def test_no_readiness_gate_from_the_sidecar_on_a_workloads_pod() -> None:
     """A sidecar next to a workload (a Pod with other containers, or the snippet added to one) has no readiness
-    probe that depends on its metrics source: /readyz failing would take the workload out of its Service."""
+    probe that depends on its metrics source: /readyz failing would take the workload out of its Service; nor
+    has the per-node agent, whose DaemonSet's rolling update would stall on a node whose dcgm-exporter is down."""
     checked = 0
     for path in sorted(DEPLOY.rglob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             for containers in _pod_container_lists(doc):
                 sidecars = [c for c in containers if (c.get("args") or [None])[0] == "sidecar"]
-                if not sidecars or (len(containers) == 1 and path.name != "sidecar-container.yaml"):
-                    continue  # no sidecar, or dprobe's own pod (the per-node DaemonSet)
+                if not sidecars:
+                    continue  # dprobe's own per-node DaemonSet is checked too: an unready pod stalls its rollout
                 for c in sidecars:
                     checked += 1
                     probe = c.get("readinessProbe")
                     assert probe is None or probe.get("httpGet", {}).get("path") == "/healthz", (path, c["name"])
                     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz", (path, c["name"])
-    assert checked >= 2  # example-pod.yaml and sidecar-container.yaml
+    assert checked >= 3  # example-pod.yaml, sidecar-container.yaml and the node agent
 
 
 def _docs() -> list[tuple[Path, object]]:
