@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import http.client
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -264,6 +266,238 @@ def test_stop_ends_kept_alive_connections() -> None:
     finally:
         conn.close()
         srv.stop()
+
+
+def _served_server(**kw) -> tuple[ExporterServer, FakeState]:
+    state = FakeState()
+    state.is_ready = (True, "ok")
+    reg = CollectorRegistry(auto_describe=False)
+    collector = SidecarCollector(state, clock=lambda: NOW)
+    reg.register(collector)
+    srv = ExporterServer(reg, state, "127.0.0.1", 0, fast=kw.pop("fast", lambda _reg: collector.render_text()), **kw)
+    srv.start()
+    return srv, state
+
+
+def _answers(conn: socket.socket, path: str = "/healthz", within: float = 2.0) -> bool:
+    """Whether a request for ``path`` on the open connection ``conn`` is answered 200."""
+    conn.settimeout(within)
+    try:
+        conn.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        reply = http.client.HTTPResponse(conn)
+        reply.begin()
+        reply.read()
+        return reply.status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+
+
+def test_request_head_has_its_own_deadline_and_keep_alive_the_request_timeout() -> None:
+    """The request line and headers must arrive within header_timeout of connecting (a trickle is cut off then,
+    not after request_timeout), while a kept-alive connection may wait request_timeout for its next request,
+    and requests sent together are answered in turn."""
+    srv, _ = _served_server(header_timeout=0.3, request_timeout=3.0)
+    address = ("127.0.0.1", srv.port)
+    try:
+        drip = socket.create_connection(address, timeout=2)
+        started, dropped_after = time.monotonic(), None
+        for byte in b"GET /metrics HTTP/1.1\r\nX-Slow: " + b"a" * 100:
+            try:
+                drip.sendall(bytes([byte]))
+            except OSError:
+                dropped_after = time.monotonic() - started
+                break
+            if _closed_by_server(drip, 0.05):
+                dropped_after = time.monotonic() - started
+                break
+        assert dropped_after is not None and 0.25 < dropped_after < 1.2, dropped_after
+        drip.close()
+        kept = socket.create_connection(address, timeout=2)
+        assert _answers(kept)
+        time.sleep(0.8)  # idle well past header_timeout: still open for the next request
+        assert _answers(kept, "/metrics")
+        kept.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+        answers = b""
+        while not answers.endswith(b"ready: ok\n"):
+            data = kept.recv(4096)
+            assert data, answers
+            answers += data
+        parts = answers.split(b"HTTP/1.1 ")[1:]
+        assert [p.split(b" ", 1)[0] for p in parts] == [b"200", b"200"], answers
+        assert parts[0].endswith(b"\r\n\r\nok\n") and parts[1].endswith(b"\r\n\r\nready: ok\n"), answers
+        kept.close()
+    finally:
+        srv.stop()
+
+
+def test_at_the_cap_idle_kept_alive_connections_make_room() -> None:
+    """Clients that keep their connections open after a request never lock out a new one: the longest idle
+    is closed for it, and the newest stay usable."""
+    srv, _ = _served_server(max_connections=4)
+    address = ("127.0.0.1", srv.port)
+    clients: list[socket.socket] = []
+    try:
+        for i in range(7):
+            clients.append(socket.create_connection(address, timeout=2))
+            assert _answers(clients[-1]), f"client {i} not answered"
+        assert sum(not _closed_by_server(c, 0.05) for c in clients) <= 4
+        assert all(_closed_by_server(c, 0.05) for c in clients[:3])  # the oldest went first
+        assert _answers(clients[-1]) and _answers(clients[-2])
+    finally:
+        for c in clients:
+            c.close()
+        srv.stop()
+
+
+def test_reserve_lets_a_scrape_through_while_slow_clients_hold_every_slot() -> None:
+    """Slow clients on every slot: a scrape still gets a reserve slot, and once its request is in, the
+    connection that has spent longest on its request is closed for it; the other slow ones wait for their own
+    deadline. Only when every connection is being answered is a new one closed unanswered."""
+    release = threading.Event()
+
+    def render(_reg: CollectorRegistry) -> bytes:
+        release.wait(5)
+        return b"# an answer that waits\n"
+
+    srv, _ = _served_server(max_connections=8, fast=render)
+    address = ("127.0.0.1", srv.port)
+    slow: list[socket.socket] = []
+    try:
+        release.set()
+        for _ in range(8):
+            slow.append(socket.create_connection(address, timeout=2))
+            slow[-1].sendall(b"GET /metrics HTTP/1.1\r\nX-Slow: a")
+        time.sleep(0.1)
+        started = time.monotonic()
+        assert _get(srv.url + "/metrics")[0] == 200
+        assert time.monotonic() - started < 1.0
+        closed = [_closed_by_server(c, 0.1) for c in slow]
+        assert closed == [True] + [False] * 6 + [True], closed  # the oldest in its slot, the one in the reserve
+        for c in slow:
+            c.close()
+        # every connection being answered: a new one is closed unanswered, and the others still answered
+        time.sleep(0.2)
+        release.clear()
+        waiting = [socket.create_connection(address, timeout=5) for _ in range(8)]
+        for c in waiting:
+            c.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        time.sleep(0.3)
+        extra = socket.create_connection(address, timeout=2)
+        assert _closed_by_server(extra, 1.0)
+        extra.close()
+        release.set()
+        for c in waiting:
+            reply = http.client.HTTPResponse(c)
+            reply.begin()
+            assert reply.status == 200 and reply.read() == b"# an answer that waits\n"
+            c.close()
+    finally:
+        release.set()
+        for c in slow:
+            c.close()
+        srv.stop()
+
+
+# A slowloris client: COUNT connections on 127.0.0.1:PORT, each sending a request's headers a byte every GAP s
+# and never ending them, each reconnecting at once when the server closes it, for SECONDS s; prints "ready"
+# once connected, then how many connections it opened in all.
+SLOWLORIS = r"""
+import selectors, socket, sys, time
+port, count, seconds, gap = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+head = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 1_000_000
+sel, conns, opened = selectors.DefaultSelector(), {}, 0
+def connect():
+    global opened
+    s = socket.socket()
+    s.setblocking(False)
+    s.connect_ex(("127.0.0.1", port))
+    conns[s] = [time.monotonic(), 0]
+    sel.register(s, selectors.EVENT_READ)
+    opened += 1
+def again(s):
+    sel.unregister(s)
+    del conns[s]
+    s.close()
+    connect()
+for _ in range(count):
+    connect()
+print("ready", flush=True)
+end = time.monotonic() + seconds
+while (now := time.monotonic()) < end:
+    for key, _ in sel.select(0.01):
+        try:
+            data = key.fileobj.recv(4096)
+        except BlockingIOError:
+            continue
+        except OSError:
+            data = b""
+        if not data:
+            again(key.fileobj)
+    for s, st in list(conns.items()):
+        if now >= st[0]:
+            try:
+                s.send(head[st[1]:st[1] + 1])
+                st[1] += 1
+            except BlockingIOError:
+                pass
+            except OSError:
+                again(s)
+                continue
+            st[0] = now + gap
+print(opened, flush=True)
+"""
+
+
+@pytest.mark.slow  # 200 slow connections for about 8 s
+def test_scrapes_succeed_under_200_slow_connections() -> None:
+    """A slowloris client holding 200 connections on 127.0.0.1 (a header byte every 0.25 s, reconnecting as soon
+    as it is closed) while four scrapers scrape /metrics on new connections: at least 95 % of the scrapes are
+    answered, and the server's threads stay bounded."""
+    srv, _ = _served_server()
+    baseline = threading.active_count()
+    scrape_for = 5.0
+    attack = subprocess.Popen([sys.executable, "-c", SLOWLORIS, str(srv.port), "200", str(scrape_for + 4), "0.25"],
+                              stdout=subprocess.PIPE, text=True)
+    tally = {"ok": 0, "tried": 0, "threads": 0}
+    lock = threading.Lock()
+    try:
+        assert attack.stdout is not None and attack.stdout.readline().strip() == "ready"
+        time.sleep(1.5)  # the slow connections take every slot
+        stop_at = time.monotonic() + scrape_for
+
+        def scrape() -> None:
+            while time.monotonic() < stop_at:
+                ok = False
+                conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=5)
+                try:
+                    conn.request("GET", "/metrics", headers={"Accept": "text/plain;version=0.0.4"})
+                    reply = conn.getresponse()
+                    ok = reply.status == 200 and b"dprobe_observed_gpu_memory_bytes{" in reply.read()
+                except (OSError, http.client.HTTPException):
+                    pass
+                finally:
+                    conn.close()
+                with lock:
+                    tally["tried"] += 1
+                    tally["ok"] += ok
+                    tally["threads"] = max(tally["threads"], threading.active_count() - baseline)
+                time.sleep(0.05)
+
+        scrapers = [threading.Thread(target=scrape) for _ in range(4)]
+        for t in scrapers:
+            t.start()
+        for t in scrapers:
+            t.join()
+        opened = int(attack.communicate(timeout=30)[0].strip())
+    finally:
+        if attack.poll() is None:
+            attack.kill()
+            attack.wait()
+        srv.stop()
+    assert tally["tried"] >= 20, tally
+    assert tally["ok"] >= 0.95 * tally["tried"], tally
+    assert opened > 400, opened  # the slow connections were closed (and came back) again and again
+    assert tally["threads"] <= 4 + 64, tally  # a thread per request being answered, none per slow client
 
 
 def _samples(text: str) -> list:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -132,3 +135,59 @@ def test_unknown_and_duplicate_keys_in_the_file_are_refused(tmp_path: Path) -> N
     path.write_text(yaml.safe_dump({"sidecar": {"port": 9100}, "scaler": {"port": 9200}}))
     assert sidecar_config.load_config({"config": str(path)}, env={}).port == 9100
     assert scaler_config.load_config({"config": str(path)}, env={}).port == 9200
+
+
+BAD_YAML = (  # text, where the parser stops (line, column from 1), what it says
+    ("port: 9477\nsource: [dcgm\nlog_level: info\n", "line 3, column 10",
+     r"expected ',' or '\]', but got ':' \(while parsing a flow sequence that starts at line 2, column 9\)"),
+    ("sidecar:\n  port: 1\n\t- dcgm\n", "line 3, column 1", r"found character '\\t' that cannot start any token"),
+    ('horizons: "60,300\n', "line 2, column 1", "found unexpected end of stream"),
+    ("port: 1\x00\n", "line 1, column 8", "character U\\+0000"),
+)
+
+
+@pytest.mark.parametrize(("text", "where", "what"), BAD_YAML)
+def test_malformed_yaml_is_one_line_naming_file_line_and_column(tmp_path: Path, text: str, where: str,
+                                                                what: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    for module in (sidecar_config, scaler_config):
+        with pytest.raises(ValueError) as info:
+            module.load_config({"config": str(path)}, env={})
+        message = str(info.value)
+        assert "\n" not in message and "^" not in message, message
+        assert message.startswith(f"{path}: {where}: not valid YAML: "), message
+        assert re.search(what, message), message
+    # YAML given in a variable is placed the same way
+    with pytest.raises(ValueError, match=r"^DPROBE_SIDECAR_JOBS: option jobs: line 1, column 8: not valid YAML: [^\n]*$"):
+        sidecar_config.load_config({}, env={"DPROBE_SIDECAR_JOBS": '{"a": ['})
+    path.write_bytes(b"port: \xff\n")
+    with pytest.raises(ValueError, match=r"bad.yaml: not UTF-8 text \(byte 7\)$"):
+        sidecar_config.load_config({"config": str(path)}, env={})
+
+
+def _console_script() -> str:
+    found = Path(sys.executable).parent / "dprobe"
+    if found.exists():
+        return str(found)
+    on_path = shutil.which("dprobe")
+    if on_path is None:
+        pytest.skip("the dprobe console script is not installed")
+    return on_path
+
+
+@pytest.mark.slow  # starts the console script twice
+@pytest.mark.parametrize("service", ["sidecar", "scaler"])
+def test_malformed_config_file_fails_the_console_script_with_one_line(tmp_path: Path, service: str) -> None:
+    """``dprobe SERVICE --config bad.yaml``: exit status 2 and one line on stderr naming the file, line and column,
+    no traceback, nothing started."""
+    path = tmp_path / "bad.yaml"
+    path.write_text(f"{service}:\n  port: 9477\n  log_level: [info\n  interval: 5\n")
+    proc = subprocess.run([_console_script(), service, "--config", str(path)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"dprobe {service}: error: {path}: line 4, column 11: not valid YAML: "), lines[0]
+    assert "flow sequence that starts at line 3, column 14" in lines[0]
+    assert "Traceback" not in proc.stderr and proc.stdout == ""

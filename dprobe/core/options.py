@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from yaml.reader import ReaderError
 
 
 def option(default: Any, help: str, **kw: Any) -> Any:
@@ -118,6 +119,39 @@ def _structured(value: Any) -> Any:
     return (yaml.safe_load(value) if value.strip() else None) if isinstance(value, str) else value
 
 
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _where(mark: Any) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}"
+
+
+def yaml_error(exc: yaml.YAMLError, text: str | None = None) -> str:
+    """A YAML error on one line, ``line L, column C: not valid YAML: WHAT`` (from 1, without PyYAML's
+    excerpt of the text). ``text``: what was parsed, to place an error that only knows its offset."""
+    where = None
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        where = None if mark is None else _where(mark)
+        what = _one_line(exc.problem or exc.context or "unexpected text")
+        if exc.problem and exc.context:
+            started = f" that starts at {_where(exc.context_mark)}" if exc.context_mark is not None else ""
+            what += f" ({_one_line(exc.context)}{started})"
+    elif isinstance(exc, ReaderError):
+        what = _one_line(exc.reason)
+        if isinstance(exc.character, int):
+            what = f"character U+{exc.character:04X}: {what}"
+        if text is not None and 0 <= exc.position <= len(text):
+            before = text[:exc.position]
+            where = f"line {before.count(chr(10)) + 1}, column {exc.position - before.rfind(chr(10))}"
+        else:
+            where = f"position {exc.position + 1}"
+    else:
+        what = _one_line(str(exc))
+    return f"{where}: not valid YAML: {what}" if where else f"not valid YAML: {what}"
+
+
 SERVICE_SECTIONS = ("sidecar", "scaler", "exporter")  # one file may hold the settings of several services
 PARSERS: dict[str, Callable[[Any], Any]] = {"bool": _bool, "int": _int, "float": _float, "str": _str}
 
@@ -152,7 +186,9 @@ class OptionSet:
                 value = PARSERS[typ](value)
             else:
                 raise TypeError(f"options of type {typ} are not supported")
-        except (ValueError, OverflowError, yaml.YAMLError) as exc:
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{origin}: option {name}: {yaml_error(exc, value)}") from exc
+        except (ValueError, OverflowError) as exc:
             raise ValueError(f"{origin}: option {name}: {exc}") from exc
         choices = f.metadata.get("choices")
         if choices and value not in choices:
@@ -175,11 +211,15 @@ class OptionSet:
     def from_file(self, path: str | Path) -> dict[str, Any]:
         path = Path(path)
         try:
-            doc = yaml.safe_load(path.read_text()) or {}
+            text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise ValueError(f"{path}: cannot read config ({exc.strerror or exc})") from exc
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path}: not UTF-8 text (byte {exc.start + 1})") from exc
+        try:
+            doc = yaml.safe_load(text) or {}
         except yaml.YAMLError as exc:
-            raise ValueError(f"{path}: not valid YAML ({exc})") from exc
+            raise ValueError(f"{path}: {yaml_error(exc, text)}") from exc
         if not isinstance(doc, Mapping):
             raise ValueError(f"{path}: the config must be a mapping of options")
         if isinstance(doc.get(self.section), Mapping):  # under `sidecar:`; beside it only other services' sections

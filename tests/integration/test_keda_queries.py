@@ -180,3 +180,50 @@ def test_scaler_trigger_survives_operator_labels_and_fails_safe(prometheus_serve
             assert rows[0]["metric"]["exported_namespace"] == "serving"
             with pytest.raises(KedaError, match="empty"):
                 keda_reads(prom, keda["metadata"])
+
+
+def forecasts_text(forecasts: dict[str, str], available: int) -> str:
+    """Sidecars' p90 forecasts 5 minutes ahead (pod -> value as written on /metrics), with kube-state-metrics'
+    count of the Deployment's available replicas."""
+    lines = ["# TYPE dprobe_predicted_gpu_utilization_ratio gauge"]
+    for pod, value in forecasts.items():
+        lines.append(f'dprobe_predicted_gpu_utilization_ratio{{namespace="serving",pod="{pod}",target="serving/{pod}",'
+                     f'horizon_seconds="300",quantile="0.9"}} {value}')
+    lines.append(f'kube_deployment_status_replicas_available{{namespace="serving",deployment="llm-server"}} '
+                 f"{available}")
+    return "\n".join(lines) + "\n"
+
+
+def test_forecast_trigger_leaves_out_nan_and_out_of_range_forecasts(prometheus_server, http_peer) -> None:
+    """deploy/keda/scaledobject.yaml: a NaN, negative or above-1 forecast is left out, never summed: its pod has
+    no forecast, so with its replica available the query answers nothing (KEDA: an error, the count holds),
+    and a bad series of a pod that is not among the available replicas does not spoil the sum."""
+    keda = trigger(DEPLOY / "keda" / "scaledobject.yaml")
+    query = keda["metadata"]["query"]
+    [a, b] = [pod for pod, _ in PODS]
+    page = {"forecasts": {a: "0.8", b: "0.6"}, "available": 2}
+    selector = 'dprobe_predicted_gpu_utilization_ratio{horizon_seconds="300", quantile="0.9"}'
+
+    def serving(pod: str, value: str) -> Callable[[], bool]:
+        """Prometheus has scraped ``value`` (as Prometheus writes it back) for ``pod``."""
+        return lambda: any(r["metric"]["pod"] == pod and r["value"][1] == value for r in prom.query(selector))
+
+    with http_peer(lambda path: (200, forecasts_text(page["forecasts"], page["available"]), 0.0)) as url, \
+            prometheus_server([url.removeprefix("http://")], honor_labels=True,
+                              target_labels=OPERATOR_TARGET_LABELS) as prom:
+        wait_for(lambda: prom.query(query), "no answer (the forecasts not scraped?)")
+        assert keda_reads(prom, keda["metadata"]) == pytest.approx(1.4)
+        for bad in ("NaN", "-0.5", "1.5"):  # one pod's forecast unusable while its replica is available
+            page["forecasts"][b] = bad
+            wait_for(serving(b, bad), f"{bad} not scraped")
+            assert prom.query(query) == [], bad
+            with pytest.raises(KedaError, match="empty"):
+                keda_reads(prom, keda["metadata"])
+        # a third pod, not available (terminating), with a bad forecast: the two available ones still count
+        page["forecasts"] = {a: "0.8", b: "0.6", "llm-server-7d9f8c6b5d-ccccc": "NaN"}
+        wait_for(serving("llm-server-7d9f8c6b5d-ccccc", "NaN"), "the third pod not scraped")
+        wait_for(serving(b, "0.6"), "the second pod's forecast did not come back")
+        assert keda_reads(prom, keda["metadata"]) == pytest.approx(1.4)
+        page["forecasts"]["llm-server-7d9f8c6b5d-ccccc"] = "-3"
+        wait_for(serving("llm-server-7d9f8c6b5d-ccccc", "-3"), "the negative forecast not scraped")
+        assert keda_reads(prom, keda["metadata"]) == pytest.approx(1.4)

@@ -1,17 +1,39 @@
-"""The services' HTTP server: /metrics (Prometheus), /healthz (alive), /readyz (ready to answer)."""
+"""The services' HTTP server: /metrics (Prometheus), /healthz (alive), /readyz (ready to answer).
+
+One thread waits on every connection at once (``selectors``) and reads each request's line and headers as
+they trickle in; only a request that has arrived whole gets a thread to answer it. So a slow client holds a
+connection slot for at most ``header_timeout`` s and never a thread, and when every slot is taken the slots
+go to the clients that send their requests, not to the slowest ones:
+
+- a client has ``header_timeout`` s (2) from when it connects, or starts its next request on a kept-alive
+  connection, to send the request line and headers; then its connection is closed, unanswered;
+- a kept-alive connection may wait ``request_timeout`` s (10) for its next request, and an answer has as long
+  to be taken;
+- at most ``max_connections`` (64) are open at once, ``reserve`` (an eighth) of them kept for new
+  connections. A new connection finding the others taken gets a reserve slot, in which it must send its
+  request within a quarter of ``header_timeout``; once its request has arrived it moves to an ordinary slot,
+  closing, when none is free, the longest-idle kept-alive connection or else the connection that has spent
+  longest sending its request (never one being answered). At the cap, a new connection closes the
+  longest-idle kept-alive connection and takes its slot, or else the oldest reserve connection still
+  without its request; only when every other connection is being answered is it closed unanswered.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import logging
+import re
+import selectors
 import signal
 import socket
-import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler
 from types import FrameType
 from typing import Protocol
 
@@ -28,112 +50,48 @@ class Probe(Protocol):
     def ready(self) -> tuple[bool, str]: ...
 
 
-REQUEST_TIMEOUT = 10.0  # s a client has to send a whole request, and to take the answer
-MAX_CONNECTIONS = 64  # connections served at once (a thread each); more are closed at once
+HEADER_TIMEOUT = 2.0  # s a client has to send a request's line and headers
+REQUEST_TIMEOUT = 10.0  # s a kept-alive connection may wait for its next request, and an answer to be taken
+MAX_CONNECTIONS = 64  # connections open at once
+MAX_HEAD_BYTES = 65536  # a request line and headers longer than this are answered 431
+PROBATION = 0.25  # share of the header timeout a connection in a reserve slot has to send its request
+HEAD_END = re.compile(rb"\r?\n\r?\n")
+LOG_EVERY = 60.0  # s between two warnings of the same kind
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False  # stop() does not wait for connections still open: they time out on their own
-    allow_reuse_address = True
-    request_queue_size = MAX_CONNECTIONS  # listen backlog: a burst of connects is not dropped
-    registry: CollectorRegistry
-    state: Probe
-    fast: Callable[[CollectorRegistry], bytes] | None
-    request_timeout: float = REQUEST_TIMEOUT
-    slots: threading.BoundedSemaphore
-    _refused_logged: float = float("-inf")
+@dataclass(eq=False)
+class _Conn:
+    """A client connection: reading a request's head (``head``), waiting for the next one (``idle``) or being
+    answered by a worker thread (``busy``)."""
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
-        self.open_connections: set[socket.socket] = set()
-        self.connections_lock = threading.Lock()
-        super().__init__(address, handler)
-
-    def close_connections(self) -> None:
-        """End the connections still open (a scraper's kept-alive one would otherwise still be answered)."""
-        with self.connections_lock:
-            for conn in self.open_connections:
-                with contextlib.suppress(OSError):  # closed meanwhile
-                    conn.shutdown(socket.SHUT_RDWR)
-
-    def process_request(self, request: socket.socket, client_address: object) -> None:
-        """A thread per connection while fewer than ``MAX_CONNECTIONS`` are open; past that, close the new one
-        (so half-open connections cannot pile up threads)."""
-        if not self.slots.acquire(blocking=False):
-            now = time.monotonic()
-            if now - self._refused_logged > 60:
-                log.warning("%s: too many connections open at once: refusing new ones until some close",
-                            client_address)
-                self._refused_logged = now
-            self.shutdown_request(request)
-            return
-        with self.connections_lock:
-            self.open_connections.add(request)
-        try:
-            super().process_request(request, client_address)
-        except Exception:
-            self._closed(request)
-            raise
-
-    def process_request_thread(self, request: socket.socket, client_address: object) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._closed(request)
-
-    def _closed(self, request: socket.socket) -> None:
-        with self.connections_lock:
-            self.open_connections.discard(request)
-        self.slots.release()
-
-    def handle_error(self, request: object, client_address: object) -> None:
-        """A scraper that hangs up mid-request is routine: log it at debug level, not as a traceback."""
-        exc = sys.exc_info()[1]
-        if isinstance(exc, (ConnectionResetError, BrokenPipeError, TimeoutError)):
-            log.debug("client %s went away: %s", client_address, exc)
-            return
-        super().handle_error(request, client_address)
-
-
-class _DeadlineReader(io.RawIOBase):
-    """The connection's reads, each given what is left of the request's deadline as its socket timeout:
-    a client that sends a request a byte at a time still has ``request_timeout`` s in all, not per byte."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.deadline = time.monotonic() + 3600.0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: bytearray | memoryview) -> int:
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("request not received in time")
-        self.sock.settimeout(left)
-        return self.sock.recv_into(buffer)
+    sock: socket.socket
+    address: tuple[str, int]
+    reserved: bool  # holds one of the slots kept for new connections
+    state: str = "head"
+    since: float = 0.0  # when the wait for the current request began
+    deadline: float = 0.0
+    buffer: bytearray = field(default_factory=bytearray)
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: _Server
+    """Answers one request whose line and headers (``head``) were read by the server's loop."""
+
+    server: _Server  # type: ignore[assignment]
     protocol_version = "HTTP/1.1"
+
+    def __init__(self, sock: socket.socket, address: tuple[str, int], server: _Server, head: bytes) -> None:
+        self.head = head
+        self.timeout = server.request_timeout
+        super().__init__(sock, address, server)  # type: ignore[arg-type]
 
     def setup(self) -> None:
         super().setup()
-        self.rfile.close()  # reads go through the deadline instead
-        self._reader = _DeadlineReader(self.connection)
-        self.rfile = io.BufferedReader(self._reader)
+        self.rfile.close()
+        self.rfile = io.BytesIO(self.head)
 
-    def handle_one_request(self) -> None:
-        """One request, read within ``request_timeout`` s of when the connection was ready for it (for a
-        kept-alive connection, the wait for the next request counts too); a late one closes the connection."""
-        self._reader.deadline = time.monotonic() + self.server.request_timeout
-        super().handle_one_request()
-
-    def parse_request(self) -> bool:
-        ok = super().parse_request()  # the request line and headers are read: the answer has as long again
-        self.connection.settimeout(self.server.request_timeout)
-        return ok
+    def handle(self) -> None:
+        self.close_connection = True
+        self.handle_one_request()
 
     def _send(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
         self.send_response(code)
@@ -175,25 +133,296 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("%s %s", self.address_string(), format % args)
 
 
+def _has_body(handler: _Handler) -> bool:
+    """Whether the request announced a body (which is never read: the connection is closed after the answer)."""
+    headers = getattr(handler, "headers", None)
+    if headers is None:
+        return False
+    return headers.get("Content-Length", "0").strip() not in ("", "0") or "Transfer-Encoding" in headers
+
+
+class _Server:
+    """The listening socket, the connections, and the loop that reads requests and hands them to threads."""
+
+    def __init__(self, address: str, port: int, registry: CollectorRegistry, state: Probe,
+                 fast: Callable[[CollectorRegistry], bytes] | None, header_timeout: float, request_timeout: float,
+                 max_connections: int, reserve: int) -> None:
+        self.registry, self.state, self.fast = registry, state, fast
+        self.request_timeout = request_timeout
+        self.header_timeout = min(header_timeout, request_timeout)
+        self.probation = PROBATION * self.header_timeout
+        self.max_connections, self.reserve = max_connections, reserve
+        self.accept_batch = max(1, reserve)  # a new connection is read before this many more can close it
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        self.listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.listener.bind((address, port))
+            self.listener.listen(max(1024, max_connections))  # a burst of connects waits to be accepted
+        except OSError:
+            self.listener.close()
+            raise
+        self.listener.setblocking(False)
+        self.server_address = self.listener.getsockname()
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.listener, selectors.EVENT_READ, "listen")
+        self.wake_r, self.wake_w = socket.socketpair()
+        self.wake_r.setblocking(False)
+        self.wake_w.setblocking(False)
+        self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
+        self.conns: dict[socket.socket, _Conn] = {}
+        self.returned: deque[tuple[_Conn, bool, bytes]] = deque()  # answered by a worker, back to the loop
+        self.lock = threading.Lock()
+        self.stopping = False
+        self.closed = False
+        self.accept_paused_until = 0.0
+        self.logged: dict[str, float] = {}
+
+    # ---- the loop (one thread)
+
+    def serve(self) -> None:
+        try:
+            while not self.stopping:
+                now = time.monotonic()
+                deadlines = [c.deadline for c in self.conns.values() if c.state != "busy"]
+                timeout = min([0.5, *(d - now for d in deadlines)])
+                events = self.selector.select(max(0.0, timeout))
+                accept = False
+                for key, _mask in events:
+                    if key.data == "listen":
+                        accept = True
+                    elif key.data == "wake":
+                        with contextlib.suppress(OSError):
+                            while self.wake_r.recv(4096):
+                                pass
+                    elif isinstance(key.data, _Conn) and key.data.sock in self.conns:
+                        self._read(key.data)
+                self._take_back()
+                self._expire(time.monotonic())
+                if accept:
+                    self._accept()
+                elif self.accept_paused_until and time.monotonic() >= self.accept_paused_until:
+                    self.accept_paused_until = 0.0
+                    self.selector.register(self.listener, selectors.EVENT_READ, "listen")
+        except Exception:
+            log.exception("the HTTP server's loop failed")
+            raise
+        finally:
+            self._close_all()
+
+    def _accept(self) -> None:
+        for _ in range(self.accept_batch):
+            try:
+                sock, address = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of file descriptors: stop accepting for a moment rather than spin
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self._warn("accept", "cannot accept connections: %s", exc)
+                    self.selector.unregister(self.listener)
+                    self.accept_paused_until = time.monotonic() + 0.1
+                return
+            reserved = self._admit()
+            if reserved is None:
+                self._warn("refused", "%s: every connection is being answered: refusing new ones until one ends",
+                           address[0])
+                sock.close()
+                continue
+            now = time.monotonic()
+            sock.setblocking(False)
+            conn = _Conn(sock, address, reserved)
+            self._wait_for_head(conn, now)
+            self.conns[sock] = conn
+            self.selector.register(sock, selectors.EVENT_READ, conn)
+            self._read(conn)  # a request sent with the connection is taken at once
+
+    def _admit(self) -> bool | None:
+        """A slot for a new connection: an ordinary one (False), a reserve one (True), or none."""
+        ordinary = sum(not c.reserved for c in self.conns.values())
+        if ordinary < self.max_connections - self.reserve:
+            return False
+        if len(self.conns) - ordinary < self.reserve:
+            return True
+        idle = self._oldest(lambda c: c.state == "idle")  # at the cap: the longest idle first
+        if idle is not None:
+            self._close(idle)
+            return idle.reserved
+        waiting = self._oldest(lambda c: c.reserved and c.state == "head")
+        if waiting is None:
+            return None
+        self._warn("evicted", "%s: too many connections: closing those slowest to send their requests",
+                   waiting.address[0])
+        self._close(waiting)
+        return True
+
+    def _promote(self, conn: _Conn) -> None:
+        """Move ``conn`` (reserved, its request arrived) to an ordinary slot, making room if it must."""
+        ordinary = sum(not c.reserved for c in self.conns.values())
+        if ordinary >= self.max_connections - self.reserve:
+            victim = (self._oldest(lambda c: not c.reserved and c.state == "idle")
+                      or self._oldest(lambda c: not c.reserved and c.state == "head"))
+            if victim is None:
+                return  # every ordinary slot is answering: answered from the reserve
+            self._warn("evicted", "%s: too many connections: closing those slowest to send their requests",
+                       victim.address[0])
+            self._close(victim)
+        conn.reserved = False
+
+    def _oldest(self, which: Callable[[_Conn], bool]) -> _Conn | None:
+        found = [c for c in self.conns.values() if which(c)]
+        return min(found, key=lambda c: c.since) if found else None
+
+    def _wait_for_head(self, conn: _Conn, now: float) -> None:
+        conn.state, conn.since = "head", now
+        conn.deadline = now + (min(self.header_timeout, self.probation) if conn.reserved else self.header_timeout)
+
+    def _read(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._close(conn)
+            return
+        if not data:
+            self._close(conn)
+            return
+        if conn.state == "idle":
+            self._wait_for_head(conn, time.monotonic())
+        conn.buffer += data
+        self._parse(conn, len(conn.buffer) - len(data))
+
+    def _parse(self, conn: _Conn, start: int = 0) -> None:
+        """Hand ``conn`` to a worker once its buffer holds a whole request line and headers."""
+        found = HEAD_END.search(conn.buffer, max(0, start - 3))
+        if found is None or found.end() > MAX_HEAD_BYTES:
+            if len(conn.buffer) > MAX_HEAD_BYTES:
+                with contextlib.suppress(OSError):
+                    conn.sock.send(b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n"
+                                   b"Connection: close\r\n\r\n")
+                self._close(conn)
+            return
+        head, rest = bytes(conn.buffer[:found.end()]), bytes(conn.buffer[found.end():])
+        conn.buffer = bytearray()
+        if conn.reserved:
+            self._promote(conn)
+        self.selector.unregister(conn.sock)
+        conn.state = "busy"
+        conn.sock.settimeout(self.request_timeout)
+        threading.Thread(target=self._answer, args=(conn, head, rest), name="exporter-request",
+                         daemon=True).start()
+
+    def _take_back(self) -> None:
+        """Connections whose answer went out: closed, or waiting for their next request."""
+        while self.returned:
+            conn, keep, rest = self.returned.popleft()
+            if not keep:
+                self._close(conn)
+                continue
+            now = time.monotonic()
+            conn.sock.setblocking(False)
+            if conn.reserved and sum(not c.reserved for c in self.conns.values()) < \
+                    self.max_connections - self.reserve:
+                conn.reserved = False
+            conn.state, conn.since, conn.deadline = "idle", now, now + self.request_timeout
+            self.selector.register(conn.sock, selectors.EVENT_READ, conn)
+            if rest:  # the next request came with this one
+                self._wait_for_head(conn, now)
+                conn.buffer = bytearray(rest)
+                self._parse(conn)
+
+    def _expire(self, now: float) -> None:
+        for conn in [c for c in self.conns.values() if c.state != "busy" and c.deadline <= now]:
+            log.debug("closing %s: no request in time", conn.address[0])
+            self._close(conn)
+
+    def _close(self, conn: _Conn) -> None:
+        if self.conns.pop(conn.sock, None) is None:
+            return
+        if conn.state != "busy":
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(conn.sock)
+        conn.sock.close()
+
+    def _close_all(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        with self.lock:
+            self.stopping = True
+            while self.returned:  # answered, not yet taken back
+                self._close(self.returned.popleft()[0])
+            for conn in list(self.conns.values()):
+                if conn.state == "busy":  # its worker closes it; its answer is cut short
+                    with contextlib.suppress(OSError):
+                        conn.sock.shutdown(socket.SHUT_RDWR)
+                else:
+                    self._close(conn)
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(self.listener)
+        self.listener.close()
+        self.selector.close()
+        self.wake_r.close()
+        self.wake_w.close()
+
+    def _warn(self, kind: str, message: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self.logged.get(kind, float("-inf")) > LOG_EVERY:
+            log.warning(message, *args)
+            self.logged[kind] = now
+
+    # ---- the workers (a thread per request)
+
+    def _answer(self, conn: _Conn, head: bytes, rest: bytes) -> None:
+        keep = False
+        try:
+            handler = _Handler(conn.sock, conn.address, self, head)
+            keep = not handler.close_connection and not _has_body(handler)
+        except (ConnectionError, TimeoutError) as exc:  # a scraper that hangs up mid-answer is routine
+            log.debug("client %s went away: %s", conn.address[0], exc)
+        except Exception:
+            log.exception("answering %s failed", conn.address[0])
+        with self.lock:
+            if self.stopping:
+                conn.sock.close()
+                return
+            self.returned.append((conn, keep, rest))
+        with contextlib.suppress(OSError):
+            self.wake_w.send(b"\0")
+
+    def wake(self) -> None:
+        with contextlib.suppress(OSError):
+            self.wake_w.send(b"\0")
+
+
 class ExporterServer:
     """Serves the registry and the state's probes on ``address:port`` from a background thread.
 
-    ``fast``, when given, renders text format 0.0.4 for every scraper that accepts it
-    (Prometheus does); other Accept headers get client_python's encoders. A client has
-    ``request_timeout`` s to send each request (and as long to take the answer), then its connection
-    is closed; at most ``max_connections`` are served at once, and further ones are closed unanswered.
+    ``fast``, when given, renders text format 0.0.4 for every scraper that accepts it (Prometheus does); other
+    Accept headers get client_python's encoders. A client has ``header_timeout`` s to send a request's line and
+    headers (in all, however slowly they trickle in), a kept-alive connection ``request_timeout`` s to start its
+    next request, and an answer as long to be taken; then the connection is closed. At most
+    ``max_connections`` are open at once, ``reserve`` of them kept for new connections (default: an eighth);
+    see the module's docstring for who is closed when all are taken.
     """
 
     def __init__(self, registry: CollectorRegistry, state: Probe, address: str = "0.0.0.0",
                  port: int = 9477, fast: Callable[[CollectorRegistry], bytes] | None = None,
-                 request_timeout: float = REQUEST_TIMEOUT, max_connections: int = MAX_CONNECTIONS):
+                 request_timeout: float = REQUEST_TIMEOUT, max_connections: int = MAX_CONNECTIONS,
+                 header_timeout: float = HEADER_TIMEOUT, reserve: int | None = None):
+        if not header_timeout > 0 or not request_timeout > 0:
+            raise ValueError("header_timeout and request_timeout must be positive")
+        if max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
+        reserve = max_connections // 8 if reserve is None else reserve
+        reserve = max(1, reserve) if max_connections > 1 else 0
+        if reserve >= max_connections:
+            raise ValueError("reserve must be below max_connections")
         try:
-            self.httpd = _Server((address, port), _Handler)
+            self.httpd = _Server(address, port, registry, state, fast, header_timeout, request_timeout,
+                                 max_connections, reserve)
         except OSError as exc:  # port taken, address not local: say which, without a traceback
             raise OSError(exc.errno, f"cannot listen on {address}:{port}: {exc.strerror or exc}") from exc
-        self.httpd.registry, self.httpd.state, self.httpd.fast = registry, state, fast
-        self.httpd.request_timeout = request_timeout
-        self.httpd.slots = threading.BoundedSemaphore(max_connections)
         self._thread: threading.Thread | None = None
 
     @property
@@ -203,19 +432,26 @@ class ExporterServer:
     @property
     def url(self) -> str:
         host = self.httpd.server_address[0]
-        return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{self.port}"
+        if host in ("0.0.0.0", ""):
+            host = "127.0.0.1"
+        elif host == "::":
+            host = "[::1]"
+        elif ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="exporter-http", daemon=True)
+        self._thread = threading.Thread(target=self.httpd.serve, name="exporter-http", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 2.0) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.httpd.close_connections()
+        """Stop serving: the port is closed, and so is every connection (a kept-alive one is not answered)."""
+        self.httpd.stopping = True
+        self.httpd.wake()
         if self._thread is not None:
             self._thread.join(timeout)
+        else:
+            self.httpd._close_all()
 
 
 def run_until_signalled(stop_event: threading.Event, start: Callable[[], None], stop: Callable[[], None]) -> int:
