@@ -1,4 +1,5 @@
-"""The co-location slowdown model, its calibration on h200-profiles, and `dprobe predict --colocate`."""
+"""The co-location models (the per-job model fitted on gavel-colocation, the time-share rule, the older
+contention model and its calibration on h200-profiles), the memory verdict, and `dprobe predict --colocate`."""
 
 from __future__ import annotations
 
@@ -12,10 +13,24 @@ import pandas as pd
 import pytest
 
 from dprobe.sharing.colocate import add_colocate_args, colocate, run_colocate
+from dprobe.sharing.gavel import (
+    job_key,
+    job_profile,
+    leave_model_type_out,
+    load_pairs,
+    load_profiles,
+    unordered_pairs,
+)
 from dprobe.sharing.interference import (
+    CUDA_CONTEXT_BYTES,
+    FEATURES,
+    GPU,
+    FittedColocation,
     InterferenceModel,
     calibrate_from_pair,
+    load_fitted,
     pair_calibrations,
+    predict_colocation,
     saturation_speeds,
 )
 
@@ -59,22 +74,228 @@ def test_the_h200_pair_gives_the_shipped_coefficient():
     assert InterferenceModel().contention == pytest.approx(round(a, 1))
 
 
-def _pred(model, util, mem50, mem90, step):
-    return {"model": model, "batch": 8, "gpu_utilization": {"p50": util, "p90": util},
-            "device_memory_bytes": {"p50": mem50, "p90": mem90}, "step_time_seconds": {"p50": step, "p90": step}}
+GIB = 1 << 30
+H200 = {"name": "H200 SXM 141GB", "memory_gib": 139.8, "fp32_tflops": 67.0, "bandwidth_gbps": 4800.0}
 
+
+def _pred(model, util, mem50, mem90, step, peak=None, gpu=H200):
+    """A ``dprobe predict --json`` object with the fields the co-location models read."""
+    peak = mem50 - CUDA_CONTEXT_BYTES if peak is None else peak
+    return {"model": model, "batch": 8, "gpu_utilization": {"p50": util, "p90": util},
+            "device_memory_bytes": {"p50": mem50, "p90": mem90}, "peak_memory_bytes": {"p50": peak, "p90": peak},
+            "step_time_seconds": {"p50": step, "p90": step}, "gpu_spec": gpu,
+            "analytical": {"flops_per_step": 1e12, "gpu_seconds_per_step": util * step,
+                           "host_seconds_per_step": 0.2 * step, "step_time_seconds": step}}
+
+
+def _gavel(key, gpu="v100"):
+    return job_profile(key, gpu), GPU.of(load_profiles()["gpus"][gpu])
+
+
+# the per-job model -----------------------------------------------------------------------------------------
+
+def test_each_job_of_a_pair_gets_its_own_speed():
+    """Gavel measured ResNet-18 (batch 16) at 0.98 of its speed beside Recommendation (batch 512) on a V100,
+    and Recommendation at 0.05 beside it: the per-job model says who suffers, in either order."""
+    resnet, v100 = _gavel("ResNet-18|16")
+    recommender, _ = _gavel("Recommendation|512")
+    out = predict_colocation(resnet, recommender, v100)
+    assert out["method"] == "per-job"
+    fast, slow = out["speeds"]
+    assert fast > 0.6 and slow < 0.3
+    assert predict_colocation(recommender, resnet, v100)["speeds"] == pytest.approx([slow, fast])
+    # the rules give both jobs one speed
+    for method in ("time-share", "contention"):
+        same = predict_colocation(resnet, recommender, v100, method=method)["speeds"]
+        assert same[0] == pytest.approx(same[1])
+
+
+def test_shipped_model_follows_the_measured_pairs():
+    """On every measured Gavel pair the shipped trees, with the shipped profiles, are close to what was
+    measured (they were fitted there) where the rules are far off: the files belong together."""
+    pairs = load_pairs()
+    rows = pairs[pairs["measured"]].sample(150, random_state=0)
+    profiles = load_profiles()
+    err = {m: [] for m in ("per-job", "time-share")}
+    for r in rows.itertuples():
+        gpu = GPU.of(profiles["gpus"][r.gpu])
+        for m in err:
+            got = predict_colocation(job_profile(r.a, r.gpu), job_profile(r.b, r.gpu), gpu, method=m)
+            err[m].append(abs(got["speeds"][0] - r.speed))
+    assert np.mean(err["per-job"]) < 0.07 < 0.3 < np.mean(err["time-share"])
+
+
+def test_default_is_the_per_job_model_only_where_cross_validation_chose_it():
+    fitted = load_fitted()
+    cv = fitted.summary["leave_model_type_out"]["overall"]
+    assert fitted.per_job_default == (cv["per-job"] < cv["time-share"])
+    assert fitted.per_job_default and cv["per-job"] <= 0.6 * cv["time-share"]
+    a, b = _pred("a", 0.5, 10 * GIB, 12 * GIB, 0.1), _pred("b", 0.3, 8 * GIB, 9 * GIB, 0.05)
+    assert predict_colocation(a, b)["method"] == "per-job"  # an H200: GPUs held out, it still beat the rule
+    assert fitted.unseen_gpus
+    mps = predict_colocation(a, b, mode="mps")
+    assert mps["method"] == "time-share" and mps["speeds"] == [1.0, 1.0]  # u 0.5 + 0.3: the GPU is not full
+    lost = FittedColocation(fitted.trees, per_job_default=False, unseen_gpus=False, gpus=fitted.gpus)
+    assert predict_colocation(a, b, fitted=lost)["method"] == "time-share"
+    local = FittedColocation(fitted.trees, per_job_default=True, unseen_gpus=False, gpus=fitted.gpus)
+    assert predict_colocation(a, b, fitted=local)["method"] == "time-share"  # not a GPU it was fitted on
+    lm, v100 = _gavel("LM|20")
+    assert predict_colocation(lm, job_profile("A3C|", "v100"), v100, fitted=local)["method"] == "per-job"
+    with pytest.raises(ValueError, match="co-location method"):
+        predict_colocation(a, b, method="oracle")
+
+
+def test_time_share_rule_and_the_inputs_it_refuses():
+    a, b = _pred("a", 0.7, 10 * GIB, 12 * GIB, 0.1), _pred("b", 0.6, 8 * GIB, 9 * GIB, 0.05)
+    out = predict_colocation(a, b, method="time-share")
+    assert out["speeds"] == pytest.approx([1 / 1.3, 1 / 1.3]) and out["time_share_speed"] == pytest.approx(1 / 1.3)
+    with pytest.raises(ValueError, match="job B: its profile has no gpu_utilization"):
+        predict_colocation(a, {k: v for k, v in b.items() if k != "gpu_utilization"})
+    with pytest.raises(ValueError, match="names no GPU"):
+        predict_colocation({k: v for k, v in a.items() if k != "gpu_spec"}, b)
+
+
+def test_trees_predict_as_lightgbm_does():
+    lgb = pytest.importorskip("lightgbm")
+    from dprobe.sharing.interference_fit import PARAMS, trees_from_lightgbm
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 4))
+    y = np.tanh(x[:, 0]) + 0.3 * x[:, 1] * x[:, 2] + rng.normal(0, 0.05, 400)
+    booster = lgb.train({**PARAMS, "min_data_in_leaf": 5}, lgb.Dataset(x, y), 50)
+    trees = trees_from_lightgbm(booster.dump_model())
+    probe = rng.normal(size=(100, 4))
+    probe[::9, 1] = np.nan
+    assert trees.predict(probe) == pytest.approx(booster.predict(probe), abs=1e-12)
+
+
+def test_fitted_file_is_for_these_features():
+    fitted = load_fitted()
+    assert fitted.trees.feature.max() < len(FEATURES)
+    assert set(fitted.gpus) == {g["name"] for g in load_profiles()["gpus"].values()}
+
+
+# memory ----------------------------------------------------------------------------------------------------
+
+def test_memory_verdict_from_peaks_and_contexts():
+    gpu = {"name": "x", "memory_gib": 16.0, "fp32_tflops": 15.0, "bandwidth_gbps": 900}
+    ok = predict_colocation(_pred("a", 0.5, 6 * GIB, 7 * GIB, 0.1, gpu=gpu), _pred("b", 0.3, 6 * GIB, 7 * GIB, 0.1,
+                                                                               gpu=gpu), method="time-share")
+    assert ok["fits"] == "yes"
+    maybe = predict_colocation(_pred("a", 0.5, 6 * GIB, 9 * GIB, 0.1, gpu=gpu),
+                               _pred("b", 0.3, 6 * GIB, 9 * GIB, 0.1, gpu=gpu), method="time-share")
+    assert maybe["fits"] == "maybe"
+    no = predict_colocation(_pred("a", 0.5, 9 * GIB, 9 * GIB, 0.1, peak=7 * GIB, gpu=gpu),
+                            _pred("b", 0.3, 6 * GIB, 6 * GIB, 0.1, peak=7 * GIB, gpu=gpu), method="time-share")
+    assert no["fits"] == "no" and no["peaks_and_contexts_bytes"] == 14 * GIB + 2 * CUDA_CONTEXT_BYTES
+
+
+def test_memory_verdict_is_right_on_gavel_pairs():
+    """A pair Gavel could not run together (throughput 0) is "no", one it ran is "yes" or "maybe", on at
+    least 95 % of the pairs (nothing fitted: the rule sees only the two profiles and the GPU)."""
+    from dprobe.sharing.interference_fit import fit_accuracy, gavel_jobs
+
+    memory = fit_accuracy(gavel_jobs())
+    assert memory["pairs"] == len(unordered_pairs(load_pairs()))
+    assert memory["accuracy"] >= 0.95 > memory["always_fits"]
+
+
+# the data set ----------------------------------------------------------------------------------------------
+
+def test_pairs_loader_keeps_each_single_gpu_pair_once_per_job(tmp_path):
+    header = "gpu,model_a,batch_a,gpus_a,model_b,batch_b,gpus_b,alone_a,alone_b,colocated_a,colocated_b\n"
+    rows = ["v100,LM,5,1,,,,10,,,",
+            "v100,LM,5,1,A3C,,1,10,4,6,1",
+            "v100,A3C,,1,LM,5,1,4,10,1,6",
+            "v100_unconsolidated,LM,5,1,A3C,,1,10,4,6,1",
+            "v100,LM,5,2,A3C,,2,10,4,0,0",
+            "k80,LM,5,1,A3C,,1,3,2,0,0"]
+    (tmp_path / "throughputs.csv").write_text(header + "\n".join(rows) + "\n")
+    pairs = load_pairs(tmp_path)
+    assert list(zip(pairs["gpu"], pairs["a"], pairs["b"], strict=True)) == [
+        ("v100", "LM|5", "A3C|"), ("v100", "A3C|", "LM|5"), ("k80", "LM|5", "A3C|")]
+    assert pairs["speed"].iloc[:2].tolist() == pytest.approx([0.6, 0.25])
+    assert not pairs["measured"].iloc[2] and np.isnan(pairs["speed"].iloc[2])
+    (tmp_path / "throughputs.csv").write_text("gpu,model_a\nv100,LM\n")
+    with pytest.raises(ValueError, match="missing column"):
+        load_pairs(tmp_path)
+
+
+def test_bundled_pairs_and_profiles_agree():
+    pairs = load_pairs()
+    measured = pairs[pairs["measured"]]
+    assert len(measured) > 1000 and set(measured["gpu"]) <= set(load_profiles()["gpus"])
+    profiles = {j["key"] for j in load_profiles()["jobs"]}
+    assert set(pairs["a"]) | set(pairs["b"]) <= profiles  # every job type of the data has its profile
+    assert job_key("A3C", float("nan")) == "A3C|" and job_key("LM", 5.0) == "LM|5"
+    for name, train, held in leave_model_type_out(measured):
+        involved = (measured["model_a"] == name) | (measured["model_b"] == name)
+        assert set(held) == set(np.flatnonzero(involved.to_numpy())) and not set(train) & set(held)
+
+
+@pytest.mark.slow
+def test_benchmark_reproduces_the_shipped_cross_validation(script):
+    """benchmarks/sharing_colocation.py refits per fold: its figures are the shipped file's, the per-job
+    model beats the time-share rule and the older model in every fold, the memory verdict passes."""
+    pytest.importorskip("lightgbm")
+    import contextlib
+    import io
+
+    bench = script("benchmarks/sharing_colocation.py")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert bench.main(["--json"]) == 0
+    out = json.loads(buf.getvalue())
+    shipped = load_fitted().summary
+    for cv in ("leave_model_type_out", "leave_gpu_out"):
+        assert out[cv]["overall"] == pytest.approx(shipped[cv]["overall"], abs=1e-9)
+        for fold in out[cv]["folds"]:
+            assert fold["mae"]["per-job"] < min(fold["mae"]["time-share"], fold["mae"]["contention"])
+    assert len(out["leave_model_type_out"]["folds"]) == load_pairs()["model_a"].nunique()
+    assert out["below_time_share"] >= 0.4 and out["targets"]["memory verdict right on >= 95 % of pairs"]
+    assert out["leave_model_type_out"]["overall"]["per-job"] < out["symmetric_floor"]["mae"]
+
+
+@pytest.mark.slow
+def test_gavel_models_have_the_training_codes_shapes(script):
+    """The re-implemented job types (tools/gavel_models.py) have their architectures' parameter counts."""
+    import torch
+
+    models = script("tools/gavel_models.py")
+    with torch.device("meta"):  # shapes only: nothing allocated or initialised
+        counts = {name: sum(p.numel() for p in getattr(models, name)().parameters())
+                  for name in ("resnet18_cifar", "lstm_lm", "recommender", "a3c", "cyclegan", "transformer")}
+    lstm = 2 * 4 * (200 * 200 * 2 + 2 * 200)
+    assert counts["lstm_lm"] == 33278 * 200 + lstm + 200 * 33278 + 33278
+    assert counts["recommender"] == 20108 * 200 + 200 + 200 * 20108 + 20108
+    assert counts["resnet18_cifar"] == 11_173_962
+    assert counts["a3c"] == (32 * 25 + 32) + (32 * 32 * 25 + 32) + (64 * 32 * 16 + 64) + (64 * 64 * 9 + 64) + \
+        4 * 512 * (1024 + 512 + 2) + 513 + 6 * 513
+    assert counts["cyclegan"] == 2 * 11_378_179 + 2 * 2_764_737  # CycleGAN's 9-block generator, PatchGAN
+    layer = 4 * 512 * 512 + 4 * 512 + 2 * 512 * 2048 + 2048 + 512  # attention, feed-forward
+    assert counts["transformer"] == 2 * 3000 * 512 + 6 * (layer + 2 * 1024) + 6 * (
+        layer + 4 * 512 * 512 + 4 * 512 + 3 * 1024) + 2 * 1024  # embeddings, encoder, decoder, final norms
+    assert set(load_pairs()["model_a"]) <= set(models.JOB_TYPES)
+
+
+# dprobe predict --colocate ---------------------------------------------------------------------------------
 
 def test_colocate_reports_both_slowdowns_memory_and_fit():
-    gib = 1 << 30
-    out = colocate(_pred("a", 0.5, 30 * gib, 40 * gib, 0.1), _pred("b", 0.3, 20 * gib, 30 * gib, 0.2), 64 * gib)
+    out = colocate(_pred("a", 0.5, 30 * GIB, 40 * GIB, 0.1), _pred("b", 0.3, 20 * GIB, 30 * GIB, 0.2))
     assert [j["model"] for j in out["jobs"]] == ["a", "b"]
-    assert all(0 < j["slowdown"] < 0.2 for j in out["jobs"])
-    assert out["jobs"][0]["step_time_colocated_seconds"] > 0.1
-    assert out["combined_device_memory_bytes"]["p90"] == 70 * gib and out["fits"] == "maybe"
-    assert colocate(_pred("a", 0.5, 30 * gib, 30 * gib, 0.1), _pred("b", 0.3, 30 * gib, 30 * gib, 0.2),
-                    64 * gib)["fits"] == "yes"
+    assert out["interference_model"]["method"] == "per-job" and "MAE" in out["interference_model"]["uncertainty"]
+    for j in out["jobs"]:
+        assert 0 < j["speed"] <= 1 and j["step_time_colocated_seconds"] == pytest.approx(
+            j["step_time_alone_seconds"] / j["speed"])
+    assert out["combined_device_memory_bytes"]["p90"] == 70 * GIB and out["fits"] == "yes"
+    small = {**H200, "memory_gib": 64.0}
+    assert colocate(_pred("a", 0.5, 30 * GIB, 40 * GIB, 0.1, gpu=small), _pred("b", 0.3, 20 * GIB, 30 * GIB, 0.2),
+                    small)["fits"] == "maybe"
+    rule = colocate(_pred("a", 0.5, 2 * GIB, 2 * GIB, 0.1), _pred("b", 0.7, 2 * GIB, 2 * GIB, 0.2),
+                    method="time-share")
+    assert [j["speed"] for j in rule["jobs"]] == pytest.approx([1 / 1.2, 1 / 1.2])
     with pytest.raises(ValueError, match="gpu_utilization"):
-        colocate({"model": "x"}, _pred("b", 0.3, 1, 1, 0.1), 64 * gib)
+        colocate({"model": "x"}, _pred("b", 0.3, 1, 1, 0.1))
 
 
 def test_run_colocate_predicts_the_other_job_with_its_own_options(capsys):
@@ -93,13 +314,20 @@ def test_run_colocate_predicts_the_other_job_with_its_own_options(capsys):
 
     def predict(a):
         seen.append((a.model, a.batch, a.image, a.seq))
-        d = _pred(a.model, 0.4, 1e9, 2e9, 0.05)
-        return SimpleNamespace(as_dict=lambda: d, gpu_memory_bytes=8e9)
+        d = _pred(a.model, 0.4, 2e9, 2.5e9, 0.05)
+        return SimpleNamespace(as_dict=lambda: d)
 
     assert run_colocate(args, predict) == 0
     assert seen == [("m1", 16, 160, None), ("m2", 16, None, 64)]
     out = json.loads(capsys.readouterr().out)
-    assert out["fits"] == "yes" and len(out["jobs"]) == 2
+    assert out["fits"] == "yes" and len(out["jobs"]) == 2 and out["interference_model"]["method"] == "per-job"
+    args.sharing_mode = "mps"
+    assert run_colocate(args, predict) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["interference_model"]["method"] == "time-share" and out["jobs"][0]["speed"] == 1.0
+    args.sharing_mode, args.colocation_model, args.json = "time-slicing", "contention", False
+    assert run_colocate(args, predict) == 0
+    assert "by the contention model" in capsys.readouterr().out
     args.samples = "x.csv"
     with pytest.raises(ValueError, match="--samples"):
         run_colocate(args, predict)

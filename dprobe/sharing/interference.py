@@ -1,6 +1,22 @@
-"""Predicted slowdown of jobs that share one GPU (time-slicing or MPS), from their utilisation alone.
+"""Predicted slowdown of jobs that share one GPU, each job its own, and whether they fit in its memory.
 
-Each job ``i`` alone keeps the GPU busy a share ``u_i`` of its time (NVML's / DCGM's utilisation, 0-1),
+:func:`predict_colocation` is the one entry point (``dprobe predict --colocate``, the benchmark and the
+cross-validation call it alike): from two jobs' cold-start profiles (``dprobe predict --json`` objects)
+and the GPU, each job's speed beside the other (relative to alone), by the shipped default:
+
+- the per-job model: gradient-boosted trees fitted on Gavel's measured pairs (datasets/gavel-colocation,
+  K80, P100, V100, time-slicing), speed of job A from A's and B's profiles (utilisation, step time, host
+  share of the step, share of the GPU's peak FLOP/s reached while busy, memory share) and the GPU's peak;
+  asymmetric: A beside B and B beside A are two predictions. It is the default only where it beat the
+  time-share rule in cross-validation (``interference_fitted.json`` records the figures and the choice;
+  ``python -m dprobe.sharing.interference_fit --write`` refits it);
+- otherwise the time-share rule ``min(1, 1 / (u_1 + u_2))`` (under MPS too: no pair was measured there).
+
+Memory: the pair fits when both allocator peaks (p50) and a CUDA context each add up to no more than the
+GPU's memory ("maybe" when the device memory's p90 adds up to more), a rule with nothing fitted.
+
+The older contention model (:class:`InterferenceModel`, one speed for both jobs) stays for the packing
+planner's slowdown limits. Each job ``i`` alone keeps the GPU busy a share ``u_i`` of its time (NVML's / DCGM's utilisation, 0-1),
 and, where known, its memory controller a share ``m_i``. Together, two effects slow it:
 
 - contention: a kernel of ``i`` that finds the GPU taken waits; the chance grows with how busy the others
@@ -22,7 +38,12 @@ the time-slicing one, an assumption ``docs/sharing.md`` flags.
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -157,3 +178,208 @@ def pair_calibrations(runs) -> list[dict]:
                                  if speed > 0 and u_other > 0 else float("nan"))
             out.append(row)
     return out
+
+
+# --- per-job co-location model ------------------------------------------------------------------------------
+
+FITTED_PATH = Path(__file__).with_name("interference_fitted.json")
+CUDA_CONTEXT_BYTES = int(1.37 * (1 << 30))  # a CUDA context on the device, as the cold-start replay counts it
+METHODS = ("auto", "per-job", "time-share", "contention")
+# the per-job model's inputs: the job's own profile ("self"), the other's, and the GPU's
+FEATURES = ("u_self", "log_step_self", "host_share_self", "flops_share_self", "memory_share_self",
+            "u_other", "log_step_other", "host_share_other", "flops_share_other", "memory_share_other",
+            "log_step_ratio", "log_gpu_flops")
+SPEED_FLOOR = 0.01  # the per-job model's speeds are kept within [SPEED_FLOOR, 1]
+
+
+@dataclass(frozen=True)
+class GPU:
+    """What the co-location model reads of a GPU: its memory, peak fp32 FLOP/s and memory bandwidth."""
+
+    memory_bytes: float
+    fp32_flops: float
+    bandwidth: float = 0.0
+    name: str = ""
+
+    @staticmethod
+    def of(value: GPU | dict[str, Any]) -> GPU:
+        """A :class:`GPU` from itself, a dict with its fields, or a ``gpu_spec`` of ``dprobe predict --json``
+        (``memory_gib``, ``fp32_tflops``, ``bandwidth_gbps``)."""
+        if isinstance(value, GPU):
+            return value
+        if "memory_gib" in value:
+            return GPU(float(value["memory_gib"]) * (1 << 30), float(value["fp32_tflops"]) * 1e12,
+                       float(value.get("bandwidth_gbps", 0.0)) * 1e9, str(value.get("name", "")))
+        return GPU(float(value["memory_bytes"]), float(value["fp32_flops"]), float(value.get("bandwidth", 0.0)),
+                   str(value.get("name", "")))
+
+
+def gpu_of(profile: dict[str, Any]) -> GPU:
+    """The GPU a ``dprobe predict --json`` profile was predicted for (its ``gpu_spec``); a ValueError when it
+    has none."""
+    spec = profile.get("gpu_spec")
+    if not isinstance(spec, dict):
+        raise ValueError("the job's profile names no GPU (no gpu_spec): give the GPU")
+    return GPU.of(spec)
+
+
+def _p50(profile: dict[str, Any], key: str, job: str) -> float:
+    value = profile.get(key)
+    if not isinstance(value, dict) or "p50" not in value:
+        raise ValueError(f"{job}: its profile has no {key} p50")
+    v = float(value["p50"])
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"{job}: its {key} p50 is {v}")
+    return v
+
+
+def job_features(profile: dict[str, Any], gpu: GPU, job: str = "job") -> dict[str, float]:
+    """A job's own inputs to the per-job model, from its profile on ``gpu``: utilisation (p50, 0-1), log
+    step time, the host's share of the replayed step, the share of the GPU's fp32 peak its kernels reach
+    while busy (FLOPs over busy time), its device memory as a share of the GPU's."""
+    u = min(_p50(profile, "gpu_utilization", job), 1.0)
+    step = max(_p50(profile, "step_time_seconds", job), 1e-6)
+    memory = _p50(profile, "device_memory_bytes", job)
+    an = profile.get("analytical") or {}
+    busy = float(an.get("gpu_seconds_per_step") or 0.0)
+    host = float(an.get("host_seconds_per_step") or 0.0)
+    replayed = float(an.get("step_time_seconds") or 0.0) or max(busy, host, 1e-9)
+    flops = float(an.get("flops_per_step") or 0.0)
+    return {"u": u, "log_step": math.log(step), "host_share": min(host / replayed, 1.0) if replayed > 0 else 0.0,
+            "flops_share": flops / (busy * gpu.fp32_flops) if busy > 0 and gpu.fp32_flops > 0 else 0.0,
+            "memory_share": memory / gpu.memory_bytes}
+
+
+def pair_features(profile_a: dict[str, Any], profile_b: dict[str, Any], gpu: GPU) -> np.ndarray:
+    """The per-job model's input (order of :data:`FEATURES`) for job A beside job B."""
+    a, b = job_features(profile_a, gpu, "job A"), job_features(profile_b, gpu, "job B")
+    own = [a[k] for k in ("u", "log_step", "host_share", "flops_share", "memory_share")]
+    other = [b[k] for k in ("u", "log_step", "host_share", "flops_share", "memory_share")]
+    return np.array([*own, *other, a["log_step"] - b["log_step"], math.log(max(gpu.fp32_flops, 1.0))])
+
+
+@dataclass(frozen=True)
+class Trees:
+    """A boosted ensemble of regression trees as arrays (one row per tree, padded): a node's feature
+    (-1: a leaf), threshold (go left when the value is at most it, or when it is NaN and ``nan_left``),
+    children and value. The prediction is the sum of the leaves reached."""
+
+    feature: np.ndarray
+    threshold: np.ndarray
+    left: np.ndarray
+    right: np.ndarray
+    value: np.ndarray
+    nan_left: np.ndarray
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """The ensemble's prediction for rows ``x`` (n, features)."""
+        x = np.atleast_2d(np.asarray(x, dtype=np.float64))
+        trees = np.arange(self.feature.shape[0])
+        node = np.zeros((x.shape[0], len(trees)), dtype=np.int64)
+        for _ in range(self.feature.shape[1]):
+            f = self.feature[trees, node]
+            leaf = f < 0
+            if leaf.all():
+                break
+            v = np.take_along_axis(x, np.maximum(f, 0), axis=1)
+            go_left = np.where(np.isnan(v), self.nan_left[trees, node], v <= self.threshold[trees, node])
+            node = np.where(leaf, node, np.where(go_left, self.left[trees, node], self.right[trees, node]))
+        return self.value[trees, node].sum(axis=1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k).tolist() for k in ("feature", "threshold", "left", "right", "value", "nan_left")}
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Trees:
+        return Trees(np.asarray(d["feature"], dtype=np.int64), np.asarray(d["threshold"], dtype=np.float64),
+                     np.asarray(d["left"], dtype=np.int64), np.asarray(d["right"], dtype=np.int64),
+                     np.asarray(d["value"], dtype=np.float64), np.asarray(d["nan_left"], dtype=bool))
+
+
+@dataclass(frozen=True)
+class FittedColocation:
+    """The per-job model and what its cross-validation decided: ``per_job_default`` (it beat the time-share
+    rule with model types held out) and ``unseen_gpus`` (it also did with each GPU held out, so it is used
+    on GPUs it never saw); ``gpus``: the names of those it was fitted on; ``summary``: the figures."""
+
+    trees: Trees
+    per_job_default: bool
+    unseen_gpus: bool
+    gpus: tuple[str, ...] = ()
+    summary: dict[str, Any] | None = None
+
+    def speed(self, profile_a: dict[str, Any], profile_b: dict[str, Any], gpu: GPU) -> float:
+        """Job A's predicted speed beside job B (relative to alone)."""
+        raw = float(self.trees.predict(pair_features(profile_a, profile_b, gpu)[None, :])[0])
+        return float(np.clip(raw, SPEED_FLOOR, 1.0))
+
+
+def load_fitted(path: str | Path | None = None) -> FittedColocation:
+    """The shipped per-job model (``interference_fitted.json``), or the one at ``path``."""
+    return _load_fitted(str(Path(path) if path else FITTED_PATH))
+
+
+@lru_cache(maxsize=4)
+def _load_fitted(path: str) -> FittedColocation:
+    data = json.loads(Path(path).read_text())
+    if data.get("format") != "dprobe-colocation/1":
+        raise ValueError(f"{path}: not a dprobe co-location model (format {data.get('format')!r})")
+    if tuple(data["features"]) != FEATURES:
+        raise ValueError(f"{path}: fitted on features {data['features']}, this dprobe computes {list(FEATURES)}")
+    return FittedColocation(Trees.from_dict(data["trees"]), bool(data["per_job_default"]), bool(data["unseen_gpus"]),
+                            tuple(data.get("gpus", ())), data.get("summary"))
+
+
+def memory_fit(profile_a: dict[str, Any], profile_b: dict[str, Any], gpu: GPU) -> dict[str, Any]:
+    """Whether two jobs fit together in ``gpu``'s memory: "no" when their allocator peaks (p50) and a CUDA
+    context each add up to more than it, "maybe" when their device memory's p90 does, else "yes"."""
+    peaks = [_p50(p, "peak_memory_bytes", j) for p, j in ((profile_a, "job A"), (profile_b, "job B"))]
+    need = sum(peaks) + 2 * CUDA_CONTEXT_BYTES
+    device = {q: sum(float(p["device_memory_bytes"].get(q, p["device_memory_bytes"]["p50"]))
+                     for p in (profile_a, profile_b)) for q in ("p50", "p90")}
+    fits = "no" if need > gpu.memory_bytes else "maybe" if device["p90"] > gpu.memory_bytes else "yes"
+    return {"fits": fits, "peaks_and_contexts_bytes": float(need), "device_memory_bytes": device,
+            "gpu_memory_bytes": float(gpu.memory_bytes)}
+
+
+def predict_colocation(profile_a: dict[str, Any], profile_b: dict[str, Any], gpu: GPU | dict[str, Any] | None = None,
+                       method: str = "auto", mode: str = "time-slicing",
+                       fitted: FittedColocation | None = None) -> dict[str, Any]:
+    """Each job's speed beside the other (relative to alone, 0-1], its slowdown, and whether the two fit in
+    the GPU's memory, from their cold-start profiles (``dprobe predict --json`` objects: utilisation, step
+    time, memory, the replay's ``analytical`` figures).
+
+    ``gpu``: a :class:`GPU` or a dict of its fields (default: the first profile's ``gpu_spec``).
+    ``method``: "auto" (the shipped default: the per-job model where cross-validation chose it, else the
+    time-share rule), "per-job", "time-share" (``min(1, 1 / (u_1 + u_2))``), "contention" (the older
+    symmetric :class:`InterferenceModel`). ``mode``: "time-slicing" or "mps" ("auto" takes the time-share
+    rule under MPS: no pair was measured there). ``fitted``: the per-job model (default: the shipped one).
+    """
+    if method not in METHODS:
+        raise ValueError(f"unknown co-location method {method!r}; choose from {', '.join(METHODS)}")
+    if mode not in MODES:
+        raise ValueError(f"unknown sharing mode {mode!r}; choose from {', '.join(MODES)}")
+    gpu = gpu_of(profile_a) if gpu is None else GPU.of(gpu)
+    u = np.array([min(_p50(p, "gpu_utilization", j), 1.0) for p, j in ((profile_a, "job A"), (profile_b, "job B"))])
+    chosen, why = method, ""
+    if method == "auto":
+        fitted = fitted or load_fitted()
+        if mode == "mps":
+            chosen, why = "time-share", "MPS: no co-located pair was measured under MPS"
+        elif not fitted.per_job_default:
+            chosen, why = "time-share", "the per-job model did not beat the time-share rule in cross-validation"
+        elif not fitted.unseen_gpus and gpu.name not in fitted.gpus:
+            chosen, why = "time-share", (f"{gpu.name or 'this GPU'} is not one the per-job model was fitted on, and "
+                                         "with GPUs held out it did not beat the time-share rule")
+        else:
+            chosen, why = "per-job", "beat the time-share rule in cross-validation (model types held out)"
+    if chosen == "per-job":
+        fitted = fitted or load_fitted()
+        speeds = np.array([fitted.speed(profile_a, profile_b, gpu), fitted.speed(profile_b, profile_a, gpu)])
+    elif chosen == "time-share":
+        speeds = saturation_speeds(u)
+    else:
+        speeds = InterferenceModel(mode=mode).speeds(u)
+    return {"speeds": [float(s) for s in speeds], "slowdowns": [float(1 - s) for s in speeds],
+            "utilization": [float(x) for x in u], "method": chosen, "why": why, "sharing_mode": mode,
+            "time_share_speed": float(saturation_speeds(u)[0]), **memory_fit(profile_a, profile_b, gpu)}
