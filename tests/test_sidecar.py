@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -416,6 +417,33 @@ def test_sidecar_counts_refused_samples_and_says_when_it_is_not_ready() -> None:
     src.reply = [Sample("ns/p", time.time(), 1e9, 0.5)]
     sc.pollers[0].poll_once()
     assert sc.ready()[0]
+
+
+@pytest.mark.parametrize(("source", "option", "path"), [("prometheus", "prometheus_url", ""),
+                                                         ("dcgm", "dcgm_url", "/metrics")])
+def test_readyz_says_why_there_is_no_sample_yet(http_peer, source: str, option: str, path: str) -> None:
+    """A source refused from its first poll (HTTP 401 from a secured Prometheus or dcgm-exporter): /readyz
+    said "no sample yet"; it says the source's last error now."""
+    with http_peer(lambda _path: (401, "Unauthorized\n", 0.0)) as url:
+        config = _fast_config(source=source, **{option: url + path}, max_backoff=0.5)
+        sc = Sidecar(config, model=open_forecaster(None, "last_value"))
+        assert sc.ready() == (False, "no sample yet")  # before the first poll
+        sc.start()
+        try:
+            deadline = time.monotonic() + 10
+            while not sc.pollers[0].errors_total:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            with pytest.raises(urllib.error.HTTPError) as answer:
+                urllib.request.urlopen(sc.server.url + "/readyz", timeout=5)
+            why = answer.value.read().decode()
+        finally:
+            sc.stop()
+    assert answer.value.code == 503
+    assert why.startswith(f"not ready: no sample yet: source {source} failing: {url}"), why
+    assert "HTTP 401 Unauthorized: the server wants credentials, no credentials given" in why
+    if source == "dcgm":  # it has no credential options to suggest
+        assert "bearer_token_file" not in why and "this source sends none" in why
 
 
 def test_horizons_beyond_the_models_longest_lead_stop_the_start(tmp_path: Path) -> None:

@@ -75,8 +75,10 @@ class SidecarConfig(PrometheusAccess):
     allow_code_annotations: bool = option(False, "let the pod annotations name module:pkg.mod:factory models and "
                                                  "config_kwargs, code the sidecar runs: only where whoever may "
                                                  "annotate the pods may run code in the sidecar")
-    job_timeout: float = option(120.0, "seconds a job's cold-start prediction may take (in a child process, "
-                                       "killed past it)")
+    graph_max_mib: float = option(16.0, "largest graph JSON file read, in MiB (a larger one is not read: counted "
+                                        "in dprobe_graph_errors_total{reason=\"too_large\"})")
+    job_timeout: float = option(120.0, "seconds a job's cold-start prediction, or a model graph's build, may take "
+                                       "(in a child process, killed past it)")
     job_cpu_limit: float = option(120.0, "CPU seconds of that child (RLIMIT_CPU)")
     job_memory_limit: float = option(8.0, "GiB of address space of that child (RLIMIT_AS; PyTorch's CUDA build "
                                           "maps about 3 GiB when imported)")
@@ -90,7 +92,8 @@ class SidecarConfig(PrometheusAccess):
 
     def validate(self) -> SidecarConfig:
         for name in ("sample_interval", "forecast_interval", "step_seconds", "stale_after",
-                     "drop_after", "http_timeout", "max_backoff", "job_timeout", "job_cpu_limit", "job_memory_limit"):
+                     "drop_after", "http_timeout", "max_backoff", "job_timeout", "job_cpu_limit", "job_memory_limit",
+                     "graph_max_mib"):
             if not 0 < getattr(self, name) < math.inf:  # NaN and inf too: a NaN stale_after hides everything
                 raise ValueError(f"{name} must be positive (and finite), got {getattr(self, name)}")
         if not 0 <= self.max_clock_skew < math.inf:

@@ -1,40 +1,197 @@
 """Which model graph a target runs: a config entry, a pod annotation or one graph file; else none.
 
-``dprobe.graph`` is imported lazily: without it (or when a graph cannot be
-loaded) the target is forecast from its metrics alone. The annotation may name only what an
-:class:`~dprobe.services.sidecar.annotations.AnnotationPolicy` allows (zoo models, files under ``graph_dir``);
-the configuration (``graphs``, ``graph_file``) is the operator's and may name any model spec.
+Every graph is built (a zoo model traced, an ONNX file read) or read (a graph JSON) in a child process
+within the job limits (:mod:`dprobe.services.sidecar.child`), by a background thread: the sidecar itself
+never imports PyTorch for a graph, and a forecast cycle never waits for one (its targets are forecast from
+their metrics alone until it is there). What comes back is a :class:`GraphSummary`, what the forecaster reads
+of a graph, cached by what was asked (the file, or the model with its batch, image and sequence sizes), so a
+model is built once whichever targets or annotations name it. A graph JSON larger than ``max_mib`` is not
+read. A failure is logged once and counted by reason (``dprobe_graph_errors_total``).
+
+The annotation may name only what an :class:`~dprobe.services.sidecar.annotations.AnnotationPolicy`
+allows (zoo models, files under ``graph_dir``); the configuration (``graphs``, ``graph_file``) is the
+operator's and may name any model spec.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
-import importlib
+import json
 import logging
+import os
+import queue
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.metrics_core import CounterMetricFamily
+
+from dprobe.core.lazy import installed
 from dprobe.services.sidecar.annotations import MODEL_GRAPH, ZOO, AnnotationPolicy, AnnotationsFile, Refused
+from dprobe.services.sidecar.child import FAILURES, ChildFailed, ChildRunner, TaskRefused
 
 log = logging.getLogger(__name__)
 ANNOTATION = MODEL_GRAPH
+DEFAULT_MAX_MIB = 16.0  # graph JSON files of dprobe graph: 0.01 MiB (ResNet-18) to 0.13 MiB (GPT-2)
+MAX_CACHED = 64  # graphs kept (a summary is well under a kilobyte)
+SIZES = ("batch", "image", "seq")  # the options of a model spec
+# why a target has no graph: too_large (a graph JSON over max_mib), else as a job's child (error, timeout, ...)
+GRAPH_FAILURES = ("error", "too_large", *FAILURES[1:])
+
+
+class _Nodes:
+    """A graph's nodes where only their number and their outputs' total bytes are kept: its length is the
+    number of nodes, and it iterates over one entry holding the total (what ``graph_vector`` sums)."""
+
+    def __init__(self, count: int, output_bytes: int) -> None:
+        self.count, self.output_bytes = count, output_bytes
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[_Nodes]:
+        yield self
+
+
+@dataclass(frozen=True)
+class GraphSummary:
+    """What the forecaster reads of a model graph (:func:`dprobe.data.workloads.graph_vector`: sizes, costs,
+    operation counts by kind), in place of the graph itself, whose nodes may take hundreds of megabytes."""
+
+    name: str
+    source: str
+    num_nodes: int
+    num_params: int
+    param_bytes: int
+    flops: float
+    saved_bytes: int
+    output_bytes: int
+    unknown_nodes: int
+    kinds: Mapping[str, int] = field(default_factory=dict)
+    inputs: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def nodes(self) -> _Nodes:
+        return _Nodes(self.num_nodes, self.output_bytes)
+
+    def kind_counts(self) -> dict[str, int]:
+        return dict(self.kinds)
+
+    @staticmethod
+    def of(graph: Any) -> GraphSummary:
+        """The summary of a ``dprobe.graph.ModelGraph``."""
+        return GraphSummary(
+            name=graph.name, source=graph.source, num_nodes=len(graph.nodes), num_params=int(graph.num_params),
+            param_bytes=int(graph.param_bytes), flops=float(graph.flops), saved_bytes=int(graph.saved_bytes),
+            output_bytes=int(sum(n.output_bytes for n in graph.nodes)), unknown_nodes=int(graph.unknown_nodes),
+            kinds=graph.kind_counts(), inputs=dict(graph.inputs))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "kinds": dict(self.kinds), "inputs": dict(self.inputs)}
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> GraphSummary:
+        return GraphSummary(**data)
+
+
+@dataclass(frozen=True)
+class GraphRequest:
+    """A graph to build and the cache's key: a graph JSON file (``path``), or a model spec (``model``: a zoo
+    name, ``module:`` factory or ``.onnx`` file) at ``batch``, ``image`` and ``seq``."""
+
+    path: str = ""
+    model: str = ""
+    batch: int = 1
+    image: int | None = None
+    seq: int | None = None
+
+    @staticmethod
+    def of(ref: str) -> GraphRequest:
+        """The request of a reference: ``FILE.json`` (or any file but an ``.onnx`` one), or ``MODEL [batch=N]
+        [image=N] [seq=N]``; a ValueError when a size is not a positive whole number."""
+        spec, *opts = ref.split() or [""]
+        if Path(ref).suffix == ".json" or (not spec.lower().endswith(".onnx") and Path(ref).is_file()):
+            return GraphRequest(path=ref)
+        sizes: dict[str, int] = {}
+        for opt in opts:
+            key, _, value = opt.partition("=")
+            if key in SIZES:
+                try:
+                    sizes[key] = int(value)
+                except ValueError:
+                    raise ValueError(f"{ref!r}: {key} must be a whole number, got {value!r}") from None
+                if sizes[key] < 1:
+                    raise ValueError(f"{ref!r}: {key} must be at least 1, got {value!r}")
+        return GraphRequest(model=spec, **sizes)
+
+    def __str__(self) -> str:
+        if self.path:
+            return self.path
+        sizes = [f"{k}={getattr(self, k)}" for k in SIZES if getattr(self, k) is not None]
+        return " ".join([self.model, *sizes])
+
+
+def summarise(request: Mapping[str, Any], max_bytes: int) -> dict[str, Any]:
+    """Build or read the graph of ``request`` (a :class:`GraphRequest` as a dict) and return its summary as a
+    dict: what a child process (:mod:`dprobe.services.sidecar.child`) runs. A graph JSON over ``max_bytes`` is
+    refused (:class:`TaskRefused`, reason ``too_large``) before it is parsed."""
+    req = GraphRequest(**request)
+    if req.path:
+        from dprobe.graph.schema import GraphError, ModelGraph
+
+        with open(req.path, "rb") as f:
+            data = f.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise TaskRefused("too_large", f"{req.path} is larger than graph_max_mib ({max_bytes / 2**20:g} MiB): "
+                                           "not read")
+        try:
+            graph = ModelGraph.from_dict(json.loads(data))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise GraphError(f"{req.path}: not JSON ({exc})") from exc
+        except GraphError as exc:
+            raise GraphError(f"{req.path}: {exc}") from exc
+    else:
+        from dprobe.graph.build import build_model_graph
+
+        graph = build_model_graph(req.model, batch=req.batch, image=req.image, seq=req.seq)
+    return GraphSummary.of(graph).to_dict()
 
 
 class GraphResolver:
-    """Maps targets to model graphs (cached; a failure is logged once per reference).
+    """Maps targets to model graphs (each built once, in a child process; a failure is logged once per graph).
 
     The pod annotation, where there is one, overrides ``graph_file``; :meth:`refresh` follows it when
-    it changes. An annotation ``policy`` refuses (logged, counted) leaves those targets without a graph."""
+    it changes. An annotation ``policy`` refuses (logged, counted) leaves those targets without a graph.
+    :meth:`graph` never waits: a graph not built yet is queued for the background thread (:meth:`start`;
+    :meth:`run_pending` in tests) and the target has none meanwhile. ``build``: what builds a
+    :class:`GraphRequest` (default: :func:`summarise` in a child of ``runner``)."""
 
     def __init__(self, graphs: dict[str, str] | None = None, graph_file: str = "", annotations_file: str = "",
-                 policy: AnnotationPolicy | None = None):
+                 policy: AnnotationPolicy | None = None, max_mib: float = DEFAULT_MAX_MIB,
+                 runner: ChildRunner | None = None, build: Callable[[GraphRequest], GraphSummary] | None = None):
+        if not 0 < max_mib < float("inf"):
+            raise ValueError(f"graph_max_mib must be positive, got {max_mib}")
         self.patterns = dict(graphs or {})
         self.graph_file = graph_file
         self.policy = policy or AnnotationPolicy()
         self.annotations = AnnotationsFile(annotations_file, ANNOTATION) if annotations_file else None
         self.default = self._annotated()
-        self._cache: dict[str, Any] = {}
-        self._by_target: dict[str, Any] = {}
+        self.max_mib = max_mib
+        self.runner = runner or ChildRunner()
+        self._build = build or self._build_in_child
+        self._graphs: OrderedDict[GraphRequest, GraphSummary | None] = OrderedDict()  # built (None: failed)
+        self._queued: set[GraphRequest] = set()
+        self._queue: queue.Queue[GraphRequest | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._by_target: dict[str, GraphRequest | None] = {}
+        self._bad: set[str] = set()  # references that do not parse (logged and counted once)
+        self.builds_total = 0  # graphs built or read (the cache spares the rest)
+        self.failures_total = dict.fromkeys(GRAPH_FAILURES, 0)
 
     def _annotated(self) -> str:
         """The default reference: the annotation's as the policy allows it ("" when refused), else ``graph_file``."""
@@ -68,40 +225,117 @@ class GraphResolver:
     def active(self) -> bool:
         return bool(self.patterns or self.default)
 
+    @property
+    def errors_total(self) -> int:
+        """Graphs not built, whatever the reason."""
+        return sum(self.failures_total.values())
+
     def reference(self, target: str) -> str:
         for pattern, ref in self.patterns.items():
             if fnmatch.fnmatchcase(target, pattern):
                 return ref
         return self.default
 
-    def graph(self, target: str) -> Any:
+    def graph(self, target: str) -> GraphSummary | None:
+        """The graph of ``target``'s model, if built; None without one, or while it is being built (queued
+        here, never built in this thread)."""
         if target not in self._by_target:
-            ref = self.reference(target)
-            self._by_target[target] = self._load(ref) if ref else None
-        return self._by_target[target]
+            self._by_target[target] = self._request(self.reference(target))
+        req = self._by_target[target]
+        if req is None:
+            return None
+        with self._lock:
+            if req in self._graphs:
+                self._graphs.move_to_end(req)
+                return self._graphs[req]
+            if req in self._queued:
+                return None
+            self._queued.add(req)
+        self._queue.put(req)
+        return None
+
+    def _request(self, ref: str) -> GraphRequest | None:
+        if not ref or ref in self._bad:
+            return None
+        try:
+            return GraphRequest.of(ref)
+        except ValueError as exc:
+            self._bad.add(ref)
+            self._failed(ref, "error", str(exc))
+            return None
 
     def forget(self, target: str) -> None:
         self._by_target.pop(target, None)
 
-    def _load(self, ref: str) -> Any:
-        if ref in self._cache:
-            return self._cache[ref]
-        graph = None
+    def start(self) -> threading.Thread:
+        self._thread = threading.Thread(target=self._work, name="model-graphs", daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def stop(self) -> None:
+        """Stop the worker, and the child of a graph under way."""
+        self.runner.stop()
+        self._queue.put(None)
+
+    def run_pending(self) -> None:
+        """Build every queued graph now, in this thread (tests; the service uses :meth:`start`)."""
+        while not self._queue.empty():
+            req = self._queue.get_nowait()
+            if req is not None:
+                self._compute(req)
+
+    def _work(self) -> None:
+        while (req := self._queue.get()) is not None:
+            self._compute(req)
+
+    def _compute(self, req: GraphRequest) -> None:
+        summary: GraphSummary | None = None
         try:
-            mod = importlib.import_module("dprobe.graph")
-            if Path(ref).suffix == ".json" or Path(ref).is_file():
-                graph = mod.load_model_graph(ref)
-            else:  # a model spec such as "torchvision:resnet50 batch=32"
-                build = getattr(mod, "build_model_graph", None)
-                if build is None:
-                    raise ImportError("dprobe.graph cannot build a graph from a model spec")
-                spec, *opts = ref.split()
-                kwargs = {k: int(v) for k, _, v in (o.partition("=") for o in opts) if k in ("batch", "image", "seq")}
-                graph = build(spec, **kwargs)
-        except ImportError as exc:
-            log.warning("model graph %s not used: %s; forecasting from metrics alone", ref, exc)
-        except Exception as exc:  # a bad graph file must not stop the sidecar
-            log.warning("model graph %s cannot be loaded (%s: %s); forecasting from metrics alone",
-                        ref, type(exc).__name__, exc)
-        self._cache[ref] = graph
-        return graph
+            summary = self._build(req)
+        except Exception as exc:  # a bad graph or model must not stop the sidecar
+            if self.runner.stopping:
+                with self._lock:
+                    self._queued.discard(req)
+                return
+            reason = exc.reason if isinstance(exc, ChildFailed) and exc.reason in GRAPH_FAILURES else "error"
+            self._failed(str(req), reason, str(exc) if isinstance(exc, ChildFailed) else f"{type(exc).__name__}: {exc}")
+        else:
+            log.info("model graph %s: %d nodes, %.3g GFLOP, %.3g M parameters", req, summary.num_nodes,
+                     summary.flops / 1e9, summary.num_params / 1e6)
+        with self._lock:
+            self.builds_total += 1
+            self._graphs[req] = summary
+            self._queued.discard(req)
+            while len(self._graphs) > MAX_CACHED:
+                self._graphs.popitem(last=False)
+
+    def _failed(self, ref: str, reason: str, message: str) -> None:
+        with self._lock:
+            self.failures_total[reason] += 1
+        log.warning("model graph %s not used: %s; its targets are forecast from their metrics alone", ref, message)
+
+    def _build_in_child(self, req: GraphRequest) -> GraphSummary:
+        """:func:`summarise` in a child process; a graph JSON over ``max_mib`` is refused here already."""
+        max_bytes = int(self.max_mib * 2**20)
+        if req.path:
+            try:
+                size = os.stat(req.path).st_size
+            except OSError as exc:
+                raise ChildFailed("error", f"cannot be read ({exc.strerror or exc})") from exc
+            if size > max_bytes:
+                raise ChildFailed("too_large", f"{size / 2**20:.1f} MiB, larger than graph_max_mib "
+                                               f"({self.max_mib:g} MiB): not read")
+        elif not installed("torch"):
+            raise ChildFailed("error", "building a model's graph needs torch, which is not installed here; give a "
+                                       "graph JSON instead (dprobe graph MODEL --out FILE)")
+        return GraphSummary.from_dict(self.runner.run("graph", {"request": dataclasses.asdict(req),
+                                                                "max_bytes": max_bytes}))
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        fam = CounterMetricFamily("dprobe_graph_errors", "Model graphs not built, by reason: too_large (a graph "
+                                  "JSON over graph_max_mib), error (it cannot be read or built), timeout, cpu, "
+                                  "memory (past a limit of its child process), killed.", labels=["reason"])
+        with self._lock:
+            for reason, count in self.failures_total.items():
+                fam.add_metric([reason], count)
+        yield fam

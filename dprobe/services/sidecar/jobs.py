@@ -16,13 +16,8 @@ import dataclasses
 import fnmatch
 import json
 import logging
-import os
 import queue
-import resource
 import shlex
-import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -33,6 +28,9 @@ from prometheus_client.metrics_core import CounterMetricFamily
 from dprobe.core.lazy import installed
 from dprobe.core.names import OPTIMIZERS, PRECISIONS
 from dprobe.services.sidecar.annotations import TRAINING_JOB, AnnotationPolicy, AnnotationsFile, Refused
+from dprobe.services.sidecar.child import FAILURES, ChildFailed, ChildRunner, JobLimits
+
+__all__ = ["FAILURES", "JobFailed", "JobLimits", "JobProfile", "JobProfiles", "JobSpec", "predict_fields"]
 
 if TYPE_CHECKING:
     from dprobe.profiling.coldstart.predict import JobPrediction
@@ -44,12 +42,7 @@ KEYS = ("batch", "precision", "optimizer", "image", "seq", "gpu", "host_stall", 
 # what a profile holds: (the prediction's field, the exported name's stem)
 TARGETS = (("device_memory_bytes", "gpu_memory_bytes"), ("peak_memory_bytes", "allocator_peak_bytes"),
            ("gpu_utilization", "gpu_utilization_ratio"), ("step_time_seconds", "step_seconds"))
-# why a job has no profile: its model cannot be predicted, or its child ran past a limit or was killed
-FAILURES = ("error", "timeout", "cpu", "memory", "killed")
-MEMORY_EXIT = 3  # the child's exit status when it ran out of its address space
-# the child: reads its request (one JSON line), imports as the sidecar does (its sys.path), runs child_main
-CHILD = ("import json, sys; request = json.loads(sys.stdin.readline()); sys.path[:] = request['path']; "
-         "from dprobe.services.sidecar.jobs import child_main; sys.exit(child_main(request))")
+JobFailed = ChildFailed  # why a job has no profile: its model cannot be predicted, or its child ran past a limit
 
 
 @dataclass(frozen=True)
@@ -140,76 +133,11 @@ def node_gpu_name() -> str:
     return names[0] if names else ""
 
 
-@dataclass(frozen=True)
-class JobLimits:
-    """What one job's prediction may take: wall seconds, CPU seconds (``RLIMIT_CPU``) and GiB of address
-    space (``RLIMIT_AS``; PyTorch's CUDA build maps about 3 GiB when imported)."""
-
-    timeout_s: float = 120.0
-    cpu_s: float = 120.0
-    memory_gib: float = 8.0
-
-    def __post_init__(self) -> None:
-        for name, value in (("job_timeout", self.timeout_s), ("job_cpu_limit", self.cpu_s),
-                            ("job_memory_limit", self.memory_gib)):
-            if not 0 < value < float("inf"):
-                raise ValueError(f"{name} must be positive, got {value}")
-
-
-class JobFailed(Exception):
-    """A job's child process failed or ran past a limit; ``reason`` is one of :data:`FAILURES`."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-def _last_line(text: str) -> str:
-    lines = [line for line in text.splitlines() if line.strip()]
-    return lines[-1].strip() if lines else ""
-
-
-def _out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what caused it) is an allocation refused (by ``RLIMIT_AS``): Python's, PyTorch's, or
-    a shared library's mapping when it is imported."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, MemoryError) or any(s in str(exc) for s in (
-                "MemoryError", "Cannot allocate memory", "can't allocate memory", "bad_alloc", "failed to map segment")):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
-
-
-def _set_limit(kind: int, soft: int, hard: int) -> None:
-    """``setrlimit`` within the hard limit the process already has (it may only be lowered)."""
-    _, now = resource.getrlimit(kind)
-    if now != resource.RLIM_INFINITY:
-        soft, hard = min(soft, now), min(hard, now)
-    resource.setrlimit(kind, (soft, hard))
-
-
-def child_main(request: Mapping[str, Any]) -> int:
-    """The child (:data:`CHILD`): apply the limits, predict the job, write the profile's fields as JSON to
-    stdout; the exit status says why not (:data:`MEMORY_EXIT`, else 1, with the error on stderr)."""
-    limits = request["limits"]
-    cpu = max(1, int(limits["cpu_s"] + 0.999))
-    _set_limit(resource.RLIMIT_CPU, cpu, cpu + 2)  # SIGXCPU at the soft limit, SIGKILL at the hard one
-    memory = int(limits["memory_gib"] * 2**30)
-    _set_limit(resource.RLIMIT_AS, memory, memory)
-    _set_limit(resource.RLIMIT_CORE, 0, 0)  # no core file of a child killed by SIGXCPU
-    out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)  # what libraries print goes to stderr; stdout holds the answer only
-    try:
-        result = JobSpec(**request["spec"]).predict(request["checkpoint"])
-        answer = {**{key: dataclasses.asdict(getattr(result, key)) for key, _ in TARGETS}, "fits": result.fits}
-    except BaseException as exc:  # noqa: BLE001 - the parent reads the reason from the status and stderr
-        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
-        return MEMORY_EXIT if _out_of_memory(exc) else 1
-    json.dump(answer, out)
-    out.flush()
-    return 0
+def predict_fields(spec: Mapping[str, Any], checkpoint: str | None) -> dict[str, Any]:
+    """The profile's fields of the job ``spec`` (a :class:`JobSpec` as a dict), as JSON: what a child process
+    (:mod:`dprobe.services.sidecar.child`) runs."""
+    result = JobSpec(**spec).predict(checkpoint)
+    return {**{key: dataclasses.asdict(getattr(result, key)) for key, _ in TARGETS}, "fits": result.fits}
 
 
 @dataclass(frozen=True)
@@ -242,12 +170,13 @@ class JobProfiles:
                  own_target: str = "", checkpoint: str | None = None,
                  predict: Callable[[JobSpec], Mapping[str, Any]] | None = None,
                  gpu: str | Callable[[], str] = node_gpu_name, policy: AnnotationPolicy | None = None,
-                 limits: JobLimits | None = None):
+                 limits: JobLimits | None = None, runner: ChildRunner | None = None):
         self.patterns = {glob: JobSpec.parse(text) for glob, text in (jobs or {}).items()}
         self.configured = JobSpec.parse(default) if default else None
         self.default = self.configured
         self.policy = policy or AnnotationPolicy()
-        self.limits = limits or JobLimits()
+        self.runner = runner or ChildRunner(limits)  # shared with the model graphs: one child at a time
+        self.limits = self.runner.limits
         self.checkpoint = checkpoint
         self.annotations = AnnotationsFile(annotations_file, ANNOTATION) if annotations_file else None
         if self.annotations is not None and self.annotations.value:
@@ -267,8 +196,6 @@ class JobProfiles:
         self._queue: queue.Queue[JobSpec | None] = queue.Queue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self._child: subprocess.Popen | None = None
-        self._stopping = False
         self.failures_total = dict.fromkeys(FAILURES, 0)
 
     @property
@@ -364,11 +291,8 @@ class JobProfiles:
 
     def stop(self) -> None:
         """Stop the worker, and the child of a prediction under way."""
-        self._stopping = True
+        self.runner.stop()
         self._queue.put(None)
-        child = self._child
-        if child is not None and child.poll() is None:
-            child.kill()
 
     def run_pending(self) -> None:
         """Compute every queued job now, in this thread (tests; the service uses :meth:`start`)."""
@@ -385,9 +309,9 @@ class JobProfiles:
         try:
             profile = JobProfile.from_prediction(spec, self._predict(spec))
         except Exception as exc:  # an unknown model or one that cannot be replayed must not stop the sidecar
-            if self._stopping:
+            if self.runner.stopping:
                 return
-            reason = exc.reason if isinstance(exc, JobFailed) else "error"
+            reason = exc.reason if isinstance(exc, JobFailed) and exc.reason in FAILURES else "error"
             with self._lock:
                 self.failures_total[reason] += 1
             log.warning("no cold-start profile for job %s: %s", spec.model,
@@ -402,41 +326,9 @@ class JobProfiles:
                  profile.fits)
 
     def _predict_in_child(self, spec: JobSpec) -> dict[str, Any]:
-        """``spec.predict`` in a child process (:data:`CHILD`) within :attr:`limits`; a :class:`JobFailed`
-        naming why when it fails or runs past a limit (it is killed then)."""
-        request = json.dumps({"spec": dataclasses.asdict(spec), "checkpoint": self.checkpoint,
-                              "limits": dataclasses.asdict(self.limits), "path": sys.path})
-        with self._lock:
-            if self._stopping:
-                raise JobFailed("killed", "the sidecar is stopping")
-            child = self._child = subprocess.Popen(  # no GPU: the replay is on the meta device
-                [sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-        try:
-            out, err = child.communicate(request + "\n", timeout=self.limits.timeout_s)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.communicate()
-            raise JobFailed("timeout", f"still running after {self.limits.timeout_s:g} s (job_timeout), "
-                                       "killed") from None
-        finally:
-            self._child = None
-        status = child.returncode
-        if status == 0:
-            return json.loads(out)
-        why = _last_line(err) or f"exit status {status}"
-        if status == MEMORY_EXIT:
-            raise JobFailed("memory", f"out of its {self.limits.memory_gib:g} GiB of address space "
-                                      f"(job_memory_limit): {why}")
-        if status == -signal.SIGXCPU:
-            raise JobFailed("cpu", f"past its {self.limits.cpu_s:g} CPU seconds (job_cpu_limit), killed")
-        if status < 0:
-            try:
-                name = signal.Signals(-status).name
-            except ValueError:
-                name = f"signal {-status}"
-            raise JobFailed("killed", f"killed by {name}")
-        raise JobFailed("error", why)
+        """``spec.predict`` in a child process within :attr:`limits` (:class:`ChildRunner`); a
+        :class:`JobFailed` naming why when it fails or runs past a limit (it is killed then)."""
+        return self.runner.run("job", {"spec": dataclasses.asdict(spec), "checkpoint": self.checkpoint})
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         fam = CounterMetricFamily("dprobe_job_profile_errors", "Training jobs left without a cold-start profile, "

@@ -15,6 +15,7 @@ from dprobe.forecaster.base import ForecastInput
 from dprobe.forecaster.loading import LoadedModel, open_forecaster, serves
 from dprobe.services.exporter.server import ExporterServer, run_until_signalled
 from dprobe.services.sidecar.annotations import AnnotationPolicy
+from dprobe.services.sidecar.child import ChildRunner
 from dprobe.services.sidecar.collector import SidecarCollector
 from dprobe.services.sidecar.config import SidecarConfig
 from dprobe.services.sidecar.engine import ForecastEngine
@@ -71,6 +72,12 @@ def check_forecaster(engine: ForecastEngine, length: int, config: SidecarConfig)
                              f"step_seconds {config.step_seconds:g}: {exc}") from exc
 
 
+def reads_graphs(model: LoadedModel) -> bool:
+    """Whether the forecaster reads model graphs: not a baseline, nor a trained network without workload
+    conditioning (it forecasts every target as an unknown workload: its ``conditioned`` is False)."""
+    return not model.kind.startswith("baseline:") and bool(getattr(model.forecaster, "conditioned", True))
+
+
 def build_sources(config: SidecarConfig) -> list[Source]:
     """The configured source (:mod:`dprobe.services.sources.registry`); ``auto`` is NVML when it sees a GPU,
     else replay of a bundled trace."""
@@ -95,12 +102,18 @@ class Sidecar:
         self.forecast_seconds = Histogram(FORECAST_SECONDS, "Duration of a forecast cycle (all targets).",
                                           buckets=LATENCY_BUCKETS, registry=self.registry)
         self.annotation_policy = AnnotationPolicy(config.graph_dir, config.allow_code_annotations)
-        self.graphs = GraphResolver(config.graphs, config.graph_file, config.annotations_file, self.annotation_policy)
+        # graphs and jobs are built in child processes within these limits, one child at a time
+        self.children = ChildRunner(JobLimits(config.job_timeout, config.job_cpu_limit, config.job_memory_limit))
+        self.graphs = GraphResolver(config.graphs, config.graph_file, config.annotations_file, self.annotation_policy,
+                                    max_mib=config.graph_max_mib, runner=self.children)
         self.jobs = JobProfiles(config.jobs, config.job, config.annotations_file, own_target=config.pod_name,
                                 checkpoint=config.coldstart_checkpoint, policy=self.annotation_policy,
-                                limits=JobLimits(config.job_timeout, config.job_cpu_limit, config.job_memory_limit))
+                                runner=self.children)
+        self.reads_graphs = reads_graphs(self.model)
+        if not self.reads_graphs and (self.graphs.active or self.graphs.annotations is not None):
+            log.info("model graphs are not built: the forecaster (%s) does not read them", self.model.kind)
         self.engine = ForecastEngine(self.store, self.model.forecaster, config.horizons, config.stale_after,
-                                     config.drop_after, config.min_points, self.graphs,
+                                     config.drop_after, config.min_points, self.graphs if self.reads_graphs else None,
                                      observe_seconds=self.forecast_seconds.observe)
         check_forecaster(self.engine, self.store.length, config)
         self.stop_event = threading.Event()
@@ -110,6 +123,7 @@ class Sidecar:
         self.registry.register(self.collector)
         self.registry.register(self.annotation_policy)  # dprobe_annotations_refused_total
         self.registry.register(self.jobs)  # dprobe_job_profile_errors_total
+        self.registry.register(self.graphs)  # dprobe_graph_errors_total
         self.engine.on_publish = self.collector.prepare
         self.stale_after = config.stale_after
         self.forecast_max_age = max(config.stale_after, 3 * config.forecast_interval)
@@ -156,10 +170,12 @@ class Sidecar:
         """Ready while its forecasts are current: the model is loaded, a first sample came and a source's
         last poll succeeded. It says so for the sidecar's own monitoring: no manifest of dprobe's puts it
         on a workload's pod, whose serving must not hang on a metrics source."""
-        if self.first_sample_at is None:
-            return False, "no sample yet"
+        failing = "; ".join(f"source {p.source.name} failing: {p.last_error}" for p in self.pollers
+                            if not p.up and p.last_error)
+        if self.first_sample_at is None:  # the source's last error, where it failed (a 401, say), says why
+            return False, "no sample yet" + (f": {failing}" if failing else "")
         if self.pollers and not any(p.up for p in self.pollers):
-            return False, "; ".join(f"source {p.source.name} failing: {p.last_error}" for p in self.pollers)
+            return False, failing
         return True, f"model {self.model.kind} loaded, {len(self.store.latest)} targets"
 
     # lifecycle ------------------------------------------------------------------------------------
@@ -195,7 +211,8 @@ class Sidecar:
         if serve:
             self.server = ExporterServer(self.registry, self, self.config.listen_address, self.config.port,
                                          fast=lambda _reg: self.collector.render_text(
-                                             [self.forecast_seconds, self.annotation_policy, self.jobs]))
+                                             [self.forecast_seconds, self.annotation_policy, self.jobs,
+                                              self.graphs]))
             self.server.start()
             model = self.model.kind + (f" from {self.model.checkpoint}" if self.model.checkpoint else "")
             log.info("serving http://%s:%d/metrics (model %s, source %s)", self.config.listen_address,
@@ -205,6 +222,8 @@ class Sidecar:
         t = threading.Thread(target=self._forecast_loop, name="forecast", daemon=True)
         t.start()
         self._threads.append(t)
+        if self.reads_graphs:
+            self._threads.append(self.graphs.start())  # builds graphs beside the forecasts, never in their way
         if self.jobs.active or self.jobs.annotations is not None:  # an annotation may name a job later
             self.jobs.profiles([])  # the own pod's job, before its first sample
             self.jobs.start()
@@ -213,6 +232,7 @@ class Sidecar:
         """Stop sampling and forecasting, then the server; bounded by ``timeout`` seconds in all."""
         self.stop_event.set()
         self.jobs.stop()
+        self.graphs.stop()
         deadline = time.monotonic() + timeout
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))

@@ -138,8 +138,9 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 def _describe(exc: urllib.error.HTTPError, auth: HttpAuth | None) -> str:
     p = auth.prefix if auth else ""
     if exc.code == 401:
-        given = ("a bearer token" if auth and auth.bearer_token_file else "basic auth" if auth and auth.username
-                 else "no credentials")
+        if auth is None:  # a source without credential options (dcgm-exporter)
+            return f"HTTP 401 {exc.reason}: the server wants credentials, no credentials given (this source sends none)"
+        given = ("a bearer token" if auth.bearer_token_file else "basic auth" if auth.username else "no credentials")
         return (f"HTTP 401 {exc.reason}: the server wants credentials, {given} given "
                 f"({p}bearer_token_file, or {p}username and {p}password_file)")
     if exc.code == 403:
