@@ -99,6 +99,12 @@ def test_scaler_manifests_match_the_scaler(tmp_path: Path) -> None:
     assert _granted(scaler / "rbac.yaml") == (
         {(s.namespace, "apps", f"{s.kind.lower()}s/scale", s.name, verb) for s in specs for verb in ("get", "patch")}
         | {(s.namespace, "", "events", "*", "create") for s in specs})
+    # leader election, on in the deployed config: the Lease it names, in the scaler's namespace, and nothing else
+    assert config.leader_election and deployment["spec"]["replicas"] == 2
+    namespace = deployment["metadata"]["namespace"]
+    assert _granted(scaler / "rbac-lease.yaml") == {
+        (namespace, "coordination.k8s.io", "leases", config.leader_election_lease_name, verb)
+        for verb in ("get", "update")} | {(namespace, "coordination.k8s.io", "leases", "*", "create")}
     # the quota rule, apart (only with vc_quota_name): the named quota of each virtual cluster's namespace
     quota = re.search(r"vc_quota_name: (\S+)", config_map["data"]["scaler.yaml"]).group(1)
     assert _granted(scaler / "rbac-quota.yaml") == {("team-a", "", "resourcequotas", quota, verb) for verb in
@@ -174,7 +180,10 @@ TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 def test_dprobe_runs_without_privileges_or_api_token() -> None:
     """Every dprobe container (the scaler, the node agent, the sidecar in a pod and as a snippet) runs as
     non-root under the runtime's seccomp profile, with a read-only root, no capabilities, no privilege
-    escalation and no Kubernetes API token (recommend mode and the sidecar call no API)."""
+    escalation, CPU and memory limits and no Kubernetes API token (the sidecar calls no API), but the scaler's:
+    its service account may only take the leader election's Lease (rbac-lease.yaml)."""
+    lease_only = {("monitoring", "coordination.k8s.io", "leases")}
+    account = _objects(DEPLOY / "scaler" / "rbac-lease.yaml")["ServiceAccount"]["metadata"]["name"]
     snippet = yaml.safe_load((DEPLOY / "sidecar" / "sidecar-container.yaml").read_text())
     pods = _pods()
     assert {p.name for p, _, _, _ in pods} >= {"deployment.yaml", "node-agent.yaml", "example-pod.yaml"}
@@ -188,8 +197,15 @@ def test_dprobe_runs_without_privileges_or_api_token() -> None:
             assert sc["capabilities"]["drop"] == ["ALL"] and not sc["capabilities"].get("add"), (path, c["name"])
             assert (sc.get("seccompProfile") or pod_sc.get("seccompProfile")) == {"type": "RuntimeDefault"}, path
             assert not sc.get("privileged") and not spec.get("hostNetwork") and not spec.get("hostPID"), path
-            # no token: none mounted in the pod, or (a snippet for any pod) an empty volume over its path
+            limits = c.get("resources", {}).get("limits", {})
+            assert limits.get("cpu") and limits.get("memory"), (path, c["name"])
+            # no token: none mounted in the pod, or (a snippet for any pod) an empty volume over its path; the
+            # scaler's, of a service account whose only grants are on the Lease
             shadowed = any(m["mountPath"] == TOKEN_PATH for m in c.get("volumeMounts", []))
+            if spec.get("serviceAccountName") == account and c["args"][0] == "scaler":
+                assert {g[:3] for g in _granted(DEPLOY / "scaler" / "rbac-lease.yaml")} == lease_only
+                checked.append(path.name)
+                continue
             assert spec.get("automountServiceAccountToken") is False or shadowed, (path, c["name"])
             checked.append(path.name)
     assert "sidecar-container.yaml" in checked and len(checked) >= 4
@@ -198,35 +214,39 @@ def test_dprobe_runs_without_privileges_or_api_token() -> None:
     assert f"- name: {shadow}\n#   emptyDir:" in (DEPLOY / "sidecar" / "sidecar-container.yaml").read_text()
 
 
-def test_apply_mode_patch_gives_the_token_and_the_mode_together(tmp_path: Path) -> None:
-    """The default scaler Deployment (recommend mode) mounts no token and names no service account; the
-    apply-mode patch turns on --mode apply and, with it, rbac.yaml's service account and its token."""
+def test_apply_mode_patch_switches_the_mode_and_keeps_leader_election(tmp_path: Path) -> None:
+    """The default scaler Deployment (recommend mode) runs as the service account of rbac-lease.yaml; the
+    apply-mode patch turns on --mode apply and changes nothing else, leader election included (two replicas
+    never both apply); rbac.yaml binds the scales to that same service account."""
     from dprobe.cli import build_parser
     from dprobe.services.scaler.config import load_config
 
     scaler = DEPLOY / "scaler"
     deployment = _objects(scaler / "deployment.yaml")["Deployment"]
     pod = deployment["spec"]["template"]["spec"]
-    assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
+    account = _objects(scaler / "rbac-lease.yaml")["ServiceAccount"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"] and pod["automountServiceAccountToken"] is True
+    assert account["automountServiceAccountToken"] is False  # only a pod that asks for it gets the token
+    assert "ServiceAccount" not in _objects(scaler / "rbac.yaml")  # one account, defined once (kustomize)
     config_file = tmp_path / "scaler.yaml"
     config_file.write_text(_objects(scaler / "configmap.yaml")["ConfigMap"]["data"]["scaler.yaml"])
 
-    def mode(pod_spec: dict) -> str:
+    def config(pod_spec: dict):
         args = vars(build_parser().parse_args(pod_spec["containers"][0]["args"]))
-        return load_config({**args, "config": str(config_file)}, env={}).mode
+        return load_config({**args, "config": str(config_file)}, env={})
 
-    assert mode(pod) == "recommend"
+    assert config(pod).mode == "recommend" and config(pod).leader_election
     patch = _objects(scaler / "apply-mode-patch.yaml")["Deployment"]
     assert (patch["metadata"]["name"], patch["metadata"]["namespace"]) == (
         deployment["metadata"]["name"], deployment["metadata"]["namespace"])
-    applied = _strategic_merge(deployment, patch)["spec"]["template"]["spec"]
-    assert mode(applied) == "apply" and applied["automountServiceAccountToken"] is True
-    account = _objects(scaler / "rbac.yaml")["ServiceAccount"]
-    assert applied["serviceAccountName"] == account["metadata"]["name"]
-    assert account["automountServiceAccountToken"] is False  # only a pod that asks for it gets the token
-    # the rest of the container is untouched by the patch
+    patched = _strategic_merge(deployment, patch)
+    applied = patched["spec"]["template"]["spec"]
+    assert config(applied).mode == "apply" and config(applied).leader_election
+    assert patched["spec"]["replicas"] == deployment["spec"]["replicas"]
+    # the rest of the pod is untouched by the patch
     assert {k: v for k, v in applied["containers"][0].items() if k != "args"} == {
         k: v for k, v in pod["containers"][0].items() if k != "args"}
+    assert {k: v for k, v in applied.items() if k != "containers"} == {k: v for k, v in pod.items() if k != "containers"}
 
 
 def _covers(port_rule: dict, port: int) -> bool:
@@ -250,6 +270,61 @@ def test_network_policies_let_only_prometheus_reach_the_metrics_ports() -> None:
         rules = [r for p in selecting for r in p["spec"].get("ingress", [])
                  if not r.get("ports") or any(_covers(pr, port) for pr in r["ports"])]
         assert rules and all(r.get("from") == [prometheus] for r in rules), (path, rules)
+
+
+def test_the_scaler_reaches_only_prometheus_dns_and_the_api_server() -> None:
+    """The scaler's NetworkPolicy also limits what it connects to: the monitoring namespace's Prometheus on the
+    port of its prometheus_url, kube-dns on 53 (UDP and TCP), and the API server on 443 and 6443 (TCP);
+    every egress rule names its ports, so nothing else is open."""
+    policy = _objects(DEPLOY / "scaler" / "networkpolicy.yaml")["NetworkPolicy"]
+    assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+    config = yaml.safe_load(_objects(DEPLOY / "scaler" / "configmap.yaml")["ConfigMap"]["data"]["scaler.yaml"])
+    prometheus_port = int(config["prometheus_url"].rsplit(":", 1)[1])
+    allowed = set()
+    for rule in policy["spec"]["egress"]:
+        assert rule.get("ports"), rule  # a rule without ports would open every port
+        peers = [tuple(sorted((k, tuple(sorted(v["matchLabels"].items()))) for k, v in peer.items()))
+                 for peer in rule.get("to", [{}])]
+        allowed |= {(peer, p.get("protocol", "TCP"), p["port"]) for peer in peers for p in rule["ports"]}
+    prometheus = (("namespaceSelector", (("kubernetes.io/metadata.name", "monitoring"),)),
+                  ("podSelector", (("app.kubernetes.io/name", "prometheus"),)))
+    dns = (("namespaceSelector", (("kubernetes.io/metadata.name", "kube-system"),)),
+           ("podSelector", (("k8s-app", "kube-dns"),)))
+    assert allowed == {(prometheus, "TCP", prometheus_port), (dns, "UDP", 53), (dns, "TCP", 53),
+                       ((), "TCP", 443), ((), "TCP", 6443)}
+
+
+KUBE_DNS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}
+
+
+def _egress_ports(rule: dict) -> set[tuple[str, int]]:
+    return {(p.get("protocol", "TCP"), p["port"]) for p in rule["ports"]}
+
+
+def test_network_policies_let_the_sidecar_reach_its_source_and_dns_only() -> None:
+    """Every pod running the sidecar (the node agent, the example workload pod) is selected by a policy with
+    egress rules: to dcgm-exporter's port (the one its DCGM URL names), DNS to kube-dns only, nothing on other
+    ports but what the example's server needs (443); no egress rule opens every port."""
+    policies = [doc for _, doc in _docs() if isinstance(doc, dict) and doc.get("kind") == "NetworkPolicy"]
+    sidecars = [(path, ns, labels, spec) for path, ns, labels, spec in _pods()
+                if any(c.get("args", [""])[0] == "sidecar" for c in spec["containers"])]
+    assert {path.name for path, *_ in sidecars} == {"node-agent.yaml", "example-pod.yaml"}
+    for path, namespace, labels, spec in sidecars:
+        [dcgm_url] = [e["value"] for c in spec["containers"] for e in c.get("env", [])
+                      if e["name"] == "DPROBE_SIDECAR_DCGM_URL"]
+        dcgm_port = int(re.search(r":(\d+)/metrics$", dcgm_url).group(1))
+        selecting = [p for p in policies if p["metadata"]["namespace"] == namespace
+                     and p["spec"]["podSelector"]["matchLabels"].items() <= labels.items()]
+        assert selecting and all("Egress" in p["spec"]["policyTypes"] for p in selecting), path
+        rules = [r for p in selecting for r in p["spec"].get("egress", [])]
+        assert rules and all(r.get("ports") for r in rules), (path, rules)  # never every port
+        allowed = set().union(*(_egress_ports(r) for r in rules))
+        server = {("TCP", 443)} if path.name == "example-pod.yaml" else set()
+        assert allowed == {("TCP", dcgm_port), ("UDP", 53), ("TCP", 53)} | server, (path, allowed)
+        dns = [r for r in rules if _egress_ports(r) & {("UDP", 53), ("TCP", 53)}]
+        assert dns and all(r.get("to") == [KUBE_DNS] and _egress_ports(r) == {("UDP", 53), ("TCP", 53)}
+                           for r in dns), (path, dns)
 
 
 def test_pod_monitors_keep_the_series_own_labels() -> None:

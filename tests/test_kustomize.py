@@ -182,10 +182,37 @@ def test_default_install_is_scaler_node_agent_dashboards_and_rules() -> None:
             ("NetworkPolicy", "dprobe-scaler"), ("ConfigMap", "dprobe-scaler")} <= set(objects)
     # everything in one namespace; nothing of the examples (workload namespaces, apply-mode RBAC, KEDA)
     assert {o["metadata"]["namespace"] for o in objects.values()} == {"monitoring"}
-    assert not [k for k in objects if k[0] in ("ScaledObject", "Role", "RoleBinding", "Pod", "ServiceAccount")]
-    # the scaler in recommend mode: no token, no service account
-    pod = objects[("Deployment", "dprobe-scaler")]["spec"]["template"]["spec"]
-    assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
+    assert not [k for k in objects if k[0] in ("ScaledObject", "Pod")]
+    # the scaler in recommend mode, two replicas electing a leader: the only Role is the Lease's
+    assert [k for k in objects if k[0] in ("Role", "RoleBinding", "ServiceAccount")] == [
+        ("ServiceAccount", "dprobe-scaler"), ("Role", "dprobe-scaler-lease"), ("RoleBinding", "dprobe-scaler-lease")]
+    assert {r["resources"][0] for r in objects[("Role", "dprobe-scaler-lease")]["rules"]} == {"leases"}
+    deployment = objects[("Deployment", "dprobe-scaler")]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "dprobe-scaler" and pod["automountServiceAccountToken"] is True
+    assert deployment["spec"]["replicas"] == 2 and deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert "leader_election: true" in objects[("ConfigMap", "dprobe-scaler")]["data"]["scaler.yaml"]
+    budget = objects[("PodDisruptionBudget", "dprobe-scaler")]["spec"]
+    assert budget["minAvailable"] == 1
+    assert budget["selector"]["matchLabels"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+
+
+@needs_kubectl
+def test_the_node_agents_egress_is_its_source_and_dns() -> None:
+    """The installed node agent may connect out to dcgm-exporter's port (the one its URL names) and to
+    kube-dns (UDP and TCP 53) only: its policy covers Egress, not only Ingress."""
+    objects = _by_kind(render(DEPLOY))
+    policy = objects[("NetworkPolicy", "dprobe-node")]["spec"]
+    [agent] = objects[("DaemonSet", "dprobe-node")]["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    assert env["DPROBE_SIDECAR_SOURCE"] == "dcgm"
+    port = int(re.search(r":(\d+)/metrics$", env["DPROBE_SIDECAR_DCGM_URL"]).group(1))
+    assert policy["policyTypes"] == ["Ingress", "Egress"]
+    source, dns = policy["egress"]
+    assert source == {"ports": [{"protocol": "TCP", "port": port}]}
+    assert dns["to"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                          "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}]
+    assert sorted((p["protocol"], p["port"]) for p in dns["ports"]) == [("TCP", 53), ("UDP", 53)]
 
 
 @needs_kubectl

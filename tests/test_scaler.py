@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import ssl
 import subprocess
 import sys
 import threading
@@ -414,11 +415,13 @@ def fake_kubernetes(tmp_path: Path, replicas: dict, quotas: dict | None = None) 
 
 def test_discovered_workloads_and_clusters_are_forgotten_with_their_pods(http_peer) -> None:
     """Pods of an unlisted Deployment get recommendations (never applied); when they are gone, so is
-    everything the scaler kept for them (the series stay bounded as workloads come and go)."""
+    everything the scaler kept for them (the series stay bounded as workloads come and go). A virtual cluster
+    whose pods all went silent is held for restore_seconds, then forgotten."""
     pods = {"embed-5c8d7f9b6-aaaaa": 0.9, "embed-5c8d7f9b6-bbbbb": 0.9}
     clock = iter(range(0, 10**6, 30))
     with http_peer(_prometheus_reply(pods, [True])) as url:
-        scaler = Scaler(ScalerConfig(prometheus_url=url, target=0.5, margin=0.0), clock=lambda: float(next(clock)))
+        scaler = Scaler(ScalerConfig(prometheus_url=url, target=0.5, margin=0.0, restore_seconds=60),
+                        clock=lambda: float(next(clock)))
         scaler.cycle()
         assert scaler.decisions[("serving", "embed")].replicas == 4 and scaler.events_total
         pods.clear()
@@ -427,7 +430,10 @@ def test_discovered_workloads_and_clusters_are_forgotten_with_their_pods(http_pe
         assert ("serving", "embed") not in scaler.decisions and ("serving", "embed") not in scaler.workloads.recommenders
         assert not scaler.events_total and set(scaler.vc_decisions) == {"serving"}
         pods.clear()
-        scaler.cycle()
+        scaler.cycle()  # 30 s after its last decision on data: held
+        assert scaler.vc_decisions["serving"].replicas == 4 and scaler.vc_decisions["serving"].demand is None
+        scaler.cycle()  # 60 s
+        scaler.cycle()  # 90 s: forgotten
         assert not scaler.vc_decisions and not scaler.vcs.recommenders and not scaler.vc_events_total
 
 
@@ -596,7 +602,9 @@ def test_waiting_gpus_count_in_a_virtual_clusters_demand(http_peer) -> None:
         pending_up[0] = False
         scaler.cycle()
         assert scaler.errors_total["query"] == 1 and round(scaler.vc_decisions["serving"].demand, 6) == 1.8
-        assert "batch" not in scaler.vc_decisions and PENDING_QUERY in asked[0]
+        assert PENDING_QUERY in asked[0]
+        # the cluster of waiting GPUs only is absent from the answer: held, not dropped (missing data never lowers)
+        assert (scaler.vc_decisions["batch"].replicas, scaler.vc_decisions["batch"].demand) == (4, None)
     with pytest.raises(ValueError, match="vc_pending_query needs vc_label"):
         ScalerConfig(vc_pending_query=PENDING_QUERY, vc_label="").validate()
 
@@ -801,6 +809,187 @@ def test_a_restarted_scaler_publishes_nothing_before_data_and_starts_from_its_la
         text = generate_latest(scaler.registry).decode()
     assert 'dprobe_recommended_replicas{namespace="serving",workload="llm"} 6.0' in text
     assert scaler.vc_decisions["serving"].current == 6
+
+
+@contextmanager
+def _untrusted_tls(tmp_path: Path, reply) -> Iterator[str]:
+    """An HTTPS server answering ``reply`` with a self-signed certificate the scaler does not trust."""
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", "key.pem", "-out", "cert.pem", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], cwd=tmp_path, check=True, capture_output=True)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            code, body, _ = reply(self.path)
+            self.send_response(code)
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    srv.socket = context.wrap_socket(srv.socket, server_side=True)
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        yield f"https://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.mark.parametrize("failure", ["down", "credentials refused", "untrusted certificate"])
+def test_a_scaler_started_without_prometheus_publishes_nothing_and_never_falls_back_from_zero(
+        http_peer, tmp_path: Path, failure: str) -> None:
+    """KEDA follows 11 replicas, the last run's recommendation. The scaler restarts while Prometheus is down,
+    refuses its credentials or shows a certificate it does not trust: the count is not known, so nothing is
+    published (KEDA holds 11) and the fallback (2) never applies to it; once Prometheus answers, the decision
+    starts from the 11 it kept, and the fallback is max(11, 2)."""
+    up = [False]
+    answer = _cluster_reply({}, [], replicas={}, previous={"llm": 11}, previous_gpus={"serving": 11})
+
+    def reply(path: str) -> tuple[int, str, float]:
+        if up[0]:
+            return answer(path)
+        return (401, "Unauthorized", 0.0) if failure == "credentials refused" else (503, "down", 0.0)
+
+    clock = iter(range(0, 10**6, 30))
+    with (_untrusted_tls(tmp_path, reply) if failure == "untrusted certificate" else http_peer(reply)) as url:
+        scaler = Scaler(ScalerConfig(prometheus_url=url, target=0.5, margin=0.0, fallback_replicas=2,
+                                     failure_threshold=2, replicas_query="",
+                                     workloads=[{"namespace": "serving", "name": "llm", "max_replicas": 20}]),
+                        clock=lambda: float(next(clock)))
+        for _ in range(5):  # far past failure_threshold
+            scaler.cycle()
+        text = generate_latest(scaler.registry).decode()
+        assert "dprobe_recommended_replicas{" not in text and "dprobe_recommended_gpus{" not in text, text
+        d = scaler.decisions[("serving", "llm")]
+        assert not d.published and d.reason.startswith("count not known yet")
+        ready, why = scaler.ready()
+        assert not ready and "cannot read the forecasts" in why and scaler.errors_total["query"] == 5
+        if failure == "untrusted certificate":
+            assert "certificate" in why
+            return
+        up[0] = True  # Prometheus answers (no forecast yet: the sidecars are not scraped)
+        scaler.cycle()
+        d = scaler.decisions[("serving", "llm")]
+        assert (d.current, d.replicas, d.published) == (11, 11, False)  # held at the count it kept
+        scaler.cycle()
+        d = scaler.decisions[("serving", "llm")]
+        assert (d.replicas, d.reason) == (11, "fallback")  # max(11, 2): KEDA keeps 11
+        text = generate_latest(scaler.registry).decode()
+    assert 'dprobe_recommended_replicas{namespace="serving",workload="llm"} 11.0' in text
+
+
+def test_the_last_runs_recommendations_are_asked_for_until_prometheus_answers(http_peer) -> None:
+    """The restore query failing (the forecasts answering): the counts are not known, nothing is published
+    and the query is asked again each cycle; once it answers, decisions start from the last run's."""
+    forecasts = {p: 0.2 for p in PODS[:4]}
+    answer = _cluster_reply(forecasts, PODS[:4], replicas={}, previous={"llm": 6}, previous_gpus={"serving": 6})
+    refuse = [True]
+
+    def reply(path: str) -> tuple[int, str, float]:
+        if refuse[0] and "last_over_time" in path:
+            return 500, "internal error", 0.0
+        return answer(path)
+
+    clock = iter(range(0, 10**6, 30))
+    with http_peer(reply) as url:
+        scaler = Scaler(ScalerConfig(prometheus_url=url, target=0.5, margin=0.0, replicas_query="",
+                                     workloads=[{"namespace": "serving", "name": "llm"}]),
+                        clock=lambda: float(next(clock)))
+        scaler.cycle()
+        scaler.cycle()
+        text = generate_latest(scaler.registry).decode()
+        assert "dprobe_recommended_replicas{" not in text and "dprobe_recommended_gpus{" not in text
+        assert scaler.errors_total["query"] == 2 and not scaler.decisions[("serving", "llm")].published
+        ready, why = scaler.ready()
+        assert not ready and "the last run's recommendations cannot be read yet" in why
+        refuse[0] = False
+        scaler.cycle()
+        d = scaler.decisions[("serving", "llm")]
+        # from the 6 it kept, not the 4 pods seen: the 2 pods not seen are missing, at target on the way down
+        assert (d.current, d.missing, d.desired, d.replicas) == (6, 2, 4, 6) and scaler.ready()[0]
+        assert scaler.vc_decisions["serving"].current == 6
+        assert 'dprobe_recommended_replicas{namespace="serving",workload="llm"} 6.0' in \
+            generate_latest(scaler.registry).decode()
+
+
+WEB = [f"web-6d5c4b3a2-{c * 5}" for c in "abcdefghijklmnopqr"]  # 18 replicas of a Deployment nobody listed
+
+
+def test_discovered_workloads_expect_their_pods_as_listed_ones_do(http_peer) -> None:
+    """"web" is discovered (not listed), 18 replicas as kube-state-metrics shows. 14 sidecars stop: forecasts for
+    4 of 18 pods (22 %, below min_forecast_coverage) hold the count at 18, the 14 are exported as missing (never
+    18 -> 8); all silent while kube-state-metrics still shows it: held; the Deployment gone: forgotten."""
+    forecasts = {p: 0.45 for p in WEB}
+    replicas = {"web": 18}
+    clock = iter(range(0, 10**6, 30))
+    with http_peer(_cluster_reply(forecasts, [], replicas=replicas)) as url:
+        scaler = Scaler(ScalerConfig(prometheus_url=url, target=0.5, margin=0.0, scale_down_stabilization_seconds=0),
+                        clock=lambda: float(next(clock)))
+        scaler.cycle()
+        d = scaler.decisions[("serving", "web")]
+        assert (d.current, d.replicas, d.missing) == (18, 18, 0)  # 8.1 / (18 x 0.5) within tolerance
+        for pod in WEB[4:]:
+            del forecasts[pod]
+        for _ in range(5):
+            scaler.cycle()
+            d = scaler.decisions[("serving", "web")]
+            assert (d.replicas, d.missing) == (18, 14) and d.reason.startswith("forecasts for 4 of 18 pods")
+        text = generate_latest(scaler.registry).decode()
+        assert 'dprobe_recommended_replicas{namespace="serving",workload="web"} 18.0' in text
+        assert 'dprobe_scaler_missing_pods{namespace="serving",workload="web"} 14.0' in text
+        forecasts.update({p: 0.1 for p in WEB[:14]})  # 14 of 18 back, low: the 4 missing count at target
+        scaler.cycle()
+        d = scaler.decisions[("serving", "web")]
+        assert (d.missing, d.desired) == (4, 7)  # ceil((1.4 + 4 x 0.5) / 0.5), not ceil(1.4 / 0.5) = 3
+        assert d.replicas == 7
+        forecasts.clear()
+        scaler.cycle()  # every sidecar silent, the Deployment still there: held
+        d = scaler.decisions[("serving", "web")]
+        assert (d.replicas, d.demand, d.missing) == (7, None, 18)
+        replicas.clear()  # the Deployment is gone
+        scaler.cycle()
+        assert ("serving", "web") not in scaler.decisions and ("serving", "web") not in scaler.workloads.recommenders
+
+
+def test_a_virtual_clusters_gpus_are_held_when_its_sidecars_stop(http_peer) -> None:
+    """8 pods of serving on a GPU each, half busy: 8 GPUs. Their sidecars stop and the GPU series go with them:
+    dprobe_recommended_gpus{vc="serving"} stays at 8 (never gone, never restarted from the GPUs seen), its 8
+    GPUs missing; 3 of the 8 back, busy: still 8 (3 of 8 GPUs with a forecast, below min_forecast_coverage),
+    not 3 -> 5; 6 of 8 back: decided on, the 2 missing counted at target."""
+    pods = [f"train-{i}" for i in range(8)]
+    forecasts = {p: 0.5 for p in pods}
+    gpus = list(pods)
+    clock = iter(range(0, 10**6, 30))
+    with http_peer(_cluster_reply(forecasts, gpus)) as url:
+        scaler = Scaler(ScalerConfig(prometheus_url=url, target=0.5, margin=0.0, scale_down_stabilization_seconds=0,
+                                     replicas_query=""), clock=lambda: float(next(clock)))
+        scaler.cycle()
+        assert scaler.vc_decisions["serving"].replicas == 8
+        forecasts.clear()
+        gpus.clear()
+        for _ in range(3):
+            scaler.cycle()
+            d = scaler.vc_decisions["serving"]
+            assert (d.replicas, d.demand, d.missing) == (8, None, 8)
+        text = generate_latest(scaler.registry).decode()
+        assert 'dprobe_recommended_gpus{vc="serving"} 8.0' in text
+        assert 'dprobe_scaler_vc_missing_gpus{vc="serving"} 8.0' in text
+        forecasts.update({p: 0.8 for p in pods[:3]})
+        gpus.extend(pods[:3])
+        for _ in range(3):
+            scaler.cycle()
+            d = scaler.vc_decisions["serving"]
+            assert (d.current, d.replicas, d.missing) == (8, 8, 5) and d.reason.startswith("forecasts for 3 of 8")
+        forecasts.update({p: 0.1 for p in pods[:6]})
+        gpus[:] = pods[:6]
+        scaler.cycle()
+        d = scaler.vc_decisions["serving"]
+        assert (d.missing, d.desired) == (2, 4)  # ceil((0.6 + 2 x 0.5) / 0.5)
 
 
 def test_scaler_config_refuses_what_could_only_fail_later(tmp_path: Path) -> None:

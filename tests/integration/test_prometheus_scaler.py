@@ -185,3 +185,65 @@ def test_stopped_sidecars_never_lower_a_count_on_the_real_chain(prometheus_serve
             if scaler is not None:
                 scaler.stop()
             sidecar.stop()
+
+
+
+def test_a_scaler_started_while_prometheus_is_down_never_publishes_the_fallback_over_the_kept_count(
+        prometheus_server, http_peer) -> None:
+    """The last run recommended 11 replicas (Prometheus kept its series; that scaler is gone). A new scaler
+    starts while Prometheus cannot be reached (a proxy answering 503), with fallback_replicas 2: the KEDA query
+    on a second Prometheus scraping it answers nothing (KEDA holds 11), never 2; once Prometheus answers, the
+    scaler reads the 11 back (last_over_time on the real server) and, with no forecast, the fallback publishes
+    max(11, 2) = 11."""
+    old = ('dprobe_recommended_replicas{namespace="serving",workload="llm"} 11\n'
+           'dprobe_recommended_gpus{vc="serving"} 11\n')
+    up = [False]
+    prom = ""
+
+    def proxy(path: str) -> tuple[int, str, float]:
+        if not up[0]:
+            return 503, "no endpoints available for service prometheus-operated", 0.0
+        try:
+            with urllib.request.urlopen(prom + path, timeout=5) as r:
+                return r.status, r.read().decode(), 0.0
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode(), 0.0
+
+    old_scaler = http_peer(lambda path: (200, old, 0.0))
+    old_url = old_scaler.__enter__()
+    scaler = None
+    try:
+        with prometheus_server([old_url.removeprefix("http://")], honor_labels=True) as kept, \
+                http_peer(proxy) as proxied:
+            prom = str(kept)
+            assert _value(kept, 'dprobe_recommended_replicas{workload="llm"}', time.time() + 30) == 11
+            old_scaler.__exit__(None, None, None)  # the last run's scaler is gone
+            old_scaler = None
+            scaler = Scaler(ScalerConfig(prometheus_url=proxied, listen_address="127.0.0.1", port=0, interval=0.2,
+                                         horizon_seconds=5, target=0.5, fallback_replicas=2, failure_threshold=2,
+                                         workloads=[{"namespace": "serving", "name": "llm", "max_replicas": 20}]))
+            scaler.start()
+            trigger = yaml.safe_load(KEDA.read_text())["spec"]["triggers"][0]["metadata"]
+            query = trigger["query"].replace('workload="llm-server"', 'workload="llm"')
+            with prometheus_server([f"127.0.0.1:{scaler.server.port}"], honor_labels=True) as keda_reads:
+                assert _value(keda_reads, "up", time.time() + 30) == 1  # it scrapes the scaler
+                seen = []
+                deadline = time.time() + 3  # 15 cycles more while Prometheus is down: past failure_threshold
+                while time.time() < deadline:
+                    seen += [float(r["value"][1]) for r in keda_reads.query(query)]
+                    time.sleep(0.2)
+                assert scaler.errors_total["query"] >= 10
+                assert seen == [] and not scaler.ready()[0]  # KEDA: an error, its own fallback holds 11
+                up[0] = True
+                deadline = time.time() + 30
+                while not (rows := keda_reads.query(query)):
+                    assert time.time() < deadline, "the scaler never published the count it kept"
+                    time.sleep(0.2)
+                assert float(rows[0]["value"][1]) == 11
+                d = scaler.decisions[("serving", "llm")]
+                assert (d.current, d.replicas) == (11, 11) and d.reason.startswith("fallback")
+    finally:
+        if old_scaler is not None:
+            old_scaler.__exit__(None, None, None)
+        if scaler is not None:
+            scaler.stop()

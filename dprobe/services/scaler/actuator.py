@@ -4,7 +4,9 @@ a person acts on them), ``apply`` also sets them through the Kubernetes API
 
 An actuator says where a listed workload's and a virtual cluster's decision starts from (the count set in the
 cluster, or None: from the last recommendation, :meth:`Ledger.start <dprobe.services.scaler.ledger.Ledger.start>`)
-and carries out a change. Discovered workloads are only ever recommended for.
+and carries out a change. Discovered workloads are only ever recommended for. In either mode, what is only
+recommended starts from the last run's recommendations (read back from Prometheus) and kube-state-metrics'
+replicas (:meth:`Actuator.prepare`).
 """
 
 from __future__ import annotations
@@ -29,9 +31,16 @@ class Actuator(ABC):
 
     mode: str
 
-    @abstractmethod
     def prepare(self, reader: DemandReader, workloads: Ledger[tuple[str, str]], vcs: Ledger[str]) -> None:
-        """Once a cycle, after its demand was read (not when it could not be): read what its counts start from."""
+        """Once a cycle, after its demand was read (not when it could not be): read what the recommended counts
+        start from. The last run's recommendations are read until Prometheus answers (once answered, not
+        again); kube-state-metrics' replicas every cycle."""
+        if not workloads.restore_answered:
+            restored = reader.recommendations()
+            if restored is not None:
+                workloads.restored, vcs.restored = restored
+                workloads.restore_answered = vcs.restore_answered = True
+        workloads.counted = reader.replicas()
 
     @abstractmethod
     def replicas(self, spec: WorkloadSpec) -> int | None:
@@ -60,15 +69,6 @@ class RecommendActuator(Actuator):
     seen (a virtual cluster: the GPUs its pods hold)."""
 
     mode = "recommend"
-
-    def __init__(self) -> None:
-        self._restored = False
-
-    def prepare(self, reader: DemandReader, workloads: Ledger[tuple[str, str]], vcs: Ledger[str]) -> None:
-        if not self._restored:  # once: the last run's recommendations
-            self._restored = True
-            workloads.restored, vcs.restored = reader.recommendations()
-        workloads.counted = reader.replicas()
 
     def replicas(self, spec: WorkloadSpec) -> None:
         return None

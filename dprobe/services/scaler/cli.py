@@ -12,7 +12,8 @@ virtual cluster, and turn them into replica and GPU recommendations with the HPA
 (target, tolerance, stabilisation windows, rate policies), KEDA's (activation, fallback) and VPA's
 (quantile, safety margin). Recommendations are served on /metrics (dprobe_recommended_replicas,
 dprobe_recommended_gpus) for Grafana, KEDA or the HPA; with --mode apply the listed workloads'
-replicas are also set through the Kubernetes scale subresource.
+replicas are also set through the Kubernetes scale subresource. With --leader-election several replicas
+run and only the one holding a Kubernetes Lease publishes and acts.
 Every option can also come from a YAML file (--config; workloads are listed there) and from
 environment variables (DPROBE_SCALER_<OPTION>, e.g. DPROBE_SCALER_PROMETHEUS_URL); flags win over
 the environment, which wins over the file."""

@@ -34,6 +34,9 @@ class ScalerState(Protocol):
     shares: SharePlan | None  # the last cycle's GPU shares (None: sharing off, or no cycle yet)
 
     @property
+    def publishing(self) -> bool: ...  # False on a replica that does not hold the Lease (leader election)
+
+    @property
     def decisions(self) -> Mapping[tuple[str, str], Decision]: ...
 
     @property
@@ -60,6 +63,17 @@ class ScalerCollector(StateCollector):
         self.state = state
 
     def collect(self) -> Iterator[Metric]:
+        s = self.state
+        publishing = s.publishing
+        yield GaugeMetricFamily("dprobe_scaler_leader", "1 while this replica publishes recommendations (it holds "
+                                "the leader election's Lease, or leader election is off), else 0.",
+                                value=1.0 if publishing else 0.0)
+        if publishing:
+            yield from self._decisions()
+        yield from self._counters()
+
+    def _decisions(self) -> Iterator[Metric]:
+        """The recommendations and everything about them (only the leader's)."""
         s = self.state
         decisions, vcs = dict(s.decisions), dict(s.vc_decisions)  # copies: the loop swaps them
         per_workload = [
@@ -139,10 +153,18 @@ class ScalerCollector(StateCollector):
         for key, n in sorted(s.vc_events_total.items()):
             quota_events.add_metric(list(key), n)
         yield quota_events
+        if s.last_cycle_at is not None:  # the leader's only: a follower makes no decision (DprobeScalerStalled)
+            yield GaugeMetricFamily("dprobe_scaler_last_cycle_timestamp_seconds",
+                                    "Unix time of the last decision cycle.", value=s.last_cycle_at)
+
+    def _counters(self) -> Iterator[Metric]:
+        """What every replica exports: its errors, rejected forecasts, its last cycle."""
+        s = self.state
         errors = CounterMetricFamily("dprobe_scaler_errors", "Failed cycle stages: query (Prometheus), "
                                      "no_data (an answer without a usable forecast while pods expected some), "
                                      "kubernetes (reading or setting a scale or quota), events (recording an "
-                                     "Event), cycle.", labels=["stage"])
+                                     "Event), lease (reading or writing the leader election's Lease), cycle.",
+                                     labels=["stage"])
         for stage, n in sorted(s.errors_total.items()):
             errors.add_metric([stage], n)
         yield errors
@@ -153,9 +175,6 @@ class ScalerCollector(StateCollector):
         for reason, n in sorted(dict(s.rejected_total).items()):
             rejected.add_metric([reason], n)
         yield rejected
-        if s.last_cycle_at is not None:
-            yield GaugeMetricFamily("dprobe_scaler_last_cycle_timestamp_seconds",
-                                    "Unix time of the last decision cycle.", value=s.last_cycle_at)
 
     @staticmethod
     def _shares(shares: SharePlan) -> Iterator[Metric]:

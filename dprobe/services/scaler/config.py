@@ -96,8 +96,8 @@ class ScalerConfig(PrometheusAccess):
         'label_replace(kube_deployment_spec_replicas, "workload", "$1", "deployment", "(.+)") or '
         'label_replace(kube_statefulset_replicas, "workload", "$1", "statefulset", "(.+)")',
         "PromQL giving each workload's replicas by namespace and workload labels (kube-state-metrics): the pods "
-        "a recommend-mode decision expects, so that pods without a forecast count as missing ('' = none: the "
-        "last recommendation, else the pods seen)")
+        "a decision expects where it does not read the scale (recommend mode, discovered workloads), so that "
+        "pods without a forecast count as missing ('' = none: the last recommendation, else the pods seen)")
     owners_query: str = option(OWNERS_QUERY, "PromQL giving each pod's owning workload by namespace, pod, owner_kind "
                                              "and owner_name labels (kube-state-metrics' kube_pod_owner, through "
                                              "kube_replicaset_owner): a workload's replicas are the pods its owner "
@@ -157,6 +157,19 @@ class ScalerConfig(PrometheusAccess):
                                            "(e.g. 1g.10gb,3g.40gb; '' = all of the GPU's)")
     sharing_stabilization_seconds: float = option(300.0, "a memory limit is lowered only to the highest limit of "
                                                          "this window")
+    # several replicas: leader election through a Lease (dprobe.services.scaler.leader) ------------------------
+    leader_election: bool = option(False, "only the replica holding the Lease (coordination.k8s.io/v1) publishes "
+                                          "recommendations and acts; the others stand by (run 2 replicas; needs "
+                                          "get, create and update on leases, and the kubeconfig or in-cluster "
+                                          "credentials)")
+    leader_election_lease_name: str = option("dprobe-scaler", "the Lease the replicas elect their leader with")
+    leader_election_namespace: str = option("", "the Lease's namespace ('' = the pod's own, else default)")
+    leader_election_lease_seconds: int = option(15, "a replica takes the Lease once its holder has not renewed it "
+                                                    "for this long (s)")
+    leader_election_renew_seconds: float = option(10.0, "the holder stops leading when it could not renew the Lease "
+                                                        "for this long (s; below lease_seconds)")
+    leader_election_retry_seconds: float = option(2.0, "how often the holder renews the Lease, and the others try "
+                                                       "to take it (s)")
     log_level: str = option("info", "debug, info, warning or error")
 
     def validate(self) -> ScalerConfig:
@@ -190,6 +203,18 @@ class ScalerConfig(PrometheusAccess):
                 rate_policies(getattr(self, name))
             except ValueError as exc:
                 raise ValueError(f"{name}: {exc}") from exc
+        if not 0 < self.leader_election_retry_seconds < self.leader_election_renew_seconds \
+                < self.leader_election_lease_seconds:
+            raise ValueError("need 0 < leader_election_retry_seconds < leader_election_renew_seconds < "
+                             f"leader_election_lease_seconds, got {self.leader_election_retry_seconds:g}, "
+                             f"{self.leader_election_renew_seconds:g}, {self.leader_election_lease_seconds:g}")
+        if self.leader_election_namespace and not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?",
+                                                               self.leader_election_namespace):
+            raise ValueError("leader_election_namespace must be a namespace's name (or '' for the pod's own), got "
+                             f"{self.leader_election_namespace!r}")
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", self.leader_election_lease_name):
+            raise ValueError("leader_election_lease_name must be a Kubernetes object name (lower case letters, "
+                             f"digits, '-' and '.'), got {self.leader_election_lease_name!r}")
         if not 0 <= self.min_gpus <= self.max_gpus:
             raise ValueError(f"need 0 <= min_gpus <= max_gpus, got {self.min_gpus}, {self.max_gpus}")
         self.default_policy()  # checks the policy options

@@ -18,9 +18,7 @@ from typing import Any, Protocol
 
 from dprobe.services.scaler.actuator import Actuator, ActuatorError
 from dprobe.services.scaler.config import ScalerConfig, WorkloadSpec
-from dprobe.services.scaler.ledger import Ledger
 from dprobe.services.scaler.policy import Decision
-from dprobe.services.scaler.reader import DemandReader
 
 log = logging.getLogger(__name__)
 
@@ -52,30 +50,40 @@ ROLLOUTS = ("argoproj.io", "v1alpha1", "rollouts")  # Argo Rollouts: group, vers
 EVENT_SOURCE = "dprobe-scaler"
 
 
+def api_client(kubeconfig: str = "") -> Any:
+    """A Kubernetes ``ApiClient`` of ``kubeconfig`` (default: in-cluster, else ``~/.kube/config``), configured on
+    its own (several clients in one process do not share a configuration). Raises ValueError, in one line, for a
+    configuration that cannot be used: refused at start."""
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    try:
+        if kubeconfig:
+            config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        else:
+            try:
+                config.load_incluster_config(client_configuration=configuration)
+            except config.ConfigException:
+                config.load_kube_config(client_configuration=configuration)  # outside a cluster: ~/.kube/config
+    except Exception as exc:  # unreadable, malformed, incomplete
+        where = kubeconfig or "in-cluster config or ~/.kube/config"
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        raise ValueError(f"cannot use the kubeconfig ({where}): {detail}") from exc
+    return client.ApiClient(configuration)
+
+
 class ScaleClient:
     """``replicas(spec)`` / ``scale(spec, n)`` on Deployments and StatefulSets, ``quota`` / ``set_quota``
     on a ResourceQuota's hard limit of one resource (a virtual cluster's GPUs)."""
 
     def __init__(self, kubeconfig: str = "", timeout: float = 5.0, apps: Any = None, core: Any = None,
                  custom: Any = None) -> None:
-        from kubernetes import client, config
+        from kubernetes import client
 
-        if apps is None or core is None:
-            try:
-                if kubeconfig:
-                    config.load_kube_config(config_file=kubeconfig)
-                else:
-                    try:
-                        config.load_incluster_config()
-                    except config.ConfigException:
-                        config.load_kube_config()  # outside a cluster: ~/.kube/config
-            except Exception as exc:  # unreadable, malformed, incomplete: refused at start, in one line
-                where = kubeconfig or "in-cluster config or ~/.kube/config"
-                detail = " ".join(str(exc).split()) or type(exc).__name__
-                raise ValueError(f"cannot use the kubeconfig ({where}): {detail}") from exc
-        self.apps = apps if apps is not None else client.AppsV1Api()
-        self.core = core if core is not None else client.CoreV1Api()
-        self.custom = custom if custom is not None else client.CustomObjectsApi()
+        api = api_client(kubeconfig) if apps is None or core is None or custom is None else None
+        self.apps = apps if apps is not None else client.AppsV1Api(api)
+        self.core = core if core is not None else client.CoreV1Api(api)
+        self.custom = custom if custom is not None else client.CustomObjectsApi(api)
         self.timeout = timeout
 
     def _call(self, what: str, method: Any, *args: Any) -> Any:
@@ -167,9 +175,6 @@ class KubernetesActuator(Actuator):
 
     def __init__(self, config: ScalerConfig, client: Cluster, errors: Counter[str]) -> None:
         self.config, self.client, self.errors = config, client, errors
-
-    def prepare(self, reader: DemandReader, workloads: Ledger[tuple[str, str]], vcs: Ledger[str]) -> None:
-        pass  # the counts it sets are read from the cluster, decision by decision
 
     def replicas(self, spec: WorkloadSpec) -> int:
         return self.client.replicas(spec)

@@ -26,7 +26,7 @@ Per decision, for one scaled object (a workload's replicas, a virtual cluster's 
 5. **Fallback** (KEDA, with ``currentReplicasIfHigher``): after ``failure_threshold`` decisions in a row
    without a forecast, the desired count is ``max(current, fallback_replicas)`` (unset: the current count is
    held), through the stabilisation windows and the scale-up rate policies like any other: a fallback
-   never lowers a count.
+   never lowers a count, and never applies to a count that was never read (the service says which).
 
 Where dprobe differs from the HPA: the input is a forecast ``horizon`` ahead, not the current
 average, so the scale-up happens before the load arrives; demand is the sum over pods (pod-equivalents),
@@ -214,10 +214,12 @@ class Recommender:
         return pick(bounds)
 
     def decide(self, now: float, demand: float | None, current: int, active: bool | None = None,
-               missing: int = 0, covered: int | None = None) -> Decision:
+               missing: int = 0, covered: int | None = None, fallback: bool = True) -> Decision:
         """This cycle's decision; ``active``: the workload's activation query (see :meth:`Policy.desired`);
         ``missing``: pods expected but without a forecast, ``covered``: pods with one (their share below
-        ``min_forecast_coverage`` holds the count, as no forecast does).
+        ``min_forecast_coverage`` holds the count, as no forecast does); ``fallback``: False where
+        ``current`` was never read (only the pods seen): the fallback then holds instead of raising a count
+        it does not know.
 
         The count found at the first decision counts as a recommendation of that moment, as the HPA
         records one (``recordInitialRecommendation``): a new (or restarted) recommender scales down only
@@ -237,7 +239,7 @@ class Recommender:
             demand, hold = None, f"forecasts for {covered} of {expected} pods"
         if demand is None:
             self.failures += 1
-            if self.failures < p.failure_threshold or p.fallback_replicas is None:
+            if self.failures < p.failure_threshold or p.fallback_replicas is None or not fallback:
                 return Decision(current, current, current, None, f"{hold}: holding", missing)
             desired = max(current, p.fallback_replicas)  # KEDA's currentReplicasIfHigher: never lower
             self._desired.append((now, desired))

@@ -116,16 +116,17 @@ class DemandReader:
         self._failures.pop("replicas_query", None)
         return replicas
 
-    def recommendations(self) -> tuple[dict[tuple[str, str], int], dict[str, int]]:
-        """The recommendations of the scaler's last run (``restore_seconds``; none when 0 or when the query
-        fails): per workload, per virtual cluster."""
+    def recommendations(self) -> tuple[dict[tuple[str, str], int], dict[str, int]] | None:
+        """The recommendations of the scaler's last run (``restore_seconds``; none when 0): per workload, per
+        virtual cluster. None when the query fails (counted, logged once): asked again next cycle."""
         if self.config.restore_seconds <= 0:
             return {}, {}
         try:
             workloads, vcs = previous_recommendations(self.config)
         except SourceError as exc:
-            self.failed("restore", exc, "starting from the pods seen")
-            return {}, {}
+            self.failed("restore", exc, "counts not known yet, asked again next cycle")
+            return None
+        self._failures.pop("restore", None)
         if workloads or vcs:
             log.info("starting from %d recommendations of the last %g s", len(workloads) + len(vcs),
                      self.config.restore_seconds)

@@ -9,6 +9,7 @@ Its parts: :class:`~dprobe.services.scaler.reader.DemandReader` (what Prometheus
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import Counter
@@ -23,7 +24,8 @@ from dprobe.services.scaler.actuator import Actuator, ActuatorError, RecommendAc
 from dprobe.services.scaler.collector import ScalerCollector
 from dprobe.services.scaler.config import ScalerConfig, WorkloadSpec
 from dprobe.services.scaler.demand import GROUPING_METHODS, Demand, DemandView
-from dprobe.services.scaler.kube import Cluster, KubernetesActuator, ScaleClient
+from dprobe.services.scaler.kube import Cluster, KubernetesActuator, ScaleClient, api_client
+from dprobe.services.scaler.leader import KubernetesLease, LeaderElector, default_identity, default_namespace
 from dprobe.services.scaler.ledger import Ledger, name
 from dprobe.services.scaler.policy import Decision, Recommender
 from dprobe.services.scaler.reader import DemandReader
@@ -42,42 +44,50 @@ def make_actuator(config: ScalerConfig, kube: Cluster | None, errors: Counter[st
                                                                                config.http_timeout), errors)
 
 
+def make_elector(config: ScalerConfig, errors: Counter[str]) -> LeaderElector | None:
+    """With ``leader_election``, the elector of this replica on the configured Lease (else None)."""
+    if not config.leader_election:
+        return None
+    store = KubernetesLease(config.leader_election_lease_name, config.leader_election_namespace or default_namespace(),
+                            api_client(config.kubeconfig), config.http_timeout)
+    return LeaderElector(store, default_identity(), config.leader_election_lease_seconds,
+                         config.leader_election_renew_seconds, config.leader_election_retry_seconds, errors)
+
+
 class Scaler:
     """One decision per cycle for every configured workload, discovered workload and virtual cluster.
 
     The count a decision starts from is the actuator's (:mod:`dprobe.services.scaler.actuator`): in apply mode
     the workload's scale (Kubernetes) and, with ``vc_quota_name``, the virtual cluster's quota; in recommend
     mode (and for what apply mode does not set) the previous recommendation, as if it had been followed, else
-    the last run's, else the replicas kube-state-metrics shows, else the pods seen (a virtual cluster: the
-    GPUs its pods hold). Discovered workloads and virtual clusters are forgotten when their pods are gone.
+    the last run's, else the replicas kube-state-metrics shows, else (once Prometheus has said there is no last
+    recommendation) the pods seen (a virtual cluster: the GPUs its pods hold). A count known from none of these
+    (Prometheus has not answered since the start) is held, unpublished, and never raised by the fallback.
 
-    Missing data never lowers a count: pods expected (the count a decision starts from, and every pod seen
-    holding a GPU) without a usable forecast are missing (see :mod:`dprobe.services.scaler.policy`); an answer
-    with no forecast at all is an error (counted, /readyz says so); nothing is published for a workload or
-    cluster before its first decision on data.
+    Missing data never lowers a count: pods expected (the workload's scale, else the replicas kube-state-metrics
+    shows, else the last recommendation, and every pod seen) without a usable forecast are missing (see
+    :mod:`dprobe.services.scaler.policy`), for listed and discovered workloads alike; a virtual cluster's GPUs
+    expected are those its pods hold and those they held at its last decision on data. An answer with no
+    forecast at all is an error (counted, /readyz says so); nothing is published for a workload or cluster
+    before its first decision on data. A discovered workload whose pods went silent is held while
+    kube-state-metrics still shows its replicas, a virtual cluster for ``restore_seconds``.
+
+    With leader election (``elector``), only the replica holding the Lease decides, publishes and acts; the
+    others serve /metrics without recommendations and start afresh, as a restarted scaler, when they lead.
     """
 
     def __init__(self, config: ScalerConfig, kube: Cluster | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, elector: LeaderElector | None = None) -> None:
         self.config = config.validate()
         self.specs: list[WorkloadSpec] = config.workload_specs()
         self.clock = clock
         self.errors_total: Counter[str] = Counter()
         self.actuator = make_actuator(config, kube, self.errors_total)
         self.reader = DemandReader(config, self.specs, self.errors_total)
-        self.workloads: Ledger[tuple[str, str]] = Ledger()
-        for spec in self.specs:
-            self.workloads.recommenders[spec.key] = Recommender(spec.policy)
-        self.vcs: Ledger[str] = Ledger()
-        self.vc_held_gpus: dict[str, int] = {}
-        self.vc_pending_gpus: dict[str, float] = {}  # from vc_pending_query
-        self.grouped_pods: dict[str, int] = {}  # pods put in a workload last cycle, by method (owner, name)
+        self.elector = elector if elector is not None else make_elector(config, self.errors_total)
+        self._term = 0  # the elector's term the decision state below belongs to
         self.last_cycle_at: float | None = None
-        settings = config.sharing_settings()
-        self.sharing = ShareRecommender(settings) if settings is not None else None
-        self.shares: SharePlan | None = None  # the last cycle's shares (sharing enabled)
-        self._shares_restored = False  # the last run's memory limits read back (once, at the first cycle)
-        self._no_data = False  # the last answer held no usable forecast while pods expected some
+        self._fresh()
         self.registry = CollectorRegistry(auto_describe=False)
         self.cycle_seconds = Histogram("dprobe_scaler_cycle_seconds", "Duration of a decision cycle.",
                                        buckets=CYCLE_BUCKETS, registry=self.registry)
@@ -85,6 +95,41 @@ class Scaler:
         self.stop_event = threading.Event()
         self.server: ExporterServer | None = None
         self._thread: threading.Thread | None = None
+
+    def _fresh(self) -> None:
+        """The decision state of a scaler that has just started (again: a replica that starts leading)."""
+        self.workloads: Ledger[tuple[str, str]] = Ledger()
+        for spec in self.specs:
+            self.workloads.recommenders[spec.key] = Recommender(spec.policy)
+        self.vcs: Ledger[str] = Ledger()
+        self.vc_data: dict[str, tuple[float, int]] = {}  # vc -> (its last decision on data, GPUs its pods held)
+        self.vc_held_gpus: dict[str, int] = {}
+        self.vc_pending_gpus: dict[str, float] = {}  # from vc_pending_query
+        self.grouped_pods: dict[str, int] = {}  # pods put in a workload last cycle, by method (owner, name)
+        self.reader.activations.clear()
+        settings = self.config.sharing_settings()
+        self.sharing = ShareRecommender(settings) if settings is not None else None
+        self.shares: SharePlan | None = None  # the last cycle's shares (sharing enabled)
+        self._shares_restored = False  # the last run's memory limits read back (once, at the first cycle)
+        self._no_data = False  # the last answer held no usable forecast while pods expected some
+
+    @property
+    def publishing(self) -> bool:
+        """Whether this replica decides and publishes: always without leader election, else while it leads with
+        the decision state of this term (a leader's state is made afresh before it publishes, :meth:`_lead`)."""
+        return self.elector is None or (self.elector.is_leader() and self.elector.term == self._term)
+
+    def _lead(self) -> bool:
+        """:attr:`publishing`; the decision state starts afresh whenever this replica starts or stops leading
+        (a new leader starts as a restarted scaler: from the last recommendations Prometheus kept)."""
+        if self.elector is None:
+            return True
+        leading = self.elector.is_leader()
+        term = self.elector.term if leading else -1
+        if term != self._term:
+            self._fresh()
+            self._term = term
+        return leading
 
     # what the collector reads -------------------------------------------------------------------------
     @property
@@ -115,6 +160,8 @@ class Scaler:
 
     # one cycle ------------------------------------------------------------------------------------
     def cycle(self) -> None:
+        if not self._lead():  # a follower: the leader decides
+            return
         started = time.perf_counter()
         now = self.clock()
         view = self.reader.read()
@@ -196,8 +243,7 @@ class Scaler:
         """A listed workload's decision. One at zero replicas with no pods has nothing to forecast: with
         ``min_replicas: 0`` its demand is 0 (its activation query may wake it; from a recommendation, once
         the zero is known); otherwise, at a count set in the cluster, it was scaled to zero by hand and is left
-        there, as the HPA leaves it. Pods expected (the count it starts from, the replicas kube-state-metrics
-        shows, and every pod seen holding a GPU) without a forecast are missing."""
+        there, as the HPA leaves it. Pods expected (:meth:`_expected`) without a forecast are missing."""
         demand = view.workloads.get(spec.key) if view else None
         total = demand.total if demand and demand.pods else None
         covered = len(demand.pods) if demand else 0
@@ -211,69 +257,115 @@ class Scaler:
         # at zero for sure: the count set in the cluster, the last recommendation, or the activation query says
         # whether work waits (a workload never recommended for may have pods not forecast yet)
         known_zero = current is not None or spec.key in self.workloads.published or active is not None
+        scaled = current is not None  # read from the cluster (apply mode)
         if current is None:
             current = self.workloads.start(spec.key, seen)
+            if current is None:
+                return self.workloads.unknown(total)
         elif current == 0 and spec.policy.min_replicas > 0:
             return Decision(0, 0, 0, total, "paused: scaled to zero by hand")
-        expected = max(current, seen, self.workloads.counted.get(spec.key, 0))
+        expected = self._expected(spec.key, current, seen, scaled)
         if total is None and view is not None and expected == 0 and spec.policy.min_replicas == 0 and known_zero:
             total = 0.0
         missing = 0 if view is None else max(0, expected - covered)
         return self._decide(self.workloads, now, spec.key, total, current, partial(self.actuator.scale, spec),
-                            "replicas", active, missing, covered)
+                            "replicas", active, missing, covered, scaled or self.workloads.read(spec.key))
+
+    def _expected(self, key: tuple[str, str], current: int, seen: int, scaled: bool) -> int:
+        """The pods a workload should have, never fewer than those seen: its scale when read from the cluster
+        (``scaled``), else the replicas kube-state-metrics shows, else ``current`` (its last recommendation, as
+        if followed; the last run's; or the pods seen)."""
+        if not scaled and key in self.workloads.counted:
+            return max(seen, self.workloads.counted[key])
+        return max(current, seen)
 
     def _decide_discovered(self, now: float, discovered: dict[tuple[str, str], Demand]
                            ) -> dict[tuple[str, str], Decision]:
-        """A recommendation (never applied) per discovered workload, from :meth:`Ledger.start`; those whose pods
-        are gone are forgotten."""
+        """A recommendation (never applied) per discovered workload, with the listed workloads' rules (the pods
+        expected, the missing pods, the coverage, :meth:`Ledger.start`). One whose pods went silent is held while
+        kube-state-metrics shows its replicas; one whose pods are gone (and kube-state-metrics with them) is
+        forgotten."""
+        listed = {s.key for s in self.specs}
+        silent = {key for key in self.workloads.published - listed - set(discovered)
+                  if self.workloads.counted.get(key, 0) > 0}
         out = {}
-        for key, demand in discovered.items():
+        for key in [*discovered, *sorted(silent)]:
+            demand = discovered.get(key) or Demand()
             self.workloads.recommender(key, self.config.default_policy)
-            decision = self._guarded(self.workloads, key, lambda key=key, demand=demand: self._decide(
-                self.workloads, now, key, demand.total if demand.pods else None,
-                self.workloads.start(key, len(demand.pods) + len(demand.missing)), None, "replicas",
-                missing=len(demand.missing), covered=len(demand.pods)))
+            decision = self._guarded(self.workloads, key, partial(self._decide_one_discovered, now, key, demand))
             if decision is not None:
                 out[key] = decision
-        for key in set(self.workloads.recommenders) - {s.key for s in self.specs} - set(discovered):
+        for key in set(self.workloads.recommenders) - listed - set(discovered) - silent:
             self.workloads.forget(key)
         return out
 
+    def _decide_one_discovered(self, now: float, key: tuple[str, str], demand: Demand) -> Decision:
+        covered = len(demand.pods)
+        seen = covered + len(demand.missing)
+        total = demand.total if demand.pods else None
+        current = self.workloads.start(key, seen)
+        if current is None:
+            return self.workloads.unknown(total)
+        missing = max(0, self._expected(key, current, seen, False) - covered)
+        return self._decide(self.workloads, now, key, total, current, None, "replicas", missing=missing,
+                            covered=covered, read=self.workloads.read(key))
+
     def _decide_vcs(self, now: float, vcs: dict[str, Demand]) -> dict[str, Decision]:
         """One GPU decision per virtual cluster, from the actuator's count (apply mode with ``vc_quota_name``:
-        the GPU limit of that ResourceQuota in the cluster's namespace), else from :meth:`Ledger.start`."""
+        the GPU limit of that ResourceQuota in the cluster's namespace), else from :meth:`Ledger.start`. The
+        GPUs expected are those its pods hold and, for ``restore_seconds`` after its last decision on data, those
+        they held then: missing ones hold the count as a workload's missing pods do. A cluster whose pods all went
+        silent is held for ``restore_seconds``, then forgotten (at once if it was never published)."""
+        keep = self.config.restore_seconds
+        silent = {vc for vc in self.vcs.published - set(vcs) if now - self.vc_data.get(vc, (-math.inf, 0))[0] <= keep}
         out = {}
-        for vc, demand in vcs.items():
+        for vc in [*vcs, *sorted(silent)]:
+            demand = vcs.get(vc)
             self.vcs.recommender(vc, self.config.gpu_policy)
             try:
-                held = self.actuator.gpus(vc)
+                quota = self.actuator.gpus(vc)
             except ActuatorError as exc:
                 self._actuator_failed(exc)
                 if vc in self.vcs.decisions:
                     out[vc] = self.vcs.decisions[vc]
                 continue
-            current = self.vcs.start(vc, demand.gpus) if held is None else held
-            total = demand.total if demand.pods or demand.pending or not demand.missing_gpus else None
-            covered = demand.gpus - demand.missing_gpus
-            decision = self._guarded(self.vcs, vc, lambda vc=vc, total=total, current=current, covered=covered,
-                                     demand=demand: self._decide(
-                self.vcs, now, vc, total, current, partial(self.actuator.set_gpus, vc), "GPUs",
-                missing=demand.missing_gpus, covered=covered))
+            decision = self._guarded(self.vcs, vc, partial(self._decide_vc, now, vc, demand, quota))
             if decision is not None:
                 out[vc] = decision
-        for vc in set(self.vcs.recommenders) - set(vcs):
+        for vc in set(self.vcs.recommenders) - set(vcs) - silent:
             self.vcs.forget(vc)
+            self.vc_data.pop(vc, None)
         return out
+
+    def _decide_vc(self, now: float, vc: str, demand: Demand | None, quota: int | None) -> Decision:
+        """``demand``: None for a cluster absent from this cycle's answer (held)."""
+        current = self.vcs.start(vc, demand.gpus if demand else 0) if quota is None else quota
+        if current is None:
+            return self.vcs.unknown(None)
+        silent, demand = demand is None, demand or Demand()
+        covered = demand.gpus - demand.missing_gpus
+        at, held = self.vc_data.get(vc, (-math.inf, 0))
+        expected = max(demand.gpus, held if now - at <= self.config.restore_seconds else 0)
+        missing = expected - covered
+        total = None if silent or not (demand.pods or demand.pending or not missing) else demand.total
+        decision = self._decide(self.vcs, now, vc, total, current, partial(self.actuator.set_gpus, vc), "GPUs",
+                                missing=missing, covered=covered, read=quota is not None or self.vcs.read(vc))
+        if decision.demand is not None:
+            self.vc_data[vc] = (now, demand.gpus)
+        return decision
 
     def _decide(self, ledger: Ledger, now: float, key: object, demand: float | None, current: int,
                 act: Callable[[Decision, float | None], bool] | None, unit: str, active: bool | None = None,
-                missing: int = 0, covered: int = 0) -> Decision:
-        """Decide (:meth:`Ledger.decide`), log a change, ``act`` on it (if given) and count it by direction."""
-        decision = ledger.decide(now, key, demand, current, active, missing, covered)
+                missing: int = 0, covered: int = 0, read: bool = True) -> Decision:
+        """Decide (:meth:`Ledger.decide`; ``read``: whether ``current`` was read, see :meth:`Ledger.read`), log a
+        change, ``act`` on it (if given, and while this replica leads) and count it by direction."""
+        decision = ledger.decide(now, key, demand, current, active, missing, covered, read)
         if decision.replicas != current:
             shown = "no forecast" if demand is None else f"demand {demand:.2f}"
             log.info("%s: %d -> %d %s (%s, %s; desired %d)", name(key), current, decision.replicas, unit,
                      decision.reason, shown, decision.desired)
+            if act is not None and not self.publishing:  # the Lease was lost during this cycle
+                return decision
             if act is not None and not act(decision, demand):
                 ledger.not_applied(now, key, decision)
                 return decision
@@ -282,10 +374,17 @@ class Scaler:
 
     # lifecycle ------------------------------------------------------------------------------------
     def ready(self) -> tuple[bool, str]:
+        if not self.publishing:  # ready to take over; a rolling update goes on
+            assert self.elector is not None
+            return True, (f"follower, standing by: the Lease {self.config.leader_election_lease_name} is held by "
+                          f"{self.elector.holder or 'nobody'}, who publishes the recommendations")
         if self.last_cycle_at is None:
             return False, "no decision cycle yet"
         if self.reader.failure:
             return False, f"cannot read the forecasts: {self.reader.failure}"
+        if not self.workloads.restore_answered:
+            return False, ("the last run's recommendations cannot be read yet: a count neither set in the cluster "
+                           "nor shown by kube-state-metrics is not known, and not published")
         if self._no_data:
             return False, "Prometheus answers with no usable forecast: counts are held"
         return True, f"{len(self.decisions)} workloads, {len(self.vc_decisions)} virtual clusters"
@@ -294,6 +393,10 @@ class Scaler:
         interval = self.config.interval
         next_at = time.monotonic()
         while not self.stop_event.wait(max(0.0, next_at - time.monotonic())):
+            if not self._lead():  # a follower looks again soon: it decides as soon as it leads
+                assert self.elector is not None
+                next_at = time.monotonic() + min(interval, self.elector.retry_seconds / 2)
+                continue
             try:
                 self.cycle()
             except Exception:  # a bug in one cycle must not stop the service
@@ -305,16 +408,23 @@ class Scaler:
         if serve:
             self.server = ExporterServer(self.registry, self, self.config.listen_address, self.config.port)
             self.server.start()
-            log.info("serving http://%s:%d/metrics (%s mode, %d configured workloads, forecasts from %s)",
+            log.info("serving http://%s:%d/metrics (%s mode, %d configured workloads, forecasts from %s%s)",
                      self.config.listen_address, self.server.port, self.actuator.mode, len(self.specs),
-                     self.config.prometheus_url)
+                     self.config.prometheus_url, "" if self.elector is None else
+                     f"; leader election on Lease {self.config.leader_election_lease_name} as "
+                     f"{self.elector.identity}")
+        if self.elector is not None:
+            self.elector.start()
         self._thread = threading.Thread(target=self._loop, name="scaler", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 3.0) -> None:
+        """Stop deciding, then give the Lease up (another replica takes over at once), then stop serving."""
         self.stop_event.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        if self.elector is not None:
+            self.elector.stop(release=True)
         if self.server is not None:
             self.server.stop()
 
