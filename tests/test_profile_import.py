@@ -8,7 +8,9 @@ import math
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -283,35 +285,73 @@ def test_an_addition_the_loader_refuses_leaves_the_data_set_as_it_was(dataset, t
     assert digest(dataset) == before
 
 
+def failing_replace(n: int, calls: list[str]) -> Callable[[str | Path, str | Path], None]:
+    """os.replace, recording each target's name in ``calls``, failing at the ``n``-th call (disk full)."""
+    real = os.replace
+
+    def replace(src: str | Path, dst: str | Path) -> None:
+        calls.append(Path(dst).name)
+        if len(calls) == n:
+            raise OSError(28, "No space left on device")
+        real(src, dst)
+    return replace
+
+
+def no_links(*args: object, **kwargs: object) -> None:
+    raise OSError(1, "Operation not permitted")
+
+
 def test_a_replacement_that_fails_halfway_is_undone(dataset, tmp_path, monkeypatch) -> None:
-    """The files are replaced one by one (os.replace); when the third move fails, the two made are undone."""
+    """Without symbolic links the files are replaced one by one (os.replace); when the third move fails,
+    the two made are undone."""
     import dprobe.data.profile_import as profile_import
 
     session = as_session(2, tmp_path / "session", only={"r017"})
     before = digest(dataset)
-    real, calls = os.replace, []
-
-    def third_fails(src: str | Path, dst: str | Path) -> None:
-        calls.append(Path(dst).name)
-        if len(calls) == 3:
-            raise OSError(28, "No space left on device")
-        real(src, dst)
-
-    monkeypatch.setattr(profile_import.os, "replace", third_fails)
-    with pytest.raises(OSError, match="No space left"):
-        add_collection(session, dataset)
+    calls: list[str] = []
+    with monkeypatch.context() as patch:
+        patch.setattr(profile_import.os, "replace", failing_replace(3, calls))
+        patch.setattr(profile_import.os, "symlink", no_links)
+        with pytest.raises(OSError, match="No space left"):
+            add_collection(session, dataset)
     assert calls[:3] == ["runs.csv", "samples.csv", "steps.csv"] and len(calls) == 5  # two moves undone
     assert digest(dataset) == before
+
+
+@pytest.mark.slow
+def test_a_move_that_fails_anywhere_leaves_what_the_files_hold(tmp_path, monkeypatch) -> None:
+    """Each rename of an addition failing in turn (laying a plain data set out: current, then the four files;
+    then the swap): the files hold what they held, and the next addition goes through and cleans up."""
+    import dprobe.data.profile_import as profile_import
+
+    session = as_session(2, tmp_path / "session", only={"r017"})
+    calls: list[str] = []
+    base = small_set(tmp_path / "small")
+    held = seen(base)
+    for n in range(1, 7):  # the moves that lay the data set out (current, then the four files), then the swap
+        data = copy_set(base, tmp_path / f"failing-{n}")
+        calls.clear()
+        with monkeypatch.context() as patch:
+            patch.setattr(profile_import.os, "replace", failing_replace(n, calls))
+            with pytest.raises(OSError, match="No space left"):
+                add_collection(session, data)
+        assert seen(data) == held and load_h200_profiles(data).runs["collection"].max() == 2
+        assert add_collection(session, data)["collection"] == 3 and not leftovers(data)
+    assert calls == ["current", *DATA_FILES, "current"]  # the last to fail was the swap
 
 
 def test_an_addition_keeps_the_files_modes_and_leaves_nothing_behind(dataset, tmp_path) -> None:
     for path in dataset.iterdir():
         path.chmod(0o640)
     session = as_session(2, tmp_path / "session", only={"r017"})
+    dataset.chmod(0o750)
     add_collection(session, dataset)
-    assert sorted(p.name for p in dataset.iterdir()) == ["CARD.md", "README.md", "env.json", "runs.csv",
-                                                          "samples.csv", "steps.csv"]
-    assert {oct(p.stat().st_mode & 0o777) for p in dataset.iterdir()} == {"0o640"}
+    assert sorted(p.name for p in dataset.iterdir()) == [".versions", "CARD.md", "README.md", "env.json",
+                                                          "runs.csv", "samples.csv", "steps.csv"]
+    assert {oct(p.stat().st_mode & 0o777) for p in dataset.iterdir() if p.is_file()} == {"0o640"}
+    version = dataset / ".versions" / os.readlink(dataset / ".versions" / "current")
+    assert {oct(p.stat().st_mode & 0o777) for p in (dataset / ".versions", version)} == {"0o750"}
+    assert not leftovers(dataset) and sorted(os.listdir(version)) == sorted(DATA_FILES)
     assert (load_h200_profiles(dataset).runs["collection"] == 5).sum() == 1
 
 
@@ -327,4 +367,258 @@ def test_a_second_addition_while_one_runs_is_refused_and_changes_nothing(dataset
         assert add_collection(session, dataset, dry_run=True)["collection"] == 5  # a dry run writes nothing
     assert digest(dataset) == before
     assert add_collection(session, dataset)["collection"] == 5  # released: the addition goes through
-    assert sorted(p.name for p in dataset.iterdir()) == sorted(before)  # no lock file left behind
+    assert sorted(p.name for p in dataset.iterdir()) == sorted([*before, ".versions"])  # no lock file left behind
+
+
+# --- an addition killed at any moment --------------------------------------------------------------------------
+
+DATA_FILES = ("runs.csv", "samples.csv", "steps.csv", "env.json")
+# what the kill tests intercept: every call that creates, moves, links, removes or flushes a file or folder
+FILE_OPERATIONS = ("mkdir", "rename", "replace", "symlink", "link", "unlink", "rmdir", "fsync")
+
+
+def small_set(out: Path, runs: tuple[str, ...] = ("r017", "r018", "r019")) -> Path:
+    """A data set of a few runs of collection 2 (samples, steps and env.json entry), quick to grow."""
+    out.mkdir(parents=True)
+    for name, column in (("runs", "run_id"), ("samples", "label"), ("steps", "run_id")):
+        table = pd.read_csv(SRC / f"{name}.csv", dtype=str, keep_default_na=False)
+        table[(table["collection"] == "2") & table[column].isin(runs)].to_csv(out / f"{name}.csv", index=False)
+    env = json.loads((SRC / "env.json").read_text())
+    (out / "env.json").write_text(json.dumps({"collection_2": env["collection_2"]}, indent=1) + "\n")
+    return out
+
+
+def seen(directory: Path) -> tuple[bytes | str, ...]:
+    """What a reader of the data set gets: the bytes of its four files (env.json without the times of adding)."""
+    env = json.loads((directory / "env.json").read_text())
+    for entry in env.values():
+        entry.pop("added", None)
+    return (*((directory / name).read_bytes() for name in DATA_FILES[:3]), json.dumps(env, sort_keys=True))
+
+
+def leftovers(directory: Path) -> list[str]:
+    """Staging folders and temporary links, and versions other than the current one."""
+    left = [p.name for p in directory.iterdir() if p.name.startswith(".adding-")]
+    versions = directory / ".versions"
+    if versions.is_dir():
+        current = os.readlink(versions / "current") if (versions / "current").is_symlink() else None
+        left += [f".versions/{p.name}" for p in versions.iterdir() if p.name not in ("current", current)]
+    return sorted(left)
+
+
+def copy_set(directory: Path, to: Path) -> Path:
+    return Path(shutil.copytree(directory, to, symlinks=True))
+
+
+def add_killed_before(operation: int, session: Path, data: Path) -> bool:
+    """Run ``add_collection(session, data)`` in a child process that SIGKILLs itself just before its
+    ``operation``-th file operation (:data:`FILE_OPERATIONS`); whether it was killed (else it finished)."""
+    import signal
+
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 0
+        try:
+            count = [0]
+
+            def counted(real: Callable[..., Any]) -> Callable[..., Any]:
+                def call(*args: Any, **kwargs: Any) -> Any:
+                    count[0] += 1
+                    if count[0] == operation:
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    return real(*args, **kwargs)
+                return call
+
+            for name in FILE_OPERATIONS:
+                setattr(os, name, counted(getattr(os, name)))
+            add_collection(session, data)
+        except BaseException:  # reported by the exit status
+            code = 3
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        assert os.WTERMSIG(status) == signal.SIGKILL
+        return True
+    assert os.WEXITSTATUS(status) == 0, f"the addition failed before file operation {operation}"
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["plain files", "versioned"])
+def test_an_addition_killed_before_any_file_operation_leaves_the_old_or_the_new_set(tmp_path, layout) -> None:
+    """SIGKILL before each file operation of an addition in turn, to the end: every data set it leaves
+    loads as the old set or as the new one, whole; the next addition removes what the killed one left and
+    grows whichever it finds. Plain files: the first addition lays the data set out; versioned: a later one."""
+    base = small_set(tmp_path / "base")
+    if layout == "versioned":
+        add_collection(as_session(2, tmp_path / "first", only={"r020"}), base)
+    session = as_session(2, tmp_path / "session", only={"r021", "r022"})
+    once = copy_set(base, tmp_path / "once")
+    add_collection(session, once)
+    twice = copy_set(once, tmp_path / "twice")
+    add_collection(session, twice)
+    old, new, newer = seen(base), seen(once), seen(twice)
+    assert len({old, new, newer}) == 3
+
+    outcomes: dict[str, int] = {"old": 0, "new": 0, "old, staging left": 0, "new, staging left": 0}
+    for operation in range(1, 200):
+        data = copy_set(base, tmp_path / f"killed-{operation}")
+        killed = add_killed_before(operation, session, data)
+        state = seen(data)
+        assert state in (old, new), f"killed before file operation {operation}: a mix of the old and new set"
+        loaded = load_h200_profiles(data)
+        assert loaded.runs["collection"].max() == (2 if state == old else 3) + (layout == "versioned")
+        outcome = "old" if state == old else "new"
+        outcomes[outcome + (", staging left" if leftovers(data) else "")] += 1
+        if not killed:
+            assert not leftovers(data) and state == new
+            break
+        add_collection(session, data)  # the next addition: cleans up, builds on what it found
+        assert not leftovers(data), f"killed before file operation {operation}: {leftovers(data)}"
+        assert seen(data) == (new if state == old else newer)
+    else:
+        pytest.fail("the addition never finished")
+    assert operation > (30 if layout == "plain files" else 12)  # every file operation had its kill
+    assert outcomes["old"] + outcomes["old, staging left"] and outcomes["new"] + outcomes["new, staging left"]
+    assert outcomes["old, staging left"] + outcomes["new, staging left"]  # the cleaning was put to work
+
+
+@pytest.mark.slow
+def test_a_profiles_add_command_killed_at_many_moments(tmp_path) -> None:
+    """A real `dprobe profiles add` process, SIGKILLed 14 times from its start to its end (most kills
+    while its staging folder exists): the old set or the new one each time; the next addition cleans up."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    base = small_set(tmp_path / "base")
+    session = as_session(2, tmp_path / "session", only={"r021", "r022"})
+    once = copy_set(base, tmp_path / "once")
+    add_collection(session, once)
+    old, new = seen(base), seen(once)
+    code = "import sys; from dprobe.cli import main; sys.exit(main(sys.argv[1:]))"
+
+    def start(data: Path) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", code, "profiles", "add", str(session), "--data", str(data)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def staged(data: Path, process: subprocess.Popen) -> float | None:
+        """Wait until the process's staging folder appears (its monotonic time) or it ends (None)."""
+        while process.poll() is None:
+            if any(p.name.startswith(".adding-") for p in data.iterdir()):
+                return time.monotonic()
+            time.sleep(0.001)
+        return None
+
+    reference = copy_set(base, tmp_path / "reference")
+    process = start(reference)
+    t_staged = staged(reference, process)
+    assert process.wait(timeout=120) == 0, process.stderr.read()
+    writing = time.monotonic() - t_staged  # from the staging folder's appearance to the process's end
+    assert seen(reference) == new
+
+    kills = [("start", 0.3), ("start", 0.8)] + [("staged", writing * i / 11) for i in range(12)]
+    outcomes = []
+    for i, (since, delay) in enumerate(kills):
+        data = copy_set(base, tmp_path / f"killed-{i}")
+        process = start(data)
+        t0 = time.monotonic() if since == "start" else staged(data, process)
+        if t0 is not None:
+            time.sleep(max(0.0, t0 + delay - time.monotonic()))
+        process.send_signal(signal.SIGKILL)
+        status = process.wait(timeout=120)
+        state = seen(data)
+        assert state in (old, new), f"kill {i} ({delay:.3f} s after {since}): a mix of the old and new set"
+        load_h200_profiles(data)
+        outcomes.append(("old" if state == old else "new") + (" +staging" if leftovers(data) else "")
+                        + ("" if status == -signal.SIGKILL else " (finished)"))
+        add_collection(session, data)
+        assert not leftovers(data)
+    assert any(o.startswith("old") for o in outcomes) and any("+staging" in o for o in outcomes), outcomes
+
+
+def test_a_set_whose_files_are_from_different_states_is_refused_by_run(tmp_path) -> None:
+    """Files of one state mixed with another's (as files replaced one by one leave them when the replacing
+    stops): the loader names the first run of the collection the files disagree on, and no addition builds
+    on such a set."""
+    old = small_set(tmp_path / "old")
+    add_collection(as_session(2, tmp_path / "first", only={"r020"}), old)  # collection 3, added
+    new = copy_set(old, tmp_path / "new")
+    summary = add_collection(as_session(2, tmp_path / "session", only={"r021", "r022"}), new)
+    assert summary["collection"] == 4
+    first = load_h200_profiles(new).runs.query("collection == 4")["run_id"].iloc[0]
+    for replaced, missing in ((["runs.csv"], "samples.csv has no sample of collection 4"),
+                              (["runs.csv", "samples.csv"], "steps.csv has no step of collection 4"),
+                              (["runs.csv", "samples.csv", "steps.csv"],
+                               r"env.json has no collection_4 \(it has collection_3, written by `dprobe profiles "
+                               r"add`\)")):
+        mixed = tmp_path / f"mixed-{len(replaced)}"
+        mixed.mkdir()
+        for name in DATA_FILES:
+            shutil.copyfile((new if name in replaced else old) / name, mixed / name)
+        with pytest.raises(DatasetError, match=rf"{mixed}: run {first} of collection 4 is in runs\.csv, but "
+                                               rf"{missing}: the files are not from one state"):
+            load_h200_profiles(mixed)
+    with pytest.raises(DatasetError, match=rf"would leave a data set that does not load .*run {first} of "
+                                           "collection 4"):
+        add_collection(as_session(2, tmp_path / "next", only={"r019"}), tmp_path / "mixed-1")
+    # fewer runs in runs.csv than samples.csv and steps.csv hold is a subset, not a mix
+    runs = pd.read_csv(new / "runs.csv", dtype=str, keep_default_na=False)
+    subset = copy_set(new, tmp_path / "subset")
+    (subset / "runs.csv").unlink()
+    runs[runs["collection"] != "3"].to_csv(subset / "runs.csv", index=False)
+    assert sorted(set(load_h200_profiles(subset).runs["collection"])) == [2, 4]
+
+
+def test_the_next_addition_removes_what_killed_ones_left_but_not_a_live_ones_staging(tmp_path) -> None:
+    import fcntl
+
+    data = small_set(tmp_path / "data")
+    add_collection(as_session(2, tmp_path / "first", only={"r020"}), data)
+    dead = data / ".adding-dead"  # staging of an addition killed before the swap
+    dead.mkdir()
+    (dead / "runs.csv").write_text("collection,run_id\n")
+    (data / ".adding-link").symlink_to(".versions/current/runs.csv")  # a link made before it was moved
+    stale = data / ".versions" / "collection-9-stale"  # a version no longer (or not yet) current
+    stale.mkdir()
+    (stale / "runs.csv").write_text("collection,run_id\n")
+    live = data / ".adding-live"  # staging held by a process still running
+    live.mkdir()
+    fd = os.open(live, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert add_collection(as_session(2, tmp_path / "session", only={"r021"}), data)["collection"] == 4
+        assert leftovers(data) == [".adding-live"] and live.is_dir()
+    finally:
+        os.close(fd)
+    assert add_collection(as_session(2, tmp_path / "again", only={"r022"}), data)["collection"] == 5
+    assert not leftovers(data)
+
+
+def test_a_plain_data_set_is_laid_out_in_versions_and_a_copy_of_it_keeps_working(tmp_path) -> None:
+    """The first addition makes the four files links through .versions/current; what they hold is what
+    they held (plus the collection); other files are left alone; copies with links or without grow too."""
+    data = small_set(tmp_path / "data")
+    (data / "README.md").write_text("mine\n")
+    add_collection(as_session(2, tmp_path / "session", only={"r021"}), data)
+    assert sorted(p.name for p in data.iterdir()) == [".versions", "README.md", *sorted(DATA_FILES)]
+    assert all(os.readlink(data / name) == f".versions/current/{name}" for name in DATA_FILES)
+    assert (data / "README.md").read_text() == "mine\n" and not (data / "README.md").is_symlink()
+    version = os.readlink(data / ".versions" / "current")
+    assert version.startswith("collection-3-") and sorted(os.listdir(data / ".versions")) == [version, "current"]
+    for kept_links in (True, False):  # cp -r, cp -rL
+        copy = Path(shutil.copytree(data, tmp_path / f"copy-{kept_links}", symlinks=kept_links))
+        assert add_collection(as_session(2, tmp_path / f"s-{kept_links}", only={"r022"}), copy)["collection"] == 4
+        assert not leftovers(copy) and (load_h200_profiles(copy).runs["collection"] == 4).sum() == 1
+
+
+def test_without_symbolic_links_the_files_are_replaced_one_by_one(dataset, tmp_path, monkeypatch) -> None:
+    """A file system without symbolic links: the files are replaced in place as plain files, runs.csv first."""
+    import dprobe.data.profile_import as profile_import
+
+    monkeypatch.setattr(profile_import.os, "symlink", no_links)
+    add_collection(as_session(2, tmp_path / "session", only={"r017"}), dataset)
+    assert sorted(p.name for p in dataset.iterdir()) == ["CARD.md", "README.md", *sorted(DATA_FILES)]
+    assert not any(p.is_symlink() for p in dataset.iterdir())
+    assert (load_h200_profiles(dataset).runs["collection"] == 5).sum() == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -146,6 +147,34 @@ def _step_window_nvml(runs: pd.DataFrame, samples: pd.DataFrame, steps: pd.DataF
     return out
 
 
+def check_one_state(directory: Path, runs: pd.DataFrame, samples: pd.DataFrame, steps: pd.DataFrame,
+                    env: dict[str, dict]) -> None:
+    """A :class:`DatasetError` naming a run whose collection the files disagree on, as when they come from
+    different states of the data set (files replaced one by one, and the replacing stopped halfway): a
+    collection of runs.csv without a sample in samples.csv, with an ``ok`` run but without a step in
+    steps.csv (which has steps of others), or without an ``env.json`` entry where an earlier collection
+    has one written by ``dprobe profiles add`` (it writes one for each collection it adds). runs.csv may
+    list fewer runs than samples.csv and steps.csv hold."""
+    sampled, stepped = set(samples["collection"]), set(steps["collection"])
+    added = [int(k.split("_")[1]) for k, v in env.items() if re.fullmatch(r"collection_\d+", k) and "added" in v]
+    for collection, group in runs.groupby("collection", sort=True):
+        number = int(collection)
+        missing = None
+        if collection not in sampled:
+            missing = f"samples.csv has no sample of collection {number}"
+        elif len(steps) and collection not in stepped and (group["status"] == "ok").any():
+            missing = f"steps.csv has no step of collection {number}"
+        elif f"collection_{number}" not in env and any(m < number for m in added):
+            earlier = max(m for m in added if m < number)
+            missing = (f"env.json has no collection_{number} (it has collection_{earlier}, written by "
+                       "`dprobe profiles add`)")
+        if missing:
+            raise DatasetError(
+                f"{directory}: run {group['run_id'].iloc[0]} of collection {number} is in runs.csv, but {missing}: "
+                "the files are not from one state of the data set (were they replaced one by one and the "
+                "replacing stopped halfway?); put back all four files of one state")
+
+
 @dataclass
 class H200Profiles:
     """The three tables of h200-profiles, checked and typed.
@@ -216,6 +245,7 @@ def load_h200_profiles(directory: str | Path) -> H200Profiles:
     steps["run_id"] = steps["run_id"].astype(str)
     runs[["gpu_util_pct_steps", "nvml_used_bytes_steps"]] = _step_window_nvml(runs, samples, steps)
     env = read_env(directory)
+    check_one_state(directory, runs, samples, steps, env)
     runs[["gpu", "gpu_total_bytes"]] = _collection_gpu(runs, env)
     return H200Profiles(runs=runs, samples=samples, steps=steps, env=env)
 

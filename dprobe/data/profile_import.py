@@ -15,9 +15,15 @@ column. :func:`add_collection` appends one session as the next collection:
 Every column of what is added is checked (numbers where numbers belong, in their ranges: a batch of
 at least 1, memory and times that are not negative, utilisation 0-100 %; the known kinds, statuses,
 precisions and phases; JSON objects), and the grown data set is loaded, as training loads it, from a
-copy in a temporary folder. Only then are its files replaced, each written beside its original and
-moved over it (``os.replace``), the ones already moved put back if a later one fails: a failure at
-any point leaves the data set byte for byte as it was.
+copy in a temporary folder. Only then is it swapped in, in one rename: the data set's ``runs.csv``,
+``samples.csv``, ``steps.csv`` and ``env.json`` are symbolic links into ``.versions/current``, itself a
+link to the folder of one complete version; the grown set is moved into ``.versions`` beside it and
+``current`` is pointed at it by ``os.replace``. Killed at any moment, the data set is the old one or the
+new one, never a mix; what the killed addition left (``.adding-*`` staging folders, versions no longer
+current) is removed by the next addition. A data set of plain files is first turned into this layout
+without changing what its files hold. On a file system without symbolic links the files are replaced
+one by one, ``runs.csv`` first (a failure puts back the ones already moved; the mix a kill can leave
+there is refused by the loader, :func:`~dprobe.data.h200.check_one_state`).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import os
 import re
 import shutil
 import tempfile
+import uuid
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -76,6 +83,9 @@ SECOND_HALF_MEANS = [("nvml_gpu_util_pct_mean_2nd_half", "gpu_util_pct", 2),
                      ("nvml_mem_util_pct_mean_2nd_half", "mem_util_pct", 2),
                      ("nvml_power_w_mean_2nd_half", "power_w", 1)]
 RUN_ID = re.compile(r"^(?P<prefix>[a-z]+)(?P<number>\d+)(?P<tenant>[a-z]?)$")
+DATA_FILES = ("runs.csv", "samples.csv", "steps.csv", "env.json")  # one version of a data set, swapped whole
+VERSIONS, CURRENT = ".versions", "current"  # data_dir/runs.csv -> .versions/current/runs.csv; current -> a version
+STAGING = ".adding-"  # the prefix of what an addition writes before it is swapped in
 
 # what each column of an added collection may hold; a blank cell is a missing value, allowed unless required
 ADD_RUN_RANGES = {
@@ -289,11 +299,13 @@ def add_collection(source: str | Path, data_dir: str | Path, note: str = "", dry
     Returns a summary: the collection number, the GPU, runs added by kind and status, the renumbering.
     ``dry_run``: check and summarise, write nothing. Two additions to one data set never interleave: the
     second waits for nothing and is refused (:func:`_adding_to`), so neither run numbers nor rows collide.
+    What an earlier addition killed before it finished left behind is removed first (:func:`clean_stale`).
     """
     data_dir = Path(data_dir)
     if dry_run or not data_dir.is_dir():
         return _add_collection(source, data_dir, note, dry_run)
     with _adding_to(data_dir):
+        clean_stale(data_dir)
         return _add_collection(source, data_dir, note, dry_run)
 
 
@@ -381,8 +393,10 @@ def _add_collection(source: str | Path, data_dir: Path, note: str, dry_run: bool
         "samples.csv": _csv_text(samples.to_dict("records"), headers["samples"]),
         "steps.csv": _csv_text(steps.to_dict("records"), headers["steps"]),
     }
-    # the grown data set, staged beside the original (a dry run: in the system's temporary folder)
-    staging = Path(tempfile.mkdtemp(prefix=".adding-", dir=None if dry_run else data_dir))
+    # the grown data set, staged beside the original (a dry run: in the system's temporary folder), locked
+    # while this addition lives so that no other one takes it for a killed addition's leftovers
+    staging = Path(tempfile.mkdtemp(prefix=STAGING, dir=None if dry_run else data_dir))
+    held = _try_lock(staging)
     try:
         for name, text in new_text.items():
             _append_copy(data_dir / name, staging / name, text)
@@ -396,9 +410,11 @@ def _add_collection(source: str | Path, data_dir: Path, note: str, dry_run: bool
             raise DatasetError(f"{data_dir}: adding {session.source} would leave a data set that does not load "
                                f"({type(exc).__name__}: {message}); nothing was changed") from exc
         if not dry_run:
-            _swap_in(staging, [*new_text, "env.json"], data_dir)
+            _commit(staging, data_dir, collection)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        if held is not None:
+            os.close(held)
     return summary
 
 
@@ -443,3 +459,172 @@ def _swap_in(staging: Path, names: list[str], data_dir: Path) -> None:
             else:
                 os.replace(backup, data_dir / name)
         raise
+
+
+def _commit(staging: Path, data_dir: Path, collection: int) -> None:
+    """Make the files staged in ``staging`` (all of :data:`DATA_FILES`) the data set's in one rename: the
+    staging folder becomes a version in ``.versions`` and ``.versions/current`` is pointed at it
+    (``os.replace`` of a link); the version it replaces is removed. Without symbolic links, :func:`_swap_in`."""
+    if not _adopt(data_dir, collection - 1):
+        _swap_in(staging, list(DATA_FILES), data_dir)
+        return
+    versions = data_dir / VERSIONS
+    for name in DATA_FILES:
+        _fsync(staging / name)
+    os.chmod(staging, _dir_mode(data_dir))
+    version = versions / f"collection-{collection}-{staging.name.removeprefix(STAGING)}"
+    os.rename(staging, version)
+    _point(versions, version.name)  # the swap
+    _prune(versions)
+
+
+def _adopt(data_dir: Path, collection: int) -> bool:
+    """Turn the data set into the versioned layout, what its files hold unchanged at every step: its files
+    are linked (hard links, else copies) into a version, ``current`` points there, then each file is
+    replaced by a link through ``current``. Already so laid out: nothing to do. False, with nothing
+    changed, where the file system has no symbolic links."""
+    versions = data_dir / VERSIONS
+    if _current(versions) is not None and all(_linked(data_dir, name) for name in DATA_FILES):
+        return True
+    made = not versions.is_dir()
+    if made:
+        versions.mkdir()
+        os.chmod(versions, _dir_mode(data_dir))
+    probe = versions / f"{STAGING}{uuid.uuid4().hex}"
+    try:
+        os.symlink(CURRENT, probe)
+    except (OSError, NotImplementedError):
+        if made:
+            versions.rmdir()
+        return False
+    probe.unlink()
+    snapshot = Path(tempfile.mkdtemp(prefix=STAGING, dir=versions))
+    for name in DATA_FILES:
+        if (data_dir / name).is_file():  # an absent env.json stays absent: its link leads nowhere
+            held = (data_dir / name).resolve()  # what a link shows (os.link would link the link itself)
+            try:
+                os.link(held, snapshot / name)
+            except OSError:
+                shutil.copy2(held, snapshot / name)
+            _fsync(snapshot / name)
+    os.chmod(snapshot, _dir_mode(data_dir))
+    version = versions / f"collection-{collection}-{snapshot.name.removeprefix(STAGING)}"
+    os.rename(snapshot, version)
+    _point(versions, version.name)
+    for name in DATA_FILES:
+        if not _linked(data_dir, name):
+            link = data_dir / f"{STAGING}{uuid.uuid4().hex}"
+            os.symlink(f"{VERSIONS}/{CURRENT}/{name}", link)
+            os.replace(link, data_dir / name)
+    _fsync(data_dir)
+    return True
+
+
+def _linked(data_dir: Path, name: str) -> bool:
+    """Whether ``data_dir/name`` is the link through ``.versions/current`` that :func:`_adopt` makes."""
+    path = data_dir / name
+    return path.is_symlink() and os.readlink(path) == f"{VERSIONS}/{CURRENT}/{name}"
+
+
+def _current(versions: Path) -> str | None:
+    """The name of the version ``versions/current`` points to, if it is a link to a folder in ``versions``."""
+    link = versions / CURRENT
+    if not link.is_symlink():
+        return None
+    target = os.readlink(link)
+    return target if "/" not in target and (versions / target).is_dir() else None
+
+
+def _point(versions: Path, name: str) -> None:
+    """Point ``versions/current`` at the version ``name``: a new link renamed over the old (atomic)."""
+    link = versions / f"{STAGING}{uuid.uuid4().hex}"
+    os.symlink(name, link)
+    os.replace(link, versions / CURRENT)
+    _fsync(versions)
+
+
+def _prune(versions: Path) -> list[Path]:
+    """Remove everything in ``versions`` but ``current`` and the version it points to (everything, if it
+    points to none)."""
+    target = _current(versions)
+    keep = {CURRENT, target} if target else set()
+    removed = []
+    for path in sorted(versions.iterdir()):
+        if path.name not in keep:
+            _remove(path)
+            removed.append(path)
+    return removed
+
+
+def clean_stale(data_dir: str | Path) -> list[Path]:
+    """Remove what additions killed before they finished left in ``data_dir`` (its lock held, so no other
+    addition is under way): ``.adding-*`` staging folders and links, and in ``.versions`` every version
+    ``current`` does not point to (all of it where none of the data set's files links through it). A
+    staging folder that a live process still holds locked is kept. Returns what was removed."""
+    data_dir = Path(data_dir)
+    removed = []
+    for path in sorted(data_dir.glob(f"{STAGING}*")):
+        folder = path.is_dir() and not path.is_symlink()
+        fd = _try_lock(path) if folder else None
+        if folder and fd is None and _lockable():
+            continue  # locked: an addition that is still running
+        try:
+            _remove(path)
+        finally:
+            if fd is not None:
+                os.close(fd)
+        removed.append(path)
+    versions = data_dir / VERSIONS
+    if versions.is_dir() and not versions.is_symlink() and (
+            _current(versions) is not None or not any(_linked(data_dir, name) for name in DATA_FILES)):
+        removed += _prune(versions)
+    return removed
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _lockable() -> bool:
+    try:
+        import fcntl  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _try_lock(folder: Path) -> int | None:
+    """An open descriptor of ``folder`` holding an exclusive lock on it; None if another process holds it
+    (or there are no locks)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _fsync(path: Path) -> None:
+    """Flush ``path`` (a file or a folder's entries) to disk, where the system allows it."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _dir_mode(data_dir: Path) -> int:
+    return data_dir.stat().st_mode & 0o7777
