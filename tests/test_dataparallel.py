@@ -18,23 +18,30 @@ import pytest
 from dprobe.graph.schema import GraphNode, ModelGraph
 from dprobe.profiling.dataparallel._fitted import FITTED
 from dprobe.profiling.dataparallel.cli import refuse_without_gpus, run_data_parallel
-from dprobe.profiling.dataparallel.data import DEFAULT_DIR, load_steps
+from dprobe.profiling.dataparallel.data import DEFAULT_DIR, load_all, load_gavel_steps, load_steps
 from dprobe.profiling.dataparallel.fit import (
-    FREE,
-    HELD,
-    START,
-    fit_params,
+    Fitted,
     fitted,
     leave_one_model_out,
     predict_sync,
+    unseen_cluster,
 )
+from dprobe.profiling.dataparallel.gavel_models import JOB_TYPES
+from dprobe.profiling.dataparallel.interconnect import INTER_LINKS, INTRA_LINKS, resolve_interconnect
 from dprobe.profiling.dataparallel.model import ClusterParams, comm_seconds, step_seconds, sync_seconds
 from dprobe.profiling.dataparallel.placement import Placement, packed, parse_placement, resolve_placement
-from dprobe.profiling.dataparallel.predict import predict_data_parallel, scaling_limit, shipped_params
+from dprobe.profiling.dataparallel.predict import (
+    cluster_params,
+    predict_data_parallel,
+    predict_rows,
+    scaling_limit,
+    shipped,
+    shipped_params,
+)
 from dprobe.profiling.dataparallel.timeline import UNIFORM_WINDOW, backward_window
 
-PARAMS = ClusterParams(intra_bandwidth=5e9, intra_latency=1e-4, inter_bandwidth=1e9, inter_latency=5e-4,
-                       per_gpu_on_node=0.1, two_node_penalty=0.3, overlap=1.0, tail=0.2, straggler=0.0)
+PARAMS = ClusterParams(intra_bandwidth=5e9, inter_bandwidth=1e9, per_gpu_on_node=0.1, two_node_penalty=0.3,
+                       overlap=1.0, tail=0.2, straggler=0.0, straggler_intra=0.0)
 
 
 # placements and their errors ------------------------------------------------------------------------
@@ -76,12 +83,12 @@ def test_one_gpu_has_no_sync_and_the_ring_follows_its_links():
     assert step_seconds(PARAMS, 0.2, 1e8, Placement((1,))) == (0.2, 0.0)
     g = 1e8
     one_node = float(comm_seconds(PARAMS, g, 4, 1, 4))
-    assert one_node == pytest.approx(2 * 3 / 4 * g / 5e9 + 6 * 1e-4)
+    assert one_node == pytest.approx(2 * 3 / 4 * g / 5e9)
     across = float(comm_seconds(PARAMS, g, 4, 4, 1))
-    assert across == pytest.approx(2 * 3 / 4 * g / 1e9 + 6 * 5e-4) and across > one_node
+    assert across == pytest.approx(2 * 3 / 4 * g / 1e9) and across > one_node
     # the busiest node's GPUs share its link; a ring over exactly two nodes is slower
-    assert float(comm_seconds(PARAMS, g, 8, 4, 3)) == pytest.approx(2 * 7 / 8 * g / 1e9 * 1.2 + 14 * 5e-4)
-    assert float(comm_seconds(PARAMS, g, 4, 2, 2)) == pytest.approx(2 * 3 / 4 * g / 1e9 * 1.1 * 1.3 + 6 * 5e-4)
+    assert float(comm_seconds(PARAMS, g, 8, 4, 3)) == pytest.approx(2 * 7 / 8 * g / 1e9 * 1.2)
+    assert float(comm_seconds(PARAMS, g, 4, 2, 2)) == pytest.approx(2 * 3 / 4 * g / 1e9 * 1.1 * 1.3)
 
 
 def test_backward_hides_all_but_the_tail_and_bigger_gradients_cost_more():
@@ -90,8 +97,11 @@ def test_backward_hides_all_but_the_tail_and_bigger_gradients_cost_more():
     t = float(comm_seconds(PARAMS, 1e8, 4, 2, 2))
     assert short == pytest.approx(t, rel=0.05) and long_ == pytest.approx(PARAMS.tail * t, rel=1e-3)
     assert _sync(PARAMS, 0.1, 2e8, where) > _sync(PARAMS, 0.1, 1e8, where)
-    stragglers = ClusterParams(**{**PARAMS.as_dict(), "straggler": 0.05})
+    stragglers = ClusterParams(**{**PARAMS.as_dict(), "straggler": 0.05, "straggler_intra": 0.01})
     assert _sync(stragglers, 0.1, 1e8, where) == pytest.approx(_sync(PARAMS, 0.1, 1e8, where) + 0.05 * 0.1 * math.log(4))
+    one_node = Placement((4,))  # on one node the replicas wait on each other less
+    assert _sync(stragglers, 0.1, 1e8, one_node) == pytest.approx(_sync(PARAMS, 0.1, 1e8, one_node)
+                                                                  + 0.01 * 0.1 * math.log(4))
 
 
 def _graph(layers: list[tuple[int, float]]) -> ModelGraph:
@@ -216,63 +226,209 @@ def test_held_out_model_is_predicted_without_its_own_measurements(small_pollux):
     assert mape < 0.5 * linear
 
 
+def test_an_architecture_is_held_out_from_both_sources(monkeypatch):
+    """Gavel's ResNet-50 is pollux-placements' imagenet: holding out imagenet leaves Gavel's ResNet-50 rows out
+    of the fit too, and every held-out row is predicted on its own cluster."""
+    import dprobe.profiling.dataparallel.fit as fit_module
+
+    steps = load_all()
+    steps = steps.iloc[::25].reset_index(drop=True)
+    trained_on = []
+
+    def record(train, window_blend=0.5):
+        trained_on.append(set(train.model))
+        fit = _fitted_by_hand()
+        return Fitted(fit.shared, {c: fit.clusters["pollux-t4"] for c in steps.cluster.unique()}, window_blend)
+
+    monkeypatch.setattr(fit_module, "fit_params", record)
+    scored = leave_one_model_out(steps)
+    assert len(trained_on) == steps.group.nunique() == 7 and scored.pred_sync.notna().all()
+    without_imagenet = [models for models in trained_on if "imagenet" not in models]
+    assert len(without_imagenet) == 1 and "gavel ResNet-50" not in without_imagenet[0]
+    assert all("gavel ResNet-50" in models for models in trained_on if "imagenet" in models)
+    assert sum("gavel LM" not in models for models in trained_on) == 1  # a model of one source only
+
+
 @pytest.mark.slow
 def test_benchmark_ablations_and_model_subsets(small_pollux, script, monkeypatch, capsys):
-    """benchmarks/dataparallel.py: --models scores a subset, --uniform-window drops the windows (which
-    changes the held-out predictions), an unknown model is refused by name."""
+    """benchmarks/dataparallel.py: --models scores a subset, --window-blend changes the held-out predictions,
+    the two rules are scored beside the model, an unknown model is refused by name."""
     bench = script("benchmarks/dataparallel.py")
 
     def run(*flags):
-        monkeypatch.setattr("sys.argv", ["dataparallel.py", "--data", str(small_pollux), "--json", *flags])
+        monkeypatch.setattr("sys.argv", ["dataparallel.py", "--data", str(small_pollux), "--no-gavel", "--json",
+                                         *flags])
         assert bench.main() == 0
         return json.loads(capsys.readouterr().out)
 
     both = run("--models", "bert,ncf")
     assert {r["model"] for r in both["per_model"]} == {"bert", "ncf"}
-    uniform = run("--models", "bert,ncf", "--uniform-window")
-    assert both["per_model"][0]["sync_mape"] != uniform["per_model"][0]["sync_mape"]
-    monkeypatch.setattr("sys.argv", ["dataparallel.py", "--data", str(small_pollux), "--models", "bert,yolo"])
+    assert {"dprobe", "linear scaling", "nominal ring"} <= {r["method"] for r in both["per_model"]}
+    traced = run("--models", "bert,ncf", "--window-blend", "1")
+    assert both["per_model"][0]["sync_mape"] != traced["per_model"][0]["sync_mape"]
+    assert set(both["p90_coverage_nested_per_model"]["step"]) == {"bert", "ncf"}
+    monkeypatch.setattr("sys.argv", ["dataparallel.py", "--data", str(small_pollux), "--no-gavel", "--models",
+                                     "bert,yolo"])
     with pytest.raises(SystemExit):
         bench.main()
     assert "no yolo" in capsys.readouterr().err
 
 
-def test_only_known_parameters_but_tail_can_be_held():
-    steps = pd.DataFrame(columns=["model", "step_time", "sync_time", "single_step"])
-    for hold in (("tail",), ("bandwidth",)):
-        with pytest.raises(ValueError, match="cannot hold"):
-            fit_params(steps, hold)
+def _fitted_by_hand() -> Fitted:
+    shared = {"per_gpu_on_node": 0.1, "overlap": 1.0, "tail": 0.2}
+    cluster = {"intra_bandwidth": 3e9, "inter_bandwidth": 8e8, "two_node_penalty": 0.3, "straggler": 0.05,
+               "straggler_intra": 0.02}
+    return Fitted(shared, {"pollux-t4": cluster, "gavel-v100": {**cluster, "intra_bandwidth": 1.5e10}}, 0.5)
+
+
+def test_cross_validation_predicts_through_the_public_function():
+    """The held-out rows are predicted by predict_data_parallel (what dprobe predict calls), which agrees
+    with the vectorised model the fit optimises, on each row's own cluster and with the blended window."""
+    steps = load_all()
+    rows = pd.concat([steps[steps.cluster == "pollux-t4"].iloc[::400], steps[steps.cluster == "gavel-v100"].iloc[::20]])
+    fit = _fitted_by_hand()
+    np.testing.assert_allclose(predict_rows(rows, fit), predict_sync(fit, rows), rtol=1e-9)
+    assert fit.window(0.9) == pytest.approx(0.7) and fit.window(0.1) == pytest.approx(0.3)
+    v100 = rows.cluster == "gavel-v100"
+    assert predict_rows(rows[v100].assign(cluster="pollux-t4"), fit).sum() > predict_rows(rows[v100], fit).sum()
+
+
+def test_gavel_rows_are_steps_of_the_job(tmp_path):
+    """Gavel's throughput of an N-GPU job counts every worker's steps: a step is N / throughput; one server
+    is placement N, spread-out servers one GPU each; no sync time; unmeasured rows left out."""
+    rows = [("v100", "ResNet-50", 32, 1, 8.0), ("v100", "ResNet-50", 32, 4, 20.0),
+            ("v100_unconsolidated", "ResNet-50", 32, 1, 7.5), ("v100_unconsolidated", "ResNet-50", 32, 4, 12.0),
+            ("k80", "LM", 5, 2, 30.0), ("k80", "LM", 5, 1, 0.0),  # one GPU not measured: left out
+            ("p100", "CycleGAN", None, 1, 2.0), ("p100", "Transformer", 64, 8, 0.0)]
+    frame = pd.DataFrame(rows, columns=["gpu", "model_a", "batch_a", "gpus_a", "alone_a"]).assign(
+        model_b=np.nan, batch_b=np.nan, gpus_b=np.nan, alone_b=np.nan, colocated_a=np.nan, colocated_b=np.nan)
+    frame.loc[len(frame)] = ["v100", "ResNet-50", 32, 1, 8.0, "LM", 5, 1, 9.0, 3.0, 4.0]  # a co-located pair
+    path = tmp_path / "throughputs.csv"
+    frame.to_csv(path, index=False)
+    steps = load_gavel_steps(path)
+    assert len(steps) == 2 and steps.sync_time.isna().all()
+    one, spread_out = steps.iloc[0], steps.iloc[1]
+    assert (one.cluster, one.placement, one.nodes, one.busiest) == ("gavel-v100", "4", 1, 4)
+    assert (spread_out.cluster, spread_out.placement, spread_out.nodes) == ("gavel-v100", "1111", 4)
+    assert one.step_time == pytest.approx(4 / 20.0) and one.single_step == pytest.approx(1 / 8.0)
+    assert spread_out.single_step == pytest.approx(1 / 7.5)
+    assert one.group == "imagenet" and one.grad_bytes == 4 * 25_557_032 and one.window == pytest.approx(0.795)
+    with pytest.raises(ValueError, match="alone_a"):
+        frame.drop(columns="alone_a").to_csv(path, index=False)
+        load_gavel_steps(path)
 
 
 @pytest.mark.slow
-def test_the_fit_holds_the_ring_latencies(small_pollux):
-    """The per-ring-step latencies stay at their starting value (not identifiable on this data); the rest
-    moves off its start."""
-    params = fit_params(load_steps(small_pollux))
-    assert all(getattr(params, name) == getattr(START, name) for name in HELD)
-    assert all(getattr(params, name) != getattr(START, name) for name in FREE)
+def test_gavel_job_types_are_counted_from_their_modules():
+    """The Transformer and LSTM LM re-implementations have the parameters JOB_TYPES gives (the ResNets are
+    pollux-placements' models of the same architecture, with that data set's counts)."""
+    import torch
+
+    from dprobe.profiling.dataparallel import gavel_models
+
+    with torch.device("meta"):
+        assert gavel_models.trainable_parameters(gavel_models.transformer()) == JOB_TYPES["Transformer"].parameters
+        assert gavel_models.trainable_parameters(gavel_models.language_model()) == JOB_TYPES["LM"].parameters
+    table = pd.read_csv(DEFAULT_DIR / "models.csv").set_index("model")
+    for name in ("ResNet-18", "ResNet-50"):
+        job = JOB_TYPES[name]
+        assert job.parameters == table.loc[job.group, "parameters"]
+        assert job.backward_window == pytest.approx(table.loc[job.group, "backward_window"])
+
+
+@pytest.mark.slow
+def test_gavel_job_type_windows_are_their_traced_graphs(script):
+    tool = script("tools/gavel_dp_windows.py")
+    assert tool.main(["--check"]) == 0
+    for name in ("Transformer", "LM"):
+        count, window = tool.traced(name)
+        assert count == JOB_TYPES[name].parameters
+        assert window == pytest.approx(JOB_TYPES[name].backward_window, abs=5e-4)
 
 
 @pytest.mark.slow
 def test_shipped_parameters_are_the_refit_of_the_bundled_data():
-    """``python -m dprobe.profiling.dataparallel.fit --write`` on datasets/pollux-placements reproduces
-    what ships (parameters, p90 factors, models)."""
+    """``python -m dprobe.profiling.dataparallel.fit --write`` on pollux-placements and Gavel's data-parallel
+    rows reproduces what ships (parameters, unseen-cluster values, p90 factors, models)."""
     again = fitted()
     assert again["models"] == FITTED["models"] and again["rows"] == FITTED["rows"]
-    for name, value in FITTED["params"].items():
-        assert again["params"][name] == pytest.approx(value, rel=1e-3, abs=1e-9), name
+    for name, value in FITTED["shared"].items():
+        assert again["shared"][name] == pytest.approx(value, rel=1e-3, abs=1e-9), name
+    for cluster, values in FITTED["clusters"].items():
+        for name, value in values.items():
+            assert again["clusters"][cluster][name] == pytest.approx(value, rel=1e-3, abs=1e-9), (cluster, name)
+    for name, value in FITTED["unseen"].items():
+        assert again["unseen"][name] == pytest.approx(value, rel=1e-3), name
     assert again["p90_step_factor"] == pytest.approx(FITTED["p90_step_factor"], rel=1e-3)
     assert again["p90_sync_factor"] == pytest.approx(FITTED["p90_sync_factor"], rel=1e-3)
 
 
-def test_shipped_parameters_describe_the_measured_cluster():
-    """The fitted cluster: the network between nodes is the slow link, backward hides part of the
-    all-reduce, and the shipped model predicts the bundled rows better than linear scaling."""
-    p = shipped_params()
-    assert p.inter_bandwidth < p.intra_bandwidth and p.overlap > 0 and FITTED["p90_step_factor"] > 1
-    steps = load_steps()
-    pred = steps.single_step + predict_sync(p, steps)
+def test_shipped_parameters_describe_the_measured_clusters():
+    """Each measured cluster: the network between nodes is its slow link, backward hides part of the
+    all-reduce, and the shipped model predicts the bundled rows better than linear scaling; a cluster never
+    measured gets nominal bandwidth x the measured clusters' median efficiency."""
+    fit = shipped()
+    assert set(FITTED["clusters"]) == {"pollux-t4", "gavel-k80", "gavel-p100", "gavel-v100"}
+    for cluster in FITTED["clusters"]:
+        p = fit.params(cluster)
+        assert p.inter_bandwidth < p.intra_bandwidth and p.overlap > 0
+    assert FITTED["p90_step_factor"] > 1 and FITTED["p90_sync_factor"] > FITTED["p90_step_factor"]
+    steps = load_all()
+    pred = steps.single_step + predict_sync(fit, steps)
     assert np.mean(np.abs(pred / steps.step_time - 1)) < 0.5 * np.mean(np.abs(steps.single_step / steps.step_time - 1))
+    assert unseen_cluster(fit) == pytest.approx(FITTED["unseen"], rel=1e-4)
+    h200 = cluster_params(resolve_interconnect(None, "h200"))
+    assert h200.intra_bandwidth == pytest.approx(450e9 * FITTED["unseen"]["intra_efficiency"])
+    assert h200.inter_bandwidth == pytest.approx(50e9 * FITTED["unseen"]["inter_efficiency"])
+    assert shipped_params() == fit.params("pollux-t4")  # the T4 on its default links is the measured cluster
+
+
+# the links ------------------------------------------------------------------------------------------------
+
+def test_interconnect_presets_defaults_and_errors():
+    h200 = resolve_interconnect(None, "h200")
+    assert (h200.intra.name, h200.inter.name, h200.measured) == ("nvlink4", "infiniband-ndr", None)
+    assert h200.source == "default for h200"
+    t4 = resolve_interconnect(None, "t4")
+    assert (t4.intra.name, t4.inter.name, t4.measured) == ("pcie3", "ethernet-50g", "pollux-t4")
+    own = resolve_interconnect("pcie4,ethernet-25g", "h200")
+    assert own.intra is INTRA_LINKS["pcie4"] and own.inter is INTER_LINKS["ethernet-25g"]
+    assert own.source == "--interconnect" and own.measured is None
+    assert resolve_interconnect("nvlink", "a100").inter.name == "infiniband-hdr"  # INTER left out: the GPU's
+    assert resolve_interconnect("pcie3,200", "l4").inter.bandwidth == pytest.approx(25e9)  # a number: Gb/s
+    assert resolve_interconnect("gavel-v100", "h200").measured == "gavel-v100"
+    assert resolve_interconnect("pcie3,ethernet-50g", "h200").measured is None  # the Pollux links, not its GPU
+    for bad in ("warp-drive", "pcie3,carrier-pigeon", "pcie3,ethernet-10g,x", "pcie3,-5"):
+        with pytest.raises(ValueError, match="--interconnect"):
+            resolve_interconnect(bad, "h200")
+
+
+def test_the_links_change_the_prediction_and_are_echoed(capsys):
+    cold = _Cold()
+    run_data_parallel(_args(gpus=16, nodes=2, gpu="h200", step_time=0.1), cold)
+    fast = json.loads(capsys.readouterr().out)["data_parallel"]
+    run_data_parallel(_args(gpus=16, nodes=2, gpu="h200", step_time=0.1, interconnect="pcie3,ethernet-10g"), cold)
+    slow = json.loads(capsys.readouterr().out)["data_parallel"]
+    assert fast["interconnect"]["inter"]["name"] == "infiniband-ndr" and fast["interconnect"]["from"] == "default for h200"
+    assert slow["interconnect"]["inter"]["name"] == "ethernet-10g" and slow["interconnect"]["from"] == "--interconnect"
+    assert slow["sync_time_seconds"]["p50"] > 2 * fast["sync_time_seconds"]["p50"]
+    assert slow["interconnect"]["effective_bytes_per_second"]["inter"] < 1.25e9
+    with pytest.raises(ValueError, match="--interconnect is read with --gpus"):
+        refuse_without_gpus(_args(interconnect="nvlink"))
+
+
+def test_the_p90_carries_the_model_and_a_predicted_single_step():
+    """A cold-start one-GPU step (p90 above p50) widens the step and sync p90s beyond the measured step's;
+    neither collapses onto the p50."""
+    where, links = Placement((4, 4)), resolve_interconnect(None, "t4")
+    measured = predict_data_parallel((0.2, 0.2), 1e8, 64, where, 4, "--step-time", "--params", interconnect=links)
+    predicted = predict_data_parallel((0.2, 0.3), 1e8, 64, where, 4, "cold start", "graph", interconnect=links)
+    step50, sync50 = measured.step_time_seconds[0], measured.sync_time_seconds[0]
+    assert predicted.step_time_seconds[0] == pytest.approx(step50)
+    assert measured.step_time_seconds[1] == pytest.approx(step50 * FITTED["p90_step_factor"])
+    assert measured.sync_time_seconds[1] == pytest.approx(sync50 * FITTED["p90_sync_factor"])
+    assert predicted.step_time_seconds[1] > measured.step_time_seconds[1]
+    assert predicted.sync_time_seconds[1] > measured.sync_time_seconds[1] > 2 * sync50
 
 
 # dprobe predict --gpus --------------------------------------------------------------------------------
@@ -280,7 +436,7 @@ def test_shipped_parameters_describe_the_measured_cluster():
 def _args(**kw):
     base = {"model": "torchvision:resnet50", "batch": 64, "precision": "fp32", "json": True, "gpus": None,
             "nodes": None, "placement": None, "gpus_per_node": None, "step_time": None, "params": None,
-            "min_efficiency": None}
+            "min_efficiency": None, "gpu": "h200", "gpu_spec": None, "interconnect": None}
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -312,7 +468,10 @@ def test_predict_gpus_adds_data_parallel_at_the_per_gpu_batch(capsys):
     step = dp["step_time_seconds"]
     assert step["p50"] > 0.1 and step["p90"] >= step["p50"]
     assert dp["scaling_efficiency"] == pytest.approx(0.1 / step["p50"], abs=1e-4)
-    assert "pollux-placements" in dp["interconnect"]  # whose links the figures assume, said every time
+    links = dp["interconnect"]  # whose links the figures assume, said every time
+    assert (links["intra"]["name"], links["inter"]["name"], links["from"]) == ("nvlink4", "infiniband-ndr",
+                                                                              "default for h200")
+    assert links["calibrated_on"] is None and links["effective_bytes_per_second"]["intra"] > 0
     # --step-time and --params replace the cold-start step and the graph's gradients
     run_data_parallel(_args(gpus=8, placement="1124", step_time=0.5, params=10), cold)
     dp = json.loads(capsys.readouterr().out)["data_parallel"]
@@ -327,8 +486,10 @@ def test_predict_gpus_text(capsys):
                                analytical=SimpleNamespace(param_bytes=4e8), peak_memory_bytes=band,
                                device_memory_bytes=band, fits="yes")
 
-    assert run_data_parallel(_args(gpus=16, nodes=4, batch=256, json=False, min_efficiency=0.5), cold) == 0
+    assert run_data_parallel(_args(gpus=16, nodes=4, batch=256, json=False, min_efficiency=0.5, gpu="t4"), cold) == 0
     out = capsys.readouterr().out
+    assert "links             pcie3 / ethernet-50g (default for t4)" in out
+    assert "fitted on the measured cluster pollux-t4" in out
     assert "on 16 GPU(s), 4 node(s) (placement 4444), 16 per GPU" in out and "400.0 MB  (replay)" in out
     assert "backward window       0.50     (uniform" in out  # no graph: gradients assumed spread evenly
     assert "drops under 50 % of one GPU's beyond" in out and "allocator peak 2.00 GiB" in out

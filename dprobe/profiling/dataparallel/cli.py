@@ -36,13 +36,23 @@ def add_data_parallel_args(p: argparse.ArgumentParser) -> None:
                    "--step-time also for a model dprobe cannot trace")
     g.add_argument("--min-efficiency", type=float, default=None, metavar="X",
                    help="report the GPUs beyond which throughput per GPU drops under X of one GPU's (default 0.8)")
+    g.add_argument("--interconnect", default=None, metavar="INTRA[,INTER]",
+                   help="the links the all-reduce crosses inside a node and between nodes: presets (pcie3, pcie4, "
+                   "pcie5, nvlink2, nvlink3, nvlink4; ethernet-10g ... ethernet-400g, infiniband-edr, -hdr, -ndr), "
+                   "numbers of Gb/s, or a measured cluster (pollux-t4, gavel-k80, gavel-p100, gavel-v100, or one you "
+                   "refitted); default "
+                   "per --gpu (h200: nvlink4,infiniband-ndr; t4: the measured Pollux cluster, pcie3,ethernet-50g)")
 
 
-def _check(args: argparse.Namespace) -> Any:
-    """The placement, before any replay; ValueErrors name the option."""
+def _check(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The placement and links, before any replay; ValueErrors name the option."""
+    from dprobe.profiling.dataparallel._fitted import FITTED
+    from dprobe.profiling.dataparallel.interconnect import resolve_interconnect
     from dprobe.profiling.dataparallel.placement import resolve_placement
 
     where = resolve_placement(args.gpus, args.nodes, args.placement, args.gpus_per_node)
+    gpu = None if getattr(args, "gpu_spec", None) else getattr(args, "gpu", None)
+    links = resolve_interconnect(getattr(args, "interconnect", None), gpu, tuple(FITTED["clusters"]))
     if args.batch < 1 or args.batch % where.gpus:
         raise ValueError(f"--batch {args.batch} does not divide over --gpus {where.gpus}: give a global batch that "
                          f"is a multiple of the GPUs")
@@ -50,12 +60,12 @@ def _check(args: argparse.Namespace) -> Any:
         raise ValueError(f"--step-time must be a positive number of seconds, not {args.step_time}")
     if args.params is not None and args.params < 1:
         raise ValueError(f"--params must be >= 1, not {args.params}")
-    return where
+    return where, links
 
 
 def refuse_without_gpus(args: argparse.Namespace) -> None:
     """A ValueError naming a data-parallel option given without ``--gpus``."""
-    for flag in ("nodes", "placement", "gpus_per_node", "step_time", "params", "min_efficiency"):
+    for flag in ("nodes", "placement", "gpus_per_node", "step_time", "params", "min_efficiency", "interconnect"):
         if getattr(args, flag, None) is not None and getattr(args, "gpus", None) is None:
             raise ValueError(f"--{flag.replace('_', '-')} is read with --gpus only")
 
@@ -66,7 +76,7 @@ def run_data_parallel(args: argparse.Namespace, predict: Callable[[argparse.Name
     from dprobe.profiling.dataparallel.predict import DEFAULT_MIN_EFFICIENCY, predict_data_parallel
     from dprobe.profiling.dataparallel.timeline import backward_window
 
-    where = _check(args)
+    where, links = _check(args)
     local = copy.copy(args)
     local.batch = args.batch // where.gpus
     cold, failure = None, None
@@ -92,7 +102,7 @@ def run_data_parallel(args: argparse.Namespace, predict: Callable[[argparse.Name
     dp = predict_data_parallel(single, grad_bytes, args.batch, where,
                                args.gpus_per_node or DEFAULT_GPUS_PER_NODE, single_from, grad_from,
                                args.min_efficiency if args.min_efficiency is not None else DEFAULT_MIN_EFFICIENCY,
-                               window=window)
+                               window=window, interconnect=links)
     if args.json:
         head = cold.as_dict() if cold is not None else {
             "model": args.model, "batch": local.batch, "precision": args.precision,
@@ -112,7 +122,7 @@ def run_data_parallel(args: argparse.Namespace, predict: Callable[[argparse.Name
     print(f"  one GPU step      {1000 * single[0]:8.1f} ms  ({single_from})")
     print(f"  gradients         {grad_bytes / 1e6:8.1f} MB  ({grad_from})")
     print(f"  backward window   {dp.backward_window:8.2f}     ({dp.backward_window_from}: share of backward left to "
-          f"hide a gradient byte)")
+          f"hide a gradient byte; {dp.window_used:.2f} used)")
     print(f"  step time         {1000 * dp.step_time_seconds[0]:8.1f} ms  (p90 {1000 * dp.step_time_seconds[1]:.1f})")
     print(f"  of which sync     {1000 * dp.sync_time_seconds[0]:8.1f} ms  (p90 {1000 * dp.sync_time_seconds[1]:.1f})")
     tp = d["throughput_samples_per_second"]
@@ -122,5 +132,9 @@ def run_data_parallel(args: argparse.Namespace, predict: Callable[[argparse.Name
     where_to = (f"beyond {limit} GPU(s)" if limit is not None else "not up to 1024 GPUs")
     print(f"  throughput per GPU drops under {100 * dp.min_efficiency:.0f} % of one GPU's {where_to} "
           f"(nodes of {dp.gpus_per_node}, per-GPU batch {local.batch})")
-    print(f"  links: {d['interconnect']}")
+    links, eff = dp.interconnect, d["interconnect"]["effective_bytes_per_second"]
+    calibrated = (f"fitted on the measured cluster {links.measured}" if links.measured else
+                  "nominal x the efficiency measured clusters reach")
+    print(f"  links             {links.intra.name} / {links.inter.name} ({links.source}): {eff['intra'] / 1e9:.2f} / "
+          f"{eff['inter'] / 1e9:.2f} GB/s reached ({calibrated})")
     return 0

@@ -1,8 +1,15 @@
-"""Fit the cluster's all-reduce parameters (:class:`~.model.ClusterParams`) on measured data-parallel steps,
-score them leave-one-model-out, and write what ``dprobe predict --gpus`` ships (``_fitted.py``).
+"""Fit the data-parallel model (:mod:`.model`) on measured steps, score it leave-one-model-out, and write what
+``dprobe predict --gpus`` ships (``_fitted.py``).
 
-``python -m dprobe.profiling.dataparallel.fit [--data DIR] [--write]`` refits on ``datasets/pollux-placements``
-(or DIR laid out like it) and prints the parameters; ``--write`` replaces the shipped ones.
+Every measured cluster (pollux-placements' T4 cluster, Gavel's K80, P100 and V100 servers) gets its own link
+bandwidths, stragglers and two-node penalty; how DistributedDataParallel hides the all-reduce
+(:data:`~.model.SHARED`) is one set for all. A cluster never measured gets its nominal link bandwidths times
+the median efficiency the measured clusters reach on each side, and their median stragglers
+(:func:`unseen_cluster`).
+
+``python -m dprobe.profiling.dataparallel.fit [--data DIR] [--no-gavel] [--write]`` refits on
+``datasets/pollux-placements`` (or DIR laid out like it) and Gavel's data-parallel rows and prints the
+parameters; ``--write`` replaces the shipped ones.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ import argparse
 import json
 import math
 import pprint
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,114 +26,212 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from dprobe.core.conformal import conformal_shift
-from dprobe.profiling.dataparallel.data import load_steps
-from dprobe.profiling.dataparallel.model import PARAM_NAMES, ClusterParams, sync_seconds
+from dprobe.profiling.dataparallel.data import load_all
+from dprobe.profiling.dataparallel.interconnect import MEASURED, measured_links
+from dprobe.profiling.dataparallel.model import PER_CLUSTER, SHARED, ClusterParams, sync_seconds
+from dprobe.profiling.dataparallel.timeline import UNIFORM_WINDOW
 
 FITTED_MODULE = Path(__file__).with_name("_fitted.py")
 EPS_SYNC = 1e-3  # s: sync times this small count as equal in the loss (one-node rings hide almost all)
-START = ClusterParams(intra_bandwidth=5e9, intra_latency=0.0, inter_bandwidth=1e9, inter_latency=0.0,
-                      per_gpu_on_node=0.2, two_node_penalty=0.3, overlap=0.5, tail=0.3, straggler=0.02)
-# held at their START value, not fitted: the per-ring-step latencies are not identifiable on pollux-placements
-# (fitted on all five models they come out near 0; fitted on fewer they drift to milliseconds, which a model
-# whose all-reduce backward cannot hide then pays in full)
-HELD = ("intra_latency", "inter_latency")
-FREE = tuple(n for n in PARAM_NAMES if n not in HELD)
-LATENCY_START = {"intra_latency": 5e-5, "inter_latency": 5e-4}  # where the latencies start when fitted
-LEVEL = 0.9
+# how much of a traced backward window to trust: the window used is WINDOW_BLEND x traced + the rest x 0.5,
+# chosen leave-one-model-out over 0, 0.5 and 1 (benchmarks/dataparallel.py --window-blend)
+WINDOW_BLEND = 0.5
+START = {"intra_bandwidth": 2e9, "inter_bandwidth": 1e9, "per_gpu_on_node": 0.1, "two_node_penalty": 0.3,
+         "overlap": 1.0, "tail": 0.1, "straggler": 0.03, "straggler_intra": 0.01}
+LEVELS = (0.9, 0.925, 0.95, 0.975)  # the p90's quantile: the lowest whose held-out models average >= 90 %
+TARGET_COVERAGE = 0.9
 
 
-def _free(hold: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(n for n in PARAM_NAMES if n not in hold)
+class Fitted:
+    """Fitted parameters: the shared ones, those of each measured cluster, the window blend."""
+
+    def __init__(self, shared: dict[str, float], clusters: dict[str, dict[str, float]],
+                 window_blend: float = WINDOW_BLEND) -> None:
+        self.shared, self.clusters, self.window_blend = shared, clusters, window_blend
+
+    def params(self, cluster: str) -> ClusterParams:
+        """The parameters of a measured cluster."""
+        if cluster not in self.clusters:
+            raise ValueError(f"no fitted parameters for cluster {cluster!r} (fitted: {', '.join(self.clusters)})")
+        return ClusterParams(**self.shared, **self.clusters[cluster])
+
+    def window(self, traced: np.ndarray | float) -> np.ndarray:
+        """The backward window the model uses for a traced one."""
+        return self.window_blend * np.asarray(traced, dtype=np.float64) + (1.0 - self.window_blend) * UNIFORM_WINDOW
+
+    def as_dict(self) -> dict[str, Any]:
+        sig = lambda v: float(f"{v:.6g}")  # noqa: E731
+        return {"shared": {k: sig(v) for k, v in self.shared.items()},
+                "clusters": {c: {k: sig(v) for k, v in p.items()} for c, p in self.clusters.items()},
+                "window_blend": self.window_blend}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Fitted:
+        return cls(dict(values["shared"]), {c: dict(p) for c, p in values["clusters"].items()},
+                   float(values["window_blend"]))
 
 
-def _to_params(theta: np.ndarray, hold: tuple[str, ...] = HELD) -> ClusterParams:
-    free = _free(hold)
-    values = {**START.as_dict(), **dict(zip(free, np.exp(theta), strict=True))}
-    values["tail"] = float(1.0 / (1.0 + math.exp(-theta[free.index("tail")])))
-    return ClusterParams(**values)
+def predict_sync(fitted: Fitted, steps: pd.DataFrame) -> np.ndarray:
+    """Predicted synchronisation seconds of each row of :func:`~.data.load_all` (its cluster's parameters)."""
+    out = np.full(len(steps), np.nan)
+    for cluster, idx in steps.groupby("cluster").indices.items():
+        part = steps.iloc[idx]
+        out[idx] = sync_seconds(fitted.params(cluster), part.single_step.to_numpy(), part.grad_bytes.to_numpy(),
+                                part.gpus.to_numpy(), part.nodes.to_numpy(), part.busiest.to_numpy(),
+                                fitted.window(part.window.to_numpy()))
+    return out
 
 
-def _to_theta(params: ClusterParams, hold: tuple[str, ...] = HELD) -> np.ndarray:
-    free = _free(hold)
-    theta = np.log([getattr(params, n) for n in free])
-    tail = params.tail
-    theta[free.index("tail")] = math.log(tail / (1.0 - tail))
-    return theta
+def _names(clusters: list[str]) -> list[str]:
+    return list(SHARED) + [f"{n}@{c}" for c in clusters for n in PER_CLUSTER]
 
 
-def predict_sync(params: ClusterParams, steps: pd.DataFrame) -> np.ndarray:
-    """Predicted synchronisation seconds of each row of :func:`~.data.load_steps`."""
-    return sync_seconds(params, steps.single_step.to_numpy(), steps.grad_bytes.to_numpy(), steps.gpus.to_numpy(),
-                        steps.nodes.to_numpy(), steps.busiest.to_numpy(), steps.window.to_numpy())
+def _unpack(theta: np.ndarray, names: list[str]) -> dict[str, float]:
+    values = {}
+    for name, v in zip(names, np.clip(theta, -40.0, 40.0), strict=True):
+        values[name] = 1.0 / (1.0 + math.exp(-v)) if name.startswith("tail") else math.exp(v)
+    return values
 
 
-def fit_params(steps: pd.DataFrame, hold: tuple[str, ...] = HELD) -> ClusterParams:
-    """Least squares on the log ratio of predicted to measured step time and sync time (each model weighing
-    the same, a soft L1 loss against the odd slow measurement), all models sharing the parameters (those of
-    ``hold`` kept at their :data:`START` value; a latency fitted starts at :data:`LATENCY_START`)."""
-    wrong = sorted(set(hold) - set(PARAM_NAMES) | {"tail"} & set(hold))
-    if wrong:
-        raise ValueError(f"cannot hold {', '.join(wrong)} in the fit: hold any of {', '.join(PARAM_NAMES)} "
-                         f"but tail")
-    weight = 1.0 / np.sqrt(steps.groupby("model").model.transform("size").to_numpy())
-    step, sync, single = (steps[c].to_numpy() for c in ("step_time", "sync_time", "single_step"))
+def fit_params(steps: pd.DataFrame, window_blend: float = WINDOW_BLEND) -> Fitted:
+    """Least squares on the log ratio of predicted to measured step time (every row) and sync time (rows that
+    measured it), each model and cluster weighing the same, a soft L1 loss against the odd slow measurement."""
+    clusters = sorted(steps.cluster.unique())
+    names = _names(clusters)
+    key = steps.group + "/" + steps.cluster
+    weight = 1.0 / np.sqrt(steps.groupby(key).group.transform("size").to_numpy())
+    step, sync, single = (steps[c].to_numpy(dtype=np.float64) for c in ("step_time", "sync_time", "single_step"))
+    has = ~np.isnan(sync)
+    start = np.array([math.log(START[n.split("@")[0]]) if not n.startswith("tail") else
+                      math.log(START["tail"] / (1 - START["tail"])) for n in names])
+
+    def to_fitted(theta: np.ndarray) -> Fitted:
+        values = _unpack(theta, names)
+        return Fitted({n: values[n] for n in SHARED},
+                      {c: {n: values[f"{n}@{c}"] for n in PER_CLUSTER} for c in clusters}, window_blend)
 
     def residuals(theta: np.ndarray) -> np.ndarray:
-        pred = predict_sync(_to_params(theta, hold), steps)
+        pred = predict_sync(to_fitted(theta), steps)
         return np.concatenate([weight * np.log((single + pred) / step),
-                               weight * np.log((pred + EPS_SYNC) / (sync + EPS_SYNC))])
+                               weight[has] * np.log((pred[has] + EPS_SYNC) / (sync[has] + EPS_SYNC))])
 
-    start = ClusterParams(**{**START.as_dict(), **{k: v for k, v in LATENCY_START.items() if k not in hold}})
-    result = least_squares(residuals, _to_theta(start, hold), loss="soft_l1", f_scale=0.3, x_scale=1.0,
-                           xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=5000)
-    return _to_params(result.x, hold)
+    result = least_squares(residuals, start, loss="soft_l1", f_scale=0.3, max_nfev=4000)
+    return to_fitted(result.x)
 
 
-def leave_one_model_out(steps: pd.DataFrame, hold: tuple[str, ...] = HELD) -> pd.DataFrame:
-    """Each model's rows predicted by parameters fitted on the other models: ``steps`` with ``pred_sync``,
-    ``pred_step`` (its own one-GPU step time plus the predicted sync, as a user with ``--step-time`` has);
-    ``hold``: as in :func:`fit_params`."""
+def unseen_cluster(fitted: Fitted) -> dict[str, float]:
+    """What a cluster never measured gets: the median efficiency (reached over nominal bandwidth) of the
+    measured clusters' intra- and inter-node links, and their median two-node penalty and stragglers."""
+    known = [c for c in fitted.clusters if c in MEASURED]
+    if not known:
+        raise ValueError("no measured cluster with known links to derive an unseen cluster from")
+    eff = {"intra": [], "inter": []}
+    for c in known:
+        intra, inter = measured_links(c)
+        eff["intra"].append(fitted.clusters[c]["intra_bandwidth"] / intra.bandwidth)
+        eff["inter"].append(fitted.clusters[c]["inter_bandwidth"] / inter.bandwidth)
+    med = lambda name: float(np.median([fitted.clusters[c][name] for c in known]))  # noqa: E731
+    return {"intra_efficiency": float(np.median(eff["intra"])), "inter_efficiency": float(np.median(eff["inter"])),
+            "two_node_penalty": med("two_node_penalty"), "straggler": med("straggler"),
+            "straggler_intra": med("straggler_intra")}
+
+
+def leave_one_model_out(steps: pd.DataFrame, window_blend: float = WINDOW_BLEND) -> pd.DataFrame:
+    """Each model (``group``: a pollux-placements model with Gavel's job type of the same architecture) predicted
+    by parameters fitted on the other models: ``steps`` with ``pred_sync`` and ``pred_step`` (its own one-GPU
+    step time plus the predicted sync, as a user with ``--step-time`` has), each row through
+    :func:`~.predict.predict_data_parallel` as ``dprobe predict`` calls it. ``attrs["fits"]``: each held-out
+    model's :class:`Fitted`."""
+    from dprobe.profiling.dataparallel.predict import predict_rows
+
     out = steps.copy()
     out["pred_sync"] = np.nan
-    for model in sorted(steps.model.unique()):
-        held = (steps.model == model).to_numpy()
-        params = fit_params(steps[~held], hold)
-        out.loc[held, "pred_sync"] = predict_sync(params, steps[held])
+    fits = {}
+    for group in sorted(steps.group.unique()):
+        held = (steps.group == group).to_numpy()
+        fits[group] = fit_params(steps[~held], window_blend)
+        out.loc[held, "pred_sync"] = predict_rows(steps[held], fits[group])
     out["pred_step"] = out.single_step + out.pred_sync
+    out.attrs["fits"] = fits
+    return out
+
+
+def _log_residuals(scored: pd.DataFrame) -> dict[str, pd.Series]:
+    return {"step": np.log(scored.step_time / scored.pred_step),
+            "sync": np.log((scored.sync_time + EPS_SYNC) / (scored.pred_sync + EPS_SYNC))}
+
+
+def _quantile(values: np.ndarray, groups: np.ndarray, level: float) -> float:
+    """The ``level`` quantile of ``values``, each group weighing the same."""
+    order = np.argsort(values)
+    values, groups = values[order], groups[order]
+    _, inverse, counts = np.unique(groups, return_inverse=True, return_counts=True)
+    cum = np.cumsum(1.0 / counts[inverse])
+    return float(values[min(np.searchsorted(cum / cum[-1], level), len(values) - 1)])
+
+
+def coverage(scored: pd.DataFrame, level: float) -> dict[str, dict[str, float]]:
+    """Per model, the share of its rows under a p90 whose factor comes from the other models' held-out
+    residuals only (nested: never its own): ``{"step": {model: share}, "sync": {...}}``."""
+    out: dict[str, dict[str, float]] = {"step": {}, "sync": {}}
+    for kind, res in _log_residuals(scored).items():
+        ok = res.notna().to_numpy()
+        for group in sorted(scored.group.unique()):
+            mine = (scored.group == group).to_numpy()
+            if not (mine & ok).any():
+                continue
+            factor = _quantile(res[~mine & ok].to_numpy(), scored.group[~mine & ok].to_numpy(), level)
+            out[kind][group] = float(np.mean(res[mine & ok].to_numpy() <= factor))
     return out
 
 
 def p90_factors(scored: pd.DataFrame) -> dict[str, float]:
-    """Split-conformal p90 of held-out models: the factor on a p50 that covers 90 % of their rows."""
-    return {"step": math.exp(conformal_shift(np.log(scored.step_time / scored.pred_step).to_numpy(), LEVEL)),
-            "sync": math.exp(conformal_shift(np.log((scored.sync_time + EPS_SYNC) / (scored.pred_sync + EPS_SYNC))
-                                             .to_numpy(), LEVEL))}
+    """The p90 factors on a p50 (step, sync): the quantile of held-out models' log residuals (each model
+    weighing the same) at the lowest of :data:`LEVELS` whose nested per-model coverage averages >= 90 %."""
+    res = _log_residuals(scored)
+    out: dict[str, float] = {}
+    for kind in ("step", "sync"):
+        ok = res[kind].notna().to_numpy()
+        for level in LEVELS:
+            if np.mean(list(coverage(scored, level)[kind].values())) >= TARGET_COVERAGE:
+                break
+        out[kind] = math.exp(max(_quantile(res[kind][ok].to_numpy(), scored.group[ok].to_numpy(), level), 0.0))
+        out[f"{kind}_level"] = level
+    return out
 
 
-def fitted(root: str | Path | None = None, param_counts: dict[str, int] | None = None) -> dict[str, Any]:
-    """What ships: the parameters fitted on every model of ``root``, and p90 factors from leave-one-model-out."""
-    steps = load_steps(root, param_counts)
+def fitted(root: str | Path | None = None, param_counts: dict[str, int] | None = None,
+           gavel: str | Path | None | bool = None) -> dict[str, Any]:
+    """What ships: the parameters fitted on every model, what an unseen cluster gets, and the p90 factors
+    from leave-one-model-out."""
+    steps = load_all(root, param_counts, gavel)
+    fit = fit_params(steps)
     factors = p90_factors(leave_one_model_out(steps))
-    return {"params": {k: float(f"{v:.6g}") for k, v in fit_params(steps).as_dict().items()},
+    return {**fit.as_dict(), "unseen": {k: float(f"{v:.6g}") for k, v in unseen_cluster(fit).items()},
             "p90_step_factor": round(factors["step"], 4), "p90_sync_factor": round(factors["sync"], 4),
-            "models": sorted(steps.model.unique()), "rows": len(steps)}
+            "p90_levels": {"step": factors["step_level"], "sync": factors["sync_level"]},
+            "models": sorted(steps.model.unique()), "groups": sorted(steps.group.unique()), "rows": len(steps)}
 
 
 def write_fitted(values: dict[str, Any], path: Path = FITTED_MODULE) -> None:
     """Write ``values`` as the module ``dprobe predict`` reads (no data set needed at run time)."""
-    path.write_text('"""Data-parallel parameters fitted on datasets/pollux-placements; written by\n'
-                    '``python -m dprobe.profiling.dataparallel.fit --write`` (do not edit)."""\n\n'
-                    f"FITTED = {pprint.pformat(values, sort_dicts=True, width=100)}\n")
+    path.write_text('"""Data-parallel parameters fitted on datasets/pollux-placements and the data-parallel rows of\n'
+                    'datasets/gavel-colocation; written by ``python -m dprobe.profiling.dataparallel.fit --write``\n'
+                    '(do not edit)."""\n\n'
+                    f"FITTED = {pprint.pformat(values, sort_dicts=True, width=110)}\n")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dprobe.profiling.dataparallel.fit", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m dprobe.profiling.dataparallel.fit", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=None, help="directory laid out like datasets/pollux-placements")
+    ap.add_argument("--no-gavel", action="store_true", help="leave Gavel's data-parallel rows out")
     ap.add_argument("--write", action="store_true", help=f"replace {FITTED_MODULE.name} with the refit")
     args = ap.parse_args(argv)
-    values = fitted(args.data)
+    t0 = time.time()
+    values = fitted(args.data, gavel=False if args.no_gavel else None)
     print(json.dumps(values, indent=2))
+    print(f"fitted in {time.time() - t0:.0f} s")
     if args.write:
         write_fitted(values)
         print(f"wrote {FITTED_MODULE}")

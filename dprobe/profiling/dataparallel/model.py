@@ -4,18 +4,19 @@ A step is the single-GPU step at the per-GPU batch, ``S``, plus the part of the 
 backward does not hide, plus the wait for the slowest replica:
 
 - ring all-reduce of ``G`` gradient bytes over ``N`` GPUs moves ``2 (N - 1) / N * G`` bytes over the
-  slowest link: the node's PCIe fabric on one node (``intra``), the network between nodes otherwise
-  (``inter``), which the GPUs of the busiest node share (``per_gpu_on_node`` for each GPU beyond the
-  first); each of the ``2 (N - 1)`` ring steps adds a latency; a ring over two nodes is
-  ``two_node_penalty`` slower (measured, see docs/graph-and-coldstart.md);
-- gradient buckets are reduced while backward still runs: of the all-reduce time ``T``,
-  ``T * (tail + (1 - tail) * exp(-overlap * W * S / T))`` is exposed (the last bucket, ``tail``, never
-  hides), where ``W`` is the model's backward window (:mod:`.timeline`: the share of backward left to
-  run once a gradient byte is ready, byte-weighted; 0.5 when gradients spread evenly over backward);
-- replicas finish backward at slightly different times: ``straggler * S * ln N``.
+  slowest link: inside the node on one node (``intra_bandwidth``), the network between nodes otherwise
+  (``inter_bandwidth``), which the GPUs of the busiest node share (``per_gpu_on_node`` for each GPU beyond
+  the first); a ring over exactly two nodes is ``two_node_penalty`` slower (measured on one cluster, see
+  docs/graph-and-coldstart.md); that is ``T``;
+- gradient buckets are reduced while backward still runs: of ``T``, ``T * (tail + (1 - tail) *
+  exp(-overlap * W * S / T))`` is exposed, where ``W`` is the model's backward window (:mod:`.timeline`:
+  the share of backward left to run once a gradient byte is ready; 0.5 when gradients spread evenly);
+- replicas finish backward at different times: ``straggler * S * ln N`` across nodes,
+  ``straggler_intra * S * ln N`` on one node.
 
-Only a handful of numbers, fitted across models (:mod:`.fit`), describe the cluster; the model enters
-through ``S``, ``G`` and ``W`` alone.
+The bandwidths and stragglers describe one cluster (:mod:`.fit` learns them for each measured cluster and
+derives those of others from their links, :mod:`.interconnect`); ``per_gpu_on_node``, ``overlap`` and
+``tail`` describe DistributedDataParallel and are shared. The model enters through ``S``, ``G`` and ``W``.
 """
 
 from __future__ import annotations
@@ -32,17 +33,16 @@ from dprobe.profiling.dataparallel.timeline import UNIFORM_WINDOW
 
 @dataclass(frozen=True)
 class ClusterParams:
-    """The fitted description of a cluster's all-reduce (seconds, bytes per second, fractions)."""
+    """What the model needs of one cluster (bytes per second, fractions)."""
 
-    intra_bandwidth: float  # bytes/s of one ring link inside a node
-    intra_latency: float  # s per ring step inside a node
-    inter_bandwidth: float  # bytes/s of one ring link between nodes
-    inter_latency: float  # s per ring step across nodes
+    intra_bandwidth: float  # bytes/s a ring link inside a node reaches
+    inter_bandwidth: float  # bytes/s a ring link between nodes reaches
     per_gpu_on_node: float  # slowdown of the inter-node ring per GPU beyond the first on the busiest node
     two_node_penalty: float  # extra slowdown of a ring over exactly two nodes
     overlap: float  # all-reduce seconds hidden, per second of single-GPU step and unit of backward window
     tail: float  # share of the all-reduce never hidden (the last bucket)
-    straggler: float  # wait for the slowest replica, per second of step and unit of ln N
+    straggler: float  # wait for the slowest replica across nodes, per second of step and unit of ln N
+    straggler_intra: float  # the same on one node
 
     def as_dict(self) -> dict[str, float]:
         return {k: float(v) for k, v in asdict(self).items()}
@@ -55,21 +55,20 @@ class ClusterParams:
             raise ValueError(f"data-parallel parameters lack {', '.join(missing)}")
         return cls(**{n: float(values[n]) for n in names})
 
-    def vector(self) -> np.ndarray:
-        return np.array([getattr(self, f.name) for f in fields(self)], dtype=np.float64)
-
 
 PARAM_NAMES = tuple(f.name for f in fields(ClusterParams))
+SHARED = ("per_gpu_on_node", "overlap", "tail")  # how DistributedDataParallel behaves, on any cluster
+PER_CLUSTER = tuple(n for n in PARAM_NAMES if n not in SHARED)
 
 
 def comm_seconds(params: ClusterParams, grad_bytes: np.ndarray, gpus: np.ndarray, nodes: np.ndarray,
                  busiest: np.ndarray) -> np.ndarray:
     """Seconds of one ring all-reduce of ``grad_bytes`` (0 on one GPU)."""
     g, n, m, k = (np.asarray(a, dtype=np.float64) for a in (grad_bytes, gpus, nodes, busiest))
-    moved = 2.0 * (n - 1.0) / n * g
-    intra = moved / params.intra_bandwidth + 2.0 * (n - 1.0) * params.intra_latency
+    moved = 2.0 * (n - 1.0) / np.maximum(n, 1.0) * g
+    intra = moved / params.intra_bandwidth
     share = (1.0 + params.per_gpu_on_node * (k - 1.0)) * (1.0 + params.two_node_penalty * (m == 2))
-    inter = moved / params.inter_bandwidth * share + 2.0 * (n - 1.0) * params.inter_latency
+    inter = moved / params.inter_bandwidth * share
     return np.where(n <= 1, 0.0, np.where(m > 1, inter, intra))
 
 
@@ -81,11 +80,12 @@ def sync_seconds(params: ClusterParams, single_step: np.ndarray, grad_bytes: np.
     s = np.asarray(single_step, dtype=np.float64)
     w = np.asarray(window, dtype=np.float64)
     t = comm_seconds(params, grad_bytes, gpus, nodes, busiest)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         hidden = np.where(t > 0, np.exp(-params.overlap * w * s / np.where(t > 0, t, 1.0)), 0.0)
     exposed = t * (params.tail + (1.0 - params.tail) * hidden)
     n = np.asarray(gpus, dtype=np.float64)
-    return exposed + params.straggler * s * np.log(np.maximum(n, 1.0))
+    straggler = np.where(np.asarray(nodes) > 1, params.straggler, params.straggler_intra)
+    return exposed + straggler * s * np.log(np.maximum(n, 1.0))
 
 
 def step_seconds(params: ClusterParams, single_step: float, grad_bytes: float, where: Placement,

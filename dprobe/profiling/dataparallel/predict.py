@@ -1,28 +1,66 @@
 """A data-parallel job's step time, throughput and scaling efficiency (p50 and p90), from its one-GPU step
-time at the per-GPU batch, its gradient bytes and its backward window, with the shipped cluster parameters."""
+time at the per-GPU batch, its gradient bytes, its backward window and the links its all-reduce crosses,
+with the shipped parameters (:mod:`.fit`)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from dprobe.profiling.dataparallel._fitted import FITTED
+from dprobe.profiling.dataparallel.interconnect import (
+    Interconnect,
+    fitted_link,
+    measured_links,
+    resolve_interconnect,
+)
 from dprobe.profiling.dataparallel.model import ClusterParams, step_seconds
 from dprobe.profiling.dataparallel.placement import Placement, packed
 from dprobe.profiling.dataparallel.timeline import UNIFORM_WINDOW, check_window
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from dprobe.profiling.dataparallel.fit import Fitted
 
 DEFAULT_MIN_EFFICIENCY = 0.8
 MAX_SEARCH_GPUS = 1024
 
 
-# where the link parameters come from: every prediction says so, since another cluster's links differ
-INTERCONNECT = ("fitted on pollux-placements (NVIDIA T4, 4-GPU nodes, PCIe within a node, 50 Gb/s Ethernet across); "
-                "refit on your cluster: tools/collect_ddp_steps.py, then python -m dprobe.profiling.dataparallel.fit")
+def shipped() -> Fitted:
+    """The shipped fit (pollux-placements and Gavel's data-parallel rows)."""
+    from dprobe.profiling.dataparallel.fit import Fitted
+
+    return Fitted.from_dict(FITTED)
 
 
-def shipped_params() -> ClusterParams:
-    """The parameters fitted on ``datasets/pollux-placements`` (:mod:`.fit`)."""
-    return ClusterParams.from_dict(FITTED["params"])
+def cluster_params(interconnect: Interconnect, fitted: Fitted | None = None,
+                   unseen: dict[str, float] | None = None) -> ClusterParams:
+    """The model's parameters on ``interconnect``: a measured cluster's own, else its nominal link bandwidths
+    times the efficiency measured clusters reach (``unseen``, default the shipped :func:`~.fit.unseen_cluster`)
+    with their median stragglers and two-node penalty."""
+    fitted = fitted or shipped()
+    if interconnect.measured is not None and interconnect.measured in fitted.clusters:
+        return fitted.params(interconnect.measured)
+    if not (interconnect.intra.bandwidth > 0 and interconnect.inter.bandwidth > 0):
+        raise ValueError(f"--interconnect {interconnect.measured or interconnect.intra.name}: no fitted parameters "
+                         f"and no nominal bandwidth for it")
+    if unseen is None:
+        from dprobe.profiling.dataparallel.fit import unseen_cluster
+
+        unseen = FITTED["unseen"] if fitted.clusters == FITTED["clusters"] else unseen_cluster(fitted)
+    return ClusterParams(**fitted.shared, intra_bandwidth=interconnect.intra.bandwidth * unseen["intra_efficiency"],
+                         inter_bandwidth=interconnect.inter.bandwidth * unseen["inter_efficiency"],
+                         two_node_penalty=unseen["two_node_penalty"], straggler=unseen["straggler"],
+                         straggler_intra=unseen["straggler_intra"])
+
+
+def shipped_params(interconnect: Interconnect | None = None) -> ClusterParams:
+    """The shipped parameters on ``interconnect`` (default: the Pollux T4 cluster the fit measured)."""
+    return cluster_params(interconnect or resolve_interconnect(None, "t4"))
 
 
 @dataclass(frozen=True)
@@ -43,6 +81,9 @@ class DataParallelPrediction:
     gpus_per_node: int
     backward_window: float = UNIFORM_WINDOW  # share of backward left to hide a gradient byte (.timeline)
     backward_window_from: str = "uniform"  # "graph", or "uniform" (no graph: gradients spread evenly)
+    window_used: float = UNIFORM_WINDOW  # the window the model uses (blended towards 0.5, .fit.WINDOW_BLEND)
+    interconnect: Interconnect | None = None
+    params: ClusterParams | None = None
 
     @property
     def throughput(self) -> tuple[float, float]:
@@ -57,10 +98,15 @@ class DataParallelPrediction:
     def as_dict(self) -> dict[str, Any]:
         band = lambda v: {"p50": v[0], "p90": v[1]}  # noqa: E731
         tp = self.throughput
+        links = self.interconnect.as_dict() if self.interconnect is not None else {}
+        if self.params is not None:
+            links["effective_bytes_per_second"] = {"intra": self.params.intra_bandwidth,
+                                                   "inter": self.params.inter_bandwidth}
         return {"gpus": self.placement.gpus, "nodes": self.placement.nodes, "placement": str(self.placement),
                 "global_batch": self.global_batch, "local_batch": self.local_batch,
                 "grad_bytes": int(self.grad_bytes), "grad_bytes_from": self.grad_bytes_from,
                 "backward_window": round(self.backward_window, 4), "backward_window_from": self.backward_window_from,
+                "backward_window_used": round(self.window_used, 4),
                 "single_gpu_step_time_seconds": band(self.single_step_seconds),
                 "single_gpu_step_time_from": self.single_step_from,
                 "step_time_seconds": band(self.step_time_seconds),
@@ -69,7 +115,7 @@ class DataParallelPrediction:
                 "scaling_efficiency": round(self.scaling_efficiency, 4),
                 "scaling_limit": {"min_efficiency": self.min_efficiency, "gpus_per_node": self.gpus_per_node,
                                   "max_gpus": self.scaling_limit_gpus},
-                "interconnect": INTERCONNECT}
+                "interconnect": links}
 
 
 def scaling_limit(single_step: float, grad_bytes: float, gpus_per_node: int, min_efficiency: float,
@@ -77,7 +123,7 @@ def scaling_limit(single_step: float, grad_bytes: float, gpus_per_node: int, min
                   window: float = UNIFORM_WINDOW) -> int | None:
     """The number of GPUs (packed onto nodes of ``gpus_per_node``, per-GPU batch held) beyond which the
     throughput per GPU first drops under ``min_efficiency`` of one GPU's; None when it never does up to
-    ``max_gpus``."""
+    ``max_gpus``. ``window``: the window the model uses."""
     params = params or shipped_params()
     for n in range(2, max_gpus + 1):
         step, _ = step_seconds(params, single_step, grad_bytes, packed(n, gpus_per_node), window)
@@ -86,14 +132,23 @@ def scaling_limit(single_step: float, grad_bytes: float, gpus_per_node: int, min
     return None
 
 
+def _widen(p50: float, factor: float, spread: float) -> float:
+    """``p50`` times the model's p90 factor and the one-GPU step's spread (log ratios added in quadrature)."""
+    return p50 * math.exp(math.hypot(math.log(max(factor, 1.0)), math.log(max(spread, 1.0))))
+
+
 def predict_data_parallel(single_step: tuple[float, float], grad_bytes: float, global_batch: int, where: Placement,
                           gpus_per_node: int, single_step_from: str, grad_bytes_from: str,
-                          min_efficiency: float = DEFAULT_MIN_EFFICIENCY,
-                          params: ClusterParams | None = None, window: float | None = None) -> DataParallelPrediction:
-    """The job's data-parallel prediction; ``single_step``: one GPU's step at the local batch (p50, p90);
-    ``window``: the model's backward window (:func:`~.timeline.backward_window` of its graph; None: no
-    graph, :data:`~.timeline.UNIFORM_WINDOW`). The p90 is the step at the one-GPU p90 times the
-    leave-one-model-out conformal factor."""
+                          min_efficiency: float = DEFAULT_MIN_EFFICIENCY, params: ClusterParams | None = None,
+                          window: float | None = None, interconnect: Interconnect | None = None,
+                          fitted: Fitted | None = None, limit: bool = True) -> DataParallelPrediction:
+    """The job's data-parallel prediction (what ``dprobe predict --gpus``, benchmarks/dataparallel.py and the
+    leave-one-model-out of :mod:`.fit` all call). ``single_step``: one GPU's step at the local batch (p50,
+    p90); ``window``: the model's traced backward window (None: no graph, 0.5); ``interconnect``: its links
+    (default: the T4 cluster's); ``fitted``: the parameters (default the shipped ones); ``params``: a
+    cluster's parameters outright instead; ``limit``: search the scaling limit. The p90 widens the p50 by the
+    leave-one-model-out factor and by the one-GPU step's own p90 / p50 (added in quadrature, log scale); the
+    sync's one-GPU spread is its larger change at a step that much shorter or longer."""
     if not 0 < min_efficiency <= 1:
         raise ValueError(f"--min-efficiency must be in (0, 1], not {min_efficiency}")
     if not (single_step[0] > 0 and single_step[1] >= single_step[0]):
@@ -102,15 +157,50 @@ def predict_data_parallel(single_step: tuple[float, float], grad_bytes: float, g
         raise ValueError(f"--params must be >= 1 (gradient bytes {grad_bytes})")
     window_from = "uniform" if window is None else "graph"
     window = UNIFORM_WINDOW if window is None else check_window(window, "backward window of the graph")
-    params = params or shipped_params()
-    step50, sync50 = step_seconds(params, single_step[0], grad_bytes, where, window)
-    step_hi, sync_hi = step_seconds(params, single_step[1], grad_bytes, where, window)
-    step90 = max(step50, step_hi * FITTED["p90_step_factor"]) if where.gpus > 1 else step_hi
-    sync90 = max(sync50, sync_hi * FITTED["p90_sync_factor"])
+    interconnect = interconnect or resolve_interconnect(None, "t4")
+    fitted = fitted or shipped()
+    params = params or cluster_params(interconnect, fitted)
+    used = float(fitted.window(window))
+    s50, s90 = single_step
+    step50, sync50 = step_seconds(params, s50, grad_bytes, where, used)
+    step_hi, sync_hi = step_seconds(params, s90, grad_bytes, where, used)
+    _, sync_lo = step_seconds(params, s50 * s50 / s90, grad_bytes, where, used)
+    if where.gpus > 1:
+        step90 = _widen(step50, FITTED["p90_step_factor"], step_hi / step50)
+        sync90 = _widen(sync50, FITTED["p90_sync_factor"], max(sync_hi, sync_lo) / sync50 if sync50 > 0 else 1.0)
+    else:
+        step90, sync90 = step_hi, 0.0
     return DataParallelPrediction(
         placement=where, global_batch=global_batch, local_batch=global_batch // where.gpus, grad_bytes=grad_bytes,
         grad_bytes_from=grad_bytes_from, single_step_from=single_step_from, single_step_seconds=single_step,
         step_time_seconds=(step50, step90), sync_time_seconds=(sync50, sync90), min_efficiency=min_efficiency,
-        scaling_limit_gpus=scaling_limit(single_step[0], grad_bytes, gpus_per_node, min_efficiency, params,
-                                         window=window),
-        gpus_per_node=gpus_per_node, backward_window=window, backward_window_from=window_from)
+        scaling_limit_gpus=scaling_limit(s50, grad_bytes, gpus_per_node, min_efficiency, params, window=used)
+        if limit else None,
+        gpus_per_node=gpus_per_node, backward_window=window, backward_window_from=window_from, window_used=used,
+        interconnect=interconnect, params=params)
+
+
+def measured_interconnect(cluster: str) -> Interconnect:
+    """The links of a measured cluster (a key of :data:`~.interconnect.MEASURED`; any other fitted cluster
+    gets placeholder links named after it), as its own fitted parameters apply."""
+    try:
+        intra, inter = measured_links(cluster)
+    except KeyError:
+        intra = inter = fitted_link(cluster)
+    return Interconnect(intra, inter, "measured", cluster)
+
+
+def predict_rows(steps: pd.DataFrame, fitted: Fitted) -> np.ndarray:
+    """Predicted sync seconds (p50) of each row of :func:`~.data.load_all`, one :func:`predict_data_parallel`
+    call a row, on the row's measured cluster and with its measured one-GPU step (``--step-time``)."""
+    from dprobe.profiling.dataparallel.placement import parse_placement
+
+    out = np.empty(len(steps))
+    links = {c: measured_interconnect(c) for c in steps.cluster.unique()}
+    for i, row in enumerate(steps.itertuples(index=False)):
+        where = parse_placement(row.placement)
+        dp = predict_data_parallel((row.single_step, row.single_step), row.grad_bytes, where.gpus, where,
+                                   max(where.per_node), "--step-time", "--params", window=row.window,
+                                   interconnect=links[row.cluster], fitted=fitted, limit=False)
+        out[i] = dp.sync_time_seconds[0]
+    return out
