@@ -346,12 +346,11 @@ def test_an_addition_keeps_the_files_modes_and_leaves_nothing_behind(dataset, tm
     session = as_session(2, tmp_path / "session", only={"r017"})
     dataset.chmod(0o750)
     add_collection(session, dataset)
-    assert sorted(p.name for p in dataset.iterdir()) == [".versions", "CARD.md", "README.md", "env.json",
-                                                          "runs.csv", "samples.csv", "steps.csv"]
+    assert sorted(p.name for p in dataset.iterdir()) == ["CARD.md", "README.md", "env.json", "runs.csv",
+                                                          "samples.csv", "steps.csv"]
+    assert not any(p.is_symlink() for p in dataset.iterdir())  # plain files again, as git tracks them
     assert {oct(p.stat().st_mode & 0o777) for p in dataset.iterdir() if p.is_file()} == {"0o640"}
-    version = dataset / ".versions" / os.readlink(dataset / ".versions" / "current")
-    assert {oct(p.stat().st_mode & 0o777) for p in (dataset / ".versions", version)} == {"0o750"}
-    assert not leftovers(dataset) and sorted(os.listdir(version)) == sorted(DATA_FILES)
+    assert oct(dataset.stat().st_mode & 0o777) == "0o750" and not leftovers(dataset)
     assert (load_h200_profiles(dataset).runs["collection"] == 5).sum() == 1
 
 
@@ -367,7 +366,7 @@ def test_a_second_addition_while_one_runs_is_refused_and_changes_nothing(dataset
         assert add_collection(session, dataset, dry_run=True)["collection"] == 5  # a dry run writes nothing
     assert digest(dataset) == before
     assert add_collection(session, dataset)["collection"] == 5  # released: the addition goes through
-    assert sorted(p.name for p in dataset.iterdir()) == sorted([*before, ".versions"])  # no lock file left behind
+    assert sorted(p.name for p in dataset.iterdir()) == sorted(before)  # no lock file left behind
 
 
 # --- an addition killed at any moment --------------------------------------------------------------------------
@@ -581,7 +580,7 @@ def test_the_next_addition_removes_what_killed_ones_left_but_not_a_live_ones_sta
     (dead / "runs.csv").write_text("collection,run_id\n")
     (data / ".adding-link").symlink_to(".versions/current/runs.csv")  # a link made before it was moved
     stale = data / ".versions" / "collection-9-stale"  # a version no longer (or not yet) current
-    stale.mkdir()
+    stale.mkdir(parents=True)
     (stale / "runs.csv").write_text("collection,run_id\n")
     live = data / ".adding-live"  # staging held by a process still running
     live.mkdir()
@@ -596,17 +595,17 @@ def test_the_next_addition_removes_what_killed_ones_left_but_not_a_live_ones_sta
     assert not leftovers(data)
 
 
-def test_a_plain_data_set_is_laid_out_in_versions_and_a_copy_of_it_keeps_working(tmp_path) -> None:
-    """The first addition makes the four files links through .versions/current; what they hold is what
-    they held (plus the collection); other files are left alone; copies with links or without grow too."""
+def test_a_plain_data_set_stays_plain_files_and_a_copy_of_it_keeps_working(tmp_path) -> None:
+    """The four files are swapped in through .versions/current, then made plain files again and .versions
+    removed (a data set in a git checkout shows only its grown files); other files are left alone; copies
+    with links or without grow too."""
     data = small_set(tmp_path / "data")
     (data / "README.md").write_text("mine\n")
     add_collection(as_session(2, tmp_path / "session", only={"r021"}), data)
-    assert sorted(p.name for p in data.iterdir()) == [".versions", "README.md", *sorted(DATA_FILES)]
-    assert all(os.readlink(data / name) == f".versions/current/{name}" for name in DATA_FILES)
+    assert sorted(p.name for p in data.iterdir()) == ["README.md", *sorted(DATA_FILES)]
+    assert not any((data / name).is_symlink() for name in DATA_FILES)
     assert (data / "README.md").read_text() == "mine\n" and not (data / "README.md").is_symlink()
-    version = os.readlink(data / ".versions" / "current")
-    assert version.startswith("collection-3-") and sorted(os.listdir(data / ".versions")) == [version, "current"]
+    assert (load_h200_profiles(data).runs["collection"] == 3).sum() == 1
     for kept_links in (True, False):  # cp -r, cp -rL
         copy = Path(shutil.copytree(data, tmp_path / f"copy-{kept_links}", symlinks=kept_links))
         assert add_collection(as_session(2, tmp_path / f"s-{kept_links}", only={"r022"}), copy)["collection"] == 4

@@ -18,8 +18,9 @@ precisions and phases; JSON objects), and the grown data set is loaded, as train
 copy in a temporary folder. Only then is it swapped in, in one rename: the data set's ``runs.csv``,
 ``samples.csv``, ``steps.csv`` and ``env.json`` are symbolic links into ``.versions/current``, itself a
 link to the folder of one complete version; the grown set is moved into ``.versions`` beside it and
-``current`` is pointed at it by ``os.replace``. Killed at any moment, the data set is the old one or the
-new one, never a mix; what the killed addition left (``.adding-*`` staging folders, versions no longer
+``current`` is pointed at it by ``os.replace``; then the links become plain files again, one at a time
+(each already the new set's) and ``.versions`` goes, so a data set in a git checkout shows only its grown
+files. Killed at any moment, the data set is the old one or the new one, never a mix; what the killed addition left (``.adding-*`` staging folders, versions no longer
 current) is removed by the next addition. A data set of plain files is first turned into this layout
 without changing what its files hold. On a file system without symbolic links the files are replaced
 one by one, ``runs.csv`` first (a failure puts back the ones already moved; the mix a kill can leave
@@ -476,6 +477,30 @@ def _commit(staging: Path, data_dir: Path, collection: int) -> None:
     os.rename(staging, version)
     _point(versions, version.name)  # the swap
     _prune(versions)
+    _materialize(data_dir)
+
+
+def _materialize(data_dir: Path) -> None:
+    """Turn the data set's links back into plain files, one at a time (each a hard link, else a copy, of the
+    current version's file renamed over its link: every step shows the new set), then remove
+    ``.versions``: a data set in a git checkout stays plain files, with nothing untracked beside them. A
+    kill part-way leaves links and plain files that all show the new set; the next addition lays it out
+    again."""
+    versions = data_dir / VERSIONS
+    current = _current(versions)
+    if current is None:
+        return
+    for name in DATA_FILES:
+        if not _linked(data_dir, name) or not (versions / current / name).is_file():
+            continue
+        plain = data_dir / f"{STAGING}{uuid.uuid4().hex}"
+        try:
+            os.link(versions / current / name, plain)
+        except OSError:
+            shutil.copy2(versions / current / name, plain)
+        os.replace(plain, data_dir / name)
+    _fsync(data_dir)
+    shutil.rmtree(versions, ignore_errors=True)
 
 
 def _adopt(data_dir: Path, collection: int) -> bool:
