@@ -136,6 +136,7 @@ def test_graph_variant_with_gnn_trains_and_saves(tmp_path, monkeypatch):
     assert q.shape == (2, 2, 3) and (np.diff(q, axis=-1) >= 0).all()
 
 
+@pytest.mark.slow
 def test_upper_quantiles_are_calibrated_on_held_out_families():
     """The shifts leave p50 alone and make p90 / p99 cover held-out families at about their levels."""
     ds = load_job_dataset("datasets/h200-profiles", cache_dir="unused", with_graphs=False)
@@ -221,6 +222,7 @@ def test_graph_dataset_carries_the_coldstart_utilisation(monkeypatch):
         load_job_dataset("datasets/h200-profiles", cache_dir="unused", coldstart_util={ids[0]: 0.5})
 
 
+@pytest.mark.slow
 def test_predict_next_reproduces_the_training_path(tmp_path, monkeypatch):
     """Inference from a job's samples gives what the leave-family-out path gives for the same inputs:
     the first second's features, the cold-start anchor, the calibrated shifts and the graph memory rule."""

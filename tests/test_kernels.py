@@ -84,6 +84,7 @@ def test_measured_overhead_is_an_input(calls, specs):
     assert launch_overhead(part["latency_s"]) <= part["latency_s"].median()
 
 
+@pytest.mark.slow
 def test_model_round_trips_and_refuses_other_files(tmp_path, calls, specs):
     part = calls[calls["gpu"].isin(["Tesla_P4", "Tesla_T4"])].groupby(["gpu", "op"]).head(300)
     model = fit(part, specs, p90_factor=1.3)
