@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import queue
 import resource
 import signal
 import subprocess
@@ -19,7 +20,7 @@ import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 # why a child's work was not done: the task failed, or the child ran past a limit or was killed
 FAILURES = ("error", "timeout", "cpu", "memory", "killed")
@@ -183,3 +184,43 @@ class ChildRunner:
             child = self._child
         if child is not None and child.poll() is None:
             child.kill()
+
+
+Request = TypeVar("Request")
+
+
+class ChildQueue(Generic[Request]):
+    """A worker thread that takes requests off a queue and computes each (in a child, through ``runner``), so
+    that whoever queues them never waits. Subclasses set ``thread_name`` and ``runner`` and define
+    :meth:`_compute`."""
+
+    thread_name = "child-work"
+    runner: ChildRunner
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[Request | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> threading.Thread:
+        self._thread = threading.Thread(target=self._work, name=self.thread_name, daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def stop(self) -> None:
+        """Stop the worker, and the child of a request under way."""
+        self.runner.stop()
+        self._queue.put(None)
+
+    def run_pending(self) -> None:
+        """Compute every queued request now, in this thread (tests; the service uses :meth:`start`)."""
+        while not self._queue.empty():
+            req = self._queue.get_nowait()
+            if req is not None:
+                self._compute(req)
+
+    def _work(self) -> None:
+        while (req := self._queue.get()) is not None:
+            self._compute(req)
+
+    def _compute(self, req: Request) -> None:
+        raise NotImplementedError

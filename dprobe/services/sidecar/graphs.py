@@ -20,7 +20,6 @@ import fnmatch
 import json
 import logging
 import os
-import queue
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
@@ -32,7 +31,7 @@ from prometheus_client.metrics_core import CounterMetricFamily
 
 from dprobe.core.lazy import installed
 from dprobe.services.sidecar.annotations import MODEL_GRAPH, ZOO, AnnotationPolicy, AnnotationsFile, Refused
-from dprobe.services.sidecar.child import FAILURES, ChildFailed, ChildRunner, TaskRefused
+from dprobe.services.sidecar.child import FAILURES, ChildFailed, ChildQueue, ChildRunner, TaskRefused
 
 log = logging.getLogger(__name__)
 ANNOTATION = MODEL_GRAPH
@@ -161,7 +160,7 @@ def summarise(request: Mapping[str, Any], max_bytes: int) -> dict[str, Any]:
     return GraphSummary.of(graph).to_dict()
 
 
-class GraphResolver:
+class GraphResolver(ChildQueue[GraphRequest]):
     """Maps targets to model graphs (each built once, in a child process; a failure is logged once per graph).
 
     The pod annotation, where there is one, overrides ``graph_file``; :meth:`refresh` follows it when
@@ -169,6 +168,8 @@ class GraphResolver:
     :meth:`graph` never waits: a graph not built yet is queued for the background thread (:meth:`start`;
     :meth:`run_pending` in tests) and the target has none meanwhile. ``build``: what builds a
     :class:`GraphRequest` (default: :func:`summarise` in a child of ``runner``)."""
+
+    thread_name = "model-graphs"
 
     def __init__(self, graphs: dict[str, str] | None = None, graph_file: str = "", annotations_file: str = "",
                  policy: AnnotationPolicy | None = None, max_mib: float = DEFAULT_MAX_MIB,
@@ -185,9 +186,8 @@ class GraphResolver:
         self._build = build or self._build_in_child
         self._graphs: OrderedDict[GraphRequest, GraphSummary | None] = OrderedDict()  # built (None: failed)
         self._queued: set[GraphRequest] = set()
-        self._queue: queue.Queue[GraphRequest | None] = queue.Queue()
+        super().__init__()
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
         self._by_target: dict[str, GraphRequest | None] = {}
         self._bad: set[str] = set()  # references that do not parse (logged and counted once)
         self.builds_total = 0  # graphs built or read (the cache spares the rest)
@@ -266,27 +266,6 @@ class GraphResolver:
 
     def forget(self, target: str) -> None:
         self._by_target.pop(target, None)
-
-    def start(self) -> threading.Thread:
-        self._thread = threading.Thread(target=self._work, name="model-graphs", daemon=True)
-        self._thread.start()
-        return self._thread
-
-    def stop(self) -> None:
-        """Stop the worker, and the child of a graph under way."""
-        self.runner.stop()
-        self._queue.put(None)
-
-    def run_pending(self) -> None:
-        """Build every queued graph now, in this thread (tests; the service uses :meth:`start`)."""
-        while not self._queue.empty():
-            req = self._queue.get_nowait()
-            if req is not None:
-                self._compute(req)
-
-    def _work(self) -> None:
-        while (req := self._queue.get()) is not None:
-            self._compute(req)
 
     def _compute(self, req: GraphRequest) -> None:
         summary: GraphSummary | None = None

@@ -16,7 +16,6 @@ import dataclasses
 import fnmatch
 import json
 import logging
-import queue
 import shlex
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -28,7 +27,7 @@ from prometheus_client.metrics_core import CounterMetricFamily
 from dprobe.core.lazy import installed
 from dprobe.core.names import OPTIMIZERS, PRECISIONS
 from dprobe.services.sidecar.annotations import TRAINING_JOB, AnnotationPolicy, AnnotationsFile, Refused
-from dprobe.services.sidecar.child import FAILURES, ChildFailed, ChildRunner, JobLimits
+from dprobe.services.sidecar.child import FAILURES, ChildFailed, ChildQueue, ChildRunner, JobLimits
 
 __all__ = ["FAILURES", "JobFailed", "JobLimits", "JobProfile", "JobProfiles", "JobSpec", "predict_fields"]
 
@@ -154,7 +153,7 @@ class JobProfile:
         return JobProfile(spec, values, str(result["fits"]))
 
 
-class JobProfiles:
+class JobProfiles(ChildQueue[JobSpec]):
     """Which job each target runs, and the profiles computed so far (one background thread, which runs
     each prediction in a child process within ``limits``).
 
@@ -165,6 +164,8 @@ class JobProfiles:
     (a refused one leaves those targets without a profile); :meth:`refresh` follows it when it changes.
     ``gpu``: this node's GPU name (or a function giving it, called once when first needed).
     """
+
+    thread_name = "job-profiles"
 
     def __init__(self, jobs: Mapping[str, str] | None = None, default: str = "", annotations_file: str = "",
                  own_target: str = "", checkpoint: str | None = None,
@@ -193,9 +194,8 @@ class JobProfiles:
         self.own_target = own_target
         self._predict = predict or self._predict_in_child
         self._profiles: dict[JobSpec, JobProfile | None] = {}  # None: queued or failed
-        self._queue: queue.Queue[JobSpec | None] = queue.Queue()
+        super().__init__()
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
         self.failures_total = dict.fromkeys(FAILURES, 0)
 
     @property
@@ -283,27 +283,6 @@ class JobProfiles:
             if profile is not None:
                 out[target] = profile
         return out
-
-    def start(self) -> threading.Thread:
-        self._thread = threading.Thread(target=self._work, name="job-profiles", daemon=True)
-        self._thread.start()
-        return self._thread
-
-    def stop(self) -> None:
-        """Stop the worker, and the child of a prediction under way."""
-        self.runner.stop()
-        self._queue.put(None)
-
-    def run_pending(self) -> None:
-        """Compute every queued job now, in this thread (tests; the service uses :meth:`start`)."""
-        while not self._queue.empty():
-            spec = self._queue.get_nowait()
-            if spec is not None:
-                self._compute(spec)
-
-    def _work(self) -> None:
-        while (spec := self._queue.get()) is not None:
-            self._compute(spec)
 
     def _compute(self, spec: JobSpec) -> None:
         try:
