@@ -268,6 +268,29 @@ def test_stop_ends_kept_alive_connections() -> None:
         srv.stop()
 
 
+def test_metrics_are_gzipped_for_a_client_that_accepts_it() -> None:
+    """Prometheus asks for gzip (Accept-Encoding: gzip): the page comes compressed, the same text once
+    unpacked; a client that does not ask, or refuses it (q=0), gets it plain."""
+    import gzip
+
+    srv, _ = _served_server()
+    try:
+        def fetch(encoding: str | None) -> tuple[str | None, bytes]:
+            headers = {"Accept-Encoding": encoding} if encoding is not None else {}
+            req = urllib.request.Request(srv.url + "/metrics", headers=headers)
+            with urllib.request.urlopen(req, timeout=2) as r:
+                return r.headers.get("Content-Encoding"), r.read()
+
+        plain_encoding, plain = fetch(None)
+        assert plain_encoding is None and b"dprobe_predicted_gpu_memory_bytes{" in plain
+        encoding, packed = fetch("gzip")
+        assert encoding == "gzip" and len(packed) < len(plain) and gzip.decompress(packed) == plain
+        assert fetch("gzip;q=0")[0] is None and fetch("identity")[0] is None
+        assert fetch("br, gzip;q=0.5")[0] == "gzip"
+    finally:
+        srv.stop()
+
+
 def _served_server(**kw) -> tuple[ExporterServer, FakeState]:
     state = FakeState()
     state.is_ready = (True, "ok")
@@ -518,15 +541,13 @@ def test_fast_text_equals_client_python_rendering() -> None:
     assert _samples(collector.render_text().decode()) == _samples(generate_latest(reg).decode())
 
 
-def test_scrape_of_1000_targets_is_fast() -> None:
+def test_a_scrape_of_1000_targets_renders_from_what_the_forecast_loop_prepared() -> None:
+    """The scrape renders the page the forecast loop prepared: every target, without a forecast at scrape
+    time (how fast: benchmarks/sidecar.py, a scrape of 1,000 targets against its 50 ms target)."""
     state = FakeState(n=1000)
     collector = SidecarCollector(state, clock=lambda: NOW)
     collector.prepare(state.snap)  # done by the forecast loop when it publishes
-    best = min(_timed(collector.render_text) for _ in range(3))
-    assert best < 0.05
-
-
-def _timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
+    text = collector.render_text().decode()
+    targets = {line.split('target="')[1].split('"')[0] for line in text.splitlines()
+               if line.startswith("dprobe_observed_gpu_memory_bytes{")}
+    assert len(targets) == 1000

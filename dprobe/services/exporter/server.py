@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gzip
 import io
 import logging
 import re
@@ -57,6 +58,8 @@ MAX_HEAD_BYTES = 65536  # a request line and headers longer than this are answer
 PROBATION = 0.25  # share of the header timeout a connection in a reserve slot has to send its request
 HEAD_END = re.compile(rb"\r?\n\r?\n")
 LOG_EVERY = 60.0  # s between two warnings of the same kind
+GZIP_MIN_BYTES = 1024  # /metrics pages shorter than this go uncompressed whatever the client accepts
+GZIP_LEVEL = 6
 
 
 @dataclass(eq=False)
@@ -93,9 +96,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         self.handle_one_request()
 
-    def _send(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+    def _send(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8",
+              compress: bool = False) -> None:
         self.send_response(code)
         self.send_header("Content-Type", content_type)
+        if compress and len(body) >= GZIP_MIN_BYTES and _accepts_gzip(self.headers.get("Accept-Encoding", "")):
+            body = gzip.compress(body, compresslevel=GZIP_LEVEL)
+            self.send_header("Content-Encoding", "gzip")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if self.command != "HEAD":
@@ -116,7 +123,7 @@ class _Handler(BaseHTTPRequestHandler):
                 log.exception("rendering /metrics failed")
                 self._send(500, f"error: {exc}\n".encode())
                 return
-            self._send(200, body, content_type)
+            self._send(200, body, content_type, compress=True)
         elif path == "/healthz":
             self._send(200, b"ok\n")
         elif path == "/readyz":
@@ -131,6 +138,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (http.server API)
         log.debug("%s %s", self.address_string(), format % args)
+
+
+def _accepts_gzip(accept_encoding: str) -> bool:
+    """Whether an Accept-Encoding header takes gzip (Prometheus sends ``gzip``; ``gzip;q=0`` refuses it)."""
+    for part in accept_encoding.split(","):
+        name, _, params = part.strip().partition(";")
+        if name.strip().lower() in ("gzip", "*"):
+            q = params.strip().lower()
+            return not (q.startswith("q=") and q[2:].strip() in ("0", "0.0", "0.00", "0.000"))
+    return False
 
 
 def _has_body(handler: _Handler) -> bool:
