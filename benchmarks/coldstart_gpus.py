@@ -25,6 +25,7 @@ from dprobe.profiling.coldstart.crossval import cross_validate
 from dprobe.profiling.coldstart.dataset import concat_datasets, load_benchmark_dataset, load_dataset
 from dprobe.profiling.coldstart.model import TARGETS
 from dprobe.profiling.coldstart.replay import CUDA_CONTEXT_BYTES
+from dprobe.profiling.coldstart.stack import default_stack, stack_of_record
 from dprobe.profiling.coldstart.timm_bench import fit_label_peaks, fit_memory_factor, load_stack
 
 STEP = TARGETS.index("step_time_seconds")
@@ -90,8 +91,11 @@ def main() -> int:
     ds = concat_datasets([h200, bench])
     gpus = np.asarray(ds.gpus)
     other = bench.gpus[0]
+    stack = stack_of_record({**load_stack(args.bench), "memory_format": "nchw"})
     print(f"{len(h200.run_ids)} H200 runs, {len(bench.run_ids)} {other} runs ({len(set(bench.families))} timm modules; "
-          f"{len(bench.skipped)} left out), loaded in {time.time() - t0:.0f} s")
+          f"{len(bench.skipped)} left out), loaded in {time.time() - t0:.0f} s; each run's features as `dprobe "
+          f"predict` builds them on the stack it was measured on ({other}: {stack.preset}, "
+          f"{'its default' if stack == default_stack(other) else 'give --stack'})")
     for reason in bench.skipped:
         print(f"  left out: {reason}")
 

@@ -154,6 +154,110 @@ def test_attention_replays_the_kernel_cuda_would_pick(kv_heads, enable_gqa, fuse
     assert kept < attention_matrix / 4 or not fused
 
 
+def test_unfused_attention_keeps_the_attention_matrix() -> None:
+    """A stack without fused kernels runs attention as matmuls and a softmax: under fp16 autocast the scores
+    in fp16, the softmax's fp32 output kept for backward, no fused-attention FLOPs; the fused stand-in keeps
+    none of it."""
+    from dprobe.profiling.coldstart.autocast import AutocastEmulation
+    from dprobe.profiling.coldstart.memtrack import MemoryTracker
+
+    b, h, n, d = 2, 4, 256, 32
+    kept = {}
+    for fused in (True, False):
+        with torch.device("meta"):
+            q, k, v = (torch.randn(b, h, n, d, requires_grad=True) for _ in range(3))
+        tracker = MemoryTracker()
+        for t in (q, k, v):
+            tracker.track(t)
+        before = tracker.current
+        with tracker, AutocastEmulation(torch.float16, fused_attention=fused) as emul:
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        assert out.shape == (b, h, n, d) and out.dtype == torch.float16
+        kept[fused] = tracker.current - before
+        assert (emul.attention_flops > 0) is fused
+    matrix = b * h * n * n
+    assert kept[True] < 2 * matrix <= 6 * matrix <= kept[False]  # bytes: fp32 softmax output and its fp16 copy
+
+
+def test_the_stack_is_an_input_with_a_default_per_gpu() -> None:
+    from dprobe.profiling.coldstart.stack import STACKS, resolve_stack, stack_of_record
+
+    assert resolve_stack("h200") == STACKS["h200-profiles"] == resolve_stack("a100")
+    timm = resolve_stack("rtx3090")
+    assert (timm.preset, timm.torch, timm.cudnn_benchmark, timm.attention) == ("timm-2022", "1.12", True, "unfused")
+    mixed = resolve_stack("rtx3090", {"cudnn_benchmark": False, "memory_format": "nhwc"})
+    assert mixed.preset == "timm-2022" and mixed.overrides == ("cudnn_benchmark", "memory_format")
+    assert not mixed.cudnn_benchmark and mixed.attention == "unfused"
+    # a PyTorch before 2.0 had no scaled_dot_product_attention: unfused unless told, and fused refused
+    assert resolve_stack("h200", {"torch": "1.13.1+cu117"}).attention == "unfused"
+    assert resolve_stack("h200", {"torch": "2.4", "preset": "timm-2022"}).attention == "fused"
+    for bad, message in (({"torch": "1.12", "attention": "fused"}, "no scaled_dot_product_attention"),
+                         ("pytorch-3", "unknown stack 'pytorch-3'"), ({"attention": "flash"}, "--attention 'flash'"),
+                         ({"torch": "latest"}, "expected MAJOR.MINOR"), ({"tf32": True}, "unknown stack setting")):
+        with pytest.raises(ValueError, match=message):
+            resolve_stack("h200", bad)
+    recorded = stack_of_record({"torch": "2.11.0+cu130", "cudnn_benchmark": True})
+    assert recorded.preset == "recorded" and recorded.cudnn_benchmark and recorded.attention == "fused"
+
+
+def test_h200_runs_are_on_the_h200s_default_stack(small_h200_dir) -> None:
+    """The H200 runs' stack is what `dprobe predict --gpu h200` assumes, but collection 1's cudnn.benchmark."""
+    from dprobe.data import load_h200_profiles
+    from dprobe.profiling.coldstart.dataset import run_stack
+    from dprobe.profiling.coldstart.stack import default_stack
+
+    profiles = load_h200_profiles(small_h200_dir)
+    for _, row in profiles.train_runs().iterrows():
+        stack = run_stack(row, profiles.env)
+        if int(row["collection"]) == 1:
+            assert stack.cudnn_benchmark and stack.preset == "recorded"
+        else:
+            assert stack == default_stack("h200")
+
+
+@pytest.mark.slow
+def test_cli_predict_takes_and_prints_the_stack(capsys) -> None:
+    """--stack, --cudnn-benchmark, --attention, --memory-format, --torch reach the prediction and its JSON;
+    cudnn.benchmark moves the step time (a feature), unfused attention the replay."""
+    from dprobe.cli import main
+
+    args = ["predict", "transformers:GPT2Config/GPT2LMHeadModel", "--config-kwargs", TINY_GPT2, "--seq", "64",
+            "--batch", "4", "--precision", "fp16", "--optimizer", "sgd", "--json"]
+    outs = {}
+    for name, extra in (("default", []), ("benchmark", ["--cudnn-benchmark"]), ("unfused", ["--attention", "unfused"]),
+                        ("timm", ["--stack", "timm-2022"]), ("3090", ["--gpu", "rtx3090"]),
+                        ("3090-now", ["--gpu", "rtx3090", "--stack", "h200-profiles"])):
+        assert main([*args, *extra]) == 0
+        outs[name] = json.loads(capsys.readouterr().out)
+    assert outs["default"]["stack"] == {"preset": "h200-profiles", "torch": "2.11", "cudnn_benchmark": False,
+                                        "attention": "fused", "memory_format": "nchw", "overrides": []}
+    assert outs["benchmark"]["stack"]["overrides"] == ["cudnn_benchmark"]
+    assert outs["benchmark"]["analytical"] == outs["default"]["analytical"]
+    assert outs["benchmark"]["step_time_seconds"] != outs["default"]["step_time_seconds"]
+    unfused, fused = outs["unfused"]["analytical"], outs["default"]["analytical"]
+    assert unfused["peak_memory_bytes"] > fused["peak_memory_bytes"]
+    assert unfused["kernels_per_step"] > fused["kernels_per_step"]
+    assert outs["timm"]["stack"]["preset"] == "timm-2022" and outs["timm"]["analytical"] == unfused
+    assert outs["3090"]["stack"] == outs["timm"]["stack"]  # the 3090's training rows' stack
+    assert outs["3090-now"]["stack"] == outs["default"]["stack"]
+    assert outs["3090-now"]["step_time_seconds"] != outs["3090"]["step_time_seconds"]
+    # refused before anything is replayed, naming the option
+    assert main([*args, "--torch", "1.12", "--attention", "fused"]) == 2
+    assert "no scaled_dot_product_attention" in capsys.readouterr().err
+    assert main([*args[:-1], "--stack", "timm-2022", "--no-cudnn-benchmark"]) == 0
+    assert "software stack  timm-2022 + cudnn_benchmark: torch 1.12, cudnn.benchmark off" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_nhwc_is_recorded_and_said_to_be_predicted_as_nchw(capsys) -> None:
+    from dprobe.cli import main
+
+    assert main(["predict", "torchvision:resnet18", "--batch", "2", "--image", "32", "--memory-format", "nhwc",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stack"]["memory_format"] == "nhwc" and "memory format nhwc" in out["note"]
+
+
 def _synthetic_runs(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Features, analytical baselines and measurements of ``n`` made-up runs (5 % off the baseline)."""
     rng = np.random.default_rng(seed)
@@ -399,12 +503,12 @@ def test_replay_of_an_audio_model_leaves_out_spec_augment() -> None:
 def test_predict_names_a_step_that_cannot_be_replayed(monkeypatch, capsys) -> None:
     """An op PyTorch refuses on meta tensors (or on the GPU) is an error naming the job, not a traceback."""
     from dprobe.cli import main
-    from dprobe.profiling.coldstart import predict
+    from dprobe.profiling.coldstart import job
 
     def refuse(*args, **kwargs):
         raise RuntimeError("Expected mat_a to be BFloat16 or supported Float16 matrix, got torch.float32.")
 
-    monkeypatch.setattr(predict, "analytical_for", refuse)
+    monkeypatch.setattr(job, "analytical_for", refuse)  # where a prediction replays the job
     assert main(["predict", "torchvision:resnet18", "--batch", "2", "--precision", "bf16"]) == 2
     err = capsys.readouterr().err
     assert "cannot replay a training step (bf16) of torchvision:resnet18: RuntimeError: Expected mat_a" in err

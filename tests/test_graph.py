@@ -404,3 +404,46 @@ def test_seq_counts_the_frames_of_a_filterbank_input() -> None:
     ex = example_inputs(parsed, build_module(parsed), 2, seq=300, labels=True)
     assert list(ex.kwargs["input_features"].shape) == [2, 300, 8] and list(ex.kwargs["labels"].shape) == [2, 128]
     assert ex.meta["frames"] == 300
+
+
+# a T5 run as the collector records it: transformers 5 keeps decoder_start_token_id out of T5Config's fields
+RECORDED_T5 = ("T5Config", "T5ForConditionalGeneration", '{"decoder_start_token_id": 0, "pad_token_id": 0}')
+
+
+def recorded_config_kwargs() -> list[tuple[str, str, str]]:
+    """Every distinct (config, arch, config_kwargs) of h200-profiles' transformers runs, and the T5 run's."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    runs = pd.read_csv(Path(__file__).resolve().parents[1] / "datasets" / "h200-profiles" / "runs.csv")
+    text = runs[runs["lib"] == "transformers"]
+    found = {(str(c), str(a), k if isinstance(k, str) else "")
+             for c, a, k in zip(text["config"], text["arch"], text["config_kwargs"], strict=True)}
+    return sorted(found | {RECORDED_T5})
+
+
+def test_every_recorded_config_kwargs_is_accepted() -> None:
+    """What the recorded runs were built with, `dprobe predict --config-kwargs` takes, parser and builder alike."""
+    from dprobe.cli import build_parser
+    from dprobe.graph.zoo import check_config_kwargs, parse_spec
+
+    recorded = recorded_config_kwargs()
+    assert len(recorded) > 20 and RECORDED_T5 in recorded
+    parser = build_parser()
+    for config, arch, kwargs in recorded:
+        args = parser.parse_args(["predict", f"transformers:{config}/{arch}", "--batch", "1", "--config-kwargs",
+                                  kwargs, "--json"])
+        check_config_kwargs(parse_spec(args.model, args.config_kwargs))
+    with pytest.raises(GraphError, match="not accepted by T5Config: decoder_start_tokn_id"):
+        check_config_kwargs(parse_spec("transformers:T5Config/T5ForConditionalGeneration",
+                                       '{"decoder_start_tokn_id": 0}'))
+
+
+def test_t5_built_with_its_recorded_token_ids() -> None:
+    """The recorded T5 kwargs reach the config: training shifts the labels right by decoder_start_token_id."""
+    from dprobe.graph.zoo import build_module, parse_spec
+
+    kwargs = {**json.loads(TINY_T5), **json.loads(RECORDED_T5[2]), "decoder_start_token_id": 3}
+    model = build_module(parse_spec("transformers:T5Config/T5ForConditionalGeneration", kwargs))
+    assert model.config.decoder_start_token_id == 3 and model.config.pad_token_id == 0

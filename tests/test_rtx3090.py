@@ -146,9 +146,11 @@ def test_an_unseen_gpu_is_named_and_its_p90_wider() -> None:
     from dprobe.profiling.coldstart.predict import predict_job
 
     seen = predict_job("timm:resnet18", 32, "fp16", "sgd", gpu="rtx3090", search_batch=False)
-    # the same figures under another name: a GPU the checkpoint never saw
+    # the same figures under another name: a GPU the checkpoint never saw (its default stack is today's,
+    # h200-profiles'; told the 3090's, the features are the same)
     twin = GPUSpec(**{**GPUS["rtx3090"].__dict__, "name": "lab twin"})
-    unseen = predict_job("timm:resnet18", 32, "fp16", "sgd", gpu=twin, search_batch=False)
+    unseen = predict_job("timm:resnet18", 32, "fp16", "sgd", gpu=twin, search_batch=False, stack="timm-2022")
+    assert unseen.stack == seen.stack and seen.stack["preset"] == "timm-2022"
     assert unseen.gpu == "lab twin" and not unseen.gpu_seen_in_training and "gpu_seen_in_training: false" in unseen.note
     assert unseen.as_dict()["gpu_seen_in_training"] is False
     s, u = seen.step_time_seconds, unseen.step_time_seconds
@@ -197,3 +199,95 @@ def test_a_gpu_held_out_in_training_sets_how_much_wider_the_p90_is() -> None:
     assert shifts["step_time_seconds"] > 0.25  # log 2 = 0.69 less what the p90 already allows
     assert set(shifts) == {"step_time_seconds"}  # memory and utilisation: measured on the H200 only
     assert unseen_gpu_shift(a, 5, 0, hp) == {}  # one GPU: nothing to hold out
+
+
+def test_the_3090s_default_stack_is_its_rows_stack() -> None:
+    """`dprobe predict --gpu rtx3090` assumes the stack every RTX 3090 training row was measured on."""
+    from dprobe.profiling.coldstart.stack import default_stack, stack_of_record
+
+    recorded = stack_of_record(load_timm_bench(BENCH).stack)
+    assert recorded == default_stack("rtx3090") and recorded.preset == "timm-2022"
+    assert recorded.cudnn_benchmark and recorded.attention == "unfused" and recorded.torch == "1.12"
+    nhwc = stack_of_record(load_timm_bench(BENCH, "nhwc").stack)
+    assert nhwc.memory_format == "nhwc" and nhwc.preset == "recorded"
+
+
+def _copy_bench(out: Path, models: list[str]) -> Path:
+    """A benchmark folder with ``models``' rows of the bundled NCHW table, its stack and replay cache."""
+    import pandas as pd
+
+    out.mkdir()
+    for name in ("stack.json", REPLAYS):
+        shutil.copy(BENCH / name, out / name)
+    table = pd.read_csv(BENCH / "train-amp-nchw-pt112-rtx3090.csv")
+    table[table["model"].isin(models)].to_csv(out / "train-amp-nchw-pt112-rtx3090.csv", index=False)
+    return out
+
+
+def _predict_cli(args: list[str]) -> dict:
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "dprobe.cli", "predict", *args, "--json"], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+@pytest.mark.slow
+def test_dprobe_predict_prints_what_cross_validation_scores(small_h200_dir, tmp_path) -> None:
+    """The real CLI, on training rows of both GPUs, gives what the cross-validation's path computes for
+    them with the same model (the shipped one): the same features from the same stack. H200: alexnet of
+    collection 1 (cudnn.benchmark on, a host factor), shufflenet with host stalls, squeezenet; RTX 3090:
+    MobileNet-V2 at batch 512 (cudnn.benchmark on) and DeiT-Tiny (attention unfused, PyTorch 1.12)."""
+    from dprobe.data import load_h200_profiles
+    from dprobe.graph.encoder import run_spec
+    from dprobe.profiling.coldstart.checkpoint import load_checkpoint
+    from dprobe.profiling.coldstart.crossval import predict_runs
+    from dprobe.profiling.coldstart.dataset import (
+        concat_datasets,
+        load_benchmark_dataset,
+        load_dataset,
+        run_stack,
+    )
+    from dprobe.profiling.coldstart.model import TARGETS
+    from dprobe.profiling.coldstart.predict import DEFAULT_CHECKPOINT
+    from dprobe.profiling.coldstart.stack import stack_of_record
+
+    bench = _copy_bench(tmp_path / "bench", ["mobilenetv2_100", "deit_tiny_patch16_224"])
+    ds = concat_datasets([load_dataset(str(small_h200_dir), tmp_path / "cache", progress=False),
+                          load_benchmark_dataset(bench, progress=False)])
+    net, ckpt = load_checkpoint(DEFAULT_CHECKPOINT)
+    factors = {m: math.log(f) for m, f in ckpt["host_factors"].items()}
+    profiles = load_h200_profiles(small_h200_dir)
+    runs = profiles.train_runs().set_index("run_id")
+    picks = ["r014", "r019", "r078", "rtx3090:mobilenetv2_100", "rtx3090:deit_tiny_patch16_224"]
+    idx = np.array([ds.run_ids.index(r) for r in picks])
+    p50, p90 = predict_runs(net, ds, idx, factors)
+    bench_stack = stack_of_record(load_timm_bench(bench).stack)
+    for k, rid in enumerate(picks):
+        if rid.startswith("rtx3090:"):
+            model = rid.split(":", 1)[1]
+            row = load_timm_bench(bench).runs.set_index("model").loc[model]
+            out = _predict_cli([f"timm:{model}", "--batch", str(row["batch"]), "--image", str(row["image"]),
+                                "--precision", "fp16", "--optimizer", "sgd", "--gpu", "rtx3090"])
+            assert out["stack"]["preset"] == "timm-2022" and out["stack"]["overrides"] == []
+            assert {k2: out["stack"][k2] for k2 in bench_stack.settings()} == bench_stack.settings()
+            memory = ckpt["memory_factors"]["rtx3090"]  # the CLI's factor for that GPU's stack
+        else:
+            row = runs.loc[rid]
+            spec = run_spec({**row, "run_id": rid})
+            stack = run_stack(row, profiles.env)
+            args = [spec["model"], "--batch", str(spec["batch"]), "--precision", str(row["precision"]),
+                    "--optimizer", str(row["optimizer"]), "--image", str(spec["image"]),
+                    "--host-stall", repr(float(row["host_stall_s"])),
+                    "--host-factor", repr(ckpt["host_factors"][f"collection {int(row['collection'])}"])]
+            out = _predict_cli([*args, *(["--cudnn-benchmark"] if stack.cudnn_benchmark else [])])
+            assert {k2: out["stack"][k2] for k2 in stack.settings()} == stack.settings()
+            memory = 1.0
+        for t, target in enumerate(TARGETS):
+            scale = memory if t < 2 else 1.0
+            for q, want in (("p50", p50[k, t]), ("p90", max(p90[k, t], p50[k, t]))):
+                tol = 1e-4 if target == "gpu_utilization" else 0
+                assert out[target][q] == pytest.approx(want * scale, rel=1e-4, abs=tol), (rid, target, q)

@@ -22,6 +22,10 @@ LM_SUFFIXES = ("LMHeadModel", "ForCausalLM", "ForMaskedLM", "ForConditionalGener
 CLS_SUFFIXES = ("ForSequenceClassification", "ForImageClassification", "ForTokenClassification")
 # kwargs every transformers config takes (and pops) that choose kernels: "eager", "sdpa", "batched_mm", ...
 CONFIG_IMPLEMENTATION_KWARGS = {"attn_implementation", "experts_implementation"}
+# special token ids every transformers config took before 5.0 (PretrainedConfig's arguments), which 5.x moved to
+# the generation config but still keeps as attributes when given and which models read from their config (T5
+# shifts its labels right by decoder_start_token_id); recorded runs give them
+TOKEN_ID_KWARGS = {"bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id"}
 AUDIO_SAMPLES = 16000  # default length of a raw-audio input (input_values): one second at 16 kHz
 FEATURE_FRAMES = 1000  # default length of a filterbank input (Speech2Text's input_features): 10 s of 10 ms frames
 
@@ -129,7 +133,10 @@ def _timm(name: str) -> nn.Module:
     return timm.create_model(name, pretrained=False)
 
 
-def _transformers(spec: ModelSpec) -> nn.Module:
+def check_config_kwargs(spec: ModelSpec) -> tuple[type, type]:
+    """A ``transformers`` spec's config and model classes; a GraphError naming a class transformers does not
+    have or a config kwarg the config does not take (its fields and arguments, ``PretrainedConfig``'s, the
+    kernel choices and the special token ids)."""
     import transformers
 
     config_cls = getattr(transformers, spec.config, None)
@@ -141,10 +148,15 @@ def _transformers(spec: ModelSpec) -> nn.Module:
     known = (set(config_cls().to_dict()) | set(inspect.signature(config_cls.__init__).parameters)
              | set(inspect.signature(transformers.PretrainedConfig.__init__).parameters)
              | {n for n, v in inspect.getmembers(config_cls) if isinstance(v, property) and v.fset}  # num_labels
-             | CONFIG_IMPLEMENTATION_KWARGS)
+             | CONFIG_IMPLEMENTATION_KWARGS | TOKEN_ID_KWARGS)
     unknown = sorted(k for k in spec.config_kwargs if k not in known)
     if unknown:
         raise GraphError(f"config kwargs not accepted by {spec.config}: {', '.join(unknown)}")
+    return config_cls, arch_cls
+
+
+def _transformers(spec: ModelSpec) -> nn.Module:
+    config_cls, arch_cls = check_config_kwargs(spec)
     try:
         config = config_cls(**spec.config_kwargs)
         if getattr(config, "is_encoder_decoder", False) and getattr(config, "decoder_start_token_id", None) is None:

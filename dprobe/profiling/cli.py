@@ -16,6 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from dprobe.core.names import OPTIMIZERS, PRECISIONS
     from dprobe.graph.cli import add_model_args
     from dprobe.profiling.coldstart.gpus import GPUS
+    from dprobe.profiling.coldstart.stack import add_stack_args
 
     p = subparsers.add_parser("predict", help="cold-start prediction of a training job from its model",
                               description="Predict the training peak of the PyTorch allocator, device memory "
@@ -44,6 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="any other GPU, as a YAML or JSON file: name, memory_gib, fp32_tflops, fp16_tflops "
                    "(tensor, dense), bandwidth_gbps, sm_count, l2_mib, boost_clock_mhz, and optionally "
                    "tf32_tflops and bf16_tflops (default: fp32's); replaces --gpu")
+    add_stack_args(p)  # --stack, --cudnn-benchmark, --attention, --memory-format, --torch
     p.add_argument("--host-stall", type=float, default=0.0, metavar="SECONDS",
                    help="seconds per step, on average, the GPU waits on the host: data loading, evaluation, "
                    "checkpointing (e.g. 0.25 s every 25 steps = 0.01); lowers utilisation (default 0)")
@@ -72,6 +74,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def predict_from_args(args: argparse.Namespace) -> JobPrediction:
     """The prediction ``dprobe predict`` prints, for its parsed arguments."""
     from dprobe.data.gpu_samples import read_gpu_samples
+    from dprobe.profiling.coldstart.stack import stack_choice
     from dprobe.profiling.predict import predict_with_samples
 
     samples = read_gpu_samples(args.samples) if args.samples else None
@@ -79,7 +82,8 @@ def predict_from_args(args: argparse.Namespace) -> JobPrediction:
                                 precision=args.precision, optimizer=args.optimizer, image=args.image, seq=args.seq,
                                 config_kwargs=args.config_kwargs, checkpoint=args.checkpoint, gpu=_gpu(args),
                                 host_stall_s=args.host_stall, host_factor=args.host_factor,
-                                grad_checkpointing=args.grad_checkpointing, search_batch=True)
+                                grad_checkpointing=args.grad_checkpointing, search_batch=True,
+                                stack=stack_choice(args))
 
 
 def _gpu(args: argparse.Namespace) -> object:
@@ -111,6 +115,11 @@ def run(args: argparse.Namespace) -> int:
     stall = f", host stall {1000 * args.host_stall:g} ms a step" if args.host_stall else ""
     stall += f", host factor {args.host_factor:g}" if args.host_factor != 1.0 else ""
     print(f"{args.model} batch {args.batch} {args.precision} {args.optimizer} on {p.gpu}{stall} ({p.method})")
+    if p.stack:
+        st = p.stack
+        print(f"  software stack  {st['preset']}{' + ' + ', '.join(st['overrides']) if st['overrides'] else ''}: "
+              f"torch {st['torch']}, cudnn.benchmark {'on' if st['cudnn_benchmark'] else 'off'}, "
+              f"{st['attention']} attention, {st['memory_format']}")
     print(f"  allocator peak  {p.peak_memory_bytes.p50 / gib:8.2f} GiB (p90 {p.peak_memory_bytes.p90 / gib:.2f})")
     print(f"  device memory   {p.device_memory_bytes.p50 / gib:8.2f} GiB (p90 {p.device_memory_bytes.p90 / gib:.2f})")
     print(f"  GPU utilisation {100 * p.gpu_utilization.p50:8.1f} %   (p90 {100 * p.gpu_utilization.p90:.1f})")

@@ -2,7 +2,8 @@
 
 Prediction (``predict``) reads the replay (``replay``, ``memtrack``, ``allocator``, ``autocast``,
 ``graph_estimate``), the job's features (``features``, ``gpus``: the GPUs' figures and ``--gpu-spec``
-files) and the learned residual model (``model``, ``residual``, ``checkpoint``); training (``dataset``,
+files, ``stack``: the software stack, ``job``: a job's replay, features and estimate on its GPU and stack,
+as the training sets build them too) and the learned residual model (``model``, ``residual``, ``checkpoint``); training (``dataset``,
 ``timm_bench``: timm training benchmarks on other GPUs, ``fit``, ``crossval``, ``train``, ``report``)
 builds on those and is never imported by prediction."""
 
@@ -13,6 +14,8 @@ _EXPORTS = {
     "GPUS": "dprobe.profiling.coldstart.gpus", "load_gpu_spec": "dprobe.profiling.coldstart.gpus",
     "load_timm_bench": "dprobe.profiling.coldstart.timm_bench",
     "predict_job": "dprobe.profiling.coldstart.predict", "JobPrediction": "dprobe.profiling.coldstart.predict",
+    "job_inputs": "dprobe.profiling.coldstart.job", "SoftwareStack": "dprobe.profiling.coldstart.stack",
+    "resolve_stack": "dprobe.profiling.coldstart.stack",
     "ReplayEstimate": "dprobe.profiling.coldstart.replay", "replay_training_step": "dprobe.profiling.coldstart.replay",
     "cross_validate": "dprobe.profiling.coldstart.crossval", "train_coldstart": "dprobe.profiling.coldstart.train",
 }

@@ -1,4 +1,5 @@
-"""CUDA autocast rules, emulated above autograd so they apply to meta tensors, and a fused-attention stand-in."""
+"""CUDA autocast rules, emulated above autograd so they apply to meta tensors, and attention as the stack runs it:
+a fused-attention stand-in, or matrix products and a softmax where the stack has no fused kernels."""
 
 from __future__ import annotations
 
@@ -44,12 +45,15 @@ class AutocastEmulation(TorchFunctionMode):
     """Apply CUDA autocast casting rules (``dtype`` None: fp32, only the attention stand-in applies).
 
     Casts of weights (leaf tensors that require grad) are cached for the forward, as autocast does.
-    ``attention_flops`` accumulates the forward FLOPs of fused attention calls.
+    ``attention_flops`` accumulates the forward FLOPs of fused attention calls. ``fused_attention`` False:
+    ``scaled_dot_product_attention`` runs as matrix products and a softmax (:func:`unfused_attention`), as
+    on a stack without fused kernels.
     """
 
-    def __init__(self, dtype: torch.dtype | None) -> None:
+    def __init__(self, dtype: torch.dtype | None, fused_attention: bool = True) -> None:
         super().__init__()
         self.dtype = dtype
+        self.fused_attention = fused_attention
         self.cache: dict[int, torch.Tensor] = {}
         self.attention_flops = 0.0
 
@@ -114,6 +118,11 @@ class AutocastEmulation(TorchFunctionMode):
         q, k, v = call["query"], call["key"], call["value"]
         if self.dtype is not None:
             q, k, v = self._cast((q, k, v), self.dtype)
+        if not self.fused_attention:
+            with torch._C.DisableTorchFunction():  # autocast's rules applied inside, op by op
+                return unfused_attention(q, k, v, call.get("attn_mask"), float(call.get("dropout_p", 0.0) or 0.0),
+                                         bool(call.get("is_causal", False)), call.get("scale"),
+                                         bool(call.get("enable_gqa", False)), self.dtype is not None)
         if not fused_attention_applies(q, k, v, bool(call.get("enable_gqa", False))):
             with torch._C.DisableTorchFunction():  # one aten kernel on the GPU: no autocast inside it
                 return math_attention(q, k, v, call.get("attn_mask"), float(call.get("dropout_p", 0.0) or 0.0),
@@ -155,3 +164,24 @@ def math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     if dropout_p > 0:
         attn = torch.nn.functional.dropout(attn, dropout_p)
     return (attn @ v).to(dtype)
+
+
+def unfused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout_p: float,
+                      is_causal: bool, scale: float | None, enable_gqa: bool, autocast: bool) -> torch.Tensor:
+    """Attention as matrix products and a softmax (timm's and transformers' eager paths, PyTorch's multi-head
+    attention before 2.0), under autocast's rules when ``autocast``: both products in the inputs' dtype, the
+    softmax in fp32 and its output cast back for the second product; the attention matrix is kept for
+    backward, its dropout as a 1-byte mask."""
+    if enable_gqa and q.dim() >= 3 and k.shape[-3] != q.shape[-3] and k.shape[-3] > 0:
+        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+        v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
+    attn = (q * (scale if scale is not None else q.shape[-1] ** -0.5)) @ k.transpose(-2, -1)
+    if is_causal:
+        causal = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+        attn = attn.masked_fill(~causal, float("-inf"))
+    if mask is not None:
+        attn = attn.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else attn + mask.to(attn.dtype)
+    attn = torch.softmax(attn, dim=-1, dtype=torch.float32) if autocast else torch.softmax(attn, dim=-1)
+    if dropout_p > 0:
+        attn = torch.native_dropout(attn, dropout_p, True)[0]
+    return attn.to(v.dtype) @ v

@@ -14,7 +14,7 @@ from dprobe.core.conformal import held_out_groups
 from dprobe.profiling.coldstart.dataset import ProfileDataset, load_dataset, measured
 from dprobe.profiling.coldstart.fit import DEFAULTS, fit, for_machines, host_factors
 from dprobe.profiling.coldstart.model import TARGETS
-from dprobe.profiling.coldstart.residual import apply_stall, from_residual, predict_residuals
+from dprobe.profiling.coldstart.residual import apply_stall, predict_targets
 
 
 @dataclass
@@ -67,13 +67,24 @@ def _score_fold(test: np.ndarray, train: np.ndarray, max_epochs: int, seed: int,
     a script without ``if __name__ == "__main__"``) would leave the parent blocked on that pipe."""
     # each machine's host factor from the other families' runs on it, as a user would have it
     # from jobs that ran on that machine before
-    fold = for_machines(ds, host_factors(ds, train))
-    model = fit(fold, train, max_epochs, seed, hp, calibrate=calibrate)
-    graphs = [ds.graphs[i] for i in test]
-    res = predict_residuals(model, graphs, fold.feats[test])
-    typical = predict_residuals(model, graphs, ds.feats[test])[..., 0]
-    return (from_residual(res[..., 0], fold.base[test]), from_residual(res[..., 1], fold.base[test]),
-            from_residual(typical, ds.base[test]))
+    factors = host_factors(ds, train)
+    model = fit(for_machines(ds, factors), train, max_epochs, seed, hp, calibrate=calibrate)
+    p50, p90 = predict_runs(model, ds, test, factors)
+    return p50, p90, predict_runs(model, ds, test)[0]
+
+
+def predict_runs(model: Any, ds: ProfileDataset, idx: np.ndarray,
+                 factors: dict[str, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The p50 and p90 ``[len(idx), 4]`` that ``model`` gives the runs ``idx`` of ``ds``, as ``dprobe predict``
+    gives a job (its features are the CLI's, :func:`~dprobe.profiling.coldstart.job.job_inputs`): each run
+    on its machine's host factor (``factors``, log, :func:`~dprobe.profiling.coldstart.fit.host_factors`; a
+    machine not in it counts as typical, as ``dprobe predict`` without ``--host-factor``), its host stall
+    put back (``--host-stall``)."""
+    idx = np.asarray(idx)
+    fold = for_machines(ds, factors or {})
+    p50, p90 = predict_targets(model, [ds.graphs[i] for i in idx], fold.feats[idx], fold.base[idx])
+    apply_stall(p50, p90, ds.stall[idx])
+    return p50, p90
 
 
 def cross_validate(data_dir: str, cache_dir: str | Path, max_epochs: int = 400, seed: int = 0,
@@ -110,8 +121,6 @@ def cross_validate(data_dir: str, cache_dir: str | Path, max_epochs: int = 400, 
     scored = map_folds(score, plans, resolve_workers(workers), "cold start, leave-family-out", progress)
     for (test, _), (fold_p50, fold_p90, fold_typical) in zip(plans, scored, strict=True):
         p50[test], p90[test], p50_typical[test] = fold_p50, fold_p90, fold_typical
-    apply_stall(p50, p90, ds.stall)
-    apply_stall(p50_typical, p50_typical.copy(), ds.stall)
     analytical = ds.base.copy()
     apply_stall(analytical, analytical.copy(), ds.stall)
     return CrossValidation(learned=metrics(ds.y, p50, p90, ds.valid),

@@ -16,11 +16,13 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from dprobe.graph.encoder import graph_cache_path, graph_for_run, graph_to_data, run_spec
-from dprobe.profiling.coldstart.features import analytical_for, family_of, job_features, replay_cache_path
-from dprobe.profiling.coldstart.gpus import GPUSpec, gpu_key, gpu_spec
+from dprobe.profiling.coldstart.features import family_of, replay_cache_path
+from dprobe.profiling.coldstart.gpus import gpu_key, gpu_spec
+from dprobe.profiling.coldstart.job import JobInputs, job_inputs
 from dprobe.profiling.coldstart.model import TARGETS
 from dprobe.profiling.coldstart.replay import ReplayEstimate
-from dprobe.profiling.coldstart.residual import baseline, busy_utilisation
+from dprobe.profiling.coldstart.residual import busy_utilisation
+from dprobe.profiling.coldstart.stack import DEFAULT_STACK, STACKS, SoftwareStack, stack_of_record
 
 log = logging.getLogger(__name__)
 
@@ -84,13 +86,40 @@ def make_dataset(graphs: list, feats: np.ndarray, base: np.ndarray, y: np.ndarra
                           machines=list(machines) if machines else ["machine"] * n)
 
 
-def _replay_run(row: Any, cache_dir: str | Path) -> tuple[dict[str, Any], GPUSpec, ReplayEstimate, Any]:
-    """A runs.csv row's model spec, GPU spec, replay estimate and model graph (both cached)."""
+def run_stack(row: Any, env: dict[str, dict]) -> SoftwareStack:
+    """The software stack a runs.csv row was measured on: its collection's PyTorch and memory format
+    (``env.json``; h200-profiles' where it names none) and the run's ``cudnn_benchmark``."""
+    entry = env.get(f"collection_{int(row['collection'])}", {})
+    return stack_of_record({"torch": entry.get("torch") or STACKS[DEFAULT_STACK].torch,
+                            "memory_format": entry.get("memory_format"),
+                            "cudnn_benchmark": bool(row["cudnn_benchmark"])})
+
+
+def _stack_or_error(row: Any, env: dict[str, dict]) -> SoftwareStack | ValueError:
+    """:func:`run_stack`, or why there is none (the run is then left out, not the data set)."""
+    try:
+        return run_stack(row, env)
+    except ValueError as exc:
+        return exc
+
+
+def run_inputs(row: Any, cache_dir: str | Path) -> tuple[dict[str, Any], JobInputs]:
+    """A runs.csv row (with its ``stack``, :func:`run_stack`) as ``dprobe predict`` would see the job: its
+    model spec and :func:`~dprobe.profiling.coldstart.job.job_inputs` on its GPU and stack (replay cached)."""
+    if isinstance(row["stack"], Exception):  # its record names a stack dprobe cannot take
+        raise row["stack"]
     spec = run_spec(row)
     gpu = gpu_spec(str(row["gpu"]), float(row["gpu_total_bytes"]))
-    est = analytical_for(spec["model"], spec["batch"], str(row["precision"]), str(row["optimizer"]),
-                         image=spec["image"], seq=spec["seq"], config_kwargs=spec["config_kwargs"], cache_dir=cache_dir)
-    return spec, gpu, est, graph_for_run(row, cache_dir)
+    inputs = job_inputs(spec["model"], spec["batch"], str(row["precision"]), str(row["optimizer"]), gpu=gpu,
+                        stack=row["stack"], image=spec["image"], seq=spec["seq"],
+                        config_kwargs=spec["config_kwargs"], cache_dir=cache_dir)
+    return spec, inputs
+
+
+def _replay_run(row: Any, cache_dir: str | Path) -> tuple[dict[str, Any], JobInputs, Any]:
+    """A runs.csv row's model spec, job inputs and model graph (both cached)."""
+    spec, inputs = run_inputs(row, cache_dir)
+    return spec, inputs, graph_for_run(row, cache_dir)
 
 
 def _is_cached(row: Any, cache_dir: str | Path) -> bool:
@@ -98,7 +127,8 @@ def _is_cached(row: Any, cache_dir: str | Path) -> bool:
     try:
         spec = run_spec(row)
         replay = replay_cache_path(spec["model"], spec["batch"], str(row["precision"]), str(row["optimizer"]),
-                                   spec["image"], spec["seq"], spec["config_kwargs"], cache_dir)
+                                   spec["image"], spec["seq"], spec["config_kwargs"], cache_dir,
+                                   attention=row["stack"].attention)
     except Exception:  # the sequential pass reports what is wrong with the run
         return True
     graph = graph_cache_path(spec, cache_dir)
@@ -147,14 +177,16 @@ def load_dataset(data_dir: str, cache_dir: str | Path, progress: bool = True,
     from dprobe.core.workers import resolve_workers
     from dprobe.data import load_h200_profiles
 
-    runs = load_h200_profiles(data_dir).train_runs()
+    profiles = load_h200_profiles(data_dir)
+    runs = profiles.train_runs()
+    runs["stack"] = [_stack_or_error(row, profiles.env) for _, row in runs.iterrows()]
     t0 = time.time()
     warm_cache(runs, cache_dir, resolve_workers(workers), progress)
     graphs, feats, bases, ys, fams, ids, gpus, machines, skipped = [], [], [], [], [], [], [], [], []
     for _, row in tqdm(runs.iterrows(), total=len(runs), desc="replaying training steps", unit="run",
                        leave=False, disable=not progress):
         try:
-            spec, gpu, est, graph = _replay_run(row, cache_dir)
+            spec, inputs, graph = _replay_run(row, cache_dir)
         except Exception as exc:  # a GPU without a spec, a model this install cannot build or replay: left out
             reason = (str(exc).splitlines() or [""])[0][:200]
             skipped.append(f"run {row['run_id']} ({row['lib']}:{row['model']}, collection {int(row['collection'])}): "
@@ -164,10 +196,8 @@ def load_dataset(data_dir: str, cache_dir: str | Path, progress: bool = True,
         graphs.append(graph_to_data(graph))
         gpus.append(gpu_key(str(row["gpu"])))
         machines.append(f"collection {int(row['collection'])}")  # one session on one machine
-        f = job_features(est, spec["batch"], str(row["precision"]), str(row["optimizer"]), gpu,
-                         cudnn_benchmark=bool(row["cudnn_benchmark"]))
-        feats.append(f)
-        bases.append(baseline(est, f))
+        feats.append(inputs.feats)
+        bases.append(inputs.base)
         ys.append([row["peak_alloc_bytes"], row["nvml_used_bytes_steps"],
                    row["gpu_util_pct_steps"] / 100.0, row["step_time_median_s"]])
         fams.append(arch_family(str(row["lib"]), str(row["model"])))
@@ -209,7 +239,6 @@ def load_benchmark_dataset(directory: str | Path, memory_format: str = "nchw",
     from dprobe.profiling.coldstart.gpus import GPUS
     from dprobe.profiling.coldstart.timm_bench import (
         REPLAYS,
-        fused_attention,
         load_timm_bench,
         read_replays,
         replay_key,
@@ -224,7 +253,8 @@ def load_benchmark_dataset(directory: str | Path, memory_format: str = "nchw",
                          f"({', '.join(GPUS)})")
     gpu = replace(GPUS[key], memory_bytes=float(stack["gpu_memory_bytes"]))
     cache = read_replays(Path(directory) / REPLAYS)
-    precision, optimizer, fused = str(stack["precision"]), str(stack["optimizer"]), fused_attention(stack)
+    precision, optimizer, software = str(stack["precision"]), str(stack["optimizer"]), stack_of_record(stack)
+    fused = software.attention == "fused"
     feats, bases, ys, fams, ids, models, batches, skipped = [], [], [], [], [], [], [], []
     for r in tqdm(bench.runs.itertuples(), total=len(bench.runs), desc="benchmark runs", unit="run",
                   leave=False, disable=not progress):
@@ -234,11 +264,10 @@ def load_benchmark_dataset(directory: str | Path, memory_format: str = "nchw",
         if "error" in rec:
             skipped.append(f"{key} benchmark, timm:{r.model} batch {r.batch}: {rec['error']}")
             continue
-        est = ReplayEstimate.from_dict(rec["est"])
-        f = job_features(est, int(r.batch), precision, optimizer, gpu,
-                         cudnn_benchmark=bool(stack.get("cudnn_benchmark", False)))
-        feats.append(f)
-        bases.append(baseline(est, f))
+        inputs = job_inputs(f"timm:{r.model}", int(r.batch), precision, optimizer, gpu=gpu, stack=software,
+                            image=int(r.image), est=ReplayEstimate.from_dict(rec["est"]))
+        feats.append(inputs.feats)
+        bases.append(inputs.base)
         ys.append([np.nan, np.nan, np.nan, r.step_time_s])
         fams.append(str(r.family))
         ids.append(f"{key}:{r.model}")

@@ -94,15 +94,17 @@ def with_host_factor(feats: np.ndarray, log_factor: np.ndarray | float) -> np.nd
 
 def analytical_for(model: str, batch: int, precision: str, optimizer: str, image: int | None = None,
                    seq: int | None = None, config_kwargs: dict | str | None = None,
-                   cache_dir: str | Path | None = None, grad_checkpointing: bool = False) -> ReplayEstimate:
-    """The replay estimate, cached as JSON under ``cache_dir`` keyed by the job's spec hash."""
+                   cache_dir: str | Path | None = None, grad_checkpointing: bool = False,
+                   attention: str = "fused") -> ReplayEstimate:
+    """The replay estimate, cached as JSON under ``cache_dir`` keyed by the job's spec hash (``attention``:
+    the stack's attention kernels, :func:`~dprobe.profiling.coldstart.replay.replay_training_step`)."""
     spec = parse_spec(model, config_kwargs)
     path = replay_cache_path(model, batch, precision, optimizer, image, seq, config_kwargs, cache_dir,
-                             grad_checkpointing)
+                             grad_checkpointing, attention)
     if path is not None and path.is_file():
         return ReplayEstimate.from_dict(json.loads(path.read_text()))
     est = replay_training_step(spec, batch, precision, optimizer, image=image, seq=seq,
-                               grad_checkpointing=grad_checkpointing)
+                               grad_checkpointing=grad_checkpointing, attention=attention)
     if path is not None:
         write_atomically(path, json.dumps(est.to_dict()))
     return est
@@ -110,7 +112,8 @@ def analytical_for(model: str, batch: int, precision: str, optimizer: str, image
 
 def replay_cache_path(model: str, batch: int, precision: str, optimizer: str, image: int | None = None,
                       seq: int | None = None, config_kwargs: dict | str | None = None,
-                      cache_dir: str | Path | None = None, grad_checkpointing: bool = False) -> Path | None:
+                      cache_dir: str | Path | None = None, grad_checkpointing: bool = False,
+                      attention: str = "fused") -> Path | None:
     """Where :func:`analytical_for` caches the job's replay (None without a ``cache_dir``)."""
     if not cache_dir:
         return None
@@ -118,4 +121,4 @@ def replay_cache_path(model: str, batch: int, precision: str, optimizer: str, im
     job = {"model": model, "kw": spec.config_kwargs, "batch": batch, "precision": precision, "optimizer": optimizer,
            "image": image, "seq": seq}
     key = spec_key({**job, "grad_checkpointing": True} if grad_checkpointing else job, extra="replay-v6")
-    return Path(cache_dir) / f"replay-{key}.json"
+    return Path(cache_dir) / f"replay-{key}{'' if attention == 'fused' else '-' + attention}.json"

@@ -12,16 +12,20 @@ import numpy as np
 from dprobe.graph.onnx_reader import read_onnx
 from dprobe.graph.schema import ModelGraph
 from dprobe.graph.zoo import VALUES_ASSUMED_NOTE, parse_spec
-from dprobe.profiling.coldstart.features import FEATURES, analytical_for, job_features, with_host_factor
+from dprobe.profiling.coldstart.features import FEATURES, analytical_for
 from dprobe.profiling.coldstart.gpus import GPUS, GPUSpec, spec_as_dict
 from dprobe.profiling.coldstart.graph_estimate import estimate_from_graph
+from dprobe.profiling.coldstart.job import JobInputs, job_inputs
 from dprobe.profiling.coldstart.model import TARGETS
 from dprobe.profiling.coldstart.replay import ReplayEstimate
+from dprobe.profiling.coldstart.stack import SoftwareStack, StackChoice, resolve_stack
 
 DEFAULT_CHECKPOINT = Path(__file__).with_name("default_coldstart.pt")
 ONNX_NOTE = ("ONNX file: the step is estimated from the graph's nodes, not replayed; an export for inference "
              "(batch norms folded, no dropout) comes out low on memory: export with "
              "training=torch.onnx.TrainingMode.TRAINING (docs/graph-and-coldstart.md)")
+NHWC_NOTE = ("memory format nhwc: the learned corrections know NCHW runs only, so the step is predicted as in "
+             "NCHW (timm's RTX 3090 benchmark: channels-last steps took 0.71-2.2 times the NCHW step, median 0.91)")
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,7 @@ class JobPrediction:
     gpu_seen_in_training: bool = True  # whether the checkpoint learnt from runs on this GPU
     largest_batch: int | None = None  # the largest batch predicted to fit (0: none; None: not searched)
     gpu_spec: dict[str, Any] | None = None  # the GPU's figures (--gpu-spec's fields)
+    stack: dict[str, Any] | None = None  # the software stack assumed (SoftwareStack.as_dict)
     grad_checkpointing: bool = False
     notes: list[str] = field(default_factory=list)
     # where the JSON has the note: after the key that stood last when the first note was added
@@ -100,7 +105,7 @@ class JobPrediction:
         out = {**head, **{t: asdict(getattr(self, t)) for t in TARGETS}, "gpu_memory_bytes": self.gpu_memory_bytes,
                "fits": self.fits, "largest_batch": self.largest_batch,
                "gpu_seen_in_training": self.gpu_seen_in_training, "gpu_spec": self.gpu_spec,
-               "analytical": asdict(self.analytical)}
+               "stack": self.stack, "analytical": asdict(self.analytical)}
         if self.grad_checkpointing:
             out["grad_checkpointing"] = True
         return out
@@ -119,8 +124,11 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
                 image: int | None = None, seq: int | None = None, config_kwargs: dict | str | None = None,
                 checkpoint: str | Path | None = None, gpu: str | GPUSpec = "h200", host_stall_s: float = 0.0,
                 host_factor: float = 1.0, grad_checkpointing: bool = False,
-                search_batch: bool = False) -> JobPrediction:
+                search_batch: bool = False, stack: StackChoice = None) -> JobPrediction:
     """Predict peak allocator bytes, NVML bytes, GPU utilisation and step time (p50 and p90 each).
+
+    The one entry point of a cold-start prediction: ``dprobe predict``, the sidecar and the benchmarks call
+    it, and its features are built as the training sets' are (:func:`~dprobe.profiling.coldstart.job.job_inputs`).
 
     ``host_stall_s``: seconds per step, on average, that the GPU waits on the host (data loading,
     evaluation, checkpointing); it lowers utilisation, not the step time (a step's own duration).
@@ -132,6 +140,10 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
     ``gpu``: a key of ``GPUS`` or a :class:`GPUSpec` (``--gpu-spec FILE``, :func:`~dprobe.profiling.coldstart.gpus.load_gpu_spec`).
     ``search_batch``: also find the largest batch predicted to fit the GPU (``largest_batch``; a replay or
     three more, :func:`largest_fitting_batch`).
+    ``stack``: the software stack the job runs on (:func:`~dprobe.profiling.coldstart.stack.resolve_stack`:
+    a preset's name, a mapping of settings over the GPU's default, or a ``SoftwareStack``); default: the
+    stack the GPU's training runs were measured on. Its attention kernels are replayed, its
+    ``cudnn.benchmark`` is a feature; the prediction's ``stack`` says what was assumed.
     """
     from torch_geometric.data import Batch  # noqa: F401 - fail early if PyG is missing
 
@@ -140,19 +152,22 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
     from dprobe.graph.trace import SINGLE_VALUE_BATCHNORM
     from dprobe.graph.zoo import remedy
 
-    check_job(batch, image, seq, host_stall_s, host_factor, gpu)
+    software = check_job(batch, image, seq, host_stall_s, host_factor, gpu, stack)
     coldstart = _coldstart_checkpoint(checkpoint)
     spec, gpu = (gpu, gpu.name) if isinstance(gpu, GPUSpec) else (GPUS[gpu], gpu)
-    if parse_spec(model, config_kwargs).lib == "onnx":  # a graph, no module to replay: estimate from its nodes
+    parsed = parse_spec(model, config_kwargs)
+    notes = [NHWC_NOTE] if software.memory_format == "nhwc" and parsed.lib != "transformers" else []
+    job = {"image": image, "seq": seq, "config_kwargs": config_kwargs, "gpu": spec, "stack": software,
+           "host_factor": host_factor}
+    if parsed.lib == "onnx":  # a graph, no module to replay: estimate from its nodes
         if grad_checkpointing:
             raise ValueError("--grad-checkpointing needs the model as a transformers or timm module, not an ONNX file")
         graph = read_onnx(model, batch=batch, seq=seq)
         est = estimate_from_graph(graph, batch, precision, optimizer)
-        return _predict(model, batch, precision, optimizer, graph, est, spec, gpu, coldstart, host_stall_s,
-                        host_factor, note=ONNX_NOTE)
+        return _predict(model, batch, precision, optimizer, graph, job_inputs(model, batch, precision, optimizer,
+                        est=est, **job), gpu, coldstart, host_stall_s, host_factor, notes=[ONNX_NOTE, *notes])
     try:
-        est = analytical_for(model, batch, precision, optimizer, image=image, seq=seq,
-                             config_kwargs=config_kwargs, grad_checkpointing=grad_checkpointing)
+        inputs = job_inputs(model, batch, precision, optimizer, grad_checkpointing=grad_checkpointing, **job)
     except Exception as exc:  # noqa: BLE001 - a model's forward can fail in any way; name it, no traceback
         if isinstance(exc, GraphError):  # the model itself refused by name (unknown, no checkpointing, ...)
             raise
@@ -167,24 +182,27 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
         raise ValueError(f"cannot replay a training step ({precision}) of {model}: {type(exc).__name__}: "
                          f"{first}{hint}{remedy(exc)}") from exc
     graph = build_model_graph(model, batch=batch, image=image, seq=seq, config_kwargs=config_kwargs)
-    result = _predict(model, batch, precision, optimizer, graph, est, spec, gpu, coldstart, host_stall_s, host_factor)
-    if est.values_assumed:
+    result = _predict(model, batch, precision, optimizer, graph, inputs, gpu, coldstart, host_stall_s, host_factor,
+                      notes=notes)
+    if inputs.est.values_assumed:
         result.add_note(f"replayed with {VALUES_ASSUMED_NOTE}")
     if search_batch:
-        result.largest_batch = largest_fitting_batch(result, est, image=image, seq=seq, config_kwargs=config_kwargs,
-                                                     grad_checkpointing=grad_checkpointing)
+        result.largest_batch = largest_fitting_batch(result, inputs.est, image=image, seq=seq,
+                                                     config_kwargs=config_kwargs,
+                                                     grad_checkpointing=grad_checkpointing, stack=software)
     if grad_checkpointing:
-        plain = analytical_for(model, batch, precision, optimizer, image=image, seq=seq, config_kwargs=config_kwargs)
-        _with_recompute_timing(result, _predict(model, batch, precision, optimizer, graph, plain, spec, gpu,
+        plain = job_inputs(model, batch, precision, optimizer, **job)
+        _with_recompute_timing(result, _predict(model, batch, precision, optimizer, graph, plain, gpu,
                                                 coldstart, host_stall_s, host_factor))
     return result
 
 
 def check_job(batch: int, image: int | None = None, seq: int | None = None, host_stall_s: float = 0.0,
-              host_factor: float = 1.0, gpu: str | GPUSpec = "h200") -> None:
-    """A ValueError naming the option for a job that cannot be: a batch, image side or sequence length
-    below 1, a host stall that is negative or infinite, a host factor that is not a positive number, an
-    unknown GPU."""
+              host_factor: float = 1.0, gpu: str | GPUSpec = "h200", stack: StackChoice = None) -> SoftwareStack:
+    """The job's software stack (:func:`~dprobe.profiling.coldstart.stack.resolve_stack`), or a ValueError
+    naming the option for a job that cannot be: a batch, image side or sequence length below 1, a host
+    stall that is negative or infinite, a host factor that is not a positive number, an unknown GPU, an
+    unknown stack or setting."""
     for flag, value in (("--batch", batch), ("--image", image), ("--seq", seq)):
         if value is not None and not value >= 1:
             raise ValueError(f"{flag} must be >= 1, not {value}")
@@ -194,6 +212,7 @@ def check_job(batch: int, image: int | None = None, seq: int | None = None, host
         raise ValueError(f"--host-factor must be a positive number, not {host_factor}")
     if not isinstance(gpu, GPUSpec) and gpu not in GPUS:
         raise ValueError(f"unknown GPU {gpu!r} ({', '.join(GPUS)}; --gpu-spec FILE for another)")
+    return resolve_stack(gpu.name if isinstance(gpu, GPUSpec) else gpu, stack)
 
 
 def _coldstart_checkpoint(checkpoint: str | Path | None) -> tuple[Path, Any, dict[str, Any]] | None:
@@ -249,32 +268,26 @@ def _band(target: str, p50: float, p90: float) -> Band:
     return Band(int(p50), int(hi))
 
 
-def _predict(model: str, batch: int, precision: str, optimizer: str, graph: ModelGraph, est: ReplayEstimate,
-             spec: GPUSpec, gpu: str, coldstart: tuple[Path, Any, dict[str, Any]] | None, host_stall_s: float,
-             host_factor: float = 1.0, note: str = "") -> JobPrediction:
-    """The prediction from the replay's estimate ``est``, corrected by the loaded cold-start checkpoint
-    ``coldstart`` (:func:`_coldstart_checkpoint`; None: the analytical estimate alone)."""
+def _predict(model: str, batch: int, precision: str, optimizer: str, graph: ModelGraph, inputs: JobInputs,
+             gpu: str, coldstart: tuple[Path, Any, dict[str, Any]] | None, host_stall_s: float,
+             host_factor: float = 1.0, notes: list[str] | None = None) -> JobPrediction:
+    """The prediction from the job's inputs (:func:`~dprobe.profiling.coldstart.job.job_inputs`), corrected by
+    the loaded cold-start checkpoint ``coldstart`` (:func:`_coldstart_checkpoint`; None: the analytical
+    estimate alone)."""
     from dprobe.graph.encoder import graph_to_data
-    from dprobe.profiling.coldstart.residual import (
-        apply_stall,
-        baseline,
-        from_residual,
-        predict_residuals,
-        with_stall,
-    )
+    from dprobe.profiling.coldstart.residual import apply_stall, predict_targets, with_stall
 
-    feats = with_host_factor(np.array(job_features(est, batch, precision, optimizer, spec)), math.log(host_factor))
-    base = baseline(est, feats)
-    notes = [note] if note else []  # of the job as the model sees it: they follow graph_nodes in the JSON
+    est, feats, base, spec = inputs.est, inputs.feats, inputs.base, inputs.gpu
+    notes = list(notes or [])  # of the job as the model sees it: they follow graph_nodes in the JSON
     if coldstart is not None:
         ckpt_path, net, ckpt = coldstart
         trained_on = ckpt.get("gpus", ["h200"])  # checkpoints before it was recorded: h200-profiles
-        res = predict_residuals(net, [graph_to_data(graph)], np.array([_as_seen(feats, precision, net, notes)]))[0]
         seen = gpu in trained_on
-        if not seen:  # wider p90 where the checkpoint learnt how much (GPUs held out in turn)
-            widen = ckpt.get("unseen_gpu_p90_shift", {})
-            res[:, 1] += np.array([widen.get(t, 0.0) for t in TARGETS])
-        p50, p90 = from_residual(res[:, 0], base), from_residual(res[:, 1], base)
+        # wider p90 on a GPU the checkpoint never saw, where it learnt how much (GPUs held out in turn)
+        widen = ckpt.get("unseen_gpu_p90_shift", {}) if not seen else {}
+        p50, p90 = predict_targets(net, [graph_to_data(graph)], np.array([_as_seen(feats, precision, net, notes)]),
+                                   base[None], np.array([widen.get(t, 0.0) for t in TARGETS]))
+        p50, p90 = p50[0], p90[0]
         stack_factor = ckpt.get("memory_factors", {}).get(gpu)
         if stack_factor:  # the memory of the stack this GPU's fit labels came from, against the replay's
             p50[:2] *= stack_factor
@@ -311,14 +324,15 @@ def _predict(model: str, batch: int, precision: str, optimizer: str, graph: Mode
         checkpoint=checkpoint, **bands, gpu_memory_bytes=int(spec.memory_bytes),
         fits=fits_on_gpu(bands["peak_memory_bytes"].p50, bands["device_memory_bytes"].p90, spec.memory_bytes),
         analytical=analytical, notes=notes, note_after=note_after, graph=graph, gpu_seen_in_training=seen,
-        gpu_spec=spec_as_dict(spec))
+        gpu_spec=spec_as_dict(spec), stack=inputs.stack.as_dict())
 
 
 MAX_BATCH = 1 << 16
 
 
 def largest_fitting_batch(pred: JobPrediction, est: ReplayEstimate, image: int | None = None, seq: int | None = None,
-                          config_kwargs: dict | str | None = None, grad_checkpointing: bool = False) -> int:
+                          config_kwargs: dict | str | None = None, grad_checkpointing: bool = False,
+                          stack: SoftwareStack | None = None) -> int:
     """The largest batch whose allocator peak (p50, the job's learned correction applied) plus the CUDA
     context fits the GPU (:func:`fits_on_gpu`'s "no" line); 0 where not even batch 1 does.
 
@@ -335,7 +349,8 @@ def largest_fitting_batch(pred: JobPrediction, est: ReplayEstimate, image: int |
         if b == pred.batch:
             return est.peak_bytes
         return analytical_for(pred.model, b, pred.precision, pred.optimizer, image=image, seq=seq,
-                              config_kwargs=config_kwargs, grad_checkpointing=grad_checkpointing).peak_bytes
+                              config_kwargs=config_kwargs, grad_checkpointing=grad_checkpointing,
+                              attention=stack.attention if stack else "fused").peak_bytes
 
     other = pred.batch * 2 if pred.batch < 4 else pred.batch // 2
     try:

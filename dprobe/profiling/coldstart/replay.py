@@ -105,19 +105,42 @@ def make_optimizer(model: nn.Module, name: str) -> torch.optim.Optimizer:
 
 def replay_training_step(spec: ModelSpec, batch: int, precision: str = "fp32", optimizer: str = "adamw",
                          image: int | None = None, seq: int | None = None,
-                         grad_checkpointing: bool = False) -> ReplayEstimate:
+                         grad_checkpointing: bool = False, attention: str = "fused") -> ReplayEstimate:
     """Run two training steps on meta tensors and measure the second (optimizer states exist by then).
 
     ``grad_checkpointing``: with the model's activation checkpointing on (``transformers`` and timm; see
     :func:`enable_grad_checkpointing`): its blocks keep their inputs only and run their forward again
-    in backward."""
+    in backward. ``attention``: ``fused`` (the kernel CUDA's ``scaled_dot_product_attention`` picks) or
+    ``unfused`` (matrix products and a softmax: timm's own switch off, every other caller of
+    ``scaled_dot_product_attention`` as an eager implementation computes it), as a stack before PyTorch
+    2.0 ran attention."""
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r} ({', '.join(PRECISIONS)})")
+    if attention not in ("fused", "unfused"):
+        raise ValueError(f"unknown attention {attention!r} (fused, unfused)")
+    fused = attention == "fused"
     # e.g. BART reads its mask's values, DeBERTa-v2 its labels', which meta tensors cannot answer
-    est, retried = with_values_assumed_if_needed(
-        spec, lambda: _replay(spec, batch, precision, optimizer, image, seq, grad_checkpointing))
+    with timm_fused_attention(fused):
+        est, retried = with_values_assumed_if_needed(
+            spec, lambda: _replay(spec, batch, precision, optimizer, image, seq, grad_checkpointing, fused))
     est.values_assumed = float(retried)
     return est
+
+
+@contextlib.contextmanager
+def timm_fused_attention(fused: bool) -> Iterator[None]:
+    """timm's attention switch (``timm.layers.set_fused_attn``) set to ``fused`` for as long as it lasts."""
+    try:
+        from timm.layers import set_fused_attn, use_fused_attn
+    except ImportError:
+        yield
+        return
+    was = use_fused_attn()
+    set_fused_attn(fused)
+    try:
+        yield
+    finally:
+        set_fused_attn(was)
 
 
 def enable_grad_checkpointing(model: nn.Module, spec: ModelSpec,
@@ -165,7 +188,7 @@ def _checkpoint_arguments(kwargs: dict) -> Iterator[None]:
 
 
 def _replay(spec: ModelSpec, batch: int, precision: str, optimizer: str, image: int | None,
-            seq: int | None, grad_checkpointing: bool = False) -> ReplayEstimate:
+            seq: int | None, grad_checkpointing: bool = False, fused: bool = True) -> ReplayEstimate:
     model = build_module(spec)
     config = getattr(model, "config", None)
     if getattr(config, "apply_spec_augment", False):  # wav2vec2, HuBERT, ...: random masks of the audio
@@ -174,7 +197,7 @@ def _replay(spec: ModelSpec, batch: int, precision: str, optimizer: str, image: 
     checkpointing: contextlib.AbstractContextManager = contextlib.nullcontext()
     if grad_checkpointing:
         def contexts() -> tuple:
-            recomputed.append(AutocastEmulation(AUTOCAST_DTYPES[precision]))
+            recomputed.append(AutocastEmulation(AUTOCAST_DTYPES[precision], fused))
             return contextlib.nullcontext(), recomputed[-1]
 
         checkpointing = enable_grad_checkpointing(model, spec, contexts)
@@ -198,7 +221,7 @@ def _replay(spec: ModelSpec, batch: int, precision: str, optimizer: str, image: 
                 steady = float(tracker.current)
                 state = steady - param_bytes
                 tracker.reset_peak()
-            emul = AutocastEmulation(AUTOCAST_DTYPES[precision])
+            emul = AutocastEmulation(AUTOCAST_DTYPES[precision], fused)
             tracker.phase = FORWARD
             with emul:
                 loss = _loss(model(*ex.args, **ex.kwargs), ex)

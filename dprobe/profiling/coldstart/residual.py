@@ -61,3 +61,14 @@ def predict_residuals(model: ColdStartModel | ColdStartEnsemble, graphs: list, f
     graph_batch = Batch.from_data_list(graphs) if model.encoder is not None else None
     out = model(graph_batch, torch.tensor(feats, dtype=torch.float32))
     return out.numpy().astype(np.float64)
+
+
+def predict_targets(model: ColdStartModel | ColdStartEnsemble, graphs: list, feats: np.ndarray, base: np.ndarray,
+                    p90_shift: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The learned p50 and p90 ``[n, 4]`` of the jobs' targets from their feature rows and analytical
+    estimates (``p90_shift``: added to the p90 residual of each target); utilisation is the busy share,
+    before the host stalls are put back (:func:`apply_stall`)."""
+    res = predict_residuals(model, graphs, feats)
+    if p90_shift is not None:
+        res[..., 1] += p90_shift
+    return from_residual(res[..., 0], base), from_residual(res[..., 1], base)

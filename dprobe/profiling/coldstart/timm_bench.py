@@ -115,21 +115,20 @@ def load_timm_bench(directory: str | Path, memory_format: str = "nchw") -> TimmB
 
 
 def fused_attention(stack: dict[str, Any]) -> bool:
-    """Whether the stack's PyTorch has ``scaled_dot_product_attention`` (2.0 on), which timm's attention
-    calls where it can; before it, timm computes attention as matrix products and a softmax."""
-    version = str(stack.get("pytorch") or "2")
-    try:
-        return int(version.split(".")[0]) >= 2
-    except ValueError:
-        return True
+    """Whether the stack's attention is fused (:func:`~dprobe.profiling.coldstart.stack.stack_of_record`: its
+    PyTorch has ``scaled_dot_product_attention``, 2.0 on, which timm's attention calls where it can; before
+    it, timm computes attention as matrix products and a softmax)."""
+    from dprobe.profiling.coldstart.stack import stack_of_record
+
+    return stack_of_record({**stack, "pytorch": stack.get("pytorch") or "2"}).attention == "fused"
 
 
 def replay_key(model: str, batch: int, image: int, precision: str, optimizer: str, fused: bool = True) -> str:
     """The cache key of a replay (the replay cache's own: it changes when the replay does)."""
     from dprobe.profiling.coldstart.features import replay_cache_path
 
-    key = replay_cache_path(f"timm:{model}", batch, precision, optimizer, image, None, None, ".").stem
-    return key if fused else f"{key}-unfused"
+    return replay_cache_path(f"timm:{model}", batch, precision, optimizer, image, None, None, ".",
+                             attention="fused" if fused else "unfused").stem
 
 
 def read_replays(path: str | Path) -> dict[str, dict[str, Any]]:
@@ -157,24 +156,20 @@ def replay_jobs(bench: TimmBench) -> list[tuple[str, int, int]]:
 
 def replay_one(model: str, batch: int, image: int, precision: str, optimizer: str,
                fused: bool = True) -> dict[str, Any]:
-    """One job's cache record: its replay, or the error that stopped it (first line). ``fused``: timm's
-    attention may call ``scaled_dot_product_attention`` (see :func:`fused_attention`)."""
-    from timm.layers import set_fused_attn, use_fused_attn
-
+    """One job's cache record: its replay, or the error that stopped it (first line). ``fused``: attention
+    runs as ``scaled_dot_product_attention``, else as matrix products and a softmax (see
+    :func:`fused_attention`)."""
     from dprobe.profiling.coldstart.features import analytical_for
 
     rec: dict[str, Any] = {"key": replay_key(model, batch, image, precision, optimizer, fused), "model": model,
                            "batch": batch, "image": image, "precision": precision, "optimizer": optimizer,
                            "fused_attention": fused}
-    was = use_fused_attn()
-    set_fused_attn(fused)
     try:
-        est = analytical_for(f"timm:{model}", batch, precision, optimizer, image=image)
+        est = analytical_for(f"timm:{model}", batch, precision, optimizer, image=image,
+                             attention="fused" if fused else "unfused")
     except Exception as exc:  # noqa: BLE001 - a model this timm cannot build or replay: recorded, left out
         rec["error"] = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
         return rec
-    finally:
-        set_fused_attn(was)
     d = est.to_dict()
     d["ops"] = [[int(o[0]), int(o[1]), int(o[2]), float(f"{o[3]:.5g}"), float(f"{o[4]:.5g}")] for o in d["ops"]]
     rec["est"] = d

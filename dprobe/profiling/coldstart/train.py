@@ -86,15 +86,14 @@ def benchmark_memory_factor(directory: str, ds: ProfileDataset, model: ColdStart
     its fit / does-not-fit labels right (:func:`~dprobe.profiling.coldstart.timm_bench.fit_memory_factor`:
     the benchmark's stack, its CUDA context and workspaces, against the replay's)."""
     from dprobe.profiling.coldstart.replay import CUDA_CONTEXT_BYTES
-    from dprobe.profiling.coldstart.residual import from_residual, predict_residuals
+    from dprobe.profiling.coldstart.residual import predict_targets
     from dprobe.profiling.coldstart.timm_bench import fit_label_peaks, fit_memory_factor, load_stack
 
     stack = load_stack(directory)
     gpu = str(stack["gpu"])
     rows = np.flatnonzero(np.asarray(ds.gpus) == gpu)
     peak = TARGETS.index("peak_memory_bytes")
-    p50 = from_residual(predict_residuals(model, [ds.graphs[i] for i in rows], ds.feats[rows])[..., 0],
-                        ds.base[rows])[:, peak]
+    p50 = predict_targets(model, [ds.graphs[i] for i in rows], ds.feats[rows], ds.base[rows])[0][:, peak]
     up = fit_label_peaks(directory, [ds.models[i] for i in rows], p50, ds.base[rows, peak])
     return gpu, fit_memory_factor(p50, up, float(stack["gpu_memory_bytes"]), CUDA_CONTEXT_BYTES)
 
