@@ -30,6 +30,18 @@ def test_job_spec_parses_what_dprobe_predict_takes() -> None:
         "transformers:GPT2Config/GPT2LMHeadModel", 8, 512, "bf16", "adamw", "a100", 0.01)
     assert spec.config_kwargs == '{"n_embd": 64, "n_layer": 2}'  # canonical: one profile per job
     assert JobSpec.parse("torchvision:resnet50 batch=4") == JobSpec("torchvision:resnet50", 4)
+    assert JobSpec.parse("timm:resnet50 batch=64 gpu=rtx3090 stack=timm-2022").stack == "timm-2022"
+
+
+def test_a_jobs_stack_reaches_the_prediction(monkeypatch) -> None:
+    """``stack=`` is dprobe predict's --stack; unset, the prediction takes the GPU's default (None)."""
+    import dprobe.profiling.coldstart.predict as coldstart_predict
+
+    seen: list = []
+    monkeypatch.setattr(coldstart_predict, "predict_job", lambda *a, **kw: seen.append(kw.get("stack")))
+    JobSpec.parse("timm:resnet50 batch=64 gpu=rtx3090 stack=h200-profiles").predict()
+    JobSpec.parse("timm:resnet50 batch=64 gpu=rtx3090").predict()
+    assert seen == ["h200-profiles", None]
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -39,6 +51,7 @@ def test_job_spec_parses_what_dprobe_predict_takes() -> None:
     ("torchvision:resnet50 batch=4 precision=int8", "precision must be one of"),
     ("torchvision:resnet50 batch=4 gpu=v100", "gpu must be one of"),
     ("torchvision:resnet50 batch=4 lr=0.1", "unknown key 'lr'"),
+    ("torchvision:resnet50 batch=4 stack=pytorch-3000", "stack must be one of"),
     ("torchvision:resnet50 batch=4 config_kwargs=[1]", "must be a JSON object"),
     ("torchvision:resnet50 batch=4 'x", "No closing quotation"),
     ("  ", "empty; expected MODEL batch=N"),

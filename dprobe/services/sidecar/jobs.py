@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 ANNOTATION = TRAINING_JOB
 DEFAULT_GPU = "h200"  # the GPU of the profiles the cold-start model learnt from
-KEYS = ("batch", "precision", "optimizer", "image", "seq", "gpu", "host_stall", "config_kwargs")
+KEYS = ("batch", "precision", "optimizer", "image", "seq", "gpu", "host_stall", "config_kwargs", "stack")
 # what a profile holds: (the prediction's field, the exported name's stem)
 TARGETS = (("device_memory_bytes", "gpu_memory_bytes"), ("peak_memory_bytes", "allocator_peak_bytes"),
            ("gpu_utilization", "gpu_utilization_ratio"), ("step_time_seconds", "step_seconds"))
@@ -57,14 +57,17 @@ class JobSpec:
     gpu: str = ""  # "": the GPU the sidecar sees (JobProfiles resolves it)
     host_stall_s: float = 0.0
     config_kwargs: str = ""  # a JSON object (keys sorted): the spec is hashable, one profile per job
+    stack: str = ""  # a software stack preset (dprobe predict --stack); "": the GPU's default
 
     @staticmethod
     def parse(text: str) -> JobSpec:
         """``MODEL batch=N [precision=P] [optimizer=O] [image=N] [seq=N] [gpu=NAME] [host_stall=S]
-        [config_kwargs=JSON]`` (shell quoting for values with spaces); a ValueError naming what is wrong."""
+        [config_kwargs=JSON] [stack=PRESET]`` (shell quoting for values with spaces); a ValueError naming what
+        is wrong."""
         from dprobe.profiling.coldstart.gpus import (
             GPUS,  # no torch: a job is checked where it cannot be profiled too
         )
+        from dprobe.profiling.coldstart.stack import STACKS
 
         try:
             parts = shlex.split(text)
@@ -96,7 +99,8 @@ class JobSpec:
                 raise ValueError(f"{text!r}: {key}: {exc}") from exc
         if "batch" not in kw or kw["batch"] < 1:
             raise ValueError(f"{text!r}: batch=N (>= 1) is required")
-        for key, allowed in (("precision", PRECISIONS), ("optimizer", OPTIMIZERS), ("gpu", tuple(GPUS))):
+        for key, allowed in (("precision", PRECISIONS), ("optimizer", OPTIMIZERS), ("gpu", tuple(GPUS)),
+                             ("stack", tuple(STACKS))):
             if key in kw and kw[key] not in allowed:
                 raise ValueError(f"{text!r}: {key} must be one of {', '.join(allowed)}, got {kw[key]!r}")
         if kw.get("host_stall_s", 0.0) < 0:
@@ -109,7 +113,7 @@ class JobSpec:
 
         return predict_job(self.model, self.batch, self.precision, self.optimizer, image=self.image, seq=self.seq,
                            config_kwargs=self.config_kwargs or None, checkpoint=checkpoint,
-                           gpu=self.gpu or DEFAULT_GPU, host_stall_s=self.host_stall_s)
+                           gpu=self.gpu or DEFAULT_GPU, host_stall_s=self.host_stall_s, stack=self.stack or None)
 
 
 def _known_gpu(name: str, otherwise: str) -> str:
