@@ -153,12 +153,15 @@ def check_one_state(directory: Path, runs: pd.DataFrame, samples: pd.DataFrame, 
     different states of the data set (files replaced one by one, and the replacing stopped halfway): a
     collection of runs.csv without a sample in samples.csv, with an ``ok`` run but without a step in
     steps.csv (which has steps of others), or without an ``env.json`` entry where an earlier collection
-    has one written by ``dprobe profiles add`` (it writes one for each collection it adds). runs.csv may
-    list fewer runs than samples.csv and steps.csv hold."""
+    has one written by ``dprobe profiles add`` (it writes one for each collection it adds). A collection with
+    its ``env.json`` entry is whole (the entry is written last). runs.csv may list fewer runs than samples.csv
+    and steps.csv hold."""
     sampled, stepped = set(samples["collection"]), set(steps["collection"])
     added = [int(k.split("_")[1]) for k, v in env.items() if re.fullmatch(r"collection_\d+", k) and "added" in v]
     for collection, group in runs.groupby("collection", sort=True):
         number = int(collection)
+        if f"collection_{number}" in env:  # env.json is swapped in last: its entry means the rest is there too
+            continue  # (a session may have no NVML sample, a dry run on the CPU)
         missing = None
         if collection not in sampled:
             missing = f"samples.csv has no sample of collection {number}"
