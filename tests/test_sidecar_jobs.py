@@ -227,7 +227,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.slow
 @pytest.mark.parametrize(("factory", "limits", "reason", "message"), [
     ("sleepy", JobLimits(timeout_s=10), "timeout", "still running after 10 s (job_timeout), killed"),
-    ("spinning", JobLimits(cpu_s=8), "cpu", "past its 8 CPU seconds (job_cpu_limit), killed"),
+    ("spinning", JobLimits(cpu_s=20), "cpu", "past its 20 CPU seconds (job_cpu_limit), killed"),
     ("hungry", JobLimits(memory_gib=6), "memory", "out of its 6 GiB of address space (job_memory_limit)"),
 ])
 def test_a_job_past_its_limits_is_killed_and_counted(pathological: Path, factory: str, limits: JobLimits,
