@@ -14,7 +14,14 @@ from dprobe.graph.schema import write_atomically
 from dprobe.graph.zoo import parse_spec
 from dprobe.profiling.coldstart.gpus import GPUSpec
 from dprobe.profiling.coldstart.memtrack import BACKWARD, FORWARD, OP_CLASSES, OPTIMIZER, TENSOR_CORE_CLASSES
-from dprobe.profiling.coldstart.replay import TWO_STATE_OPTIMIZERS, ReplayEstimate, replay_training_step
+from dprobe.profiling.coldstart.replay import (
+    TWO_STATE_OPTIMIZERS,
+    ReplayEstimate,
+    replay_inference_step,
+    replay_training_step,
+)
+
+MODES = ("train", "inference")  # what a predicted step runs: a training step, or a forward pass in eval mode
 
 BF16 = ("bf16", "bf16-pure")  # bf16 kernels (the job-scale features mark them)
 HALF = ("bf16", "fp16", "bf16-pure")  # the precisions the "half" feature marks: autocast's tensor-core kernels
@@ -51,9 +58,10 @@ def roofline_seconds(est: ReplayEstimate, precision: str, gpu: GPUSpec, tf32: bo
     fp32_mm = gpu.peak_flops_tf32 if tf32 else gpu.peak_flops_fp32
     half = gpu.peak_half(precision)
     peak = np.where(tensor, np.where(low > 0, half, fp32_mm), gpu.peak_flops_fp32)
-    # fused attention kernels do not dispatch on meta: forward + backward ~ 3.5 forwards
+    # fused attention kernels do not dispatch on meta: forward + backward ~ 3.5 forwards (an inference
+    # step's estimate already holds its one forward)
     attn_peak = fp32_mm if precision == "fp32" else half
-    t_attention = 3.5 * est.attention_flops / attn_peak
+    t_attention = (1.0 if est.forward_only else 3.5) * est.attention_flops / attn_peak
     t_compute = float(np.sum(flops / peak)) + t_attention
     t_memory = float(np.sum(moved / gpu.bandwidth))
     per_op = np.maximum(flops / peak, moved / gpu.bandwidth) + LAUNCH_S
@@ -95,16 +103,25 @@ def with_host_factor(feats: np.ndarray, log_factor: np.ndarray | float) -> np.nd
 def analytical_for(model: str, batch: int, precision: str, optimizer: str, image: int | None = None,
                    seq: int | None = None, config_kwargs: dict | str | None = None,
                    cache_dir: str | Path | None = None, grad_checkpointing: bool = False,
-                   attention: str = "fused") -> ReplayEstimate:
+                   attention: str = "fused", mode: str = "train") -> ReplayEstimate:
     """The replay estimate, cached as JSON under ``cache_dir`` keyed by the job's spec hash (``attention``:
-    the stack's attention kernels, :func:`~dprobe.profiling.coldstart.replay.replay_training_step`)."""
+    the stack's attention kernels, :func:`~dprobe.profiling.coldstart.replay.replay_training_step`).
+    ``mode``: ``train`` (a training step) or ``inference`` (the forward alone, eval mode, no autograd:
+    :func:`~dprobe.profiling.coldstart.replay.replay_inference_step`; ``optimizer`` is not used)."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r} ({', '.join(MODES)})")
+    if mode == "inference" and grad_checkpointing:
+        raise ValueError("gradient checkpointing is a training setting: an inference step keeps no activations")
     spec = parse_spec(model, config_kwargs)
     path = replay_cache_path(model, batch, precision, optimizer, image, seq, config_kwargs, cache_dir,
-                             grad_checkpointing, attention)
+                             grad_checkpointing, attention, mode)
     if path is not None and path.is_file():
         return ReplayEstimate.from_dict(json.loads(path.read_text()))
-    est = replay_training_step(spec, batch, precision, optimizer, image=image, seq=seq,
-                               grad_checkpointing=grad_checkpointing, attention=attention)
+    if mode == "inference":
+        est = replay_inference_step(spec, batch, precision, image=image, seq=seq, attention=attention)
+    else:
+        est = replay_training_step(spec, batch, precision, optimizer, image=image, seq=seq,
+                                   grad_checkpointing=grad_checkpointing, attention=attention)
     if path is not None:
         write_atomically(path, json.dumps(est.to_dict()))
     return est
@@ -113,12 +130,15 @@ def analytical_for(model: str, batch: int, precision: str, optimizer: str, image
 def replay_cache_path(model: str, batch: int, precision: str, optimizer: str, image: int | None = None,
                       seq: int | None = None, config_kwargs: dict | str | None = None,
                       cache_dir: str | Path | None = None, grad_checkpointing: bool = False,
-                      attention: str = "fused") -> Path | None:
+                      attention: str = "fused", mode: str = "train") -> Path | None:
     """Where :func:`analytical_for` caches the job's replay (None without a ``cache_dir``)."""
     if not cache_dir:
         return None
     spec = parse_spec(model, config_kwargs)
     job = {"model": model, "kw": spec.config_kwargs, "batch": batch, "precision": precision, "optimizer": optimizer,
            "image": image, "seq": seq}
+    if mode == "inference":  # no optimizer; its own replay version
+        job = {k: v for k, v in job.items() if k != "optimizer"}
+        return Path(cache_dir) / f"infer-{spec_key(job, extra='infer-v1')}{'' if attention == 'fused' else '-' + attention}.json"
     key = spec_key({**job, "grad_checkpointing": True} if grad_checkpointing else job, extra="replay-v6")
     return Path(cache_dir) / f"replay-{key}{'' if attention == 'fused' else '-' + attention}.json"

@@ -62,12 +62,18 @@ GPUS = {
                   boost_clock_mhz=2040, name="L4"),
     "rtx3090": GPUSpec(25769803776, 71e12, 35.6e12, 35.6e12, 936e9, peak_flops_fp16=71e12, sm_count=82,
                        l2_bytes=6 * 2**20, boost_clock_mhz=1695, name="GeForce RTX 3090"),
+    # "NVIDIA Ada GPU Architecture" whitepaper, appendix A (fp16/bf16 tensor with fp32 accumulate, dense)
+    "rtx4090": GPUSpec(25757220864, 165.2e12, 82.6e12, 82.6e12, 1008e9, peak_flops_fp16=165.2e12, sm_count=128,
+                       l2_bytes=72 * 2**20, boost_clock_mhz=2520, name="GeForce RTX 4090"),
+    # "NVIDIA RTX Blackwell GPU Architecture" whitepaper, appendix A (as the 4090's)
+    "rtx5090": GPUSpec(34190917632, 209.5e12, 104.8e12, 104.8e12, 1792e9, peak_flops_fp16=209.5e12, sm_count=170,
+                       l2_bytes=96 * 2**20, boost_clock_mhz=2407, name="GeForce RTX 5090"),
     # Turing: no TF32, no bf16 tensor cores (their fp32 figure stands in)
     "t4": GPUSpec(16106127360, 8.1e12, 8.1e12, 8.1e12, 320e9, peak_flops_fp16=65e12, sm_count=40,
                   l2_bytes=4 * 2**20, boost_clock_mhz=1590, name="T4"),
 }
 # NVML / CUDA device names that do not carry the key as a word ("NVIDIA GeForce RTX 3090" -> rtx3090)
-ALIASES = {("rtx", "3090"): "rtx3090"}
+ALIASES = {("rtx", "3090"): "rtx3090", ("rtx", "4090"): "rtx4090", ("rtx", "5090"): "rtx5090"}
 
 # --gpu-spec FILE: field -> (unit factor to GPUSpec's, plausible range in the file's unit, required)
 SPEC_FIELDS: dict[str, tuple[str, float, tuple[float, float], bool]] = {

@@ -60,6 +60,7 @@ class ReplayEstimate:
     large_allocs: float
     attention_flops: float = 0.0  # forward FLOPs of fused attention (its kernels are not dispatched on meta)
     values_assumed: float = 0.0  # 1: the forward read tensor values, replayed with masks and labels all valid
+    forward_only: float = 0.0  # 1: an inference step (eval mode, no autograd), 0: a training step
     ops: list[ReplayOp] = field(default_factory=list, repr=False)  # per kernel of the measured step
 
     def to_dict(self) -> dict[str, Any]:
@@ -250,4 +251,60 @@ def _replay(spec: ModelSpec, batch: int, precision: str, optimizer: str, image: 
     )
 
 
-__all__ = ["CUDA_CONTEXT_BYTES", "ReplayEstimate", "replay_training_step", "round_alloc"]
+def replay_inference_step(spec: ModelSpec, batch: int, precision: str = "fp32", image: int | None = None,
+                          seq: int | None = None, attention: str = "fused") -> ReplayEstimate:
+    """Replay one inference step on meta tensors: the model in eval mode, its forward under
+    ``torch.no_grad()`` (each activation freed once the next op has read it), as a serving process or
+    timm's inference benchmark runs it. No optimizer: ``state_bytes`` is 0 and every op is a forward op.
+    ``attention`` as in :func:`replay_training_step`."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r} ({', '.join(PRECISIONS)})")
+    if attention not in ("fused", "unfused"):
+        raise ValueError(f"unknown attention {attention!r} (fused, unfused)")
+    fused = attention == "fused"
+    with timm_fused_attention(fused):
+        est, retried = with_values_assumed_if_needed(
+            spec, lambda: _replay_forward(spec, batch, precision, image, seq, fused))
+    est.values_assumed = float(retried)
+    return est
+
+
+def _replay_forward(spec: ModelSpec, batch: int, precision: str, image: int | None, seq: int | None,
+                    fused: bool) -> ReplayEstimate:
+    model = build_module(spec)
+    model.eval()
+    ex = example_inputs(spec, model, batch, image=image, seq=seq, labels=False)
+    if precision in WEIGHT_DTYPES:
+        dtype = WEIGHT_DTYPES[precision]
+        model.to(dtype)
+        ex = ExampleInputs(tuple(_floating_to(a, dtype) for a in ex.args),
+                           {k: _floating_to(v, dtype) for k, v in ex.kwargs.items()}, ex.loss, ex.meta)
+    tracker = MemoryTracker()
+    for t in [*model.parameters(), *model.buffers(), *ex.args, *ex.kwargs.values()]:
+        if isinstance(t, torch.Tensor):
+            tracker.track(t)
+    steady = float(tracker.current)
+    param_bytes = float(sum(p.numel() * p.element_size() for p in model.parameters()))
+    emul = AutocastEmulation(AUTOCAST_DTYPES[precision], fused)
+    with tracker, torch.no_grad(), fused_recurrent_layers(model):
+        tracker.reset_peak()
+        tracker.phase = FORWARD
+        with emul:
+            out = model(*ex.args, **ex.kwargs)
+        del out
+        emul.cache.clear()
+    peak = float(tracker.peak)
+    attention = float(emul.attention_flops)  # fused attention kernels do not dispatch on meta: counted once
+    reserved = float(replay_reserved(tracker.events)[1])
+    return ReplayEstimate(
+        peak_bytes=peak, reserved_bytes=reserved, device_bytes=reserved + CUDA_CONTEXT_BYTES,
+        param_bytes=param_bytes, state_bytes=0.0, steady_bytes=steady, activation_bytes=max(peak - steady, 0.0),
+        flops=tracker.flops + attention, matmul_flops=tracker.matmul_flops + attention,
+        bytes_moved=tracker.bytes_moved, kernels=float(tracker.kernels),
+        large_allocs=float(sum(1 for s in tracker.sizes if s > SMALL_LIMIT)),
+        attention_flops=attention, forward_only=1.0,
+        ops=[ReplayOp(*(float(v) for v in op)) for op in tracker.ops],
+    )
+
+
+__all__ = ["CUDA_CONTEXT_BYTES", "ReplayEstimate", "replay_inference_step", "replay_training_step", "round_alloc"]

@@ -49,7 +49,8 @@ ALIASES = {"pcie": "pcie4", "nvlink": "nvlink4", "infiniband": "infiniband-ndr",
 DEFAULT_LINKS: dict[str, tuple[str, str]] = {
     "h200": ("nvlink4", "infiniband-ndr"), "h100": ("nvlink4", "infiniband-ndr"),
     "a100": ("nvlink3", "infiniband-hdr"), "l40s": ("pcie4", "ethernet-100g"), "a10": ("pcie4", "ethernet-25g"),
-    "l4": ("pcie4", "ethernet-25g"), "rtx3090": ("pcie4", "ethernet-10g"), "t4": ("pcie3", "ethernet-50g"),
+    "l4": ("pcie4", "ethernet-25g"), "rtx3090": ("pcie4", "ethernet-10g"),
+    "rtx4090": ("pcie4", "ethernet-10g"), "rtx5090": ("pcie5", "ethernet-10g"), "t4": ("pcie3", "ethernet-50g"),
 }
 FALLBACK_LINKS = ("pcie4", "ethernet-25g")  # a --gpu-spec GPU without a default of its own
 
