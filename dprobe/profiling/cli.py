@@ -24,13 +24,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               "once the job has started, also where its memory and utilisation are heading over "
                               "the next 10 s.")
     add_model_args(p)
-    p.add_argument("--batch", type=int, required=True, help="training batch size")
+    p.add_argument("--batch", type=int, required=True, help="batch size (of a training step, or --mode inference's "
+                   "forward pass)")
+    p.add_argument("--mode", choices=("train", "inference"), default="train",
+                   help="train: a training step (forward, backward, optimizer step); inference: one forward pass "
+                   "in eval mode under torch.no_grad(), as a serving process runs a batch: memory and step time "
+                   "of serving (no --optimizer, --grad-checkpointing, --samples or --gpus) (default train)")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="fp32; bf16 or fp16 autocast, weights in fp32; bf16-pure: the model in bf16 "
                    "(model.to(torch.bfloat16): weights, gradients and optimizer states) with bf16 autocast "
                    "(default fp32)")
-    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw",
-                   help="adamw and adam keep two states per parameter, sgd (with momentum) one (default adamw)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
+                   help="adamw and adam keep two states per parameter, sgd (with momentum) one (default adamw; "
+                   "not with --mode inference)")
     p.add_argument("--grad-checkpointing", action="store_true",
                    help="the job turns on gradient (activation) checkpointing of a transformers or timm model "
                    "(gradient_checkpointing_enable(), set_grad_checkpointing()): blocks keep their inputs only "
@@ -77,9 +83,16 @@ def predict_from_args(args: argparse.Namespace) -> JobPrediction:
     from dprobe.profiling.coldstart.stack import stack_choice
     from dprobe.profiling.predict import predict_with_samples
 
+    mode = getattr(args, "mode", "train")
+    if mode == "inference" and args.optimizer is not None:
+        raise ValueError("--optimizer is a training setting: leave it out with --mode inference")
+    if mode == "inference" and args.samples:
+        raise ValueError("--samples forecasts a started training job (the job-scale model learnt from training "
+                         "runs); leave it out with --mode inference")
+    optimizer = args.optimizer or "adamw"
     samples = read_gpu_samples(args.samples) if args.samples else None
     return predict_with_samples(args.model, args.batch, samples=samples, jobscale_checkpoint=args.jobscale_checkpoint,
-                                precision=args.precision, optimizer=args.optimizer, image=args.image, seq=args.seq,
+                                precision=args.precision, optimizer=optimizer, image=args.image, seq=args.seq, mode=mode,
                                 config_kwargs=args.config_kwargs, checkpoint=args.checkpoint, gpu=_gpu(args),
                                 host_stall_s=args.host_stall, host_factor=args.host_factor,
                                 grad_checkpointing=args.grad_checkpointing, search_batch=True,
@@ -101,6 +114,9 @@ def run(args: argparse.Namespace) -> int:
     from dprobe.profiling.predict import StartedJobPrediction
 
     refuse_without_gpus(args)
+    if getattr(args, "mode", "train") == "inference" and (getattr(args, "gpus", None) is not None
+                                                           or getattr(args, "colocate", None)):
+        raise ValueError("--gpus and --colocate predict training jobs: leave them out with --mode inference")
     if getattr(args, "colocate", None):  # two jobs on one GPU: dprobe.sharing.colocate
         from dprobe.sharing.colocate import run_colocate
 
@@ -114,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
     gib = 1 << 30
     stall = f", host stall {1000 * args.host_stall:g} ms a step" if args.host_stall else ""
     stall += f", host factor {args.host_factor:g}" if args.host_factor != 1.0 else ""
-    print(f"{args.model} batch {args.batch} {args.precision} {args.optimizer} on {p.gpu}{stall} ({p.method})")
+    what = "inference (forward, eval)" if p.mode == "inference" else p.optimizer
+    print(f"{args.model} batch {args.batch} {args.precision} {what} on {p.gpu}{stall} ({p.method})")
     if p.stack:
         st = p.stack
         print(f"  software stack  {st['preset']}{' + ' + ', '.join(st['overrides']) if st['overrides'] else ''}: "
@@ -127,7 +144,8 @@ def run(args: argparse.Namespace) -> int:
     if p.fits != "yes":
         why = "out of memory: the allocator peak alone is more" if p.fits == "no" else "the device memory's p90 is more"
         print(f"  {'will not fit' if p.fits == 'no' else 'may not fit'} on the {p.gpu.upper()} at batch "
-              f"{args.batch} ({why} than its {p.gpu_memory_bytes / gib:.1f} GiB); try a smaller --batch, bf16 or sgd")
+              f"{args.batch} ({why} than its {p.gpu_memory_bytes / gib:.1f} GiB); try a smaller --batch"
+              f"{', bf16 or fp16' if p.mode == 'inference' else ', bf16 or sgd'}")
     if p.largest_batch is not None:
         print(f"  largest batch predicted to fit: {p.largest_batch}" if p.largest_batch else
               "  no batch is predicted to fit")

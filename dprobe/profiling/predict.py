@@ -38,6 +38,9 @@ def predict_with_samples(model: str, batch: int, samples: Any = None, jobscale_c
     (:func:`~dprobe.profiling.jobscale.predict.predict_next`), from ``jobscale_checkpoint`` (default: the
     one shipped with dprobe). The samples and the checkpoints are checked before the replay (seconds)."""
     check_job(batch, **{k: v for k, v in job.items() if k in CHECKED})
+    if samples is not None and job.get("mode", "train") == "inference":
+        raise ValueError("--samples forecasts a started training job (the job-scale model learnt from training "
+                         "runs); leave it out with --mode inference")
     if samples is None:
         if jobscale_checkpoint is not None:
             raise ValueError("--jobscale-checkpoint is read with --samples (the job's first samples) only")

@@ -45,6 +45,15 @@ MEMORY_FEATURES = ["log_peak", "log_reserved", "log_params", "log_state", "log_a
                    "share_conv", "share_conv_grouped", "share_matmul"]
 
 
+def op_peaks(ops: np.ndarray, precision: str, gpu: GPUSpec, tf32: bool = True) -> np.ndarray:
+    """The peak FLOP/s each replayed kernel (rows of :class:`ReplayOp`) runs at: bf16 / fp16 matmuls and
+    convolutions at the tensor-core peak, fp32 ones at TF32's when ``tf32``, everything else at fp32's."""
+    cls, low = ops[:, 1], ops[:, 2]
+    tensor = np.isin(cls, TENSOR_CORE_CLASSES)
+    fp32_mm = gpu.peak_flops_tf32 if tf32 else gpu.peak_flops_fp32
+    return np.where(tensor, np.where(low > 0, gpu.peak_half(precision), fp32_mm), gpu.peak_flops_fp32)
+
+
 def roofline_seconds(est: ReplayEstimate, precision: str, gpu: GPUSpec, tf32: bool = True) -> dict[str, float]:
     """Per-kernel roofline of one step: GPU busy time, host issue time, and the step (the larger of the two).
 
@@ -54,10 +63,9 @@ def roofline_seconds(est: ReplayEstimate, precision: str, gpu: GPUSpec, tf32: bo
     """
     ops = np.asarray(est.ops, dtype=np.float64).reshape(-1, 5)
     phase, cls, low, flops, moved = ops.T
-    tensor = np.isin(cls, TENSOR_CORE_CLASSES)
+    peak = op_peaks(ops, precision, gpu, tf32)
     fp32_mm = gpu.peak_flops_tf32 if tf32 else gpu.peak_flops_fp32
     half = gpu.peak_half(precision)
-    peak = np.where(tensor, np.where(low > 0, half, fp32_mm), gpu.peak_flops_fp32)
     # fused attention kernels do not dispatch on meta: forward + backward ~ 3.5 forwards (an inference
     # step's estimate already holds its one forward)
     attn_peak = fp32_mm if precision == "fp32" else half

@@ -12,7 +12,13 @@ import numpy as np
 from dprobe.graph.onnx_reader import read_onnx
 from dprobe.graph.schema import ModelGraph
 from dprobe.graph.zoo import VALUES_ASSUMED_NOTE, parse_spec
-from dprobe.profiling.coldstart.features import FEATURES, analytical_for
+from dprobe.profiling.coldstart.features import (
+    FEATURES,
+    MODES,
+    analytical_for,
+    job_features,
+    with_host_factor,
+)
 from dprobe.profiling.coldstart.gpus import GPUS, GPUSpec, spec_as_dict
 from dprobe.profiling.coldstart.graph_estimate import estimate_from_graph
 from dprobe.profiling.coldstart.job import JobInputs, job_inputs
@@ -80,6 +86,7 @@ class JobPrediction:
     gpu_spec: dict[str, Any] | None = None  # the GPU's figures (--gpu-spec's fields)
     stack: dict[str, Any] | None = None  # the software stack assumed (SoftwareStack.as_dict)
     grad_checkpointing: bool = False
+    mode: str = "train"  # "train": a training step; "inference": a forward pass in eval mode (--mode)
     notes: list[str] = field(default_factory=list)
     # where the JSON has the note: after the key that stood last when the first note was added
     note_after: str = "graph_nodes"
@@ -98,8 +105,9 @@ class JobPrediction:
 
     def _items(self) -> dict[str, Any]:
         """The JSON's keys and values but the note."""
-        head = {k: getattr(self, k) for k in ("model", "batch", "precision", "optimizer", "gpu", "host_stall_s",
-                                               "host_factor", "unknown_nodes", "graph_nodes", "method")}
+        head = {k: getattr(self, k) for k in ("model", "mode", "batch", "precision", "optimizer", "gpu",
+                                               "host_stall_s", "host_factor", "unknown_nodes", "graph_nodes",
+                                               "method")}
         if self.checkpoint is not None:
             head["checkpoint"] = self.checkpoint
         out = {**head, **{t: asdict(getattr(self, t)) for t in TARGETS}, "gpu_memory_bytes": self.gpu_memory_bytes,
@@ -124,7 +132,7 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
                 image: int | None = None, seq: int | None = None, config_kwargs: dict | str | None = None,
                 checkpoint: str | Path | None = None, gpu: str | GPUSpec = "h200", host_stall_s: float = 0.0,
                 host_factor: float = 1.0, grad_checkpointing: bool = False,
-                search_batch: bool = False, stack: StackChoice = None) -> JobPrediction:
+                search_batch: bool = False, stack: StackChoice = None, mode: str = "train") -> JobPrediction:
     """Predict peak allocator bytes, NVML bytes, GPU utilisation and step time (p50 and p90 each).
 
     The one entry point of a cold-start prediction: ``dprobe predict``, the sidecar and the benchmarks call
@@ -144,6 +152,8 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
     a preset's name, a mapping of settings over the GPU's default, or a ``SoftwareStack``); default: the
     stack the GPU's training runs were measured on. Its attention kernels are replayed, its
     ``cudnn.benchmark`` is a feature; the prediction's ``stack`` says what was assumed.
+    ``mode``: ``train`` (a training step) or ``inference`` (one forward pass in eval mode under
+    ``torch.no_grad()``, as a serving process runs the batch: :func:`predict_inference_job`).
     """
     from torch_geometric.data import Batch  # noqa: F401 - fail early if PyG is missing
 
@@ -153,6 +163,15 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
     from dprobe.graph.zoo import remedy
 
     software = check_job(batch, image, seq, host_stall_s, host_factor, gpu, stack)
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r} ({', '.join(MODES)})")
+    if mode == "inference":
+        if grad_checkpointing:
+            raise ValueError("--grad-checkpointing is a training setting: --mode inference keeps no activations "
+                             "for a backward pass")
+        return predict_inference_job(model, batch, precision, image=image, seq=seq, config_kwargs=config_kwargs,
+                                     gpu=gpu, host_stall_s=host_stall_s, host_factor=host_factor,
+                                     search_batch=search_batch, stack=software)
     coldstart = _coldstart_checkpoint(checkpoint)
     spec, gpu = (gpu, gpu.name) if isinstance(gpu, GPUSpec) else (GPUS[gpu], gpu)
     parsed = parse_spec(model, config_kwargs)
@@ -194,6 +213,72 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
         plain = job_inputs(model, batch, precision, optimizer, **job)
         _with_recompute_timing(result, _predict(model, batch, precision, optimizer, graph, plain, gpu,
                                                 coldstart, host_stall_s, host_factor))
+    return result
+
+
+def predict_inference_job(model: str, batch: int, precision: str = "fp32", *, image: int | None = None,
+                          seq: int | None = None, config_kwargs: dict | str | None = None,
+                          gpu: str | GPUSpec = "h200", host_stall_s: float = 0.0, host_factor: float = 1.0,
+                          search_batch: bool = False, stack: StackChoice = None) -> JobPrediction:
+    """:func:`predict_job` of an inference step: the forward pass replayed in eval mode under
+    ``torch.no_grad()`` (:func:`~dprobe.profiling.coldstart.replay.replay_inference_step`); the step time is
+    the inference model's (:func:`~dprobe.profiling.coldstart.inference.predict_inference_step`, fitted on
+    timm's inference benchmarks); memory and utilisation are the replay's own (no inference run measured
+    them). A host slower than the typical one (``host_factor``) bounds the step from below by its issue time."""
+    from dprobe.graph.build import build_model_graph
+    from dprobe.graph.schema import GraphError
+    from dprobe.graph.zoo import remedy
+    from dprobe.profiling.coldstart.inference import load_inference_model, predict_inference_step
+    from dprobe.profiling.coldstart.residual import apply_stall, baseline, with_stall
+
+    software = check_job(batch, image, seq, host_stall_s, host_factor, gpu, stack)
+    spec, gpu = (gpu, gpu.name) if isinstance(gpu, GPUSpec) else (GPUS[gpu], gpu)
+    if parse_spec(model, config_kwargs).lib == "onnx":
+        raise ValueError("--mode inference replays a module's forward pass: give the model as a torchvision, "
+                         "timm or transformers name (an ONNX file is estimated for training only)")
+    try:
+        est = analytical_for(model, batch, precision, "none", image=image, seq=seq, config_kwargs=config_kwargs,
+                             attention=software.attention, mode="inference")
+    except GraphError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a model's forward can fail in any way; name it, no traceback
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+        raise ValueError(f"cannot replay an inference step ({precision}) of {model}: {type(exc).__name__}: "
+                         f"{first}{remedy(exc)}") from exc
+    feats = with_host_factor(np.array(job_features(est, batch, precision, "none", spec)), math.log(host_factor))
+    base = baseline(est, feats)
+    steps = load_inference_model()
+    step50, step90 = predict_inference_step(est, precision, spec, model=steps)
+    host = math.exp(feats[FEATURES.index("log_t_host")])  # on this host: the step is at least its issue time
+    step50, step90 = max(step50, host), max(step90, host)
+    busy = float(np.clip(math.exp(feats[FEATURES.index("log_t_gpu")]) / step50, 0.05, 0.95))
+    p50 = np.array([est.peak_bytes, est.device_bytes, busy, step50])
+    p90 = np.array([est.peak_bytes * 1.05, est.device_bytes * 1.07, min(busy + 0.2, 1.0), step90])
+    apply_stall(p50, p90, np.float64(host_stall_s))
+    bands = {t: _band(t, p50[i], p90[i]) for i, t in enumerate(TARGETS)}
+    graph = build_model_graph(model, batch=batch, image=image, seq=seq, config_kwargs=config_kwargs)
+    seen = gpu in steps.trained_on
+    notes = [] if seen else [f"gpu_seen_in_training: false: the inference step model learnt from "
+                             f"{', '.join(steps.trained_on)} only, its p90 from GPUs held out in turn"]
+    notes.append("memory and utilisation: the replay's own (no inference run measured them)")
+    analytical = AnalyticalEstimate(
+        peak_memory_bytes=int(est.peak_bytes), device_memory_bytes=int(est.device_bytes),
+        gpu_utilization=round(float(with_stall(base[2], base[3], host_stall_s)), 4),
+        step_time_seconds=float(base[3]), param_bytes=int(est.param_bytes), optimizer_state_bytes=0,
+        activation_bytes=int(est.activation_bytes), flops_per_step=est.flops, kernels_per_step=int(est.kernels),
+        gpu_seconds_per_step=math.exp(feats[FEATURES.index("log_t_gpu")]), host_seconds_per_step=host)
+    result = JobPrediction(
+        model=model, batch=batch, precision=precision, optimizer="none", gpu=gpu, host_stall_s=host_stall_s,
+        host_factor=host_factor, unknown_nodes=graph.unknown_nodes, graph_nodes=len(graph.nodes),
+        method=steps.method, checkpoint=str(steps.path), **bands, gpu_memory_bytes=int(spec.memory_bytes),
+        fits=fits_on_gpu(bands["peak_memory_bytes"].p50, bands["device_memory_bytes"].p90, spec.memory_bytes),
+        analytical=analytical, gpu_seen_in_training=seen, gpu_spec=spec_as_dict(spec),
+        stack=software.as_dict(), mode="inference", notes=notes, note_after="graph_nodes", graph=graph)
+    if est.values_assumed:
+        result.add_note(f"replayed with {VALUES_ASSUMED_NOTE}")
+    if search_batch:
+        result.largest_batch = largest_fitting_batch(result, est, image=image, seq=seq, config_kwargs=config_kwargs,
+                                                     stack=software)
     return result
 
 
@@ -350,7 +435,7 @@ def largest_fitting_batch(pred: JobPrediction, est: ReplayEstimate, image: int |
             return est.peak_bytes
         return analytical_for(pred.model, b, pred.precision, pred.optimizer, image=image, seq=seq,
                               config_kwargs=config_kwargs, grad_checkpointing=grad_checkpointing,
-                              attention=stack.attention if stack else "fused").peak_bytes
+                              attention=stack.attention if stack else "fused", mode=pred.mode).peak_bytes
 
     other = pred.batch * 2 if pred.batch < 4 else pred.batch // 2
     try:

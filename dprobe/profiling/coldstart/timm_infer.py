@@ -164,6 +164,51 @@ def _write(path: Path, records: dict[str, dict[str, Any]]) -> None:
     tmp.replace(path)
 
 
+def with_replays(runs: pd.DataFrame, replays: dict[str, dict[str, Any]]) -> tuple[pd.DataFrame, list[Any]]:
+    """The rows of ``runs`` whose job has a replay in ``replays``, and each row's
+    :class:`~dprobe.profiling.coldstart.replay.ReplayEstimate` (rows whose replay failed are left out)."""
+    from dprobe.profiling.coldstart.replay import ReplayEstimate
+
+    keep, ests, cache = [], [], {}
+    for i, r in enumerate(runs.itertuples(index=False)):
+        key = replay_key(r.model, int(r.batch), int(r.image), r.precision)
+        rec = replays.get(key)
+        if rec is None or "est" not in rec:
+            continue
+        if key not in cache:
+            cache[key] = ReplayEstimate.from_dict(rec["est"])
+        keep.append(i)
+        ests.append(cache[key])
+    return runs.iloc[keep].reset_index(drop=True), ests
+
+
+def family_fold(family: str, folds: int = 5) -> int:
+    """The fold of a model family in leave-family-out cross-validation: a hash of its name, so that a
+    family keeps its fold whatever else the data holds."""
+    import zlib
+
+    return zlib.crc32(family.encode()) % folds
+
+
+def cv_folds(runs: pd.DataFrame, by: str, folds: int = 5) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """``(name, train rows, test rows)`` of each fold: ``by="gpu"`` leaves each GPU out (all its stacks),
+    ``by="family"`` leaves a fifth of the model families (timm modules) out, by :func:`family_fold`."""
+    if by == "gpu":
+        keys = runs["gpu"].to_numpy()
+        names = sorted(set(keys))
+    elif by == "family":
+        keys = np.array([family_fold(f, folds) for f in runs["family"]])
+        names = sorted(set(keys))
+    else:
+        raise ValueError(f"unknown grouping {by!r} (gpu, family)")
+    out = []
+    for name in names:
+        test = np.flatnonzero(keys == name)
+        train = np.flatnonzero(keys != name)
+        out.append((f"{by}={name}", train, test))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dprobe.profiling.coldstart.timm_infer",
                                 description="Replay the forward pass of every model of a folder of timm "

@@ -1,0 +1,442 @@
+"""Inference step time on a GPU from a meta replay of the forward pass and the GPU's spec sheet.
+
+An inference step (one forward pass of a batch, eval mode, autocast) is replayed on meta tensors
+(:func:`~dprobe.profiling.coldstart.replay.replay_inference_step`) and put on the GPU's per-kernel roofline
+(:func:`~dprobe.profiling.coldstart.features.roofline_seconds`): every kernel at ``max(FLOPs / peak,
+bytes / bandwidth)`` plus a launch cost, the step the larger of GPU and host time. What the spec sheet
+does not say (how much of the peak cuDNN's and cuBLAS's kernels reach, how small kernels leave SMs idle,
+what a large L2 saves an element-wise kernel) is the log of ``measured / roofline``, learnt from features
+that carry over between GPUs: the roofline's times and op-class shares, the kernels' sizes against the
+GPU's (per-kernel time against the launch cost, bytes against the L2, arithmetic intensity against the
+machine balance, tiles and elements per SM), never a name of a GPU, model or family.
+
+Two predictors are fitted together and scored side by side: the **rule**, the roofline times one factor
+(the median ``measured / roofline`` of the fitting rows), and the **learned** correction (LightGBM). The
+p90 is the p50 times a factor learnt by leaving each fitting GPU out in turn (one GPU: each fifth of the
+model families), so that it is the spread on a GPU the model never saw. The shipped model
+(``default_inference.json`` beside this module, plain JSON with LightGBM's text format: nothing is
+unpickled) is the learned one only where it beat the rule in both leave-one-GPU-out and leave-family-out
+cross-validation on ``datasets/timm-infer-gpus``; the figures are recorded in it.
+
+:func:`predict_inference_step` is the one entry point; :func:`crossval` and
+``benchmarks/coldstart_inference.py`` call it. ``python -m dprobe.profiling.coldstart.inference DIR``
+refits and writes the shipped model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dprobe.profiling.coldstart.features import LAUNCH_S, op_peaks, roofline_seconds
+from dprobe.profiling.coldstart.gpus import GPUS, GPUSpec
+from dprobe.profiling.coldstart.memtrack import OP_CLASSES, TENSOR_CORE_CLASSES
+from dprobe.profiling.coldstart.replay import ReplayEstimate
+
+DEFAULT_MODEL = Path(__file__).with_name("default_inference.json")
+FORMAT = "dprobe-inference/1"
+METHODS = ("learned", "rule")
+SHARE_CLASSES = ("elementwise", "norm", "matmul", "conv", "conv_grouped")
+TILE_FLOPS = 2.0 * 128 * 128 * 64  # one 128x128 output tile over a K of 64: a tensor-core kernel's unit of work
+SMALL_KERNEL = 4.0  # a kernel whose roofline time is under this many launch costs leaves SMs idle
+FEATURES = [
+    "log_t_compute", "log_t_memory", "log_t_gpu", "log_t_host", "log_t_roof",
+    "log_compute_over_memory", "log_host_over_gpu", "log_launch_share", "log_kernels",
+    *(f"share_{c}" for c in SHARE_CLASSES), "share_attention", "share_memory_bound", "share_small",
+    "share_in_l2", "log_kernel_over_launch", "log_kernel_over_launch_tw", "log_bytes_over_l2",
+    "log_bytes_over_l2_tw", "log_intensity_over_balance", "log_tc_intensity_over_balance",
+    "log_waves_tw", "share_tc_under_one_wave", "log_elements_per_sm_tw",
+]
+BOOST_ROUNDS = 300
+PARAMS = {"objective": "huber", "alpha": 0.15, "learning_rate": 0.03, "num_leaves": 15, "min_data_in_leaf": 40,
+          "feature_fraction": 0.8, "bagging_fraction": 0.8, "bagging_freq": 1, "lambda_l2": 1.0,
+          "verbose": -1, "num_threads": 2, "seed": 0, "deterministic": True}
+TARGETS = {"gpu": "MAPE <= 12 %, Spearman >= 0.95, p90 covering 80-95 % on every GPU left out",
+           "family": "reported (no target)"}
+
+
+class InferenceModelError(ValueError):
+    """A shipped or saved inference model that cannot be read (names the file and what is wrong)."""
+
+
+def _lg(x: float, floor: float = 1e-30) -> float:
+    return math.log(max(float(x), floor))
+
+
+def inference_features(est: ReplayEstimate, precision: str, gpu: GPUSpec) -> dict[str, float]:
+    """The learned model's inputs (order of :data:`FEATURES`) for one inference replay on ``gpu``, plus
+    ``roof`` (the roofline step, seconds: the target is ``log(measured / roof)``). Times in seconds on
+    the GPU's spec sheet; every other value a ratio of the job's sizes to the GPU's. No value names a GPU
+    or a model."""
+    t = roofline_seconds(est, precision, gpu)
+    ops = np.asarray(est.ops, dtype=np.float64).reshape(-1, 5)
+    cls, flops, moved = ops[:, 1], ops[:, 3], ops[:, 4]
+    peak = op_peaks(ops, precision, gpu)
+    t_flops, t_bytes = flops / peak, moved / gpu.bandwidth
+    per_op = np.maximum(t_flops, t_bytes)
+    n = max(len(ops), 1)
+    w = per_op / per_op.sum() if per_op.sum() > 0 else np.full(len(ops), 1.0 / n)
+    t_gpu = max(t["gpu"], 1e-12)
+    attn_peak = gpu.peak_flops_tf32 if precision == "fp32" else gpu.peak_half(precision)
+    t_attention = est.attention_flops / attn_peak
+    sms = max(gpu.sm_count, 1)
+    l2 = gpu.l2_bytes if gpu.l2_bytes > 0 else 4.0 * 2**20
+    balance = gpu.peak_half(precision) / gpu.bandwidth
+    tensor = np.isin(cls, TENSOR_CORE_CLASSES)
+    memory_bound = t_bytes >= t_flops
+    small = per_op < SMALL_KERNEL * LAUNCH_S
+    waves = flops / TILE_FLOPS / sms
+    elem_bytes = 2.0 if precision != "fp32" else 4.0
+    tc_time = per_op[tensor].sum()
+    tc_flops, tc_bytes = flops[tensor].sum(), moved[tensor].sum()
+    feats = {
+        "log_t_compute": _lg(t["compute"]), "log_t_memory": _lg(t["memory"]), "log_t_gpu": _lg(t["gpu"]),
+        "log_t_host": _lg(t["host"]), "log_t_roof": _lg(t["roof"]),
+        "log_compute_over_memory": _lg(t["compute"]) - _lg(t["memory"]),
+        "log_host_over_gpu": _lg(t["host"]) - _lg(t["gpu"]),
+        "log_launch_share": _lg(LAUNCH_S * len(ops) / t_gpu),
+        "log_kernels": _lg(max(est.kernels, 1.0)),
+        **{f"share_{c}": t[f"share_{c}"] for c in SHARE_CLASSES},
+        "share_attention": t_attention / t_gpu,
+        "share_memory_bound": float(per_op[memory_bound].sum()) / t_gpu,
+        "share_small": float((per_op[small] + LAUNCH_S).sum()) / t_gpu,
+        "share_in_l2": float(per_op[memory_bound & (moved <= l2)].sum()) / t_gpu,
+        "log_kernel_over_launch": _lg(per_op.mean() / LAUNCH_S) if len(ops) else 0.0,
+        "log_kernel_over_launch_tw": float(np.sum(w * np.log(np.maximum(per_op, 1e-12) / LAUNCH_S))),
+        "log_bytes_over_l2": _lg(moved.mean() / l2) if len(ops) else 0.0,
+        "log_bytes_over_l2_tw": float(np.sum(w * np.log(np.maximum(moved, 1.0) / l2))),
+        "log_intensity_over_balance": _lg((flops.sum() + 1.0) / max(moved.sum(), 1.0) / balance),
+        "log_tc_intensity_over_balance": (_lg((tc_flops + 1.0) / max(tc_bytes, 1.0) / balance)
+                                          if tensor.any() else np.nan),
+        "log_waves_tw": (float(np.sum(per_op[tensor] * np.log(np.maximum(waves[tensor], 1e-6))) / tc_time)
+                         if tc_time > 0 else np.nan),
+        "share_tc_under_one_wave": float(per_op[tensor & (waves < 1)].sum()) / t_gpu,
+        "log_elements_per_sm_tw": (float(np.sum(per_op[~tensor] * np.log(np.maximum(
+            moved[~tensor] / elem_bytes / sms, 1.0))) / per_op[~tensor].sum()) if per_op[~tensor].sum() > 0
+            else np.nan),
+    }
+    return {**{k: float(feats[k]) for k in FEATURES}, "roof": float(t["roof"])}
+
+
+def feature_frame(ests: list[ReplayEstimate], precision: str | list[str],
+                  gpus: GPUSpec | list[GPUSpec]) -> pd.DataFrame:
+    """:func:`inference_features` of each replay (one precision and GPU, or one per replay) as rows; the
+    column ``roof`` is the roofline step."""
+    n = len(ests)
+    precisions = [precision] * n if isinstance(precision, str) else list(precision)
+    specs = [gpus] * n if isinstance(gpus, GPUSpec) else list(gpus)
+    if len(precisions) != n or len(specs) != n:
+        raise ValueError(f"{n} replays but {len(precisions)} precisions and {len(specs)} GPUs")
+    cache: dict[tuple[int, str, str], dict[str, float]] = {}
+    rows = []
+    for est, p, g in zip(ests, precisions, specs, strict=True):
+        key = (id(est), p, repr(g))
+        if key not in cache:
+            cache[key] = inference_features(est, p, g)
+        rows.append(cache[key])
+    return pd.DataFrame(rows, columns=[*FEATURES, "roof"])
+
+
+@dataclass
+class InferenceStepModel:
+    """A fitted inference step-time model. ``method``: ``learned`` (roofline x exp(booster)) or ``rule``
+    (roofline x ``rule_factor``); the p90 is the p50 times ``p90_factor`` (the method's own, learnt on GPUs
+    left out of the fit). ``rule_p90_factor`` is the rule's, kept so that a learned model can be scored
+    as the rule (:meth:`as_rule`). ``cv``: the cross-validation figures the shipped choice was made on."""
+
+    rule_factor: float
+    p90_factor: float
+    rule_p90_factor: float
+    booster_text: str | None
+    method: str
+    trained_on: list[str]
+    rows: int
+    cv: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise InferenceModelError(f"unknown method {self.method!r} ({', '.join(METHODS)})")
+        for name in ("rule_factor", "p90_factor", "rule_p90_factor"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise InferenceModelError(f"{name} must be a positive number, not {value!r}")
+        self._booster = None
+        if self.method == "learned":
+            if not self.booster_text:
+                raise InferenceModelError("a learned model needs its booster")
+            import lightgbm as lgb
+
+            try:
+                self._booster = lgb.Booster(model_str=self.booster_text)
+            except Exception as exc:  # noqa: BLE001 - LightGBM raises its own error on a bad model string
+                raise InferenceModelError(f"booster is not a LightGBM model: {exc}") from exc
+            if self._booster.feature_name() != FEATURES:
+                raise InferenceModelError("booster was fitted on other features than this dprobe's: refit it "
+                                          "(python -m dprobe.profiling.coldstart.inference DIR)")
+
+    def log_factor(self, x: pd.DataFrame) -> np.ndarray:
+        """log(step / roofline) of each row of :func:`feature_frame`."""
+        if self._booster is None:
+            return np.full(len(x), math.log(self.rule_factor))
+        return np.asarray(self._booster.predict(x[FEATURES]), dtype=float)
+
+    def as_rule(self) -> InferenceStepModel:
+        """The same fit scored as the rule (roofline x its factor, the rule's own p90)."""
+        return replace(self, method="rule", booster_text=None, p90_factor=self.rule_p90_factor)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "features": FEATURES, **asdict(self)}
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path = DEFAULT_MODEL) -> InferenceStepModel:
+        """A model :meth:`save` wrote (plain JSON; the booster in LightGBM's text format: nothing is
+        unpickled). A file that is not one raises :class:`InferenceModelError` naming it and why."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InferenceModelError(f"{path}: cannot read an inference model: {exc}") from exc
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            got = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise InferenceModelError(f"{path}: not a dprobe inference model (format {got!r}, expected {FORMAT!r})")
+        if data.get("features") != FEATURES:
+            raise InferenceModelError(f"{path}: fitted on other features than this dprobe's: refit it "
+                                      "(python -m dprobe.profiling.coldstart.inference DIR)")
+        keys = ("rule_factor", "p90_factor", "rule_p90_factor", "booster_text", "method", "trained_on", "rows")
+        missing = [k for k in keys if k not in data]
+        if missing:
+            raise InferenceModelError(f"{path}: field {missing[0]!r} missing")
+        try:
+            return cls(**{k: data[k] for k in keys}, cv=dict(data.get("cv") or {}))
+        except InferenceModelError as exc:
+            raise InferenceModelError(f"{path}: {exc}") from exc
+
+
+_DEFAULT: InferenceStepModel | None = None
+
+
+def default_model() -> InferenceStepModel:
+    """The model shipped with dprobe (``python -m dprobe.profiling.coldstart.inference DIR`` writes it)."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = InferenceStepModel.load(DEFAULT_MODEL)
+    return _DEFAULT
+
+
+def _predict(model: InferenceStepModel, x: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    p50 = x["roof"].to_numpy(dtype=float) * np.exp(model.log_factor(x))
+    return p50, p50 * model.p90_factor
+
+
+def predict_inference_step(est: ReplayEstimate, precision: str, gpu: GPUSpec, *,
+                           model: InferenceStepModel | None = None) -> tuple[float, float]:
+    """p50 and p90 (seconds) of one inference step (the forward of ``est``'s batch, eval mode, autocast at
+    ``precision``) on ``gpu``, from the replay and the GPU's spec sheet. ``model``: None for the shipped
+    one."""
+    if not est.ops:
+        raise ValueError("the replay holds no kernels (an estimate from an older dprobe, without ops?)")
+    p50, p90 = predict_frame(feature_frame([est], precision, gpu), model=model)
+    return float(p50[0]), float(p90[0])
+
+
+def predict_frame(x: pd.DataFrame, *, model: InferenceStepModel | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """p50 and p90 of each row of :func:`feature_frame` (what :func:`predict_inference_step` does for one
+    replay; the cross-validation calls it on its rows' features computed once)."""
+    return _predict(model or default_model(), x)
+
+
+def _specs(runs: pd.DataFrame) -> list[GPUSpec]:
+    return [GPUS[g] for g in runs["gpu"]]
+
+
+def _frame(runs: pd.DataFrame, ests: list[ReplayEstimate]) -> pd.DataFrame:
+    if len(runs) != len(ests):
+        raise ValueError(f"{len(runs)} rows but {len(ests)} replays")
+    return feature_frame(ests, list(runs["precision"]), _specs(runs))
+
+
+def _target(runs: pd.DataFrame, x: pd.DataFrame) -> np.ndarray:
+    return np.log(runs["step_time_s"].to_numpy(dtype=float) / x["roof"].to_numpy(dtype=float))
+
+
+def _fit_core(runs: pd.DataFrame, x: pd.DataFrame) -> tuple[float, str]:
+    """The rule's factor and the booster (LightGBM's text) fitted on these rows."""
+    import lightgbm as lgb
+
+    y = _target(runs, x)
+    data = lgb.Dataset(x[FEATURES], y, feature_name=FEATURES, free_raw_data=True)
+    booster = lgb.train(PARAMS, data, BOOST_ROUNDS)
+    return float(np.exp(np.median(y))), booster.model_to_string()
+
+
+def _p90_factor(log_ratios: list[np.ndarray]) -> float:
+    """The 90th percentile of held-out log(measured / p50), each left-out group weighed alike, as a
+    factor (at least 1)."""
+    values = np.concatenate(log_ratios)
+    weights = np.concatenate([np.full(len(r), 1.0 / len(r)) for r in log_ratios])
+    order = np.argsort(values)
+    cum = np.cumsum(weights[order]) / weights.sum()
+    return float(np.exp(max(values[order][min(np.searchsorted(cum, 0.9), len(values) - 1)], 0.0)))
+
+
+def _inner_groups(runs: pd.DataFrame) -> list[np.ndarray]:
+    """The rows of each inner fold: each fitting GPU; one GPU: each fifth of the families."""
+    from dprobe.profiling.coldstart.timm_infer import cv_folds
+
+    by = "gpu" if runs["gpu"].nunique() > 1 else "family"
+    return [test for _, _, test in cv_folds(runs, by=by)]
+
+
+def _fit(runs: pd.DataFrame, x: pd.DataFrame) -> InferenceStepModel:
+    runs, x = runs.reset_index(drop=True), x.reset_index(drop=True)
+    rule_factor, booster = _fit_core(runs, x)
+    learned_lr, rule_lr = [], []
+    for test in _inner_groups(runs):
+        train = np.setdiff1d(np.arange(len(runs)), test)
+        if len(train) == 0:
+            continue
+        f, b = _fit_core(runs.iloc[train], x.iloc[train])
+        inner = InferenceStepModel(f, 1.0, 1.0, b, "learned", [], len(train))
+        y = runs["step_time_s"].to_numpy(dtype=float)[test]
+        learned_lr.append(np.log(y / _predict(inner, x.iloc[test])[0]))
+        rule_lr.append(np.log(y / _predict(inner.as_rule(), x.iloc[test])[0]))
+    learned_p90 = _p90_factor(learned_lr) if learned_lr else 1.0
+    rule_p90 = _p90_factor(rule_lr) if rule_lr else 1.0
+    return InferenceStepModel(rule_factor, learned_p90, rule_p90, booster, "learned",
+                              sorted(runs["gpu"].unique()), len(runs))
+
+
+def fit(runs: pd.DataFrame, ests: list[ReplayEstimate]) -> InferenceStepModel:
+    """Fit on the rows of ``runs`` (:func:`~dprobe.profiling.coldstart.timm_infer.load_timm_infer`'s,
+    each with its replay, :func:`~dprobe.profiling.coldstart.timm_infer.with_replays`): the rule's factor,
+    the booster, and each one's p90 factor from an inner leave-one-GPU-out over the fitting GPUs (leave a
+    fifth of the families out where there is one GPU). The model returned is the learned one
+    (:meth:`InferenceStepModel.as_rule` gives the rule)."""
+    return _fit(runs, _frame(runs, ests))
+
+
+@dataclass(frozen=True)
+class Scores:
+    """One predictor on one fold: MAPE (%), median predicted / measured, Spearman, p90 coverage."""
+
+    mape: float
+    median_ratio: float
+    spearman: float
+    p90_coverage: float
+
+
+@dataclass(frozen=True)
+class FoldResult:
+    """One fold left out: its rows and GPUs, and the roofline's, the rule's and the model's scores (each
+    fitted on the other folds' rows only). The roofline's p90 is the roofline itself."""
+
+    fold: str
+    rows: int
+    gpus: tuple[str, ...]
+    roofline: Scores
+    rule: Scores
+    model: Scores
+
+
+def scores(measured: np.ndarray, p50: np.ndarray, p90: np.ndarray) -> Scores:
+    from scipy.stats import spearmanr
+
+    rho = float(spearmanr(p50, measured)[0]) if len(measured) > 1 else float("nan")
+    return Scores(float(100 * np.mean(np.abs(p50 - measured) / measured)), float(np.median(p50 / measured)),
+                  rho, float(np.mean(measured <= p90)))
+
+
+def crossval(runs: pd.DataFrame, ests: list[ReplayEstimate], by: str) -> list[FoldResult]:
+    """:func:`~dprobe.profiling.coldstart.timm_infer.cv_folds` (``by="gpu"``: each GPU left out;
+    ``"family"``: a fifth of the families): each fold's model and rule fitted on the other rows only
+    (their p90 factors from an inner cross-validation of those rows), scored on the fold's rows by
+    :func:`predict_frame` (:func:`predict_inference_step`'s path), beside the raw roofline."""
+    from dprobe.profiling.coldstart.timm_infer import cv_folds
+
+    runs = runs.reset_index(drop=True)
+    x = _frame(runs, ests)
+    y = runs["step_time_s"].to_numpy(dtype=float)
+    out = []
+    for name, train, test in cv_folds(runs, by=by):
+        model = _fit(runs.iloc[train], x.iloc[train])
+        xt, yt = x.iloc[test], y[test]
+        roof = xt["roof"].to_numpy(dtype=float)
+        out.append(FoldResult(name, len(test), tuple(sorted(runs["gpu"].iloc[test].unique())),
+                              scores(yt, roof, roof), scores(yt, *predict_frame(xt, model=model.as_rule())),
+                              scores(yt, *predict_frame(xt, model=model))))
+    return out
+
+
+def summarise(results: list[FoldResult]) -> dict[str, dict[str, dict[str, float]]]:
+    """Mean, min and max over folds of each predictor's scores."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for kind in ("roofline", "rule", "model"):
+        vals = [asdict(getattr(r, kind)) for r in results]
+        out[kind] = {k: {"mean": float(np.mean([v[k] for v in vals])), "min": float(np.min([v[k] for v in vals])),
+                         "max": float(np.max([v[k] for v in vals]))} for k in vals[0]}
+    return out
+
+
+def load_rows(directory: str | Path) -> tuple[pd.DataFrame, list[ReplayEstimate]]:
+    """A timm inference folder's channels-first rows that have a replay, and their replays."""
+    from dprobe.profiling.coldstart.timm_infer import REPLAYS, load_timm_infer, read_replays, with_replays
+
+    directory = Path(directory)
+    runs = load_timm_infer(directory)
+    replays = read_replays(directory / REPLAYS)
+    if not replays:
+        raise FileNotFoundError(f"{directory / REPLAYS}: no replays (python -m dprobe.profiling.coldstart."
+                                f"timm_infer {directory})")
+    return with_replays(runs, replays)
+
+
+def fit_shipped(directory: str | Path) -> InferenceStepModel:
+    """The shipped model: cross-validated by GPU and by family, fitted on every row; learned only if its
+    mean MAPE over the folds beat the rule's in both groupings, else the rule; the figures recorded."""
+    runs, ests = load_rows(directory)
+    cv = {by: summarise(crossval(runs, ests, by)) for by in ("gpu", "family")}
+    learned = all(cv[by]["model"]["mape"]["mean"] < cv[by]["rule"]["mape"]["mean"] for by in cv)
+    model = fit(runs, ests)
+    model = model if learned else model.as_rule()
+    model.cv = {"data": Path(directory).name, **cv}
+    return model
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dprobe.profiling.coldstart.inference",
+                                description="Cross-validate the inference step-time model on a folder of timm "
+                                "inference benchmarks with their replays (datasets/timm-infer-gpus), refit it "
+                                f"on every row and write it ({DEFAULT_MODEL.name} beside this module).")
+    p.add_argument("directory", help="the folder of infer-*.csv tables and their replays-infer.jsonl.gz")
+    p.add_argument("--out", default=str(DEFAULT_MODEL), help="where to write the model (default: the shipped one)")
+    args = p.parse_args(argv)
+    t0 = time.time()
+    model = fit_shipped(args.directory)
+    model.save(args.out)
+    for by in ("gpu", "family"):
+        s = model.cv[by]
+        print(f"{by:>6}: MAPE roofline {s['roofline']['mape']['mean']:.1f} %, rule {s['rule']['mape']['mean']:.1f} %, "
+              f"model {s['model']['mape']['mean']:.1f} %")
+    print(f"shipped: {model.method} ({model.rows} rows, {', '.join(model.trained_on)}; p90 factor "
+          f"{model.p90_factor:.3f}) -> {args.out} in {time.time() - t0:.0f} s")
+    return 0
+
+
+__all__ = ["FEATURES", "FoldResult", "InferenceModelError", "InferenceStepModel", "Scores", "crossval",
+           "default_model", "feature_frame", "fit", "fit_shipped", "inference_features", "load_rows", "main",
+           "predict_frame", "predict_inference_step", "scores", "summarise"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
