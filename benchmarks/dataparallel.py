@@ -13,7 +13,7 @@ row's measured cluster. Beside it, in the same run, the two simple rules: linear
 cost) and a ring all-reduce at the links' nominal bandwidths (nothing hidden by backward, no fitted number).
 Gavel measured no sync time: its rows count in step time only. ``scalability.csv`` (6-16 nodes, up to 64
 GPUs) checks the fit beyond the 4 nodes it saw. ``--unseen-clusters`` also holds out each cluster in turn
-(its links at nominal bandwidth times the others' efficiency, :func:`~dprobe.profiling.dataparallel.fit.
+(its links at nominal bandwidth times the others' efficiency, :func:`~dprobe.profiling.dataparallel.model.
 unseen_cluster`). ``--window-blend`` scores another trust in the traced window (0: every model 0.5, 1: the
 traced window; shipped 0.5); ``--models`` a subset of the models (each held out from the others given).
 """
@@ -31,16 +31,14 @@ import pandas as pd
 from dprobe.profiling.dataparallel.data import load_all, load_steps
 from dprobe.profiling.dataparallel.fit import (
     LEVELS,
-    WINDOW_BLEND,
     coverage,
     fit_params,
     leave_one_model_out,
     p90_factors,
     predict_sync,
-    unseen_cluster,
 )
 from dprobe.profiling.dataparallel.interconnect import Interconnect, measured_links
-from dprobe.profiling.dataparallel.model import ClusterParams, sync_seconds
+from dprobe.profiling.dataparallel.model import WINDOW_BLEND, ClusterParams, sync_seconds, unseen_cluster
 from dprobe.profiling.dataparallel.predict import cluster_params
 
 TARGET_STEP, TARGET_SYNC = 0.12, 0.30

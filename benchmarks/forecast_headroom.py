@@ -44,14 +44,8 @@ sys.path.insert(0, str(ROOT))
 from dprobe.core.conformal import conformal_shift  # noqa: E402
 from dprobe.core.split import Split  # noqa: E402
 from dprobe.data import SeriesDataset  # noqa: E402
-from dprobe.evaluation.harness import (  # noqa: E402
-    EvalConfig,
-    SeriesForecasts,
-    evaluate_dataset,
-    score,
-    train_overlap,
-)
-from dprobe.evaluation.report import against_baselines  # noqa: E402
+from dprobe.evaluation.harness import EvalConfig, evaluate_dataset, train_overlap  # noqa: E402
+from dprobe.evaluation.scoring import SeriesForecasts, against_baselines, score  # noqa: E402
 from dprobe.forecaster.base import QUANTILES  # noqa: E402
 from dprobe.forecaster.baselines import ffill  # noqa: E402
 

@@ -57,7 +57,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from dprobe.config import compose
-    from dprobe.evaluation.report import against_baselines
+    from dprobe.evaluation.scoring import against_baselines
     from dprobe.training import run
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -68,9 +68,9 @@ def h200(args: argparse.Namespace) -> None:
     """Part 2; prints, per target, whether the embedding is at least as good as the replay features alone."""
     from dprobe.core.conformal import held_out_groups
     from dprobe.data import load_h200_profiles
+    from dprobe.data.h200 import graph_for_run
     from dprobe.data.workloads import graph_vector
     from dprobe.graph.embed import PretrainedGraphEncoder
-    from dprobe.graph.encoder import graph_for_run
     from dprobe.profiling.coldstart.crossval import metrics
     from dprobe.profiling.coldstart.dataset import load_dataset
 

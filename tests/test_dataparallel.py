@@ -19,16 +19,17 @@ from dprobe.graph.schema import GraphNode, ModelGraph
 from dprobe.profiling.dataparallel._fitted import FITTED
 from dprobe.profiling.dataparallel.cli import refuse_without_gpus, run_data_parallel
 from dprobe.profiling.dataparallel.data import DEFAULT_DIR, load_all, load_gavel_steps, load_steps
-from dprobe.profiling.dataparallel.fit import (
-    Fitted,
-    fitted,
-    leave_one_model_out,
-    predict_sync,
-    unseen_cluster,
-)
+from dprobe.profiling.dataparallel.fit import fitted, leave_one_model_out, predict_sync
 from dprobe.profiling.dataparallel.gavel_models import JOB_TYPES
 from dprobe.profiling.dataparallel.interconnect import INTER_LINKS, INTRA_LINKS, resolve_interconnect
-from dprobe.profiling.dataparallel.model import ClusterParams, comm_seconds, step_seconds, sync_seconds
+from dprobe.profiling.dataparallel.model import (
+    ClusterParams,
+    Fitted,
+    comm_seconds,
+    step_seconds,
+    sync_seconds,
+    unseen_cluster,
+)
 from dprobe.profiling.dataparallel.placement import Placement, packed, parse_placement, resolve_placement
 from dprobe.profiling.dataparallel.predict import (
     cluster_params,

@@ -12,7 +12,8 @@ from dprobe.core import metrics
 from dprobe.core.split import Split
 from dprobe.data import SeriesDataset
 from dprobe.evaluation import EvalConfig, EvalResult, evaluate_dataset
-from dprobe.evaluation.report import against_baselines, markdown_table
+from dprobe.evaluation.report import markdown_table
+from dprobe.evaluation.scoring import against_baselines
 from dprobe.forecaster import BASELINES, QUANTILES, Forecast, ForecastInput
 
 N = 200  # points per series
@@ -251,7 +252,7 @@ def test_summary_against_the_best_baseline_of_each_row() -> None:
 def test_json_report_is_strict_json():
     import json
 
-    from dprobe.evaluation.harness import EvalResult
+    from dprobe.evaluation.scoring import EvalResult
 
     result = EvalResult(dataset="d", rows=[{"method": "m", "mae": float("nan"), "mase": float("inf"), "n": 3}])
     text = json.dumps(result.to_json(), allow_nan=False)

@@ -9,7 +9,7 @@ import pytest
 from dprobe.data.alibaba import load_alibaba
 from dprobe.data.helios import load_helios
 from dprobe.evaluation import EvalConfig, evaluate_dataset
-from dprobe.evaluation.harness import score
+from dprobe.evaluation.scoring import score
 
 
 @pytest.fixture(scope="module")

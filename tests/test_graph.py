@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch import nn
 
+from dprobe.data.h200 import graph_for_run
 from dprobe.graph import GraphError, ModelGraph, build_model_graph, load_model_graph, trace_module
-from dprobe.graph.encoder import GraphEncoder, graph_for_run, graph_to_data
+from dprobe.graph.encoder import GraphEncoder, graph_to_data
 
 TINY_GPT2 = '{"n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 100, "n_positions": 64}'
 

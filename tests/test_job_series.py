@@ -12,8 +12,9 @@ import pytest
 
 from dprobe.core.split import Split
 from dprobe.data import load_series_dataset
+from dprobe.data.common import family_of
 from dprobe.data.h200 import JOB_FIRST_ORIGIN, JOB_LEAD_STEPS, load_h200_profiles
-from dprobe.data.workloads import family_of, read_workloads
+from dprobe.data.workloads import read_workloads
 from dprobe.evaluation.jobs import (
     JOBSCALE,
     evaluate_jobs,

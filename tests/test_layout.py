@@ -1,10 +1,13 @@
-"""The package's shape (docs/architecture.md): no import cycle between its units, and the inference code
-never imports training. Read from the source with ``ast``, so nothing is imported; imports inside functions
-count too, imports by string (``importlib.import_module``, lazy package exports) do not."""
+"""The package's shape (docs/architecture.md): each unit imports only what the package map's table allows it,
+no import cycle between units nor between the modules of a unit, and the inference code never imports
+training; README.md's layout lists every package. Read from the source with ``ast``, so nothing is imported;
+imports inside functions count too, imports by string (``importlib.import_module``, lazy package exports) do
+not."""
 
 from __future__ import annotations
 
 import ast
+import re
 from collections import deque
 from functools import cache
 from pathlib import Path
@@ -14,6 +17,9 @@ PACKAGE = ROOT / "dprobe"
 # packages whose subpackages and modules are units of their own (coldstart vs jobscale, sidecar vs scaler)
 SPLIT = ("dprobe.profiling", "dprobe.services")
 INFERENCE = ("dprobe.forecaster.runtime", "dprobe.forecaster.loading", "dprobe.services")
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+README = ROOT / "README.md"
+EVERYONE = frozenset({"dprobe"})  # the package itself (``__version__``): every unit may read it
 TRAINING = ("pytorch_lightning", "lightning", "dprobe.training", "dprobe.forecaster.module")
 
 
@@ -157,3 +163,113 @@ def test_inference_never_imports_training():
             last = max(i for i, m in enumerate(chain) if m in inference)
             chains.add(" -> ".join(chain[last:]))
     assert not chains, "inference imports training:\n" + "\n".join(sorted(chains))
+
+
+# --- the package map: what each unit may import -----------------------------------------------------------
+
+
+def package_map(text: str) -> list[tuple[list[str], str]]:
+    """The rows of the "Package map" table in ``text``: (the unit cell's names, the "may import" cell). A unit cell
+    with names in brackets (``dprobe.profiling`` (``predict``, ``cli``)) names the package and those modules."""
+    section = text.split("## Package map", 1)[1].split("\n## ", 1)[0]
+    lines = [line.strip() for line in section.splitlines() if line.strip().startswith("|")]
+    assert lines and [c.strip() for c in lines[0].strip("|").split("|")] == ["unit", "holds", "may import"], \
+        "docs/architecture.md: the package map's table should start | unit | holds | may import |"
+    rows = []
+    for line in lines[2:]:  # after the header and its --- row
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert len(cells) == 3, f"docs/architecture.md: a package map row needs 3 cells: {line}"
+        head, _, subs = cells[0].partition("(")
+        names = re.findall(r"`([^`]+)`", head)
+        assert names, f"docs/architecture.md: no unit named in {cells[0]!r}"
+        names += [f"{names[0]}.{sub}" for sub in re.findall(r"`([^`]+)`", subs)]
+        rows.append((names, cells[2]))
+    return rows
+
+
+def allowed_units(cell: str, unit_name: str, units: set[str]) -> set[str]:
+    """The units a "may import" cell allows ``unit_name``: names before the first ``;`` (what follows is
+    not dprobe), brackets being notes; a name is ``dprobe.<name>``, or failing that a sibling of the unit
+    (``sources`` under ``dprobe.services``); "nothing of dprobe"; "everything offline" (all but the services)."""
+    text = re.sub(r"\([^)]*\)", "", cell.split(";", 1)[0]).strip()
+    if text == "nothing of dprobe":
+        return set()
+    if text == "everything offline":
+        return {u for u in units if u != "dprobe.services" and not u.startswith("dprobe.services.")}
+    out = set()
+    for name in (n.strip() for n in text.split(",")):
+        candidates = [f"dprobe.{name}", f"{unit_name.rpartition('.')[0]}.{name}"]
+        found = next((c for c in candidates if c in units), None)
+        assert found, f"docs/architecture.md: the row of {unit_name} allows {name!r}, which is no unit of dprobe"
+        out.add(found)
+    return out
+
+
+def layering_errors(graph: dict[str, set[str]], why: dict[tuple[str, str], str], text: str) -> list[str]:
+    """Each import of a unit its row does not allow, each unit without a row and each row of no unit."""
+    units = set(graph)
+    rows = package_map(text)
+    group = {name: names for names, _ in rows for name in names}  # the units of one row may import each other
+    errors = [f"{name}: a row of the package map, but no unit of dprobe" for name in group if name not in units]
+    errors += [f"{u}: a unit with no row in the package map (docs/architecture.md)" for u in sorted(units - set(group))]
+    for names, cell in rows:
+        for name in (n for n in names if n in units):
+            allowed = allowed_units(cell, name, units) | set(group[name]) | EVERYONE
+            errors += [f"{name} may not import {target} (its row allows: {cell}): {why[name, target]}"
+                       for target in sorted(graph[name] - allowed)]
+    return errors
+
+
+def test_the_package_map_is_read_from_the_doc():
+    text = ARCHITECTURE.read_text()
+    rows = dict((names[0], cell) for names, cell in package_map(text))
+    assert rows["dprobe.core"] == "nothing of dprobe" and "dprobe.scaling" in rows
+    assert ["dprobe.profiling", "dprobe.profiling.predict", "dprobe.profiling.cli"] in [n for n, _ in package_map(text)]
+    units = set(unit_graph()[0])
+    assert allowed_units(rows["dprobe.services.scaler"], "dprobe.services.scaler", units) == {
+        "dprobe.core", "dprobe.scaling", "dprobe.services.sources", "dprobe.services.exporter", "dprobe.sharing"}
+    assert allowed_units(rows["dprobe.sharing"], "dprobe.sharing", units) == {"dprobe.core", "dprobe.data"}
+    assert "dprobe.services.scaler" not in allowed_units(rows["dprobe.training"], "dprobe.training", units)
+    # a violation, a unit without a row and a row without a unit are each named
+    graph = {"dprobe.core": {"dprobe.data"}, "dprobe.data": {"dprobe.core"}, "dprobe.new": set()}
+    table = ("## Package map\n\n| unit | holds | may import |\n| --- | --- | --- |\n"
+             "| `dprobe.core` | x | nothing of dprobe |\n| `dprobe.data` | x | core |\n| `dprobe.gone` | x | core |\n")
+    errors = layering_errors(graph, {("dprobe.core", "dprobe.data"): "dprobe.core.a imports dprobe.data.b"}, table)
+    assert errors == ["dprobe.gone: a row of the package map, but no unit of dprobe",
+                      "dprobe.new: a unit with no row in the package map (docs/architecture.md)",
+                      "dprobe.core may not import dprobe.data (its row allows: nothing of dprobe): "
+                      "dprobe.core.a imports dprobe.data.b"]
+
+
+def test_units_import_only_what_the_package_map_allows():
+    graph, why = unit_graph()
+    errors = layering_errors(graph, why, ARCHITECTURE.read_text())
+    assert not errors, "docs/architecture.md's package map and the code differ:\n" + "\n".join(errors)
+
+
+# --- no import cycle between the modules of a unit ----------------------------------------------------------
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Module -> the modules of its own unit it imports (inside functions too; ``if TYPE_CHECKING:`` left out,
+    as it never runs). Python runs a cycle's modules half-imported, in an order that depends on which is
+    imported first; a function-level import only hides the loop, so it counts."""
+    return {m: {t for t in imports(m, runtime_only=True) if t in MODULES and t != m and unit(t) == unit(m)}
+            for m in MODULES}
+
+
+def test_no_import_cycle_between_the_modules_of_a_unit():
+    cycle = find_cycle(module_graph()) or []
+    assert not cycle, "import cycle between modules: " + " -> ".join(cycle) + " (move what both need into a " \
+        "lower module)"
+
+
+# --- README.md's layout ---------------------------------------------------------------------------------------
+
+
+def test_the_readme_layout_lists_every_package():
+    block = README.read_text().split("How the parts fit together", 1)[1].split("```", 2)[1]
+    listed = {line.split()[0].rstrip("/") for line in block.splitlines() if line.startswith("dprobe/")}
+    packages = {str(p.parent.relative_to(ROOT)) for p in PACKAGE.rglob("__init__.py")} - {"dprobe"}
+    missing = sorted(p for p in packages if not any(x == p or x.startswith(f"{p}/") for x in listed))
+    assert not missing, f"README.md's layout lists no line for {', '.join(missing)}"

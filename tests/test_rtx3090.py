@@ -241,8 +241,7 @@ def test_dprobe_predict_prints_what_cross_validation_scores(small_h200_dir, tmp_
     them with the same model (the shipped one): the same features from the same stack. H200: alexnet of
     collection 1 (cudnn.benchmark on, a host factor), shufflenet with host stalls, squeezenet; RTX 3090:
     MobileNet-V2 at batch 512 (cudnn.benchmark on) and DeiT-Tiny (attention unfused, PyTorch 1.12)."""
-    from dprobe.data import load_h200_profiles
-    from dprobe.graph.encoder import run_spec
+    from dprobe.data.h200 import load_h200_profiles, run_spec
     from dprobe.profiling.coldstart.checkpoint import load_checkpoint
     from dprobe.profiling.coldstart.crossval import predict_runs
     from dprobe.profiling.coldstart.dataset import (

@@ -20,10 +20,10 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 
+from dprobe.scaling.policy import Policy, RatePolicy, Recommender, ScalingRules
 from dprobe.services.scaler.config import ScalerConfig, WorkloadSpec, load_config
 from dprobe.services.scaler.demand import forecast_query, group_demand
 from dprobe.services.scaler.kube import KubernetesError, ScaleClient
-from dprobe.services.scaler.policy import Policy, RatePolicy, Recommender, ScalingRules
 from dprobe.services.scaler.service import Scaler
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ import pytest
 
 from dprobe.cli import main
 from dprobe.forecaster.base import QUANTILES, Forecast, ForecastInput
-from dprobe.services.scaler.policy import Policy, Recommender
+from dprobe.scaling.policy import Policy, Recommender
 from dprobe.sim.cluster import SimConfig, simulate
 from dprobe.sim.jobs import JobTable, peak_demand
 from dprobe.sim.policies import (

@@ -19,10 +19,10 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 
+from dprobe.scaling.policy import Policy
 from dprobe.services.scaler.config import OWNERS_QUERY, ScalerConfig, WorkloadSpec
 from dprobe.services.scaler.demand import group_demand, pod_owners
 from dprobe.services.scaler.kube import ObjectRef, ScaleClient
-from dprobe.services.scaler.policy import Policy
 from dprobe.services.scaler.reader import DemandReader
 from dprobe.services.scaler.service import Scaler
 

@@ -1,7 +1,9 @@
-"""Predicted-against-measured pictures shared by the cold-start and job-scale reports."""
+"""Predicted-against-measured pictures shared by the cold-start and job-scale reports, and the check every
+``--plot`` option makes of its file before any work is done."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -73,3 +75,20 @@ def save_figure(fig, path: str | Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def check_plot_path(path: str | Path, flag: str = "--plot") -> None:
+    """A ValueError, before any work is done, for a plot that could not be written to ``path``: a folder
+    that does not exist or cannot be written to, or a file type matplotlib does not write."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    path = Path(path)
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix.lower().lstrip(".") not in formats:
+        raise ValueError(f"{flag} {path}: name a file ending in .png, .pdf or .svg (matplotlib writes "
+                         f"{', '.join(sorted(formats))})")
+    folder = path.parent
+    if path.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK):
+        why = "is a folder" if path.is_dir() else (f"no folder {folder}" if not folder.is_dir()
+                                                   else f"cannot write to {folder}")
+        raise ValueError(f"{flag} {path}: {why}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -127,6 +128,16 @@ class SeriesDataset:
             uid: g[self.covariates].to_numpy(dtype=np.float64)
             for uid, g in self.frame.groupby("unique_id", sort=True)
         }
+
+
+def family_of(model: str) -> str:
+    """A model's family by a generic rule: lower-case, cut at the first digit, size word or separator
+    (``timm:resnet50`` and ``torchvision:resnet18`` are both ``resnet``); what leave-family-out scores and
+    the split of a data set of whole jobs (:meth:`dprobe.core.split.Split.group_role`) group by."""
+    name = model.lower().split(":")[-1].split("/")[-1]
+    name = re.sub(r"(config|for[a-z]+|lmheadmodel|model)$", "", name)
+    stem = re.split(r"[\d_\-.]|(?<=[a-z])(?:tiny|small|base|large|medium|wide|xl)\b", name)[0]
+    return stem or name
 
 
 def find_file(directory: Path, stem: str) -> Path:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -18,8 +20,11 @@ from dprobe.data.common import (
     SECONDS,
     DatasetError,
     SeriesDataset,
+    family_of,
     read_csv,
 )
+from dprobe.graph.cache import cached_model_graph
+from dprobe.graph.schema import GraphError, ModelGraph
 
 NAME = "h200-profiles"
 RUN_COLUMNS = [
@@ -267,8 +272,6 @@ def load_h200_series(directory: str | Path) -> SeriesDataset:
     (``gpu_duty_cycle_pct``, percent) on the 0.1 s grid from its first sample, grouped by model family
     (split by family, not in time: :meth:`dprobe.core.split.Split.group_role`). Which model each run
     trains is in runs.csv (:func:`run_workloads`)."""
-    from dprobe.data.workloads import family_of
-
     profiles = load_h200_profiles(directory)
     runs = profiles.train_runs()
     if runs.empty:
@@ -300,8 +303,6 @@ def load_h200_series(directory: str | Path) -> SeriesDataset:
 def run_workloads(directory: str | Path) -> pd.DataFrame:
     """The ``workloads.csv`` rows (:mod:`dprobe.data.workloads`) of an h200-profiles directory's training runs,
     from runs.csv: which model each run's series trains, at which batch and size."""
-    from dprobe.graph.encoder import run_spec
-
     runs = load_h200_profiles(directory).train_runs()
     rows = []
     for _, run in runs.iterrows():
@@ -310,3 +311,33 @@ def run_workloads(directory: str | Path) -> pd.DataFrame:
                      "image": spec["image"], "seq": spec["seq"],
                      "config_kwargs": json.dumps(spec["config_kwargs"]) if spec["config_kwargs"] else None})
     return pd.DataFrame(rows, columns=["series", "model", "batch", "image", "seq", "config_kwargs"])
+
+
+def run_spec(run_row: Any) -> dict[str, Any]:
+    """Model spec of an h200-profiles runs.csv row (see the data card's "How a model is rebuilt")."""
+    get = run_row.get if hasattr(run_row, "get") else lambda k, d=None: getattr(run_row, k, d)
+    lib = str(get("lib"))
+    kwargs = get("config_kwargs") or {}
+    if isinstance(kwargs, str):
+        kwargs = json.loads(kwargs) if kwargs.strip() else {}
+    if isinstance(kwargs, float):
+        kwargs = {}
+    if lib == "transformers":
+        model = f"transformers:{get('config')}/{get('arch')}"
+    elif lib in ("torchvision", "timm"):
+        model = f"{lib}:{get('model')}"
+    else:
+        raise GraphError(f"run {get('run_id')}: cannot rebuild a model of lib {lib!r}")
+
+    def num(key: str) -> int | None:
+        v = get(key)
+        return None if v is None or (isinstance(v, float) and math.isnan(v)) else int(v)
+
+    return {"model": model, "config_kwargs": dict(kwargs), "batch": int(get("batch")),
+            "image": num("image") if lib != "transformers" else None,
+            "seq": num("seq") if lib == "transformers" else None}
+
+
+def graph_for_run(run_row: Any, cache_dir: str | Path | None = None) -> ModelGraph:
+    """Graph of a run (at the run's batch size), cached as JSON under ``cache_dir`` keyed by spec hash."""
+    return cached_model_graph(run_spec(run_row), cache_dir)

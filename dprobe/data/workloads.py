@@ -28,6 +28,8 @@ import numpy as np
 import pandas as pd
 
 from dprobe.data.common import DatasetError
+from dprobe.data.h200 import run_workloads
+from dprobe.graph.cache import cached_model_graph
 from dprobe.graph.ops import KINDS
 
 FILE = "workloads.csv"
@@ -35,18 +37,6 @@ REQUIRED = ("series", "model", "batch")
 MAX_SIZE = 2**31 - 1  # the largest batch, image side or sequence length a row may give (an int32)
 SIZE_FEATURES = ["log_params", "log_param_bytes", "log_flops", "log_saved_bytes", "log_activation_bytes",
                  "log_nodes", "log_batch", "unknown_share"]
-
-
-def family_of(model: str) -> str:
-    """A model's family by a generic rule: lower-case, cut at the first digit, size word or separator
-    (``timm:resnet50`` and ``torchvision:resnet18`` are both ``resnet``); what leave-family-out scores and
-    the split of a data set of whole jobs (:meth:`dprobe.core.split.Split.group_role`) group by."""
-    import re
-
-    name = model.lower().split(":")[-1].split("/")[-1]
-    name = re.sub(r"(config|for[a-z]+|lmheadmodel|model)$", "", name)
-    stem = re.split(r"[\d_\-.]|(?<=[a-z])(?:tiny|small|base|large|medium|wide|xl)\b", name)[0]
-    return stem or name
 
 
 def workload_dim() -> int:
@@ -73,9 +63,7 @@ def read_workloads(directory: str | Path) -> pd.DataFrame | None:
     path = Path(directory) / FILE
     if not path.is_file():
         if (Path(directory) / "runs.csv").is_file() and (Path(directory) / "samples.csv").is_file():
-            from dprobe.data.h200 import run_workloads  # h200-profiles: runs.csv names each run's model
-
-            return run_workloads(directory)
+            return run_workloads(directory)  # h200-profiles: runs.csv names each run's model
         return None
     try:
         table = pd.read_csv(path, dtype={"series": str})
@@ -113,8 +101,6 @@ def _json_object(text: str) -> bool:
 
 def workload_graph(row: pd.Series, cache_dir: str | Path | None = None) -> Any:
     """The model graph of one ``workloads.csv`` row (built, or read from the cache)."""
-    from dprobe.graph.encoder import cached_model_graph
-
     def opt(name: str) -> Any:
         v = row.get(name)
         return None if v is None or (isinstance(v, float) and np.isnan(v)) else v

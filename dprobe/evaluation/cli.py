@@ -43,9 +43,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dprobe.core.plots import check_plot_path
     from dprobe.data import load_series_dataset
     from dprobe.evaluation.harness import EvalConfig, evaluate_dataset, train_overlap
-    from dprobe.evaluation.report import check_plot_path, markdown_table, plot_forecasts
+    from dprobe.evaluation.report import markdown_table, plot_forecasts
 
     split = Split()
     if args.test_fraction is not None:

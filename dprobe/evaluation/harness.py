@@ -14,17 +14,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from tqdm.auto import tqdm
 
-from dprobe.core import metrics
 from dprobe.core.split import Split
 from dprobe.data import SeriesDataset
-from dprobe.forecaster.base import QUANTILES, Forecaster, ForecastInput
+from dprobe.evaluation.jobs import evaluate_jobs
+from dprobe.evaluation.scoring import EvalResult, SeriesForecasts
+from dprobe.forecaster.base import Forecaster, ForecastInput
 from dprobe.forecaster.baselines import PathBaseline, conformal_quantiles, make_baseline
 
 log = logging.getLogger(__name__)
@@ -39,44 +40,6 @@ class EvalConfig:
     min_length: int = 100  # shorter series are skipped
     batch_size: int = 4096  # windows per forecaster call
     progress: bool = True
-
-
-@dataclass
-class SeriesForecasts:
-    """What one method forecast for one series and metric at every test origin."""
-
-    origins: np.ndarray  # (N,) positions t
-    point: np.ndarray  # (N, H)
-    quantiles: np.ndarray | None  # (N, H, Q)
-
-
-@dataclass
-class EvalResult:
-    dataset: str
-    rows: list[dict]
-    seconds: dict[str, float] = field(default_factory=dict)
-    # kept for plotting: method -> metric -> series id -> forecasts
-    forecasts: dict[str, dict[str, dict[str, SeriesForecasts]]] = field(default_factory=dict)
-    actuals: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
-    test_start: dict[str, int] = field(default_factory=dict)
-
-    def record(self, method: str, target: str, ds: SeriesDataset, per_series: dict[str, SeriesForecasts],
-               series: dict[str, np.ndarray], test_start: dict[str, int], seconds: float) -> None:
-        """Keep ``method``'s forecasts of ``target``, its time, and the rows :func:`score` makes of them."""
-        self.seconds[method] = self.seconds.get(method, 0.0) + seconds
-        self.forecasts.setdefault(method, {})[target] = per_series
-        self.rows.extend(score(method, target, ds, per_series, series, test_start))
-
-    def to_json(self) -> dict:
-        """Strict-JSON ready: NaN or infinite figures (e.g. MASE of series that never move) become None."""
-        def clean(v: object) -> object:
-            return None if isinstance(v, float) and not np.isfinite(v) else v
-
-        from dprobe.evaluation.report import against_baselines  # the report module imports this one
-
-        rows = [{k: clean(v) for k, v in r.items()} for r in self.rows]
-        summary = [{k: clean(v) for k, v in r.items()} for r in against_baselines(rows)]
-        return {"dataset": self.dataset, "rows": rows, "against_baselines": summary, "seconds": self.seconds}
 
 
 def _baseline_for(name: str, ds: SeriesDataset, cfg: EvalConfig, test_start: int) -> PathBaseline:
@@ -122,48 +85,6 @@ def _model_forecasts(model: Forecaster, ds: SeriesDataset, target: str, series: 
     return out
 
 
-def score(method: str, target: str, ds: SeriesDataset, per_series: dict[str, SeriesForecasts],
-          series: dict[str, np.ndarray], test_start: dict[str, int]) -> list[dict]:
-    """The report's rows (one per lead) for ``method``'s forecasts of ``target`` at each series' origins:
-    MAE, MASE (scaled on the series before ``test_start``), pinball loss and coverage, over the origins
-    whose target is observed. What :func:`evaluate_dataset` reports for every method it runs, and how a
-    forecaster that is not a window model (``benchmarks/forecast_headroom.py``) is scored the same way."""
-    rows = []
-    for j, h in enumerate(ds.lead_steps):
-        act, pt, qs, mases = [], [], [], []
-        for uid, f in per_series.items():
-            y = series[uid]
-            t = f.origins
-            keep = t + h < len(y)
-            t = t[keep]
-            a = y[t + h]
-            ok = ~np.isnan(a) & ~np.isnan(f.point[keep, j])
-            if not ok.any():
-                continue
-            act.append(a[ok])
-            pt.append(f.point[keep, j][ok])
-            if f.quantiles is not None:
-                qs.append(f.quantiles[keep, j][ok])
-            scale = metrics.mase_scale(y[: test_start[uid]])
-            if not np.isnan(scale):
-                mases.append(metrics.mae(a[ok], f.point[keep, j][ok]) / scale)
-        if not act:
-            continue
-        a, p = np.concatenate(act), np.concatenate(pt)
-        row = {"method": method, "target": target, "lead_steps": h,
-               "lead_seconds": h * ds.freq.total_seconds(),
-               "mae": metrics.mae(a, p), "mase": float(np.mean(mases)) if mases else None,
-               "pinball": None, "coverage_p90": None, "coverage_p99": None, "n_forecasts": len(a),
-               "n_series": len(act)}
-        if qs:
-            q = np.concatenate(qs)
-            row["pinball"] = metrics.pinball(a, q, QUANTILES)
-            row["coverage_p90"] = metrics.coverage(a, q[:, QUANTILES.index(0.9)])
-            row["coverage_p99"] = metrics.coverage(a, q[:, QUANTILES.index(0.99)])
-        rows.append(row)
-    return rows
-
-
 def train_overlap(forecaster: Forecaster, split: Split) -> str | None:
     """Why scoring ``forecaster`` on ``split``'s test span would count windows it was trained or calibrated on
     (the split its checkpoint records ends later), or None (a baseline records none: it fits nothing ahead)."""
@@ -186,8 +107,6 @@ def evaluate_dataset(ds: SeriesDataset, models: dict[str, Forecaster] | None = N
     cfg = cfg or EvalConfig()
     models = models or {}
     if ds.groups is not None:  # whole jobs (h200-profiles): the test families' runs, persistence as the baseline
-        from dprobe.evaluation.jobs import evaluate_jobs
-
         return evaluate_jobs(ds, models, cfg.split, graphs, on_method)
     result = EvalResult(dataset=ds.name, rows=[])
     covs_all = ds.covariate_arrays()

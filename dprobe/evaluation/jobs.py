@@ -28,7 +28,7 @@ from dprobe.core import metrics
 from dprobe.core.names import QUANTILES
 from dprobe.core.split import Split
 from dprobe.data.common import SeriesDataset
-from dprobe.evaluation.harness import EvalResult, SeriesForecasts
+from dprobe.evaluation.scoring import EvalResult, SeriesForecasts
 from dprobe.forecaster.base import Forecaster, ForecastInput
 from dprobe.forecaster.baselines import ffill
 

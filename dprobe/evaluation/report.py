@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dprobe.evaluation.harness import EvalResult
+from dprobe.evaluation.scoring import EvalResult, against_baselines
 
 GIB = 2**30
 
@@ -65,49 +65,6 @@ def markdown_table(result: EvalResult) -> str:
 
 def _ratio(value: float | None) -> str:
     return "–" if value is None else (f"**{value:.2f}**" if value < 1 else f"{value:.2f}")
-
-
-def against_baselines(rows: list[dict], method: str = "dprobe") -> list[dict]:
-    """Per target and lead where ``method`` was scored: its MAE and pinball loss over the best other
-    method's on that row (``mae_ratio``, ``pinball_ratio``; None where there is nothing to compare),
-    which methods those are (``best_mae``, ``best_pinball``), and its coverage."""
-    out = []
-    for key in sorted({(r["target"], r["lead_steps"]) for r in rows if r["method"] == method}):
-        group = [r for r in rows if (r["target"], r["lead_steps"]) == key]
-        mine = next(r for r in group if r["method"] == method)
-        others = [r for r in group if r["method"] != method]
-        by_mae = min((r for r in others if r["mae"] is not None), key=lambda r: r["mae"], default=None)
-        by_pin = min((r for r in others if r["pinball"] is not None), key=lambda r: r["pinball"], default=None)
-
-        def ratio(value: float | None, best: float | None) -> float | None:
-            return None if value is None or not best else value / best
-
-        out.append({"target": key[0], "lead_steps": key[1],
-                    "mae_ratio": ratio(mine["mae"], by_mae and by_mae["mae"]),
-                    "best_mae": by_mae["method"] if by_mae else None,
-                    "pinball_ratio": ratio(mine["pinball"], by_pin and by_pin["pinball"]),
-                    "best_pinball": by_pin["method"] if by_pin else None,
-                    "coverage_p90": mine.get("coverage_p90"), "coverage_p99": mine.get("coverage_p99")})
-    return out
-
-
-def check_plot_path(path: str | Path, flag: str = "--plot") -> None:
-    """A ValueError, before any work is done, for a plot that could not be written to ``path``: a folder
-    that does not exist or cannot be written to, or a file type matplotlib does not write."""
-    import os
-
-    from matplotlib.backend_bases import FigureCanvasBase
-
-    path = Path(path)
-    formats = FigureCanvasBase.get_supported_filetypes()
-    if path.suffix.lower().lstrip(".") not in formats:
-        raise ValueError(f"{flag} {path}: name a file ending in .png, .pdf or .svg (matplotlib writes "
-                         f"{', '.join(sorted(formats))})")
-    folder = path.parent
-    if path.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK):
-        why = "is a folder" if path.is_dir() else (f"no folder {folder}" if not folder.is_dir()
-                                                   else f"cannot write to {folder}")
-        raise ValueError(f"{flag} {path}: {why}")
 
 
 def plot_forecasts(result: EvalResult, path: str | Path, methods: list[str] | None = None,

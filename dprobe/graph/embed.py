@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch_geometric.data import Batch, Data
 
+from dprobe.graph.cache import cached_model_graph
 from dprobe.graph.encoder import GraphEncoder, graph_to_data
 from dprobe.graph.ops import KIND_INDEX
 from dprobe.graph.schema import GraphError, ModelGraph
@@ -110,10 +111,8 @@ class PretrainedGraphEncoder:
 
     def embed_specs(self, specs: list[dict[str, Any]], cache_dir: str | Path | None = None) -> Embeddings:
         """Embeddings of model specs (``model``, ``batch``, ``image``, ``seq``, ``config_kwargs``), traced
-        (and cached) by :func:`dprobe.graph.encoder.cached_model_graph`; a model that cannot be traced is
+        (and cached) by :func:`dprobe.graph.cache.cached_model_graph`; a model that cannot be traced is
         a row of zeros with its reason in ``errors``."""
-        from dprobe.graph.encoder import cached_model_graph
-
         graphs: list[ModelGraph | None] = []
         errors: dict[int, str] = {}
         for i, spec in enumerate(specs):

@@ -1,12 +1,9 @@
-"""ModelGraph -> PyG Data, a GNN graph encoder, and cached graphs of h200-profiles runs."""
+"""ModelGraph -> PyG Data (:func:`graph_to_data`) and the GNN graph encoder (:class:`GraphEncoder`). Graphs cached
+on disk by model spec: :mod:`dprobe.graph.cache`."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
@@ -14,7 +11,7 @@ from torch_geometric.data import Batch, Data
 from torch_geometric.nn import GATv2Conv, GINEConv, global_add_pool, global_max_pool, global_mean_pool
 
 from dprobe.graph.ops import KIND_INDEX, KINDS
-from dprobe.graph.schema import GraphError, ModelGraph, load_model_graph
+from dprobe.graph.schema import ModelGraph
 
 NODE_FEATURES = 6
 EDGE_FEATURES = 2
@@ -77,64 +74,3 @@ class GraphEncoder(nn.Module):
         pooled = torch.cat([global_mean_pool(h, idx, size), global_max_pool(h, idx, size),
                             torch.log1p(global_add_pool(h.abs(), idx, size))], dim=1)
         return self.out(pooled)
-
-
-def run_spec(run_row: Any) -> dict[str, Any]:
-    """Model spec of an h200-profiles runs.csv row (see the data card's "How a model is rebuilt")."""
-    get = run_row.get if hasattr(run_row, "get") else lambda k, d=None: getattr(run_row, k, d)
-    lib = str(get("lib"))
-    kwargs = get("config_kwargs") or {}
-    if isinstance(kwargs, str):
-        kwargs = json.loads(kwargs) if kwargs.strip() else {}
-    if isinstance(kwargs, float):
-        kwargs = {}
-    if lib == "transformers":
-        model = f"transformers:{get('config')}/{get('arch')}"
-    elif lib in ("torchvision", "timm"):
-        model = f"{lib}:{get('model')}"
-    else:
-        raise GraphError(f"run {get('run_id')}: cannot rebuild a model of lib {lib!r}")
-
-    def num(key: str) -> int | None:
-        v = get(key)
-        return None if v is None or (isinstance(v, float) and math.isnan(v)) else int(v)
-
-    return {"model": model, "config_kwargs": dict(kwargs), "batch": int(get("batch")),
-            "image": num("image") if lib != "transformers" else None,
-            "seq": num("seq") if lib == "transformers" else None}
-
-
-GRAPH_CACHE_VERSION = "graph-v2"
-
-
-def spec_key(spec: dict[str, Any], extra: str = "") -> str:
-    text = json.dumps(spec, sort_keys=True) + extra
-    return hashlib.sha256(text.encode()).hexdigest()[:20]
-
-
-def graph_for_run(run_row: Any, cache_dir: str | Path | None = None) -> ModelGraph:
-    """Graph of a run (at the run's batch size), cached as JSON under ``cache_dir`` keyed by spec hash."""
-    return cached_model_graph(run_spec(run_row), cache_dir)
-
-
-def cached_model_graph(spec: dict[str, Any], cache_dir: str | Path | None = None) -> ModelGraph:
-    """Graph of a spec (``model``, ``batch``, ``image``, ``seq``, ``config_kwargs``), cached as JSON."""
-    from dprobe.graph.build import build_model_graph
-
-    path = graph_cache_path(spec, cache_dir)
-    if path is not None and path.is_file():
-        try:
-            return load_model_graph(path)
-        except GraphError:
-            path.unlink(missing_ok=True)
-    graph = build_model_graph(spec["model"], batch=spec["batch"], image=spec["image"], seq=spec["seq"],
-                              config_kwargs=spec["config_kwargs"])
-    if path is not None:
-        graph.save(path)
-    return graph
-
-
-def graph_cache_path(spec: dict[str, Any], cache_dir: str | Path | None = None) -> Path | None:
-    """Where :func:`cached_model_graph` caches a spec's graph (None without a ``cache_dir``)."""
-    # the tracer's version is in the key: a graph cached by an older op vocabulary is traced again
-    return Path(cache_dir) / f"graph-{spec_key(spec, extra=GRAPH_CACHE_VERSION)}.json" if cache_dir else None

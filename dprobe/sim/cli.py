@@ -21,7 +21,7 @@ policies:
   static    a fixed quota per VC: the --static-percentile of the VC's demand (every job started at
             submission) over the first --static-warmup of the log, at least the largest job seen there
             (chosen with hindsight), or --static-gpus for every VC
-  reactive  the scaler's policy (dprobe.services.scaler.policy) fed the load now: GPUs held + GPUs queued
+  reactive  the scaler's policy (dprobe.scaling.policy) fed the load now: GPUs held + GPUs queued
   forecast  the same policy fed the --quantile of the demand forecast --horizon ahead (the checkpoint's
             gpu_demand model with --checkpoint, else the last-value baseline with conformal quantiles)
 
@@ -174,7 +174,7 @@ def _scaler_settings(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from dprobe.evaluation.report import check_plot_path
+    from dprobe.core.plots import check_plot_path
     from dprobe.forecaster.loading import checkpoint_path
     from dprobe.sim.cluster import SimConfig, check_span, simulate
     from dprobe.sim.jobs import DAY, load_selected, peak_demand

@@ -148,7 +148,7 @@ def run_fixed(args: argparse.Namespace, names: list[str], settings, policy_doc: 
     :class:`~dprobe.sim.policies.ScalerSettings`, described by ``policy_doc``), all checked by the caller."""
     import numpy as np
 
-    from dprobe.evaluation.report import check_plot_path
+    from dprobe.core.plots import check_plot_path
     from dprobe.forecaster.loading import checkpoint_path
     from dprobe.sim.cluster import check_span
     from dprobe.sim.fixed import FixedConfig, simulate_fixed

@@ -1,7 +1,7 @@
 """How each virtual cluster's GPU quota is set: fixed, reactive, or from a demand forecast.
 
-``reactive`` and ``forecast`` run the scaler's own code (:mod:`dprobe.services.scaler.policy`): one
-:class:`~dprobe.services.scaler.policy.Recommender` per VC, where a replica is one GPU of the VC's quota
+``reactive`` and ``forecast`` run the scaler's own code (:mod:`dprobe.scaling.policy`): one
+:class:`~dprobe.scaling.policy.Recommender` per VC, where a replica is one GPU of the VC's quota
 and the demand is in GPUs (``target=1.0``). They differ only in the demand they feed it.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from dprobe.forecaster.base import QUANTILES, Forecaster, ForecastInput
-from dprobe.services.scaler.policy import (
+from dprobe.scaling.policy import (
     DEFAULT_POLICY,
     DEFAULT_SCALE_DOWN,
     DEFAULT_SCALE_UP,

@@ -2,7 +2,7 @@
 or the scaler's per-VC targets on a demand forecast normalised to the total.
 
 The forecast policy reuses :class:`dprobe.sim.policies.ForecastQuota`, so its targets come from the
-scaler's own :class:`~dprobe.services.scaler.policy.Recommender` per VC, as in the elastic simulation.
+scaler's own :class:`~dprobe.scaling.policy.Recommender` per VC, as in the elastic simulation.
 """
 
 from __future__ import annotations

@@ -135,9 +135,9 @@ def sharing_settings(args: argparse.Namespace) -> SharingSettings:
 
 
 def run_sharing(args: argparse.Namespace) -> int:
+    from dprobe.core.plots import check_plot_path
     from dprobe.data.alibaba import NAME, load_alibaba
     from dprobe.data.registry import bundled_dir
-    from dprobe.evaluation.report import check_plot_path
     from dprobe.sim.report import print_report
     from dprobe.sim.sharing import load_forecaster, pod_series, simulate_policies
     from dprobe.sim.sharing_report import markdown_table, plot_sharing

@@ -15,7 +15,9 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from dprobe.graph.encoder import graph_cache_path, graph_for_run, graph_to_data, run_spec
+from dprobe.data.h200 import graph_for_run, run_spec
+from dprobe.graph.cache import graph_cache_path
+from dprobe.graph.encoder import graph_to_data
 from dprobe.profiling.coldstart.features import family_of, replay_cache_path
 from dprobe.profiling.coldstart.gpus import gpu_key, gpu_spec
 from dprobe.profiling.coldstart.job import JobInputs, job_inputs

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dprobe.data.workloads import family_of  # noqa: F401  (where the profiler's callers take it from)
-from dprobe.graph.encoder import spec_key
+from dprobe.data.common import family_of  # noqa: F401  (where the profiler's callers take it from)
+from dprobe.graph.cache import spec_key
 from dprobe.graph.schema import write_atomically
 from dprobe.graph.zoo import parse_spec
 from dprobe.profiling.coldstart.gpus import GPUSpec

@@ -5,7 +5,7 @@ Every measured cluster (pollux-placements' T4 cluster, Gavel's K80, P100 and V10
 bandwidths, stragglers and two-node penalty; how DistributedDataParallel hides the all-reduce
 (:data:`~.model.SHARED`) is one set for all. A cluster never measured gets its nominal link bandwidths times
 the median efficiency the measured clusters reach on each side, and their median stragglers
-(:func:`unseen_cluster`).
+(:func:`~.model.unseen_cluster`).
 
 ``python -m dprobe.profiling.dataparallel.fit [--data DIR] [--no-gavel] [--write]`` refits on
 ``datasets/pollux-placements`` (or DIR laid out like it) and Gavel's data-parallel rows and prints the
@@ -27,48 +27,22 @@ import pandas as pd
 from scipy.optimize import least_squares
 
 from dprobe.profiling.dataparallel.data import load_all
-from dprobe.profiling.dataparallel.interconnect import MEASURED, measured_links
-from dprobe.profiling.dataparallel.model import PER_CLUSTER, SHARED, ClusterParams, sync_seconds
-from dprobe.profiling.dataparallel.timeline import UNIFORM_WINDOW
+from dprobe.profiling.dataparallel.model import (
+    PER_CLUSTER,
+    SHARED,
+    WINDOW_BLEND,
+    Fitted,
+    sync_seconds,
+    unseen_cluster,
+)
+from dprobe.profiling.dataparallel.predict import predict_rows
 
 FITTED_MODULE = Path(__file__).with_name("_fitted.py")
 EPS_SYNC = 1e-3  # s: sync times this small count as equal in the loss (one-node rings hide almost all)
-# how much of a traced backward window to trust: the window used is WINDOW_BLEND x traced + the rest x 0.5,
-# chosen leave-one-model-out over 0, 0.5 and 1 (benchmarks/dataparallel.py --window-blend)
-WINDOW_BLEND = 0.5
 START = {"intra_bandwidth": 2e9, "inter_bandwidth": 1e9, "per_gpu_on_node": 0.1, "two_node_penalty": 0.3,
          "overlap": 1.0, "tail": 0.1, "straggler": 0.03, "straggler_intra": 0.01}
 LEVELS = (0.9, 0.925, 0.95, 0.975)  # the p90's quantile: the lowest whose held-out models average >= 90 %
 TARGET_COVERAGE = 0.9
-
-
-class Fitted:
-    """Fitted parameters: the shared ones, those of each measured cluster, the window blend."""
-
-    def __init__(self, shared: dict[str, float], clusters: dict[str, dict[str, float]],
-                 window_blend: float = WINDOW_BLEND) -> None:
-        self.shared, self.clusters, self.window_blend = shared, clusters, window_blend
-
-    def params(self, cluster: str) -> ClusterParams:
-        """The parameters of a measured cluster."""
-        if cluster not in self.clusters:
-            raise ValueError(f"no fitted parameters for cluster {cluster!r} (fitted: {', '.join(self.clusters)})")
-        return ClusterParams(**self.shared, **self.clusters[cluster])
-
-    def window(self, traced: np.ndarray | float) -> np.ndarray:
-        """The backward window the model uses for a traced one."""
-        return self.window_blend * np.asarray(traced, dtype=np.float64) + (1.0 - self.window_blend) * UNIFORM_WINDOW
-
-    def as_dict(self) -> dict[str, Any]:
-        sig = lambda v: float(f"{v:.6g}")  # noqa: E731
-        return {"shared": {k: sig(v) for k, v in self.shared.items()},
-                "clusters": {c: {k: sig(v) for k, v in p.items()} for c, p in self.clusters.items()},
-                "window_blend": self.window_blend}
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> Fitted:
-        return cls(dict(values["shared"]), {c: dict(p) for c, p in values["clusters"].items()},
-                   float(values["window_blend"]))
 
 
 def predict_sync(fitted: Fitted, steps: pd.DataFrame) -> np.ndarray:
@@ -119,31 +93,12 @@ def fit_params(steps: pd.DataFrame, window_blend: float = WINDOW_BLEND) -> Fitte
     return to_fitted(result.x)
 
 
-def unseen_cluster(fitted: Fitted) -> dict[str, float]:
-    """What a cluster never measured gets: the median efficiency (reached over nominal bandwidth) of the
-    measured clusters' intra- and inter-node links, and their median two-node penalty and stragglers."""
-    known = [c for c in fitted.clusters if c in MEASURED]
-    if not known:
-        raise ValueError("no measured cluster with known links to derive an unseen cluster from")
-    eff = {"intra": [], "inter": []}
-    for c in known:
-        intra, inter = measured_links(c)
-        eff["intra"].append(fitted.clusters[c]["intra_bandwidth"] / intra.bandwidth)
-        eff["inter"].append(fitted.clusters[c]["inter_bandwidth"] / inter.bandwidth)
-    med = lambda name: float(np.median([fitted.clusters[c][name] for c in known]))  # noqa: E731
-    return {"intra_efficiency": float(np.median(eff["intra"])), "inter_efficiency": float(np.median(eff["inter"])),
-            "two_node_penalty": med("two_node_penalty"), "straggler": med("straggler"),
-            "straggler_intra": med("straggler_intra")}
-
-
 def leave_one_model_out(steps: pd.DataFrame, window_blend: float = WINDOW_BLEND) -> pd.DataFrame:
     """Each model (``group``: a pollux-placements model with Gavel's job type of the same architecture) predicted
     by parameters fitted on the other models: ``steps`` with ``pred_sync`` and ``pred_step`` (its own one-GPU
     step time plus the predicted sync, as a user with ``--step-time`` has), each row through
     :func:`~.predict.predict_data_parallel` as ``dprobe predict`` calls it. ``attrs["fits"]``: each held-out
-    model's :class:`Fitted`."""
-    from dprobe.profiling.dataparallel.predict import predict_rows
-
+    model's :class:`~.model.Fitted`."""
     out = steps.copy()
     out["pred_sync"] = np.nan
     fits = {}

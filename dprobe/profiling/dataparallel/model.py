@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from dprobe.profiling.dataparallel.interconnect import MEASURED, measured_links
 from dprobe.profiling.dataparallel.placement import Placement
 from dprobe.profiling.dataparallel.timeline import UNIFORM_WINDOW
 
@@ -59,6 +60,56 @@ class ClusterParams:
 PARAM_NAMES = tuple(f.name for f in fields(ClusterParams))
 SHARED = ("per_gpu_on_node", "overlap", "tail")  # how DistributedDataParallel behaves, on any cluster
 PER_CLUSTER = tuple(n for n in PARAM_NAMES if n not in SHARED)
+
+# how much of a traced backward window to trust: the window used is WINDOW_BLEND x traced + the rest x 0.5,
+# chosen leave-one-model-out over 0, 0.5 and 1 (benchmarks/dataparallel.py --window-blend)
+WINDOW_BLEND = 0.5
+
+
+class Fitted:
+    """Fitted parameters: the shared ones, those of each measured cluster, the window blend."""
+
+    def __init__(self, shared: dict[str, float], clusters: dict[str, dict[str, float]],
+                 window_blend: float = WINDOW_BLEND) -> None:
+        self.shared, self.clusters, self.window_blend = shared, clusters, window_blend
+
+    def params(self, cluster: str) -> ClusterParams:
+        """The parameters of a measured cluster."""
+        if cluster not in self.clusters:
+            raise ValueError(f"no fitted parameters for cluster {cluster!r} (fitted: {', '.join(self.clusters)})")
+        return ClusterParams(**self.shared, **self.clusters[cluster])
+
+    def window(self, traced: np.ndarray | float) -> np.ndarray:
+        """The backward window the model uses for a traced one."""
+        return self.window_blend * np.asarray(traced, dtype=np.float64) + (1.0 - self.window_blend) * UNIFORM_WINDOW
+
+    def as_dict(self) -> dict[str, Any]:
+        sig = lambda v: float(f"{v:.6g}")  # noqa: E731
+        return {"shared": {k: sig(v) for k, v in self.shared.items()},
+                "clusters": {c: {k: sig(v) for k, v in p.items()} for c, p in self.clusters.items()},
+                "window_blend": self.window_blend}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Fitted:
+        return cls(dict(values["shared"]), {c: dict(p) for c, p in values["clusters"].items()},
+                   float(values["window_blend"]))
+
+
+def unseen_cluster(fitted: Fitted) -> dict[str, float]:
+    """What a cluster never measured gets: the median efficiency (reached over nominal bandwidth) of the
+    measured clusters' intra- and inter-node links, and their median two-node penalty and stragglers."""
+    known = [c for c in fitted.clusters if c in MEASURED]
+    if not known:
+        raise ValueError("no measured cluster with known links to derive an unseen cluster from")
+    eff = {"intra": [], "inter": []}
+    for c in known:
+        intra, inter = measured_links(c)
+        eff["intra"].append(fitted.clusters[c]["intra_bandwidth"] / intra.bandwidth)
+        eff["inter"].append(fitted.clusters[c]["inter_bandwidth"] / inter.bandwidth)
+    med = lambda name: float(np.median([fitted.clusters[c][name] for c in known]))  # noqa: E731
+    return {"intra_efficiency": float(np.median(eff["intra"])), "inter_efficiency": float(np.median(eff["inter"])),
+            "two_node_penalty": med("two_node_penalty"), "straggler": med("straggler"),
+            "straggler_intra": med("straggler_intra")}
 
 
 def comm_seconds(params: ClusterParams, grad_bytes: np.ndarray, gpus: np.ndarray, nodes: np.ndarray,

@@ -17,14 +17,12 @@ from dprobe.profiling.dataparallel.interconnect import (
     measured_links,
     resolve_interconnect,
 )
-from dprobe.profiling.dataparallel.model import ClusterParams, step_seconds
+from dprobe.profiling.dataparallel.model import ClusterParams, Fitted, step_seconds, unseen_cluster
 from dprobe.profiling.dataparallel.placement import Placement, packed
 from dprobe.profiling.dataparallel.timeline import UNIFORM_WINDOW, check_window
 
 if TYPE_CHECKING:
     import pandas as pd
-
-    from dprobe.profiling.dataparallel.fit import Fitted
 
 DEFAULT_MIN_EFFICIENCY = 0.8
 MAX_SEARCH_GPUS = 1024
@@ -32,15 +30,13 @@ MAX_SEARCH_GPUS = 1024
 
 def shipped() -> Fitted:
     """The shipped fit (pollux-placements and Gavel's data-parallel rows)."""
-    from dprobe.profiling.dataparallel.fit import Fitted
-
     return Fitted.from_dict(FITTED)
 
 
 def cluster_params(interconnect: Interconnect, fitted: Fitted | None = None,
                    unseen: dict[str, float] | None = None) -> ClusterParams:
     """The model's parameters on ``interconnect``: a measured cluster's own, else its nominal link bandwidths
-    times the efficiency measured clusters reach (``unseen``, default the shipped :func:`~.fit.unseen_cluster`)
+    times the efficiency measured clusters reach (``unseen``, default the shipped :func:`~.model.unseen_cluster`)
     with their median stragglers and two-node penalty."""
     fitted = fitted or shipped()
     if interconnect.measured is not None and interconnect.measured in fitted.clusters:
@@ -49,8 +45,6 @@ def cluster_params(interconnect: Interconnect, fitted: Fitted | None = None,
         raise ValueError(f"--interconnect {interconnect.measured or interconnect.intra.name}: no fitted parameters "
                          f"and no nominal bandwidth for it")
     if unseen is None:
-        from dprobe.profiling.dataparallel.fit import unseen_cluster
-
         unseen = FITTED["unseen"] if fitted.clusters == FITTED["clusters"] else unseen_cluster(fitted)
     return ClusterParams(**fitted.shared, intra_bandwidth=interconnect.intra.bandwidth * unseen["intra_efficiency"],
                          inter_bandwidth=interconnect.inter.bandwidth * unseen["inter_efficiency"],
@@ -81,7 +75,7 @@ class DataParallelPrediction:
     gpus_per_node: int
     backward_window: float = UNIFORM_WINDOW  # share of backward left to hide a gradient byte (.timeline)
     backward_window_from: str = "uniform"  # "graph", or "uniform" (no graph: gradients spread evenly)
-    window_used: float = UNIFORM_WINDOW  # the window the model uses (blended towards 0.5, .fit.WINDOW_BLEND)
+    window_used: float = UNIFORM_WINDOW  # the window the model uses (blended towards 0.5, .model.WINDOW_BLEND)
     interconnect: Interconnect | None = None
     params: ClusterParams | None = None
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from dprobe.scaling.policy import Decision
 from dprobe.services.scaler.config import WorkloadSpec
 from dprobe.services.scaler.ledger import Ledger
-from dprobe.services.scaler.policy import Decision
 from dprobe.services.scaler.reader import DemandReader
 
 

@@ -16,8 +16,8 @@ from dprobe.core.names import (
     RECOMMENDED_MIG_PROFILE,
     RECOMMENDED_REPLICAS,
 )
+from dprobe.scaling.policy import Decision
 from dprobe.services.exporter.collector import StateCollector
-from dprobe.services.scaler.policy import Decision
 from dprobe.services.scaler.sharing import PLACEMENTS, SharePlan
 
 WORKLOAD_LABELS = ["namespace", "workload"]

@@ -1,6 +1,6 @@
 """Scaler settings (defaults < YAML file < ``DPROBE_SCALER_*`` variables < flags) and the scaled objects.
 
-Flat options set the defaults of every workload's :class:`~dprobe.services.scaler.policy.Policy`; a
+Flat options set the defaults of every workload's :class:`~dprobe.scaling.policy.Policy`; a
 workload listed under ``workloads:`` may override any of them, and its behaviour per direction
 (the HPA's ``behavior``)::
 
@@ -32,7 +32,7 @@ from typing import Any
 
 from dprobe.core.names import QUANTILES
 from dprobe.core.options import OptionSet, option
-from dprobe.services.scaler.policy import (
+from dprobe.scaling.policy import (
     DEFAULT_POLICY,
     DEFAULT_SCALE_DOWN,
     DEFAULT_SCALE_UP,

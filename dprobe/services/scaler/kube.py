@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from dprobe.scaling.policy import Decision
 from dprobe.services.scaler.actuator import Actuator, ActuatorError
 from dprobe.services.scaler.config import ScalerConfig, WorkloadSpec
-from dprobe.services.scaler.policy import Decision
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import replace
 from typing import Generic, TypeVar
 
-from dprobe.services.scaler.policy import Decision, Policy, Recommender
+from dprobe.scaling.policy import Decision, Policy, Recommender
 
 K = TypeVar("K", bound=Hashable)
 

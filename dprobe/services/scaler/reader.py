@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
+from dprobe.scaling.policy import Decision
 from dprobe.services.scaler.config import ScalerConfig, WorkloadSpec
 from dprobe.services.scaler.demand import (
     DemandView,
@@ -20,7 +21,6 @@ from dprobe.services.scaler.demand import (
     previous_recommendations,
     workload_replicas,
 )
-from dprobe.services.scaler.policy import Decision
 from dprobe.services.sources.base import SourceError
 
 log = logging.getLogger(__name__)

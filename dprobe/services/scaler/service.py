@@ -19,6 +19,7 @@ from functools import partial
 from prometheus_client import Histogram
 from prometheus_client.registry import CollectorRegistry
 
+from dprobe.scaling.policy import Decision, Recommender
 from dprobe.services.exporter.server import ExporterServer, run_until_signalled
 from dprobe.services.scaler.actuator import Actuator, ActuatorError, RecommendActuator
 from dprobe.services.scaler.collector import ScalerCollector
@@ -27,7 +28,6 @@ from dprobe.services.scaler.demand import GROUPING_METHODS, Demand, DemandView
 from dprobe.services.scaler.kube import Cluster, KubernetesActuator, ScaleClient, api_client
 from dprobe.services.scaler.leader import KubernetesLease, LeaderElector, default_identity, default_namespace
 from dprobe.services.scaler.ledger import Ledger, name
-from dprobe.services.scaler.policy import Decision, Recommender
 from dprobe.services.scaler.reader import DemandReader
 from dprobe.services.scaler.sharing import SharePlan, ShareRecommender, previous_limits, read_pods
 from dprobe.services.sources.base import SourceError
@@ -66,7 +66,7 @@ class Scaler:
 
     Missing data never lowers a count: pods expected (the workload's scale, else the replicas kube-state-metrics
     shows, else the last recommendation, and every pod seen) without a usable forecast are missing (see
-    :mod:`dprobe.services.scaler.policy`), for listed and discovered workloads alike; a virtual cluster's GPUs
+    :mod:`dprobe.scaling.policy`), for listed and discovered workloads alike; a virtual cluster's GPUs
     expected are those its pods hold and those they held at its last decision on data. An answer with no
     forecast at all is an error (counted, /readyz says so); nothing is published for a workload or cluster
     before its first decision on data. A discovered workload whose pods went silent is held while

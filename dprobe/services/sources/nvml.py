@@ -179,4 +179,4 @@ def _from_options(options: Any) -> NvmlSource:
     return NvmlSource(per_process=options.nvml_per_process, pod_names=names, pod_resolver=pod_of_pid)
 
 
-register("nvml", _from_options)
+register("nvml", _from_options, available=nvml_available)

@@ -21,13 +21,17 @@ AUTO = "auto"  # not a source: nvml when NVML sees a GPU, else replay
 BUILT_IN = ("nvml", "dcgm", "prometheus", "replay", "synthetic")  # modules of dprobe.services.sources
 
 _FACTORIES: dict[str, Callable[[Any], Source]] = {}
+_AVAILABLE: dict[str, Callable[[], bool]] = {}  # whether a source can read here (``auto`` asks nvml's)
 
 
-def register(name: str, factory: Callable[[Any], Source]) -> None:
-    """Make the source ``name`` from the sidecar's settings with ``factory(options)``."""
+def register(name: str, factory: Callable[[Any], Source], available: Callable[[], bool] | None = None) -> None:
+    """Make the source ``name`` from the sidecar's settings with ``factory(options)``; ``available()``, where
+    given, says whether it can read on this machine (``auto`` takes nvml when its ``available()`` is true)."""
     if name == AUTO or (name in _FACTORIES and _FACTORIES[name] is not factory):
         raise ValueError(f"a source named {name!r} is registered already")
     _FACTORIES[name] = factory
+    if available is not None:
+        _AVAILABLE[name] = available
 
 
 def _built_in() -> dict[str, Callable[[Any], Source]]:
@@ -47,9 +51,7 @@ def build_source(name: str, options: Any) -> Source:
     bundled trace ``options.replay_dataset``."""
     factories = _built_in()
     if name == AUTO:
-        from dprobe.services.sources.nvml import nvml_available
-
-        name = "nvml" if nvml_available() else "replay"
+        name = "nvml" if _AVAILABLE.get("nvml", lambda: False)() else "replay"
         log.info("source auto: %s", "GPU found, reading NVML" if name == "nvml"
                  else f"no GPU found, replaying the bundled {options.replay_dataset} trace")
     if name not in factories:
