@@ -16,7 +16,7 @@ from dprobe.profiling.jobscale.predict import (
     predict_next,
 )
 
-CHECKED = ("image", "seq", "host_stall_s", "host_factor", "gpu", "stack")  # what check_job reads besides the batch
+CHECKED = ("image", "seq", "host_stall_s", "host_factor", "gpu", "stack", "mode")  # what check_job reads besides the batch
 
 
 @dataclass(kw_only=True)

@@ -38,7 +38,7 @@ import pandas as pd
 
 from dprobe.profiling.coldstart.features import LAUNCH_S, op_peaks, roofline_seconds
 from dprobe.profiling.coldstart.gpus import GPUS, GPUSpec
-from dprobe.profiling.coldstart.memtrack import OP_CLASSES, TENSOR_CORE_CLASSES
+from dprobe.profiling.coldstart.memtrack import TENSOR_CORE_CLASSES
 from dprobe.profiling.coldstart.replay import ReplayEstimate
 
 DEFAULT_MODEL = Path(__file__).with_name("default_inference.json")
@@ -58,7 +58,7 @@ FEATURES = [
 BOOST_ROUNDS = 300
 PARAMS = {"objective": "huber", "alpha": 0.15, "learning_rate": 0.03, "num_leaves": 15, "min_data_in_leaf": 40,
           "feature_fraction": 0.8, "bagging_fraction": 0.8, "bagging_freq": 1, "lambda_l2": 1.0,
-          "verbose": -1, "num_threads": 2, "seed": 0, "deterministic": True}
+          "verbose": -1, "num_threads": 1, "seed": 0, "deterministic": True}
 TARGETS = {"gpu": "MAPE <= 12 %, Spearman >= 0.95, p90 covering 80-95 % on every GPU left out",
            "family": "reported (no target)"}
 
@@ -234,6 +234,11 @@ def default_model() -> InferenceStepModel:
     return _DEFAULT
 
 
+def load_inference_model(path: str | Path | None = None) -> InferenceStepModel:
+    """The model saved at ``path`` (:meth:`InferenceStepModel.load`); None: the shipped one."""
+    return default_model() if path is None else InferenceStepModel.load(path)
+
+
 def _predict(model: InferenceStepModel, x: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     p50 = x["roof"].to_numpy(dtype=float) * np.exp(model.log_factor(x))
     return p50, p50 * model.p90_factor
@@ -277,7 +282,7 @@ def _fit_core(runs: pd.DataFrame, x: pd.DataFrame) -> tuple[float, str]:
     y = _target(runs, x)
     data = lgb.Dataset(x[FEATURES], y, feature_name=FEATURES, free_raw_data=True)
     booster = lgb.train(PARAMS, data, BOOST_ROUNDS)
-    return float(np.exp(np.median(y))), booster.model_to_string()
+    return float(np.median(np.exp(y))), booster.model_to_string()
 
 
 def _p90_factor(log_ratios: list[np.ndarray]) -> float:
@@ -357,24 +362,44 @@ def scores(measured: np.ndarray, p50: np.ndarray, p90: np.ndarray) -> Scores:
                   rho, float(np.mean(measured <= p90)))
 
 
-def crossval(runs: pd.DataFrame, ests: list[ReplayEstimate], by: str) -> list[FoldResult]:
-    """:func:`~dprobe.profiling.coldstart.timm_infer.cv_folds` (``by="gpu"``: each GPU left out;
-    ``"family"``: a fifth of the families): each fold's model and rule fitted on the other rows only
-    (their p90 factors from an inner cross-validation of those rows), scored on the fold's rows by
-    :func:`predict_frame` (:func:`predict_inference_step`'s path), beside the raw roofline."""
+def held_out_predictions(runs: pd.DataFrame, ests: list[ReplayEstimate], by: str) -> pd.DataFrame:
+    """Each row of ``runs`` predicted by the fold of :func:`~dprobe.profiling.coldstart.timm_infer.cv_folds`
+    (``by="gpu"``: each GPU left out; ``"family"``: a fifth of the families) that leaves it out: the model
+    and the rule fitted on the other rows only (their p90 factors from an inner cross-validation of those
+    rows), through :func:`predict_frame` (:func:`predict_inference_step`'s path). Columns ``fold``,
+    ``measured``, ``roofline``, ``rule_p50``, ``rule_p90``, ``model_p50``, ``model_p90``, in ``runs``' order."""
     from dprobe.profiling.coldstart.timm_infer import cv_folds
 
     runs = runs.reset_index(drop=True)
     x = _frame(runs, ests)
-    y = runs["step_time_s"].to_numpy(dtype=float)
-    out = []
+    out = pd.DataFrame({"fold": "", "measured": runs["step_time_s"].to_numpy(dtype=float),
+                        "roofline": x["roof"].to_numpy(dtype=float)})
+    for col in ("rule_p50", "rule_p90", "model_p50", "model_p90"):
+        out[col] = np.nan
     for name, train, test in cv_folds(runs, by=by):
         model = _fit(runs.iloc[train], x.iloc[train])
-        xt, yt = x.iloc[test], y[test]
-        roof = xt["roof"].to_numpy(dtype=float)
+        out.loc[test, "fold"] = name
+        for kind, m in (("rule", model.as_rule()), ("model", model)):
+            p50, p90 = predict_frame(x.iloc[test], model=m)
+            out.loc[test, f"{kind}_p50"], out.loc[test, f"{kind}_p90"] = p50, p90
+    return out
+
+
+def crossval(runs: pd.DataFrame, ests: list[ReplayEstimate], by: str) -> list[FoldResult]:
+    """The scores of each fold of :func:`held_out_predictions`: the raw roofline's, the rule's and the
+    model's, each fitted on the other folds' rows only."""
+    from dprobe.profiling.coldstart.timm_infer import cv_folds
+
+    runs = runs.reset_index(drop=True)
+    pred = held_out_predictions(runs, ests, by)
+    out = []
+    for name, _, test in cv_folds(runs, by=by):
+        t = pred.iloc[test]
+        y = t["measured"].to_numpy()
         out.append(FoldResult(name, len(test), tuple(sorted(runs["gpu"].iloc[test].unique())),
-                              scores(yt, roof, roof), scores(yt, *predict_frame(xt, model=model.as_rule())),
-                              scores(yt, *predict_frame(xt, model=model))))
+                              scores(y, t["roofline"].to_numpy(), t["roofline"].to_numpy()),
+                              scores(y, t["rule_p50"].to_numpy(), t["rule_p90"].to_numpy()),
+                              scores(y, t["model_p50"].to_numpy(), t["model_p90"].to_numpy())))
     return out
 
 
@@ -434,7 +459,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["FEATURES", "FoldResult", "InferenceModelError", "InferenceStepModel", "Scores", "crossval",
-           "default_model", "feature_frame", "fit", "fit_shipped", "inference_features", "load_rows", "main",
+           "default_model", "feature_frame", "fit", "fit_shipped", "held_out_predictions", "inference_features",
+           "load_inference_model",
+           "load_rows", "main",
            "predict_frame", "predict_inference_step", "scores", "summarise"]
 
 

@@ -162,9 +162,9 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
     from dprobe.graph.trace import SINGLE_VALUE_BATCHNORM
     from dprobe.graph.zoo import remedy
 
-    software = check_job(batch, image, seq, host_stall_s, host_factor, gpu, stack)
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r} ({', '.join(MODES)})")
+    software = check_job(batch, image, seq, host_stall_s, host_factor, gpu, stack, mode)
     if mode == "inference":
         if grad_checkpointing:
             raise ValueError("--grad-checkpointing is a training setting: --mode inference keeps no activations "
@@ -228,10 +228,11 @@ def predict_inference_job(model: str, batch: int, precision: str = "fp32", *, im
     from dprobe.graph.build import build_model_graph
     from dprobe.graph.schema import GraphError
     from dprobe.graph.zoo import remedy
+    from dprobe.profiling.coldstart.inference import DEFAULT_MODEL as INFERENCE_MODEL
     from dprobe.profiling.coldstart.inference import load_inference_model, predict_inference_step
     from dprobe.profiling.coldstart.residual import apply_stall, baseline, with_stall
 
-    software = check_job(batch, image, seq, host_stall_s, host_factor, gpu, stack)
+    software = check_job(batch, image, seq, host_stall_s, host_factor, gpu, stack, mode="inference")
     spec, gpu = (gpu, gpu.name) if isinstance(gpu, GPUSpec) else (GPUS[gpu], gpu)
     if parse_spec(model, config_kwargs).lib == "onnx":
         raise ValueError("--mode inference replays a module's forward pass: give the model as a torchvision, "
@@ -270,7 +271,7 @@ def predict_inference_job(model: str, batch: int, precision: str = "fp32", *, im
     result = JobPrediction(
         model=model, batch=batch, precision=precision, optimizer="none", gpu=gpu, host_stall_s=host_stall_s,
         host_factor=host_factor, unknown_nodes=graph.unknown_nodes, graph_nodes=len(graph.nodes),
-        method=steps.method, checkpoint=str(steps.path), **bands, gpu_memory_bytes=int(spec.memory_bytes),
+        method=steps.method, checkpoint=str(INFERENCE_MODEL), **bands, gpu_memory_bytes=int(spec.memory_bytes),
         fits=fits_on_gpu(bands["peak_memory_bytes"].p50, bands["device_memory_bytes"].p90, spec.memory_bytes),
         analytical=analytical, gpu_seen_in_training=seen, gpu_spec=spec_as_dict(spec),
         stack=software.as_dict(), mode="inference", notes=notes, note_after="graph_nodes", graph=graph)
@@ -283,7 +284,8 @@ def predict_inference_job(model: str, batch: int, precision: str = "fp32", *, im
 
 
 def check_job(batch: int, image: int | None = None, seq: int | None = None, host_stall_s: float = 0.0,
-              host_factor: float = 1.0, gpu: str | GPUSpec = "h200", stack: StackChoice = None) -> SoftwareStack:
+              host_factor: float = 1.0, gpu: str | GPUSpec = "h200", stack: StackChoice = None,
+              mode: str = "train") -> SoftwareStack:
     """The job's software stack (:func:`~dprobe.profiling.coldstart.stack.resolve_stack`), or a ValueError
     naming the option for a job that cannot be: a batch, image side or sequence length below 1, a host
     stall that is negative or infinite, a host factor that is not a positive number, an unknown GPU, an
@@ -297,7 +299,7 @@ def check_job(batch: int, image: int | None = None, seq: int | None = None, host
         raise ValueError(f"--host-factor must be a positive number, not {host_factor}")
     if not isinstance(gpu, GPUSpec) and gpu not in GPUS:
         raise ValueError(f"unknown GPU {gpu!r} ({', '.join(GPUS)}; --gpu-spec FILE for another)")
-    return resolve_stack(gpu.name if isinstance(gpu, GPUSpec) else gpu, stack)
+    return resolve_stack(gpu.name if isinstance(gpu, GPUSpec) else gpu, stack, mode)
 
 
 def _coldstart_checkpoint(checkpoint: str | Path | None) -> tuple[Path, Any, dict[str, Any]] | None:

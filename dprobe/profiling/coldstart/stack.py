@@ -45,16 +45,23 @@ class SoftwareStack:
 STACKS = {
     "h200-profiles": SoftwareStack("h200-profiles", torch="2.11", cudnn_benchmark=False, attention="fused"),
     "timm-2022": SoftwareStack("timm-2022", torch="1.12", cudnn_benchmark=True, attention="unfused"),
+    # timm's inference benchmarks (datasets/timm-infer-gpus): PyTorch 2.4 and 2.9, benchmark.py's
+    # cudnn.benchmark on, scaled_dot_product_attention; what the inference step model learnt from
+    "timm-infer": SoftwareStack("timm-infer", torch="2.4", cudnn_benchmark=True, attention="fused"),
 }
+INFERENCE_STACK = "timm-infer"  # the default of --mode inference on every GPU
 GPU_STACKS = {"rtx3090": "timm-2022"}  # a GPU's training rows were measured on this stack
 DEFAULT_STACK = "h200-profiles"  # any other GPU: today's PyTorch as h200-profiles ran it
 
 StackChoice = SoftwareStack | str | Mapping[str, Any] | None
 
 
-def default_stack(gpu: str) -> SoftwareStack:
+def default_stack(gpu: str, mode: str = "train") -> SoftwareStack:
     """The stack a prediction on ``gpu`` (a key of ``GPUS``, or a spec's name) assumes unless told: the one
-    its training rows were measured on, else h200-profiles'."""
+    its training rows were measured on, else h200-profiles'; an inference step (``mode="inference"``):
+    timm-infer's, what the inference step model learnt from, on every GPU."""
+    if mode == "inference":
+        return STACKS[INFERENCE_STACK]
     return STACKS[GPU_STACKS.get(gpu, DEFAULT_STACK)]
 
 
@@ -72,12 +79,13 @@ def has_sdpa(torch: str) -> bool:
     return int(torch_version(torch).split(".")[0]) >= 2
 
 
-def resolve_stack(gpu: str, choice: StackChoice = None) -> SoftwareStack:
+def resolve_stack(gpu: str, choice: StackChoice = None, mode: str = "train") -> SoftwareStack:
     """The stack of a prediction on ``gpu``: ``choice`` a :class:`SoftwareStack` (taken as it is), a preset's
     name, or a mapping of settings (``preset``, ``torch``, ``cudnn_benchmark``, ``attention``,
     ``memory_format``; None or absent: the preset's) over the GPU's default (:func:`default_stack`) or the
     named preset. A ``torch`` without ``attention`` implies it (unfused before 2.0). A ValueError names an
-    unknown preset or setting, and fused attention on a PyTorch before 2.0."""
+    unknown preset or setting, and fused attention on a PyTorch before 2.0. ``mode``: the step's
+    (:func:`default_stack`)."""
     if isinstance(choice, SoftwareStack):
         return check_stack(choice)
     given = {"preset": choice} if isinstance(choice, str) else dict(choice or {})
@@ -87,7 +95,7 @@ def resolve_stack(gpu: str, choice: StackChoice = None) -> SoftwareStack:
     name = given.pop("preset", None)
     if name is not None and name not in STACKS:
         raise ValueError(f"unknown stack {name!r} ({', '.join(STACKS)})")
-    base = STACKS[name] if name is not None else default_stack(gpu)
+    base = STACKS[name] if name is not None else default_stack(gpu, mode)
     given = {k: v for k, v in given.items() if v is not None}
     if "torch" in given:
         given["torch"] = torch_version(given["torch"])
@@ -131,9 +139,11 @@ def add_stack_args(parser: Any) -> None:
 
     parser.add_argument("--stack", choices=list(STACKS), default=None,
                         help="the software stack the job runs on: h200-profiles (PyTorch 2.11, cudnn.benchmark "
-                        "off, fused attention, NCHW) or timm-2022 (PyTorch 1.12, cudnn.benchmark on, unfused "
-                        "attention, NCHW); default: the stack the GPU's training runs were measured on "
-                        "(rtx3090: timm-2022; any other GPU: h200-profiles). The options below change one setting")
+                        "off, fused attention, NCHW), timm-2022 (PyTorch 1.12, cudnn.benchmark on, unfused "
+                        "attention, NCHW) or timm-infer (PyTorch 2.4, cudnn.benchmark on, fused attention, NCHW); "
+                        "default: the stack the GPU's training runs were measured on (rtx3090: timm-2022; any "
+                        "other GPU: h200-profiles), with --mode inference timm-infer. The options below change "
+                        "one setting")
     parser.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction, default=None,
                         help="torch.backends.cudnn.benchmark on (autotuned convolution kernels) or off")
     parser.add_argument("--attention", choices=ATTENTION, default=None,
@@ -151,5 +161,5 @@ def stack_choice(args: Any) -> dict[str, Any]:
     return {"preset": getattr(args, "stack", None), **{k: getattr(args, k, None) for k in SETTINGS}}
 
 
-__all__ = ["ATTENTION", "GPU_STACKS", "MEMORY_FORMATS", "STACKS", "SoftwareStack", "add_stack_args",
+__all__ = ["ATTENTION", "GPU_STACKS", "INFERENCE_STACK", "MEMORY_FORMATS", "STACKS", "SoftwareStack", "add_stack_args",
            "check_stack", "default_stack", "resolve_stack", "stack_choice", "stack_of_record"]
