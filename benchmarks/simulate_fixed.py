@@ -1,11 +1,11 @@
-"""``dprobe simulate --fixed`` on a whole job log: time per policy pair, and the table at a sweep of sizes.
+"""``dprobe simulate fixed`` on a whole job log: time per policy pair, and the table at a sweep of sizes.
 
 Timing (the default): the whole Philly log under one scheduling x quota policy pair in at most 60 s on one
 core with the baseline forecaster, at most 3 minutes with dprobe's (``--checkpoint dprobe``). Each pair runs
 in its own ``dprobe simulate`` call in this process; the CPU seconds it took (loading the log included) are
 what one core spends.
 
-Sweep (``--sweep 75,90,95,99``): one ``dprobe simulate --fixed --gpus-percentile P`` call per percentile of
+Sweep (``--sweep 75,90,95,99``): one ``dprobe simulate fixed --gpus-percentile P`` call per percentile of
 the log's concurrent demand (all five scheduling policies x static, reactive, forecast), printing per size
 the cut in mean queueing delay of forecast-driven quotas against static quotas and against lending, whether
 the targets are met, and beside them the *pooled* cluster: the same GPUs with no VCs at all (every job in one
@@ -29,11 +29,11 @@ from dprobe.cli import main as dprobe_main
 
 
 def time_pair(scheduling: str, policy: str, extra: list[str]) -> dict:
-    """One ``dprobe simulate --fixed`` run: CPU and wall seconds, and its mean queueing delay."""
+    """One ``dprobe simulate fixed`` run: CPU and wall seconds, and its mean queueing delay."""
     out = io.StringIO()
     cpu, wall = time.process_time(), time.perf_counter()
     with contextlib.redirect_stdout(out):
-        code = dprobe_main(["simulate", "--fixed", "--quiet", "--json", "--scheduling", scheduling,
+        code = dprobe_main(["simulate", "fixed", "--quiet", "--json", "--scheduling", scheduling,
                             "--policies", policy, *extra])
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     if code:
@@ -47,10 +47,10 @@ def pooled_waits(data: str | None, gpus: int, schedulings: list[str]) -> dict[st
     """Mean queueing delay per scheduling policy on the same GPUs with no VCs (one queue, no quotas)."""
     import numpy as np
 
-    from dprobe.sim.fixed import FixedConfig, simulate_fixed
+    from dprobe.sim.fixed.cluster import FixedConfig, simulate_fixed
+    from dprobe.sim.fixed.quota_split import StaticShares
+    from dprobe.sim.fixed.scheduling import Scheduling
     from dprobe.sim.jobs import JobTable, load_selected
-    from dprobe.sim.quota_split import StaticShares
-    from dprobe.sim.scheduling import Scheduling
 
     _, _, jobs = load_selected(data, derive=True)
     one = JobTable(jobs.job_ids, np.zeros_like(jobs.vc), jobs.submit, jobs.duration, jobs.gpus, ["all"])
@@ -71,7 +71,7 @@ def sweep(percentiles: list[float], data: str | None, schedulings: str, extra: l
     for p in percentiles:
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            code = dprobe_main(["simulate", "--fixed", "--quiet", "--json", "--gpus-percentile", f"{p:g}",
+            code = dprobe_main(["simulate", "fixed", "--quiet", "--json", "--gpus-percentile", f"{p:g}",
                                 "--scheduling", schedulings, *extra])
         if code:
             raise SystemExit(f"dprobe simulate exited {code}")

@@ -1,10 +1,10 @@
-"""`dprobe simulate --sharing` cross-validated over pods and time, at 80 and 141 GB.
+"""`dprobe simulate sharing` cross-validated over pods and time, at 80 and 141 GB.
 
 The pods of alibaba-genai-2026 fall into groups by a stable hash of their id, the part of the trace no
 forecaster trained on into four spans of about 2.3 hours; each group over each span (a fold) is packed on
-its own (:mod:`dprobe.sim.sharing_cv`). Printed per fold and pooled over folds, with 95 % intervals (a
+its own (:mod:`dprobe.sim.sharing.cv`). Printed per fold and pooled over folds, with 95 % intervals (a
 fold: bootstrap over its pods; pooled: over pods and spans): the shipped default (``dprobe``, the settings
-of ``dprobe simulate --sharing``), peak packing, one pod per GPU and the oracle, and the nested choice:
+of ``dprobe simulate sharing``), peak packing, one pod per GPU and the oracle, and the nested choice:
 the setting chosen on the other groups over the other spans, scored on the fold. Then every candidate's
 pooled figures and whether it never loses to peak packing.
 
@@ -36,13 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     from dprobe.data.alibaba import NAME, load_alibaba
     from dprobe.data.registry import bundled_dir
     from dprobe.sim.cli import register
-    from dprobe.sim.sharing import load_forecaster, pod_series
-    from dprobe.sim.sharing_cli import sharing_settings
-    from dprobe.sim.sharing_cv import GROUPS, cross_validate
+    from dprobe.sim.sharing.cli import sharing_settings
+    from dprobe.sim.sharing.cv import GROUPS, cross_validate
+    from dprobe.sim.sharing.packing import load_forecaster, pod_series
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
-    settings = sharing_settings(parser.parse_args(["simulate", "--sharing"]))  # dprobe simulate --sharing's defaults
+    settings = sharing_settings(parser.parse_args(["simulate", "sharing"]))  # dprobe simulate sharing's defaults
     started = time.process_time()
     series = pod_series(load_alibaba(args.data or bundled_dir(NAME)))
     sizes = [float(s) for s in args.sizes.split(",")]

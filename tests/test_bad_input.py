@@ -167,7 +167,7 @@ def itp_dir(directory: Path, rows: list[str]) -> Path:
 ])
 def test_simulate_refuses_jobs_no_cluster_runs(tmp_path, capsys, row, message) -> None:
     data = itp_dir(tmp_path / "itp", [row])
-    line = one_error(capsys, ["simulate", "--data", str(data), "--policies", "static,reactive", "--quiet"])
+    line = one_error(capsys, ["simulate", "quota", "--data", str(data), "--policies", "static,reactive", "--quiet"])
     assert "cluster01.csv: " in line
     assert re.search(message, line), line
 
@@ -184,16 +184,16 @@ def test_philly_names_the_file_for_a_negative_duration(tmp_path) -> None:
 
 
 def test_a_log_that_would_take_years_of_steps_is_refused_at_start(tmp_path, capsys) -> None:
-    from dprobe.sim.cluster import SimConfig, simulate
     from dprobe.sim.jobs import JobTable
     from dprobe.sim.policies import StaticQuota
+    from dprobe.sim.quota.cluster import SimConfig, simulate
 
     jobs = JobTable.from_lists([("a", 0.0, 60.0, 1), ("a", 30.0, 1.2e8, 1)])  # a job of almost four years
     with pytest.raises(ValueError, match=r"the jobs span 1,389 days \(job job-1 of a: .* runs 1,388\.9 days\): "
                                          r"2,000,000 steps of 60 s, more than 1,000,000"):
         simulate(jobs, StaticQuota(np.array([1])), SimConfig(interval=60.0))
     data = itp_dir(tmp_path / "itp", [])
-    line = one_error(capsys, ["simulate", "--data", str(data), "--interval", "1e-6", "--quiet"])
+    line = one_error(capsys, ["simulate", "quota", "--data", str(data), "--interval", "1e-6", "--quiet"])
     assert "steps of 1e-06 s, more than 1,000,000" in line
 
 
@@ -205,9 +205,9 @@ def test_simulate_refuses_a_bad_scaler_config_and_plot_path_before_reading_the_l
         raise AssertionError("the job log was read")
 
     monkeypatch.setattr(dprobe.sim.jobs, "load_jobs", never)
-    line = one_error(capsys, ["simulate", "--scaler-config", str(tmp_path / "missing.yaml"), "--quiet"])
+    line = one_error(capsys, ["simulate", "quota", "--scaler-config", str(tmp_path / "missing.yaml"), "--quiet"])
     assert "missing.yaml" in line
-    line = one_error(capsys, ["simulate", "--plot", str(tmp_path / "no" / "such" / "f.png"), "--quiet"])
+    line = one_error(capsys, ["simulate", "quota", "--plot", str(tmp_path / "no" / "such" / "f.png"), "--quiet"])
     assert f"--plot {tmp_path / 'no' / 'such' / 'f.png'}: no folder {tmp_path / 'no' / 'such'}" in line
 
 

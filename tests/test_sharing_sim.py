@@ -1,4 +1,4 @@
-"""`dprobe simulate --sharing`: pods packed onto shared GPUs, scored against what they did (dprobe.sim.sharing)."""
+"""`dprobe simulate sharing`: pods packed onto shared GPUs, scored against what they did (dprobe.sim.sharing)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from dprobe.cli import main
 from dprobe.data.alibaba import load_alibaba
 from dprobe.sharing.planner import PlanSettings
-from dprobe.sim.sharing import OnePerGpu, Oracle, PeakOfHistory, _match, pod_series, simulate_sharing
+from dprobe.sim.sharing.packing import OnePerGpu, Oracle, PeakOfHistory, _match, pod_series, simulate_sharing
 
 GB = 1e9
 
@@ -80,7 +80,7 @@ def test_bad_settings_are_refused(series):
 
 
 def test_cli_table_without_forecaster(capsys, small_alibaba_dir):
-    code = main(["simulate", "--sharing", "--quiet", "--data", str(small_alibaba_dir), "--gpu-memory", "48",
+    code = main(["simulate", "sharing", "--quiet", "--data", str(small_alibaba_dir), "--gpu-memory", "48",
                  "--sharing-policies", "one-per-gpu,peak,oracle", "--packing", "first-fit"])
     out = capsys.readouterr().out
     assert code == 0
@@ -90,7 +90,7 @@ def test_cli_table_without_forecaster(capsys, small_alibaba_dir):
 @pytest.mark.slow
 def test_cli_json_and_plot(capsys, small_alibaba_dir, tmp_path):
     plot = tmp_path / "sharing.png"
-    code = main(["simulate", "--sharing", "--quiet", "--data", str(small_alibaba_dir), "--json", "--gpu-memory", "141",
+    code = main(["simulate", "sharing", "--quiet", "--data", str(small_alibaba_dir), "--json", "--gpu-memory", "141",
                  "--plot", str(plot)])
     out = capsys.readouterr()
     assert code == 0, out.err
@@ -112,10 +112,9 @@ def test_cli_json_and_plot(capsys, small_alibaba_dir, tmp_path):
     (["--memory-quantile", "1.5"], "--memory-quantile"),
     (["--guard-quantile", "1"], "--guard-quantile"),
     (["--guard-margin", "-0.1"], "--guard-margin"),
-    (["--fixed"], "--fixed"),
 ])
 def test_cli_bad_options_name_the_flag(capsys, small_alibaba_dir, argv, message):
-    code = main(["simulate", "--sharing", "--quiet", "--data", str(small_alibaba_dir), *argv])
+    code = main(["simulate", "sharing", "--quiet", "--data", str(small_alibaba_dir), *argv])
     assert code == 2 and message in capsys.readouterr().err
 
 
@@ -145,19 +144,19 @@ def test_rss_burst_room_packs_independent_bursts_tighter_than_their_sum_but_not_
 
 
 def test_cli_burst_combine_is_reported_and_checked(capsys, small_alibaba_dir):
-    code = main(["simulate", "--sharing", "--quiet", "--data", str(small_alibaba_dir), "--json",
+    code = main(["simulate", "sharing", "--quiet", "--data", str(small_alibaba_dir), "--json",
                  "--sharing-policies", "one-per-gpu,last-value", "--burst-combine", "rss"])
     out = capsys.readouterr()
     assert code == 0, out.err
     assert json.loads(out.out)["settings"]["burst_combine"] == "rss"
     with pytest.raises(SystemExit) as exit_:
-        main(["simulate", "--sharing", "--quiet", "--data", str(small_alibaba_dir), "--burst-combine", "sum"])
+        main(["simulate", "sharing", "--quiet", "--data", str(small_alibaba_dir), "--burst-combine", "sum"])
     assert exit_.value.code == 2 and "--burst-combine" in capsys.readouterr().err
 
 
 def _last_value_policy():
     from dprobe.forecaster.baselines import make_baseline
-    from dprobe.sim.sharing import ForecastDemand
+    from dprobe.sim.sharing.packing import ForecastDemand
 
     base = make_baseline("last_value")
     base.residual_window = 40
@@ -166,7 +165,7 @@ def _last_value_policy():
 
 
 def test_hindsight_on_burst_heights_with_every_burst_at_once_never_overflows(series):
-    from dprobe.sim.sharing import PartialHindsight
+    from dprobe.sim.sharing.packing import PartialHindsight
 
     filled = (series.filled(series.memory), series.filled(series.duty))
     policy = PartialHindsight(_last_value_policy(), filled[0], "burst")
@@ -181,7 +180,7 @@ def test_hindsight_on_burst_heights_with_every_burst_at_once_never_overflows(ser
 
 
 def test_hindsight_level_sizes_each_pod_at_its_coming_median(series):
-    from dprobe.sim.sharing import PartialHindsight
+    from dprobe.sim.sharing.packing import PartialHindsight
 
     filled = series.filled(series.memory)
     base = _last_value_policy()
@@ -218,7 +217,7 @@ class _Fixed:
 
 def _pods(levels: list[list[float]], steps_each: list[int] | None = None, step_seconds: float = 60.0):
     """A :class:`PodSeries` of pods holding ``levels[p]`` GB in equal runs over 100 steps; scored from step 50."""
-    from dprobe.sim.sharing import PodSeries
+    from dprobe.sim.sharing.packing import PodSeries
 
     n, steps = len(levels), 100
     memory = np.zeros((n, steps))
@@ -231,7 +230,7 @@ def _pods(levels: list[list[float]], steps_each: list[int] | None = None, step_s
 
 
 def _guard(series, high: dict[float, float], mode: str = "free"):
-    from dprobe.sim.sharing import ForecastDemand, GuardedPeak
+    from dprobe.sim.sharing.packing import ForecastDemand, GuardedPeak
 
     return GuardedPeak("dprobe", PeakOfHistory(40), ForecastDemand("f", _Fixed(high), 40, 0.5, 0.9), 0.99, 0.0, mode)
 
@@ -261,7 +260,7 @@ def test_a_guard_that_would_cost_a_gpu_leaves_peak_packing_as_it_is():
 @pytest.mark.slow
 def test_guarded_peak_never_needs_more_gpus_than_peak_packing_at_a_repack(series):
     from dprobe.forecaster.baselines import make_baseline
-    from dprobe.sim.sharing import ForecastDemand, GuardedPeak
+    from dprobe.sim.sharing.packing import ForecastDemand, GuardedPeak
 
     base = make_baseline("last_value")
     base.residual_window = 40
@@ -275,7 +274,7 @@ def test_guarded_peak_never_needs_more_gpus_than_peak_packing_at_a_repack(series
 
 def _toy_scores(over: dict[str, list[int]], gpu: dict[str, list[int]] | None = None):
     """Scores of the cells g0..g2 x s0..s1 (one pod each, 10 steps) from per-cell overflow steps."""
-    from dprobe.sim.sharing_cv import Cell, Score
+    from dprobe.sim.sharing.cv import Cell, Score
 
     cells = [Cell(g, s, None) for s in range(2) for g in range(3)]
     scores = {}
@@ -289,7 +288,7 @@ def _toy_scores(over: dict[str, list[int]], gpu: dict[str, list[int]] | None = N
 
 
 def test_the_choice_is_never_worse_than_peak_on_its_selection_cells_and_never_looks_at_the_held_out_one():
-    from dprobe.sim.sharing_cv import choose, selection_cells
+    from dprobe.sim.sharing.cv import choose, selection_cells
 
     # "x": least overflow in all but loses to peak in cell g1/s0; "y": never loses, a little better than peak
     cells, scores = _toy_scores({"peak": [2, 2, 2, 2, 2, 2], "x": [0, 5, 0, 0, 0, 0], "y": [1, 2, 2, 2, 2, 2]})
@@ -311,7 +310,7 @@ def test_the_choice_is_never_worse_than_peak_on_its_selection_cells_and_never_lo
 
 
 def test_cv_folds_never_put_a_pod_or_an_hour_in_both_selection_and_report_sets():
-    from dprobe.sim.sharing_cv import cells, pod_group, selection_cells
+    from dprobe.sim.sharing.cv import cells, pod_group, selection_cells
 
     series = _pods([[20 + p % 7] for p in range(40)])
     series.unseen_from[:] = 60
@@ -334,7 +333,7 @@ def test_cv_folds_never_put_a_pod_or_an_hour_in_both_selection_and_report_sets()
 
 
 def test_pooled_bootstrap_totals_and_a_policy_paired_with_itself():
-    from dprobe.sim.sharing_cv import Score, cell_bootstrap, pooled_bootstrap
+    from dprobe.sim.sharing.cv import Score, cell_bootstrap, pooled_bootstrap
 
     cells, scores = _toy_scores({"peak": [1, 0, 3, 0, 0, 2]})
     per_cell = {c.name: scores["peak", c.name, 80.0] for c in cells}
@@ -354,16 +353,16 @@ def _cli_defaults():
     import argparse
 
     from dprobe.sim.cli import register
-    from dprobe.sim.sharing_cli import sharing_settings
+    from dprobe.sim.sharing.cli import sharing_settings
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
-    return sharing_settings(parser.parse_args(["simulate", "--sharing"]))
+    return sharing_settings(parser.parse_args(["simulate", "sharing"]))
 
 
 def test_cli_default_is_the_shipped_default_and_the_benchmarks(monkeypatch, script, small_alibaba_dir):
-    from dprobe.sim import sharing_cv
-    from dprobe.sim.sharing import SharingSettings
+    from dprobe.sim.sharing import cv as sharing_cv
+    from dprobe.sim.sharing.packing import SharingSettings
 
     assert _cli_defaults() == SharingSettings()
     assert SharingSettings().rule == "guarded-peak" and SharingSettings().guard_mode == "free"
@@ -374,7 +373,7 @@ def test_cli_default_is_the_shipped_default_and_the_benchmarks(monkeypatch, scri
         raise SystemExit(0)
 
     monkeypatch.setattr(sharing_cv, "cross_validate", spy)
-    monkeypatch.setattr("dprobe.sim.sharing.load_forecaster", lambda checkpoint=None: None)
+    monkeypatch.setattr("dprobe.sim.sharing.packing.load_forecaster", lambda checkpoint=None: None)
     with pytest.raises(SystemExit):
         script("benchmarks/simulate_sharing.py").main(["--json", "--data", str(small_alibaba_dir)])
     assert seen["shipped"] == SharingSettings()
@@ -385,9 +384,9 @@ def test_cli_default_is_the_shipped_default_and_the_benchmarks(monkeypatch, scri
 
 @pytest.mark.slow
 def test_cli_rows_are_simulate_policies_results(capsys, small_alibaba_dir):
-    from dprobe.sim.sharing import SharingSettings, load_forecaster, simulate_policies
+    from dprobe.sim.sharing.packing import SharingSettings, load_forecaster, simulate_policies
 
-    code = main(["simulate", "--sharing", "--quiet", "--data", str(small_alibaba_dir), "--json", "--gpu-memory", "60",
+    code = main(["simulate", "sharing", "--quiet", "--data", str(small_alibaba_dir), "--json", "--gpu-memory", "60",
                  "--sharing-policies", "one-per-gpu,peak,dprobe"])
     out = capsys.readouterr()
     assert code == 0, out.err
@@ -415,8 +414,8 @@ class _FixedModel(_Fixed):
 def test_shipped_default_never_loses_to_peak_packing_on_a_synthetic_fold_set():
     from types import SimpleNamespace
 
-    from dprobe.sim.sharing import SharingSettings
-    from dprobe.sim.sharing_cv import Candidate, cross_validate
+    from dprobe.sim.sharing.cv import Candidate, cross_validate
+    from dprobe.sim.sharing.packing import SharingSettings
 
     # 10 pods at 30 GB that go to 45 GB at step 60 (which the forecast sees coming), 20 steady pods at 20 GB;
     # peak packing puts the 30s together, and they overflow once they jump
@@ -438,8 +437,8 @@ def test_shipped_default_never_loses_to_peak_packing_on_a_synthetic_fold_set():
 
 @pytest.mark.slow
 def test_shipped_default_never_loses_to_peak_packing_on_a_fold_set(small_alibaba_dir):
-    from dprobe.sim.sharing import SharingSettings
-    from dprobe.sim.sharing_cv import Candidate, cross_validate
+    from dprobe.sim.sharing.cv import Candidate, cross_validate
+    from dprobe.sim.sharing.packing import SharingSettings
 
     s = pod_series(load_alibaba(small_alibaba_dir))
     choices = [Candidate("peak", SharingSettings(rule="peak")), Candidate("shipped", SharingSettings())]

@@ -11,7 +11,6 @@ import pytest
 from dprobe.cli import main
 from dprobe.forecaster.base import QUANTILES, Forecast, ForecastInput
 from dprobe.scaling.policy import Policy, Recommender
-from dprobe.sim.cluster import SimConfig, simulate
 from dprobe.sim.jobs import JobTable, peak_demand
 from dprobe.sim.policies import (
     ForecastQuota,
@@ -21,6 +20,7 @@ from dprobe.sim.policies import (
     StaticQuota,
     static_quotas,
 )
+from dprobe.sim.quota.cluster import SimConfig, simulate
 from dprobe.sim.view import ClusterView
 
 DATASETS = Path(__file__).resolve().parents[1] / "datasets"
@@ -169,7 +169,7 @@ def test_forecast_feeds_the_forecast_to_the_scaler_for_all_vcs_at_once() -> None
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(["simulate", "--quiet", *argv])
+    code = main(["simulate", "quota", "--quiet", *argv])
     out = capsys.readouterr()
     return code, out.out, out.err
 

@@ -1,4 +1,4 @@
-"""``dprobe simulate --fixed``: the fixed-size cluster on small hand-made job logs whose right answer is
+"""``dprobe simulate fixed``: the fixed-size cluster on small hand-made job logs whose right answer is
 known, the five scheduling policies, quota lending and reclaim, the quota policies and the CLI."""
 
 from __future__ import annotations
@@ -13,22 +13,17 @@ import pytest
 
 from dprobe.cli import main
 from dprobe.forecaster.base import QUANTILES, Forecast, ForecastInput
-from dprobe.sim.fixed import (
-    DEMOTE,
+from dprobe.sim.fixed.cli import concurrent_demand, default_gpus
+from dprobe.sim.fixed.cluster import (
     OVER_CLUSTER,
     OVER_VC,
+    FixedCluster,
     FixedConfig,
     FixedResult,
     Nodes,
-    _FixedCluster,
     simulate_fixed,
 )
-from dprobe.sim.fixed_cli import concurrent_demand, default_gpus
-from dprobe.sim.fixed_report import reduction, targets
-from dprobe.sim.helios_jobs import DeriveStats, derive_class, derive_jobs
-from dprobe.sim.jobs import JobTable
-from dprobe.sim.policies import ForecastQuota, ScalerSettings
-from dprobe.sim.quota_split import (
+from dprobe.sim.fixed.quota_split import (
     ForecastShares,
     Lending,
     StaticShares,
@@ -38,7 +33,19 @@ from dprobe.sim.quota_split import (
     static_shares,
     wants,
 )
-from dprobe.sim.scheduling import DurationEstimator, Scheduling, reservation
+from dprobe.sim.fixed.report import reduction, targets
+from dprobe.sim.fixed.scheduling import (
+    DEMOTE,
+    SCHEDULING_NAMES,
+    STRATEGIES,
+    DurationEstimator,
+    Scheduling,
+    Tiresias,
+    reservation,
+)
+from dprobe.sim.helios_jobs import DeriveStats, derive_class, derive_jobs
+from dprobe.sim.jobs import JobTable
+from dprobe.sim.policies import ForecastQuota, ScalerSettings
 
 
 def config(gpus: int, per_node: int | None = None, scheduling: str = "fifo", **kw) -> FixedConfig:
@@ -145,9 +152,10 @@ def test_a_demotion_less_than_a_float_step_away_is_not_scheduled_at_now() -> Non
     # rounds to now, and the demotion would be scheduled at now for ever
     now = 1588295185.7142856
     jobs = one_vc((now, 10000, 64))
-    c = _FixedCluster(jobs, StaticShares(np.array([64])), config(64, 8, "tiresias"), None, now)
+    c = FixedCluster(jobs, StaticShares(np.array([64])), config(64, 8, "tiresias"), None, now)
     c.run_start[0], c.attained[0], c.remaining[0] = now, 18000.0 - 4e-6, 10000.0
-    c._schedule_demotion(0, now)
+    assert isinstance(c.strategy, Tiresias)
+    c.strategy.schedule_demotion(c, 0, now)
     assert [e[:3] for e in c.events] == [(now + 1e-3, DEMOTE, 0)]
 
 
@@ -201,6 +209,19 @@ def test_bad_scheduling_settings_are_refused() -> None:
         Scheduling("tiresias", starve_limit=-1.0)
     with pytest.raises(ValueError, match="multiple of --gpus-per-node"):
         FixedConfig(gpus=10, gpus_per_node=8)
+
+
+def test_every_scheduling_policy_is_a_strategy_the_cluster_calls() -> None:
+    assert set(STRATEGIES) == set(SCHEDULING_NAMES)
+    jobs = one_vc((0, 100, 1), (0, 50, 1))
+    for name in SCHEDULING_NAMES:
+        c = FixedCluster(jobs, StaticShares(np.array([1])), config(1, scheduling=name), None, 0.0)
+        assert type(c.strategy) is STRATEGIES[name] and c.strategy.sched.name == name
+    # the queue keys: submission order (fifo, easy), logged duration (sjf), estimated GPU-time (qssf)
+    c = FixedCluster(jobs, StaticShares(np.array([1])), config(1, scheduling="sjf"), None, 0.0)
+    assert [c.strategy.key(c, j) for j in (0, 1)] == [100.0, 50.0]
+    c = FixedCluster(jobs, StaticShares(np.array([1])), config(1, scheduling="easy"), None, 0.0)
+    assert [c.strategy.key(c, j) for j in (0, 1)] == [0.0, 1.0]
 
 
 # --- quotas: static, lending, reclaim, forecast ------------------------------------------------------------
@@ -361,14 +382,14 @@ def small_log(tmp_path: Path) -> Path:
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """``dprobe simulate --quiet ARGV``: the exit code, stdout and stderr."""
-    code = main(["simulate", "--quiet", *argv])
+    """``dprobe simulate fixed --quiet ARGV``: the exit code, stdout and stderr."""
+    code = main(["simulate", "fixed", "--quiet", *argv])
     return (code, *capsys.readouterr())
 
 
 def test_cli_fixed_json_and_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     plot = tmp_path / "fixed.png"
-    code, out, _ = run_cli(capsys, "--fixed", "--data", str(small_log(tmp_path)), "--gpus", "16",
+    code, out, _ = run_cli(capsys, "--data", str(small_log(tmp_path)), "--gpus", "16",
                            "--json", "--per-vc", "--plot", str(plot))
     assert code == 0
     report = json.loads(out)
@@ -393,7 +414,7 @@ def test_cli_fixed_json_and_plot(capsys: pytest.CaptureFixture[str], tmp_path: P
 
 def test_cli_fixed_table_at_the_default_size(capsys: pytest.CaptureFixture[str],
                                                      tmp_path: Path) -> None:
-    code, out, _ = run_cli(capsys, "--fixed", "--data", str(small_log(tmp_path)), "--scheduling", "fifo,easy",
+    code, out, _ = run_cli(capsys, "--data", str(small_log(tmp_path)), "--scheduling", "fifo,easy",
                            "--policies", "static,reactive", "--preempt")
     assert code == 0
     assert "GPUs fixed" in out and "| easy | reactive |" in out and "reactive vs static" in out
@@ -403,31 +424,45 @@ def test_cli_fixed_table_at_the_default_size(capsys: pytest.CaptureFixture[str],
 
 def test_cli_help_explains_the_fixed_options(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        main(["simulate", "--help"])
+        main(["simulate", "fixed", "--help"])
     out = capsys.readouterr().out
-    for flag in ("--fixed", "--gpus N", "--gpus-per-node", "--scheduling", "--lend-delay", "--preempt",
+    for flag in ("--gpus N", "--gpus-per-node", "--scheduling", "--lend-delay", "--preempt",
                  "--restart-cost", "--las-thresholds", "--starve-limit", "tiresias", "easy", "qssf", "no user column"):
         assert flag in out
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--gpus", "64"], "--gpus need --fixed"),
-    (["--preempt", "--scheduling", "fifo"], "--scheduling, --preempt need --fixed"),
-    (["--fixed", "--queue", "fifo"], "--queue do not apply with --fixed"),
-    (["--fixed", "--gpus", "60"], "--gpus must be a positive multiple of --gpus-per-node (8), got 60"),
-    (["--fixed", "--scheduling", "fifo,lottery"], "unknown scheduling policy lottery"),
-    (["--fixed", "--las-thresholds", "1h"], "--las-thresholds must be comma-separated GPU-seconds"),
-    (["--fixed", "--lend-delay", "-1", "--gpus", "8"], "--lend-delay must be >= 0 seconds"),
-    (["--fixed", "--starve-limit", "nan"], "--starve-limit must be a number >= 0"),
-    (["--fixed", "--gpus", "64", "--gpus-percentile", "90"], "give --gpus or --gpus-percentile, not both"),
-    (["--fixed", "--gpus-percentile", "0"], "--gpus-percentile must be in (0, 100], got 0"),
-    (["--gpus-percentile", "95"], "--gpus-percentile need --fixed"),
+    (["--gpus", "60"], "--gpus must be a positive multiple of --gpus-per-node (8), got 60"),
+    (["--scheduling", "fifo,lottery"], "unknown scheduling policy lottery"),
+    (["--las-thresholds", "1h"], "--las-thresholds must be comma-separated GPU-seconds"),
+    (["--lend-delay", "-1", "--gpus", "8"], "--lend-delay must be >= 0 seconds"),
+    (["--starve-limit", "nan"], "--starve-limit must be a number >= 0"),
+    (["--gpus", "64", "--gpus-percentile", "90"], "give --gpus or --gpus-percentile, not both"),
+    (["--gpus-percentile", "0"], "--gpus-percentile must be in (0, 100], got 0"),
 ])
 def test_cli_fixed_bad_options_exit_2_with_one_line(capsys: pytest.CaptureFixture[str], argv: list[str],
                                                     message: str) -> None:
     code, out, err = run_cli(capsys, *argv)
     assert code == 2 and out == ""
     assert err.startswith("dprobe simulate: error:") and message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["simulate", "--gpus", "64"], "--gpus is an option of `dprobe simulate fixed`, not of `dprobe simulate quota`"),
+    (["simulate", "quota", "--preempt"], "--preempt is an option of `dprobe simulate fixed`"),
+    (["simulate", "--gpus-percentile=95"], "--gpus-percentile is an option of `dprobe simulate fixed`"),
+    (["simulate", "fixed", "--queue", "fifo"], "--queue is an option of `dprobe simulate quota`, not of `dprobe "
+                                               "simulate fixed`"),
+    (["simulate", "--fixed", "--static-gpus", "8"], "--static-gpus is an option of `dprobe simulate quota`"),
+    (["simulate", "fixed", "--gpu-memory", "80"], "--gpu-memory is an option of `dprobe simulate sharing`"),
+    (["simulate", "quota", "--fixed"], "--fixed is the old spelling of `dprobe simulate fixed`"),
+])
+def test_an_option_of_another_simulator_is_refused_naming_its_sub_command(capsys: pytest.CaptureFixture[str],
+                                                                           argv: list[str], message: str) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 2 and out == "" and message in err
 
 
 @pytest.mark.parametrize(("row", "message"), [
@@ -437,7 +472,7 @@ def test_cli_fixed_bad_options_exit_2_with_one_line(capsys: pytest.CaptureFixtur
 def test_cli_fixed_refuses_an_impossible_job(capsys: pytest.CaptureFixture[str], tmp_path: Path, row,
                                              message: str) -> None:
     log = write_philly(tmp_path / "bad", [("2017-10-01 00:00:00", 10.0, 1, "vca"), row])
-    code, _, err = run_cli(capsys, "--fixed", "--data", str(log))
+    code, _, err = run_cli(capsys, "--data", str(log))
     assert code == 2 and "philly.csv.gz" in err and message in err
 
 
@@ -446,7 +481,7 @@ def test_cli_fixed_refuses_a_log_without_a_column(capsys: pytest.CaptureFixture[
     log.mkdir()
     with gzip.open(log / "philly.csv.gz", "wt") as f:
         f.write("timestamp,duration,cluster\n2017-10-01 00:00:00,10,vca\n")
-    code, _, err = run_cli(capsys, "--fixed", "--data", str(log))
+    code, _, err = run_cli(capsys, "--data", str(log))
     assert code == 2 and "num_gpus" in err
 
 
@@ -492,7 +527,7 @@ def test_a_helios_directory_is_simulated_as_a_derived_log(capsys: pytest.Capture
     frame, stats = derive_jobs(directory)
     assert stats.per_vc == {"vcaaa": len(frame[frame.cluster == "vcaaa"]), "vcbbb": len(frame) - stats.per_vc["vcaaa"]}
     assert stats.gpu_mismatch == 0 and set(frame.num_gpus) == {2}
-    code, out, _ = run_cli(capsys, "--fixed", "--data", str(directory), "--scheduling", "fifo", "--json")
+    code, out, _ = run_cli(capsys, "--data", str(directory), "--scheduling", "fifo", "--json")
     report = json.loads(out)
     assert code == 0 and report["dataset"] == "helios-earth-vc (derived jobs)" and report["jobs"] == len(frame)
     bad = tmp_path / "bad"

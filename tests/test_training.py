@@ -170,7 +170,7 @@ def test_evaluate_cli_scores_a_checkpoint(tmp_path, small_alibaba_dir, small_hel
                                                                                                    "last_value"}
     assert all(np.isfinite(r["mae"]) and r["n_forecasts"] > 0 for r in rows)
     # the same checkpoint's gpu_demand task drives the simulator's forecast policy, at its own 300 s step
-    assert main(["simulate", "--checkpoint", summary["checkpoint"], "--start-day", "30", "--days", "1",
+    assert main(["simulate", "quota", "--checkpoint", summary["checkpoint"], "--start-day", "30", "--days", "1",
                  "--policies", "reactive,forecast", "--json", "--quiet"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["forecaster"].startswith("dprobe") and summary["checkpoint"] in report["forecaster"]

@@ -98,7 +98,7 @@ def load_jobs(directory: str | Path, derive: bool = False) -> tuple[str, JobTabl
 
         return f"{name} (derived jobs)", JobTable.from_frame(derive_jobs(directory)[0])
     if name not in JOB_LOADERS:
-        hint = "; with --fixed a job log is derived from it" if name == DERIVED_DATASET else ""
+        hint = "; dprobe simulate fixed derives a job log from it" if name == DERIVED_DATASET else ""
         raise DatasetError(f"{directory}: holds {name}, not a job log (expected the layout of "
                            f"{' or '.join(JOB_LOADERS)}){hint}")
     return name, JobTable.from_frame(JOB_LOADERS[name](Path(directory)))

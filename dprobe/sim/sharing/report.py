@@ -1,4 +1,4 @@
-"""Tables and pictures of ``dprobe simulate --sharing``."""
+"""Tables and pictures of ``dprobe simulate sharing``."""
 
 from __future__ import annotations
 

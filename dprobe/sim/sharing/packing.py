@@ -1,5 +1,5 @@
 """Pods packed onto shared GPUs by policy and scored against what they did afterwards (``dprobe simulate
---sharing``).
+sharing``).
 
 Every ``interval`` steps the present pods are repacked (:func:`dprobe.sharing.planner.plan`) from the
 demand a policy sees at that moment: GPU memory (hard: the sum on a GPU stays under its memory) and duty
@@ -12,8 +12,8 @@ Only each pod's test span is scored (from ``Split.test_start`` of its own series
 same share of the whole trace): the forecaster never trained or validated on it. History before it is
 what the policies read. The validation span (``span="validation"``) is there to choose settings on.
 
-:func:`simulate_policies` is the one entry point (``dprobe simulate --sharing``, the benchmark and the
-cross-validation of :mod:`dprobe.sim.sharing_cv` call it alike); :class:`SharingSettings` holds its
+:func:`simulate_policies` is the one entry point (``dprobe simulate sharing``, the benchmark and the
+cross-validation of :mod:`dprobe.sim.sharing.cv` call it alike); :class:`SharingSettings` holds its
 defaults, the shipped ones.
 """
 
@@ -38,8 +38,8 @@ GB = 1e9
 
 @dataclass(frozen=True)
 class SharingSettings:
-    """What a run of :func:`simulate_policies` is set by; the defaults are what ``dprobe simulate --sharing``
-    ships (chosen by :mod:`dprobe.sim.sharing_cv`, see docs/sharing.md).
+    """What a run of :func:`simulate_policies` is set by; the defaults are what ``dprobe simulate sharing``
+    ships (chosen by :mod:`dprobe.sim.sharing.cv`, see docs/sharing.md).
 
     ``rule`` is how the ``dprobe`` and ``last-value`` policies size a pod: ``"guarded-peak"`` (its peak over
     the last ``history_hours``, raised to the ``guard_quantile`` of the forecast plus ``guard_margin`` where
@@ -164,7 +164,7 @@ def pod_series(dataset, split: Split | None = None, span: str = "test") -> PodSe
     frame = dataset.frame
     for col in ("gpu_memory_bytes", "gpu_duty_cycle_pct"):
         if col not in frame:
-            raise ValueError(f"{dataset.name}: --sharing needs per-pod {col} (missing)")
+            raise ValueError(f"{dataset.name}: dprobe simulate sharing needs per-pod {col} (missing)")
     origin = frame["ds"].min()
     step = dataset.freq.total_seconds()
     t = np.round((frame["ds"] - origin).dt.total_seconds().to_numpy() / step).astype(np.int64)
@@ -729,7 +729,7 @@ def simulate_policies(series: PodSeries, settings: SharingSettings | None = None
                       filled: tuple[np.ndarray, np.ndarray] | None = None, cache: dict | None = None
                       ) -> list[SharingResult]:
     """Every policy of ``names`` packed on ``series`` with ``settings`` (default: the shipped ones), one
-    :class:`SharingResult` each: what ``dprobe simulate --sharing``, ``benchmarks/simulate_sharing.py`` and
+    :class:`SharingResult` each: what ``dprobe simulate sharing``, ``benchmarks/simulate_sharing.py`` and
     the cross-validation run. ``forecaster``, ``filled`` and ``cache`` only save work across calls."""
     settings = settings or SharingSettings()
     filled = filled or (series.filled(series.memory), series.filled(series.duty))

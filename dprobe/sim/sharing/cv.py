@@ -3,7 +3,7 @@
 The pods fall into ``groups`` groups by a stable hash of their id, and the part of the trace no forecaster
 trained on (from each pod's validation span on, :data:`SPANS` of the whole trace) into time spans; a
 *cell* is one group over one span, packed on its own (:meth:`PodSeries.cell`). Every candidate setting
-runs on every cell at every GPU size through :func:`dprobe.sim.sharing.simulate_policies`.
+runs on every cell at every GPU size through :func:`dprobe.sim.sharing.packing.simulate_policies`.
 
 Selection (:func:`choose`) is nested: for the cell it reports on, the setting is chosen on the cells of
 the *other* groups over the *other* spans, so no pod and no hour of the reported cell took part in the
@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from dprobe.sim.sharing import PodSeries, SharingResult, SharingSettings, simulate_policies
+from dprobe.sim.sharing.packing import PodSeries, SharingResult, SharingSettings, simulate_policies
 
 SPANS = ((0.6, 0.7), (0.7, 0.8), (0.8, 0.9), (0.9, 1.0))  # shares of the trace: each about 2.3 hours
 GROUPS = 5

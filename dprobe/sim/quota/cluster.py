@@ -23,12 +23,10 @@ import numpy as np
 
 from dprobe.sim.jobs import DAY, JobTable
 from dprobe.sim.policies import QuotaPolicy
+from dprobe.sim.replay import check_span, progress_bar
 from dprobe.sim.view import ClusterView, DemandHistory
 
 FINISH, CAPACITY = 0, 1  # heap event kinds; at one instant finishes come first, then capacity
-# the most steps (quota decisions, demand samples) a run may take: about 19 years of 10-minute decisions, a
-# few minutes of compute; a log that needs more has a wrong submit time or duration
-MAX_STEPS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -200,28 +198,10 @@ class _Cluster:
         self.try_start(v, now)
 
 
-def check_span(jobs: JobTable, step_seconds: float) -> None:
-    """A ValueError, naming the job that makes it so, when replaying ``jobs`` in steps of ``step_seconds``
-    (the decision interval, or the demand history's step where finer) takes more than ``MAX_STEPS``
-    steps: from the first submission to the last end, were every job started at submission."""
-    if not len(jobs):
-        return
-    ends = jobs.submit + jobs.duration
-    last = int(np.argmax(ends))
-    steps = (ends[last] - jobs.submit[0]) / step_seconds
-    if steps > MAX_STEPS:
-        raise ValueError(
-            f"the jobs span {(ends[last] - jobs.submit[0]) / DAY:,.0f} days (job {jobs.job_ids[last]} of "
-            f"{jobs.vc_names[jobs.vc[last]]}: submitted {(jobs.submit[last] - jobs.submit[0]) / DAY:,.1f} days into "
-            f"the log, runs {jobs.duration[last] / DAY:,.1f} days): {steps:,.0f} steps of {step_seconds:g} s, more "
-            f"than {MAX_STEPS:,}; is a submit time or duration wrong? (--days, --start-day and --vc simulate part "
-            "of the log, a longer --interval takes fewer steps)")
-
-
 def simulate(jobs: JobTable, policy: QuotaPolicy, config: SimConfig | None = None,
              progress: bool = False) -> SimResult:
     """Replay ``jobs`` under ``policy``; returns when every job has finished (or been rejected).
-    A ValueError (:func:`check_span`) for a log that would take more than ``MAX_STEPS`` steps."""
+    A ValueError (:func:`~dprobe.sim.replay.check_span`) for a log that would take more than ``MAX_STEPS`` steps."""
     config = config or SimConfig()
     check_span(jobs, min(config.interval, policy.history_step or math.inf))
     began = time.perf_counter()
@@ -241,7 +221,7 @@ def simulate(jobs: JobTable, policy: QuotaPolicy, config: SimConfig | None = Non
     next_sample = t0 if history else math.inf
     last_progress = t0  # the last finish, or the last submission
     i = 0
-    bar = _progress_bar(policy.name, (submit[-1] - t0) / DAY if n_jobs else 0.0, progress)
+    bar = progress_bar(policy.name, (submit[-1] - t0) / DAY if n_jobs else 0.0, progress)
     while True:
         if i >= n_jobs and cluster.total_running == 0:
             if cluster.total_queued == 0:
@@ -298,10 +278,3 @@ def simulate(jobs: JobTable, policy: QuotaPolicy, config: SimConfig | None = Non
         quota_at_decision=np.array(quota_log, dtype=np.int64).reshape(len(decision_times), n_vcs).T,
         wall_seconds=time.perf_counter() - began,
     )
-
-
-def _progress_bar(name: str, days: float, enabled: bool):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=days, desc=f"simulate {name}", unit="day", disable=not enabled, leave=False,
-                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} days [{elapsed}<{remaining}]")

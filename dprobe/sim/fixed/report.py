@@ -1,4 +1,4 @@
-"""Figures of a fixed-size cluster run (:mod:`dprobe.sim.fixed`): per scheduling x quota policy summaries,
+"""Figures of a fixed-size cluster run (:mod:`dprobe.sim.fixed.cluster`): per scheduling x quota policy summaries,
 reductions against static quotas and against lending, the issue's targets, a Markdown table and a plot."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ from pathlib import Path
 
 import numpy as np
 
-from dprobe.sim.fixed import INCLUDED, OVER_CLUSTER, OVER_VC, FixedResult
+from dprobe.sim.fixed.cluster import INCLUDED, OVER_CLUSTER, OVER_VC, FixedResult
 from dprobe.sim.jobs import DAY
-from dprobe.sim.report import TABLE_COLUMNS as ELASTIC_COLUMNS
-from dprobe.sim.report import _cell, footer, long_wait_share, plot_wait_cdf, spread
+from dprobe.sim.report import WAIT_COLUMNS as ALL_WAIT_COLUMNS
+from dprobe.sim.report import cell, footer, long_wait_share, plot_wait_cdf, spread
 
-WAIT_COLUMNS = tuple(c for c in ELASTIC_COLUMNS if c[0] in ("mean_wait_seconds", "p95_wait_seconds",
-                                                             "p99_wait_seconds"))
-TABLE_COLUMNS = (  # (key, header, format): the waits as the elastic table shows them, then this mode's own
+WAIT_COLUMNS = tuple(c for c in ALL_WAIT_COLUMNS if c[0] in ("mean_wait_seconds", "p95_wait_seconds",
+                                                              "p99_wait_seconds"))
+TABLE_COLUMNS = (  # (key, header, format): the waits as the quota table shows them, then this mode's own
     ("excluded_jobs", "excluded", "{:d}"), *WAIT_COLUMNS, ("mean_jct_seconds", "mean JCT (s)", "{:.0f}"),
     ("gpu_utilization", "GPU util.", "{:.1%}"), ("preemptions", "preemptions", "{:d}"),
     ("gpus_moved", "GPUs moved", "{:d}"), ("lent_gpu_hours", "lent GPU-h", "{:,.0f}"),
@@ -138,7 +138,7 @@ def fixed_markdown(report: dict) -> str:
     for r in report["runs"]:
         for name, row in [("all", r)] + [(v["vc"], v) for v in r.get("vcs", [])]:
             cells = [r["scheduling"], r["quota"], *([name] if per_vc else []),
-                     *(_cell(row.get(k), f) for k, _, f in TABLE_COLUMNS)]
+                     *(cell(row.get(k), f) for k, _, f in TABLE_COLUMNS)]
             lines.append("| " + " | ".join(cells) + " |")
     pairs = [p for p in (f"{a}_vs_{b}" for a, b in PAIRS) if any(p in row for row in report["reductions"])]
     if pairs:

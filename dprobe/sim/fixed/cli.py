@@ -1,4 +1,4 @@
-"""``dprobe simulate --fixed``: a cluster of fixed size, quota moved between VCs, five scheduling policies."""
+"""``dprobe simulate fixed``: a cluster of fixed size, quota moved between VCs, five scheduling policies."""
 
 from __future__ import annotations
 
@@ -6,10 +6,25 @@ import argparse
 import math
 import sys
 
-FIXED_HELP = """with --fixed: the cluster has --gpus GPUs (default: the --gpus-percentile, 90, of the log's
-concurrent demand: the GPUs its jobs would hold if each started at submission, sampled every --interval
-from the first submission to the last, rounded up to whole nodes; so GPUs are short about a tenth of
-the time) on nodes of --gpus-per-node; a job's GPUs go on as few nodes as possible (it waits while they are scattered). The
+from dprobe.sim.options import (
+    add_job_log_arguments,
+    add_output_arguments,
+    add_scaling_arguments,
+    check_scaling,
+    check_static_warmup,
+    policy_settings,
+    scaler_settings,
+)
+
+HELP = ("the same job logs on a cluster of fixed size: quota moved between VCs under five scheduling policies "
+        "(fifo, sjf, qssf, tiresias, easy)")
+DESCRIPTION = """Replay a cluster job log on a cluster of fixed size: its GPUs are split into VC quotas that a
+policy may move between VCs, and a scheduling policy serves each VC's queue.
+
+The cluster has --gpus GPUs (default: the --gpus-percentile, 90, of the log's concurrent demand: the GPUs
+its jobs would hold if each started at submission, sampled every --interval from the first submission to
+the last, rounded up to whole nodes; so GPUs are short about a tenth of the time) on nodes of
+--gpus-per-node; a job's GPUs go on as few nodes as possible (it waits while they are scattered). The
 GPUs are split into VC quotas that sum to the total, and every --scheduling policy runs under every quota
 policy of --policies:
   static    quotas proportional to each VC's GPU-time in the first --static-warmup of the log; no lending
@@ -32,9 +47,16 @@ scheduling within a VC (--scheduling):
 (arrivals and departures from the changes of the job counts, oldest jobs leaving first; docs/simulate.md).
 A job asking for more GPUs than the cluster, or than its VC can ever hold (static: its quota), is
 excluded and counted. Reported per pair: queueing delay (mean, p95, p99), JCT, GPU utilisation,
-preemptions, GPUs of quota moved, GPU-hours lent; and the cuts against static and against reactive."""
+preemptions, GPUs of quota moved, GPU-hours lent; and the cuts against static and against reactive.
 
-# the options of --fixed (flag: type, metavar, help); FIXED_HELP says more
+example:
+  dprobe simulate fixed --start-day 30 --days 14
+  dprobe simulate fixed --scheduling fifo,tiresias --preempt --json
+  dprobe simulate fixed --data datasets/helios-earth-vc --plot fixed.png
+
+`dprobe simulate --fixed ...` is the old spelling of this sub-command, and still works."""
+
+# the options of the fixed-size cluster (flag: type, metavar, help); DESCRIPTION says more
 CLUSTER_OPTIONS = {
     "--gpus": (int, "N", "the cluster's GPUs, a multiple of --gpus-per-node (default: --gpus-percentile)"),
     "--gpus-percentile": (float, "P", "without --gpus, size the cluster at this percentile of the log's "
@@ -50,40 +72,36 @@ LENDING_OPTIONS = {
     "--restart-cost": (float, "S", "seconds a preempted job spends again on restart (default: 60)"),
 }
 PREEMPT_HELP = "reclaim lent GPUs by preempting the borrowing jobs (default: wait for them to finish)"
-FIXED_FLAGS = (*CLUSTER_OPTIONS, *LENDING_OPTIONS, "--preempt")
-ELASTIC_ONLY = ("queue", "provision_delay", "static_gpus", "static_percentile")
 
 
-def _dest(flag: str) -> str:
-    return flag.lstrip("-").replace("-", "_")
-
-
-def add_fixed_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``--fixed`` option group of ``dprobe simulate``."""
-    group = p.add_argument_group("fixed-size cluster (--fixed)")
-    group.add_argument("--fixed", action="store_true", help=(
-        "fix the cluster's GPUs and move quota between VCs (DProbe's setting), under every --scheduling "
-        "policy; the options below need it, and --queue, --provision-delay, --static-gpus and "
-        "--static-percentile do not apply"))
-    for flag, (kind, metavar, text) in {**CLUSTER_OPTIONS, **LENDING_OPTIONS}.items():
-        group.add_argument(flag, type=kind, metavar=metavar, help=text)
-    group.add_argument("--preempt", action="store_true", help=PREEMPT_HELP)
-
-
-def check_mode(args: argparse.Namespace) -> None:
-    """Fixed-only options without --fixed, or elastic-only ones with it: a ValueError."""
-    if args.fixed:
-        given = [f"--{f.replace('_', '-')}" for f in ELASTIC_ONLY if getattr(args, f) is not None]
-        if given:
-            raise ValueError(f"{', '.join(given)} do not apply with --fixed")
-        return
-    given = [flag for flag in FIXED_FLAGS if getattr(args, _dest(flag)) not in (None, False)]
-    if given:
-        raise ValueError(f"{', '.join(given)} need --fixed")
+def register(simulators: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``fixed`` to ``dprobe simulate``'s sub-commands; returns its parser."""
+    p = simulators.add_parser("fixed", help=HELP, description=DESCRIPTION,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_job_log_arguments(p, "job log directory laid out like datasets/philly-jobs or datasets/itp-elasticflow, "
+                          "or a helios-earth-vc directory, a log derived from its counts (default: the bundled "
+                          "philly-jobs)")
+    add_scaling_arguments(
+        p, provision_delay=False, horizon_help="forecast lead in seconds (default: one interval)",
+        max_gpus_help="most quota per VC, the scaler's max_replicas (default per VC: the most GPUs its jobs "
+        "would hold at once if each started at submission, at most --gpus)")
+    p.add_argument_group("static policy").add_argument(
+        "--static-warmup", type=float, default=0.5, metavar="F",
+        help="share of the log, from its start, whose GPU-time sets the quotas (default: %(default)g)")
+    cluster = p.add_argument_group("fixed-size cluster")
+    for flag, (kind, metavar, text) in CLUSTER_OPTIONS.items():
+        cluster.add_argument(flag, type=kind, metavar=metavar, help=text)
+    lending = p.add_argument_group("lending (reactive, forecast)")
+    for flag, (kind, metavar, text) in LENDING_OPTIONS.items():
+        lending.add_argument(flag, type=kind, metavar=metavar, help=text)
+    lending.add_argument("--preempt", action="store_true", help=PREEMPT_HELP)
+    add_output_arguments(p, "draw the wait-time CDF per scheduling policy and every VC's quota over time")
+    p.set_defaults(func=run)
+    return p
 
 
 def _schedulings(args: argparse.Namespace) -> list:
-    from dprobe.sim.scheduling import (
+    from dprobe.sim.fixed.scheduling import (
         DEFAULT_LAS_THRESHOLDS,
         DEFAULT_STARVE_LIMIT,
         SCHEDULING_NAMES,
@@ -143,19 +161,27 @@ def default_gpus(jobs, percentile: float, step: float, per_node: int) -> int:
     return max(1, math.ceil(level / per_node)) * per_node
 
 
+def run(args: argparse.Namespace) -> int:
+    """``dprobe simulate fixed``: the options checked, then :func:`run_fixed`."""
+    names = check_scaling(args)
+    check_static_warmup(args)
+    settings = scaler_settings(args)
+    return run_fixed(args, names, settings, policy_settings(settings.base()))
+
+
 def run_fixed(args: argparse.Namespace, names: list[str], settings, policy_doc: dict) -> int:
-    """``dprobe simulate --fixed`` for the quota policies ``names``, with the scaler ``settings`` (a
+    """``dprobe simulate fixed`` for the quota policies ``names``, with the scaler ``settings`` (a
     :class:`~dprobe.sim.policies.ScalerSettings`, described by ``policy_doc``), all checked by the caller."""
     import numpy as np
 
     from dprobe.core.plots import check_plot_path
     from dprobe.forecaster.loading import checkpoint_path
-    from dprobe.sim.cluster import check_span
-    from dprobe.sim.fixed import FixedConfig, simulate_fixed
-    from dprobe.sim.fixed_report import fixed_markdown, plot_fixed, reductions, run_report, targets
+    from dprobe.sim.fixed.cluster import FixedConfig, simulate_fixed
+    from dprobe.sim.fixed.quota_split import ForecastShares, Lending, StaticShares, static_shares
+    from dprobe.sim.fixed.report import fixed_markdown, plot_fixed, reductions, run_report, targets
     from dprobe.sim.jobs import DAY, load_selected, peak_demand
     from dprobe.sim.policies import ForecastQuota, forecast_setup
-    from dprobe.sim.quota_split import ForecastShares, Lending, StaticShares, static_shares
+    from dprobe.sim.replay import check_span
     from dprobe.sim.report import print_report
 
     scheds = _schedulings(args)

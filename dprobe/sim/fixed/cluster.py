@@ -3,7 +3,7 @@
 - The cluster has ``gpus`` GPUs on nodes of ``gpus_per_node``. A job's GPUs are packed on as few nodes as
   possible (Helios' consolidated placement): a job of up to a node's GPUs on one node (the fullest that
   fits), a larger one on whole free nodes plus one node for the rest. A job that cannot be placed so waits.
-- Each VC has a quota; the quotas sum to the total (:mod:`dprobe.sim.quota_split`). A job starts within
+- Each VC has a quota; the quotas sum to the total (:mod:`dprobe.sim.fixed.quota_split`). A job starts within
   its VC's quota when the VC's running jobs leave room for it; with lending, a job beyond the quota may
   borrow GPUs other VCs have left idle (quota not held and not asked for by their queues) for at least
   ``lend_delay`` seconds.
@@ -11,7 +11,8 @@
   needs them for a job within its quota: by waiting for the borrowing jobs to finish (the default), or with
   ``preempt`` by preempting the most recently started of them. A preempted job goes back to its queue,
   keeps its progress (a checkpoint) and pays ``restart_cost`` seconds when it runs again.
-- Within a VC the queue is served by a :class:`~dprobe.sim.scheduling.Scheduling` policy.
+- Within a VC the queue is served by a :class:`~dprobe.sim.fixed.scheduling.Scheduling` policy, whose
+  :class:`~dprobe.sim.fixed.scheduling.Strategy` orders the queue and runs the scheduling passes.
 - A job asking for more GPUs than the cluster, or than its VC can ever hold (its static quota when there is
   no lending), is excluded on arrival and counted, never silently dropped.
 
@@ -30,13 +31,20 @@ from itertools import islice
 
 import numpy as np
 
-from dprobe.sim.cluster import _progress_bar, check_span
+from dprobe.sim.fixed.quota_split import FixedQuotaPolicy
+from dprobe.sim.fixed.scheduling import (
+    FINISH,
+    LENDABLE,
+    Borrowing,
+    DurationEstimator,
+    Scheduling,
+    SortedJobs,
+    strategy_for,
+)
 from dprobe.sim.jobs import DAY, JobTable
-from dprobe.sim.quota_split import FixedQuotaPolicy
-from dprobe.sim.scheduling import BACKFILL_DEPTH, DurationEstimator, Scheduling, SortedJobs, reservation
+from dprobe.sim.replay import check_span, progress_bar
 from dprobe.sim.view import ClusterView, DemandHistory
 
-FINISH, DEMOTE, LENDABLE, PROMOTE = 0, 1, 2, 3  # heap event kinds
 INCLUDED, OVER_CLUSTER, OVER_VC = 0, 1, 2  # why a job was excluded
 
 
@@ -156,21 +164,15 @@ class FixedResult:
         return self.end - self.jobs.submit
 
 
-class _Borrowing:
-    """What a scheduling pass may lend: ``pool`` GPUs, leaving ``reserved`` free for in-quota jobs."""
-
-    def __init__(self, pool: int, reserved: int) -> None:
-        self.pool = pool
-        self.reserved = reserved
-
-
-class _FixedCluster:
-    """The mutable state of one run; lists of Python numbers (fast to index one at a time)."""
+class FixedCluster:
+    """The mutable state of one run; lists of Python numbers (fast to index one at a time). How queues are
+    ordered and served is the scheduling policy's :class:`~dprobe.sim.fixed.scheduling.Strategy`."""
 
     def __init__(self, jobs: JobTable, policy: FixedQuotaPolicy, config: FixedConfig,
                  users: list[str] | None, t0: float) -> None:
         n_vcs, n = len(jobs.vc_names), len(jobs)
         self.config, self.sched, self.policy = config, config.scheduling, policy
+        self.strategy = strategy_for(config.scheduling, n_vcs)
         self.size, self.vc, self.duration = jobs.gpus.tolist(), jobs.vc.tolist(), jobs.duration.tolist()
         self.users = users
         self.nodes = Nodes(config.gpus, config.gpus_per_node)
@@ -179,7 +181,6 @@ class _FixedCluster:
         self.queued_gpus = [0] * n_vcs
         self.queues = [SortedJobs() for _ in range(n_vcs)]
         self.running: list[dict[int, None]] = [{} for _ in range(n_vcs)]  # in start order
-        self.by_level = [SortedJobs() for _ in range(n_vcs)] if self.sched.name == "tiresias" else None
         self.remaining = list(self.duration)  # work left (with restart costs), seconds
         self.run_start = [0.0] * n
         self.epoch = [0] * n  # bumped at every start and stop: stale heap events are skipped
@@ -208,16 +209,6 @@ class _FixedCluster:
             heapq.heappush(self.events, (t0 + config.lend_delay, LENDABLE, 0, 0))
 
     # --- state changes ---------------------------------------------------------------------------
-    def key(self, j: int) -> float:
-        name = self.sched.name
-        if name == "sjf":
-            return self.duration[j]
-        if name == "qssf":
-            return self.estimate[j] * self.size[j]
-        if name == "tiresias":
-            return float(self.sched.level(self.attained[j] - self.base[j]))
-        return float(j)  # fifo, easy: submission order
-
     def idle(self, v: int) -> int:
         return max(0, self.q[v] - self.used[v] - self.queued_gpus[v])
 
@@ -266,25 +257,13 @@ class _FixedCluster:
 
     def enqueue(self, j: int, now: float) -> None:
         v = self.vc[j]
-        self.queues[v].push(j, self.key(j))
+        self.queues[v].push(j, self.strategy.key(self, j))
         self.queued_gpus[v] += self.size[j]
         self.enqueued[j] = now
         self.total_queued += 1
         self.dirty.add(v)
         self.note_idle(v, now)
-        if self.by_level is not None and self.attained[j] > self.base[j]:
-            wait = self.sched.promotion_wait(self.attained[j] / self.size[j])
-            if wait is not None and self.key(j) > 0:
-                heapq.heappush(self.events, (now + wait, PROMOTE, j, self.epoch[j]))
-
-    def promote(self, j: int, now: float) -> None:
-        """Tiresias' starvation guard: a job of a lower queue waited too long; it goes to the highest queue."""
-        v = self.vc[j]
-        self.queues[v].remove(j)
-        self.base[j] = self.attained[j]
-        self.queues[v].push(j, self.key(j))
-        self.promotions += 1
-        self.dirty.add(v)
+        self.strategy.enqueued(self, j, now)
 
     def start(self, j: int, alloc: list[tuple[int, int]], now: float) -> None:
         v, size = self.vc[j], self.size[j]
@@ -304,32 +283,8 @@ class _FixedCluster:
         if self.estimator is not None:
             done = self.duration[j] - self.remaining[j]
             self.est_end[j] = now + max(self.estimate[j] - done, 0.0)
-        if self.by_level is not None:
-            self.by_level[v].push(j, self.key(j))
-            self._schedule_demotion(j, now)
+        self.strategy.started(self, j, now)
         self.note_idle(v, now)
-
-    def _schedule_demotion(self, j: int, now: float) -> None:
-        att = self.attained[j] - self.base[j] + self.size[j] * (now - self.run_start[j])
-        threshold = self.sched.next_threshold(att)
-        if threshold is not None:
-            # at least 1 ms on: at epoch-second clocks, a crossing less than a float step away would round to
-            # now and be scheduled again at now for ever
-            at = max(now + (threshold - att) / self.size[j], now + 1e-3)
-            if at < self.run_start[j] + self.remaining[j]:
-                heapq.heappush(self.events, (at, DEMOTE, j, self.epoch[j]))
-
-    def demote(self, j: int, now: float) -> None:
-        """A running job's GPU-seconds crossed a Tiresias threshold: it moves to the next queue."""
-        v = self.vc[j]
-        running = self.by_level[v]
-        level = float(self.sched.level(self.attained[j] - self.base[j] + self.size[j] * (now - self.run_start[j])))
-        if level != running.key(j):
-            running.remove(j)
-            running.push(j, level)
-            if self.queues[v]:
-                self.dirty.add(v)
-        self._schedule_demotion(j, now)
 
     def stop(self, j: int, now: float, release: bool = True) -> None:
         """A running job leaves its GPUs (finished or preempted)."""
@@ -345,8 +300,7 @@ class _FixedCluster:
         del self.running[v][j]
         self.total_running -= 1
         self.epoch[j] += 1
-        if self.by_level is not None:
-            self.by_level[v].remove(j)
+        self.strategy.stopped(self, j)
         self.dirty.add(v)
         self.freed = True
         self.note_idle(v, now)
@@ -379,8 +333,7 @@ class _FixedCluster:
         return moved, changed
 
     # --- placement with preemption ---------------------------------------------------------------
-    def _place_preempting(self, victims: Iterable[int], gpus: int,
-                          now: float) -> list[tuple[int, int]] | None:
+    def place_preempting(self, victims: Iterable[int], gpus: int, now: float) -> list[tuple[int, int]] | None:
         """Place ``gpus`` after releasing victims one by one (in the order given) until it fits; the
         released victims are preempted only if it then fits, else put back where they ran."""
         released: list[int] = []
@@ -416,11 +369,11 @@ class _FixedCluster:
         alloc = self.nodes.place(gpus)
         if alloc is None and self.config.preempt:
             before = self.preemption_count
-            alloc = self._place_preempting(self._lent_jobs(v), gpus, now)
+            alloc = self.place_preempting(self._lent_jobs(v), gpus, now)
             self.reclaims += self.preemption_count - before
         return alloc
 
-    def borrow(self, v: int, gpus: int, lend: _Borrowing) -> list[tuple[int, int]] | None:
+    def borrow(self, v: int, gpus: int, lend: Borrowing) -> list[tuple[int, int]] | None:
         """Place a job that takes its VC beyond its quota, from the lending pool."""
         need = gpus - max(0, self.q[v] - self.used[v])
         if need > lend.pool or self.nodes.free - lend.reserved < gpus:
@@ -432,7 +385,7 @@ class _FixedCluster:
 
     # --- scheduling passes ------------------------------------------------------------------------
     def schedule(self, now: float) -> None:
-        """Start (and for Tiresias, preempt) jobs: first within quotas, then borrowing."""
+        """Start (and for Tiresias, preempt) jobs in the VCs whose queues may move, by the strategy's pass."""
         n_vcs = len(self.q)
         todo = set(self.dirty)
         if self.freed:
@@ -442,134 +395,10 @@ class _FixedCluster:
         todo = sorted((v for v in todo if self.queues[v]), key=lambda v: self.queues[v].head())
         if not todo:
             return
-        if self.sched.name == "tiresias":  # one pass: the lending pool is part of each VC's capacity
-            lend = _Borrowing(self.pool(now) if self.policy.lending else 0, 0)
-            for v in todo:
-                lend.reserved += self._run_las(v, now, lend)
-        else:
-            self._two_phases(todo, now)
+        self.strategy.schedule(self, todo, now)
         for v in todo:
             waiting = self.policy.lending or self.waits_on_others[v]
             self.waits_on_others[v] = bool(self.queues[v]) and waiting
-
-    def _two_phases(self, todo: list[int], now: float) -> None:
-        """Every VC within its quota first; then, with lending, every VC borrowing, leaving free the GPUs
-        that in-quota jobs left waiting need."""
-        blocked = {v: self.run_vc(v, now, None) for v in todo}
-        if self.policy.lending:
-            lend = _Borrowing(self.pool(now), sum(blocked.values()))
-            if lend.pool > 0:
-                for v in todo:
-                    if self.queues[v] and not blocked[v]:
-                        self.run_vc(v, now, lend)
-
-    def run_vc(self, v: int, now: float, lend: _Borrowing | None) -> int:
-        """One VC's pass (FIFO, SJF, QSSF, EASY); returns the GPUs of an in-quota head left waiting for GPUs
-        (lent out, or fragmented)."""
-        blocked = self._run_head(v, now, lend)
-        if self.sched.name == "easy" and self.queues[v]:
-            self._backfill(v, now, lend)
-        return blocked
-
-    def _run_head(self, v: int, now: float, lend: _Borrowing | None) -> int:
-        queue = self.queues[v]
-        self.waits_on_others[v] = False
-        while queue:
-            j = queue.head()
-            gpus = self.size[j]
-            if self.used[v] + gpus <= self.q[v]:
-                alloc = self.place_in_quota(v, gpus, now)
-                if alloc is None:
-                    self.waits_on_others[v] = True
-                    return gpus
-            elif lend is None or (alloc := self.borrow(v, gpus, lend)) is None:
-                return 0
-            self.start(j, alloc, now)
-        return 0
-
-    def _backfill(self, v: int, now: float, lend: _Borrowing | None) -> None:
-        """EASY: later jobs start now if estimated to end before the head's reservation, or to fit in what
-        the head leaves over then."""
-        queue = self.queues[v]
-        room = self.q[v] - self.used[v]
-        if room <= 0 and (lend is None or lend.pool <= 0):
-            return
-        head = queue.head()
-        ends = [(self.est_end[j], self.size[j]) for j in self.running[v]]
-        shadow, extra = reservation(now, self.size[head], room, ends)
-        for j in list(islice(queue, 1, BACKFILL_DEPTH + 1)):
-            gpus = self.size[j]
-            before = now + self.estimate[j] <= shadow
-            if not before and gpus > extra:
-                continue
-            if self.used[v] + gpus <= self.q[v]:
-                alloc = self.nodes.place(gpus)
-            else:
-                alloc = self.borrow(v, gpus, lend) if lend is not None else None
-            if alloc is not None:
-                self.start(j, alloc, now)
-                if not before:
-                    extra -= gpus
-
-    def _run_las(self, v: int, now: float, lend: _Borrowing) -> int:
-        """Tiresias: take jobs by (queue, submission) while they fit the VC's capacity (its quota or what it
-        already holds, plus the lending pool); start the queued ones taken, preempting running ones not taken
-        (lowest queue, latest submitted first) to keep within the capacity or to make room."""
-        queue, running = self.queues[v], self.by_level[v]
-        base = max(self.q[v], self.used[v])
-        cap = base + lend.pool
-        excess_before = max(0, self.used[v] - self.q[v])
-        queued = queue.entries()
-        if running and queued[0] < running.entries()[-1]:  # a queued job outranks a running one
-            order, left = sorted(running.entries() + queued), cap
-        else:  # every running job is taken first: only the room left matters
-            order, left = queued, cap - self.used[v]
-            if left <= 0:
-                return 0
-        to_start, victims, seen, skipped = [], [], 0, 0
-        for _, j in order:
-            gpus = self.size[j]
-            if self.alloc[j] is not None:
-                seen += 1
-                if gpus <= left:
-                    left -= gpus
-                else:
-                    victims.append(j)
-            elif gpus <= left:
-                left -= gpus
-                to_start.append(j)
-            else:
-                skipped += 1
-                if skipped > BACKFILL_DEPTH and (seen == len(running) or order is queued):
-                    break
-        blocked = 0
-        self.waits_on_others[v] = False
-        for j in to_start:
-            gpus = self.size[j]
-            while self.used[v] + gpus > cap and victims:
-                self._preempt_las(victims.pop(), now)
-            if self.used[v] + gpus > base and self.nodes.free - lend.reserved < gpus:
-                continue
-            alloc = self.nodes.place(gpus)
-            if alloc is None and victims:
-                before = self.preemption_count
-                alloc = self._place_preempting([x for x in reversed(victims) if self.alloc[x] is not None],
-                                               gpus, now)
-                self.las_preempts += self.preemption_count - before
-            if alloc is None and self.used[v] + gpus <= self.q[v]:
-                alloc = self.place_in_quota(v, gpus, now)
-                if alloc is None:
-                    blocked += gpus
-                    self.waits_on_others[v] = True
-            if alloc is not None:
-                self.start(j, alloc, now)
-        lend.pool -= max(0, max(0, self.used[v] - self.q[v]) - excess_before)
-        return blocked
-
-    def _preempt_las(self, j: int, now: float) -> None:
-        if self.alloc[j] is not None:
-            self.preempt(j, now)
-            self.las_preempts += 1
 
 
 def simulate_fixed(jobs: JobTable, policy: FixedQuotaPolicy, config: FixedConfig,
@@ -587,7 +416,7 @@ def simulate_fixed(jobs: JobTable, policy: FixedQuotaPolicy, config: FixedConfig
     submit, job_vc = jobs.submit.tolist(), jobs.vc.tolist()
     most = [int(m) for m in policy.most_gpus()]
     t0 = submit[0] if n_jobs else 0.0
-    c = _FixedCluster(jobs, policy, config, users, t0)
+    c = FixedCluster(jobs, policy, config, users, t0)
     history = DemandHistory(n_vcs, policy.history_step) if policy.history_step else None
     excluded = np.zeros(n_jobs, dtype=np.int8)
     changes = np.zeros(n_vcs, dtype=np.int64)
@@ -601,7 +430,7 @@ def simulate_fixed(jobs: JobTable, policy: FixedQuotaPolicy, config: FixedConfig
     last_progress = last_t = t0
     lent_area = 0.0
     lent_now = 0
-    bar = _progress_bar(f"{config.scheduling.name}/{policy.name}", (submit[-1] - t0) / DAY if n_jobs else 0.0,
+    bar = progress_bar(f"{config.scheduling.name}/{policy.name}", (submit[-1] - t0) / DAY if n_jobs else 0.0,
                         progress)
     while True:
         if i >= n_jobs and c.total_running == 0:
@@ -624,10 +453,8 @@ def simulate_fixed(jobs: JobTable, policy: FixedQuotaPolicy, config: FixedConfig
             elif kind == FINISH:
                 c.finish(who, now)
                 last_progress = now
-            elif kind == PROMOTE:
-                c.promote(who, now)
-            else:
-                c.demote(who, now)
+            else:  # the strategy's own (Tiresias: DEMOTE, PROMOTE)
+                c.strategy.on_event(c, kind, who, now)
         while i < n_jobs and submit[i] == now:
             v, gpus = job_vc[i], c.size[i]
             if gpus > config.gpus:

@@ -1,5 +1,5 @@
-"""``dprobe simulate --sharing``: the GenAI pods packed onto shared GPUs by policy, scored against what they
-did afterwards (:mod:`dprobe.sim.sharing`)."""
+"""``dprobe simulate sharing``: the GenAI pods packed onto shared GPUs by policy, scored against what they
+did afterwards (:mod:`dprobe.sim.sharing.packing`)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,14 @@ import argparse
 import math
 import sys
 
-from dprobe.sim.sharing import GUARD_MODES, RULES, SHARING_POLICIES, SharingSettings
+from dprobe.sim.options import add_output_arguments
+from dprobe.sim.sharing.packing import GUARD_MODES, RULES, SHARING_POLICIES, SharingSettings
 
 DEFAULT_SHARING_POLICIES = ",".join(SHARING_POLICIES)
 DEFAULTS = SharingSettings()  # the shipped settings: also benchmarks/simulate_sharing.py's
 
-SHARING_HELP = """--sharing: pods of a serving trace (alibaba-genai-2026 layout: per-pod GPU memory and duty cycle,
+HELP = "serving pods packed onto shared GPUs by policy, scored against what they did afterwards"
+DESCRIPTION = """Pods of a serving trace (alibaba-genai-2026 layout: per-pod GPU memory and duty cycle,
 --data DIR, default the bundled one) are repacked onto shared GPUs of --gpu-memory GB every --repack-steps
 steps from the demand each policy sees then, and every step is scored with what the pods measured:
 GPU-hours, pod-minutes on a GPU whose memory overflowed, GPU-minutes with summed duty cycle over 100 %,
@@ -39,15 +41,34 @@ sharing policies (--sharing-policies):
                  interval (hindsight)
 
 example:
-  dprobe simulate --sharing --gpu-memory 80 --plot sharing.png
-  dprobe simulate --sharing --gpu-memory 48 --json"""
+  dprobe simulate sharing --gpu-memory 80 --plot sharing.png
+  dprobe simulate sharing --gpu-memory 48 --json
+
+`dprobe simulate --sharing ...` is the old spelling of this sub-command, and still works."""
+
+
+def register(simulators: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``sharing`` to ``dprobe simulate``'s sub-commands; returns its parser."""
+    p = simulators.add_parser("sharing", help=HELP, description=DESCRIPTION,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    pods = p.add_argument_group("pods")
+    pods.add_argument("--data", metavar="DIR",
+                      help="a directory laid out like datasets/alibaba-genai-2026 (default: the bundled one)")
+    pods.add_argument("--span", choices=("test", "validation"), default="test",
+                      help="score each pod's test span (default) or its validation span")
+    pods.add_argument("--checkpoint", metavar="CKPT",
+                      help="the forecaster of the dprobe policy: a trained dprobe checkpoint (default, or "
+                      "'dprobe': the forecaster shipped with dprobe)")
+    add_sharing_arguments(p)
+    add_output_arguments(p, "draw the GPUs in use per policy over time and the pod-minutes over memory", per_vc=False)
+    p.set_defaults(func=run_sharing)
+    return p
 
 
 def add_sharing_arguments(p: argparse.ArgumentParser) -> None:
+    """The "GPU sharing" group: GPU size, the policies compared and how they pack."""
     d = DEFAULTS
-    g = p.add_argument_group("GPU sharing (--sharing)")
-    g.add_argument("--sharing", action="store_true",
-                   help="pack serving pods onto shared GPUs by policy instead of replaying a job log")
+    g = p.add_argument_group("GPU sharing")
     g.add_argument("--gpu-memory", type=float, default=d.gpu_memory_gb, metavar="GB",
                    help="memory of each GPU in GB (1e9 bytes), e.g. 48, 80, 141 (default: %(default)g)")
     g.add_argument("--repack-steps", type=int, default=d.repack_steps, metavar="N",
@@ -94,8 +115,6 @@ def add_sharing_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fresh-repack", action="store_true",
                    help="pack from scratch at every repack; by default pods stay on their GPUs where they "
                    "still fit unless packing afresh needs fewer GPUs (fewer moves)")
-    g.add_argument("--span", choices=("test", "validation"), default="test",
-                   help="score each pod's test span (default) or its validation span")
 
 
 def _check(args: argparse.Namespace) -> list[str]:
@@ -122,7 +141,7 @@ def _check(args: argparse.Namespace) -> list[str]:
 
 
 def sharing_settings(args: argparse.Namespace) -> SharingSettings:
-    """The :class:`SharingSettings` of ``dprobe simulate --sharing``'s options (their defaults: the shipped
+    """The :class:`SharingSettings` of ``dprobe simulate sharing``'s options (their defaults: the shipped
     ones)."""
     return SharingSettings(
         gpu_memory_gb=args.gpu_memory, repack_steps=args.repack_steps, packing=args.packing,
@@ -135,16 +154,15 @@ def sharing_settings(args: argparse.Namespace) -> SharingSettings:
 
 
 def run_sharing(args: argparse.Namespace) -> int:
+    """``dprobe simulate sharing``."""
     from dprobe.core.plots import check_plot_path
     from dprobe.data.alibaba import NAME, load_alibaba
     from dprobe.data.registry import bundled_dir
     from dprobe.sim.report import print_report
-    from dprobe.sim.sharing import load_forecaster, pod_series, simulate_policies
-    from dprobe.sim.sharing_report import markdown_table, plot_sharing
+    from dprobe.sim.sharing.packing import load_forecaster, pod_series, simulate_policies
+    from dprobe.sim.sharing.report import markdown_table, plot_sharing
 
     names = _check(args)
-    if getattr(args, "fixed", False):
-        raise ValueError("--sharing and --fixed are two different simulations: choose one")
     settings = sharing_settings(args)
     if args.plot:
         check_plot_path(args.plot)

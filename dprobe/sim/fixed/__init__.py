@@ -1,0 +1,9 @@
+"""``dprobe simulate fixed``: a cluster of fixed size (:mod:`~dprobe.sim.fixed.cluster`) whose GPUs are split
+into VC quotas a policy may move (:mod:`~dprobe.sim.fixed.quota_split`), each VC's queue served by a
+scheduling policy (:mod:`~dprobe.sim.fixed.scheduling`: fifo, sjf, qssf, tiresias, easy); summed up by
+:mod:`~dprobe.sim.fixed.report`, the command in :mod:`~dprobe.sim.fixed.cli`."""
+
+from dprobe.sim.fixed.cluster import FixedConfig, FixedResult, simulate_fixed
+from dprobe.sim.fixed.scheduling import Scheduling
+
+__all__ = ["FixedConfig", "FixedResult", "Scheduling", "simulate_fixed"]
