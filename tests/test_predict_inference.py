@@ -45,7 +45,7 @@ def test_the_cli_prints_what_the_cross_validation_scores(capsys) -> None:
     assert main(["predict", "timm:resnet18", "--batch", "64", "--image", "96", "--precision", "fp16",
                  "--mode", "inference", "--gpu", "rtx4090", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["mode"] == "inference" and out["optimizer"] == "none"
+    assert out["mode"] == "inference" and out["optimizer"] == "none" and "learnt from fp16" not in out["note"]
     est = analytical_for("timm:resnet18", 64, "fp16", "none", image=96, mode="inference")
     p50, p90 = predict_inference_step(est, "fp16", GPUS["rtx4090"])
     host = out["analytical"]["host_seconds_per_step"]
@@ -89,3 +89,10 @@ def test_inference_mode_refuses_samples_and_onnx(tmp_path, capsys) -> None:
     assert "--mode inference" in err
     with pytest.raises(ValueError, match="ONNX file is estimated for training only"):
         predict_job(str(tmp_path / "m.onnx"), 2, mode="inference")
+
+
+def test_a_precision_the_step_model_never_saw_is_noted() -> None:
+    fp32 = predict_job("torchvision:resnet18", 256, "fp32", image=64, gpu="rtx3090", mode="inference")
+    fp16 = predict_job("torchvision:resnet18", 256, "fp16", image=64, gpu="rtx3090", mode="inference")
+    assert "learnt from fp16 autocast runs only" in fp32.note and "learnt from fp16" not in fp16.note
+    assert fp32.analytical.gpu_seconds_per_step > fp16.analytical.gpu_seconds_per_step  # fp32 peaks are lower

@@ -261,6 +261,9 @@ def predict_inference_job(model: str, batch: int, precision: str = "fp32", *, im
     seen = gpu in steps.trained_on
     notes = [] if seen else [f"gpu_seen_in_training: false: the inference step model learnt from "
                              f"{', '.join(steps.trained_on)} only, its p90 from GPUs held out in turn"]
+    if precision != "fp16":
+        notes.append(f"{precision}: the inference step model learnt from fp16 autocast runs only; the roofline "
+                     f"puts the step at {precision}'s peaks and the fp16 runs' corrections are applied")
     notes.append("memory and utilisation: the replay's own (no inference run measured them)")
     analytical = AnalyticalEstimate(
         peak_memory_bytes=int(est.peak_bytes), device_memory_bytes=int(est.device_bytes),
