@@ -16,6 +16,7 @@ from dprobe import __version__
 
 # module paths, each with register(subparsers); imported lazily so `dprobe --help` stays fast
 SUBCOMMANDS: list[str] = [
+    "dprobe.train",
     "dprobe.graph.cli",
     "dprobe.profiling.cli",
     "dprobe.evaluation.cli",

@@ -1,4 +1,9 @@
-"""Hydra / OmegaConf helpers: the ``project_root`` resolver and config composition for code and tests."""
+"""Hydra / OmegaConf helpers: where the configs are, the ``project_root`` resolver and config composition for
+code and tests.
+
+The configs are ``conf/`` at the repository's root, where a checkout's ``python train.py`` and the docs find
+them; a built wheel ships the same files inside the package, as ``dprobe/conf`` (``setup.py`` copies them),
+which ``dprobe train`` reads wherever dprobe is installed."""
 
 from __future__ import annotations
 
@@ -6,14 +11,22 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-CONFIG_DIR = PROJECT_ROOT / "conf"
+PACKAGE_DIR = Path(__file__).resolve().parent
+# the source checkout this package is imported from (an editable install's too), or None when it is installed
+CHECKOUT: Path | None = PACKAGE_DIR.parent if (PACKAGE_DIR.parent / "conf" / "train.yaml").is_file() else None
+CONFIG_DIR = CHECKOUT / "conf" if CHECKOUT is not None else PACKAGE_DIR / "conf"
+
+
+def project_root() -> Path:
+    """The checkout's root (where ``conf/``, ``datasets/`` and ``outputs/`` are), or, where dprobe is installed
+    from a wheel, the current directory (its ``datasets/``, and ``outputs/`` written there)."""
+    return CHECKOUT if CHECKOUT is not None else Path.cwd()
 
 
 def register_resolvers() -> None:
-    """``${project_root:}`` is the checkout's root (where ``conf/`` and ``datasets/`` live)."""
+    """``${project_root:}``: :func:`project_root` (``paths.root_dir``)."""
     if not OmegaConf.has_resolver("project_root"):
-        OmegaConf.register_new_resolver("project_root", lambda: str(PROJECT_ROOT))
+        OmegaConf.register_new_resolver("project_root", lambda: str(project_root()))
 
 
 def compose(overrides: list[str] | None = None, config_name: str = "train") -> DictConfig:

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +20,9 @@ import torch
 
 from dprobe.config import CONFIG_DIR, compose
 from dprobe.forecaster.base import ForecastInput
-from dprobe.training import run, stage
+from dprobe.training import StageResult, run, stage, write_stages
 
+ROOT = CONFIG_DIR.parent
 EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "exp").glob("*.yaml"))
 
 
@@ -88,6 +90,22 @@ def test_every_experiment_composes_and_runs_fast_dev_run(exp, tmp_path, small_al
     if cfg.forecaster_enabled:
         ckpt = torch.load(summary["checkpoint"], weights_only=True)
         assert ckpt["kind"] == "dprobe-forecaster"
+    # stages.json: every stage of run() in order, what it wrote and how long it took, or why it did not run
+    stages = {s["name"]: s for s in json.loads(Path(summary["output_dir"], "stages.json").read_text())}
+    assert list(stages) == ["forecaster", "evaluate", "coldstart", "jobscale", "job_series", "pretrain"]
+    assert stages["evaluate"]["skipped"] in ("evaluate.enabled=false",
+                                             "no forecaster checkpoint (forecaster_enabled=false)")
+    for name, enabled in (("forecaster", cfg.forecaster_enabled), ("coldstart", cfg.coldstart.enabled),
+                          ("jobscale", cfg.jobscale.enabled),
+                          ("pretrain", cfg.get("pretrain") is not None and cfg.pretrain.enabled)):
+        assert (stages[name]["skipped"] is None) == enabled, name
+        assert (stages[name]["seconds"] > 0) == enabled, name
+    if cfg.forecaster_enabled:
+        assert stages["forecaster"]["outputs"] == {"checkpoint": summary["checkpoint"],
+                                                   "onnx": str(Path(summary["output_dir"], "dprobe.onnx"))}
+        assert stages["forecaster"]["metrics"]["val_pinball"] == summary["val_pinball"]
+    if cfg.jobscale.enabled:
+        assert stages["jobscale"]["outputs"]["report"] == summary["jobscale_report"]
     if cfg.coldstart.enabled:
         assert calls and calls[0][0].endswith("h200-profiles")
     if cfg.jobscale.enabled:
@@ -196,6 +214,135 @@ def test_trainer_gpu_without_a_gpu_says_what_to_use(tmp_path, small_helios_dir, 
         run(cfg)
 
 
+def test_a_stage_result_is_one_log_line_and_json(tmp_path):
+    """A stage's result: one line for the log (its time, numbers and files), and its fields in stages.json."""
+    fitted = StageResult("forecaster", outputs={"checkpoint": str(tmp_path / "dprobe.pt")},
+                         metrics={"val_pinball": np.float32(0.25), "targets": ["a line"]}, seconds=12.34)
+    assert fitted.line() == "stage forecaster: 12.3 s; val_pinball 0.25; dprobe.pt"
+    off = StageResult("coldstart", skipped="coldstart.enabled=false")
+    assert off.line() == "stage coldstart: skipped (coldstart.enabled=false)"
+    write_stages([fitted, off], tmp_path / "stages.json")
+    assert json.loads((tmp_path / "stages.json").read_text()) == [
+        {"name": "forecaster", "outputs": {"checkpoint": str(tmp_path / "dprobe.pt")},
+         "metrics": {"val_pinball": 0.25, "targets": ["a line"]}, "seconds": 12.34, "skipped": None},
+        {"name": "coldstart", "outputs": {}, "metrics": {}, "seconds": 0.0, "skipped": "coldstart.enabled=false"}]
+
+
+def test_a_checkpoint_to_resume_from_that_is_not_there_is_refused_before_training(tmp_path, small_helios_dir):
+    """ckpt_path=PATH of no file, or ckpt_path=last where the run directory keeps no last.ckpt: refused by name
+    before any data is read or anything trains."""
+    missing = tmp_path / "nowhere.ckpt"
+    with pytest.raises(FileNotFoundError, match=f"ckpt_path={missing}: no such checkpoint file"):
+        run(compose(tiny(tmp_path, [small_helios_dir], f"ckpt_path={missing}")))
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    with pytest.raises(FileNotFoundError, match=f"ckpt_path=last: no last checkpoint; looked for {last}"):
+        run(compose(tiny(tmp_path, [small_helios_dir], "ckpt_path=last")))
+    assert not (tmp_path / "dprobe.pt").exists() and not (tmp_path / "checkpoints").exists()
+    assert compose(tiny(tmp_path, [small_helios_dir])).ckpt_path is None  # the default: a fresh fit
+
+
+@pytest.mark.slow
+def test_an_interrupted_fit_resumes_where_it_stopped(tmp_path, small_helios_dir, monkeypatch):
+    """One epoch with its last checkpoint kept; resumed with ckpt_path=last in the same run directory, or from
+    the file into another, the fit goes on at the second epoch, its optimizer steps counted on."""
+    from dprobe.forecaster.progress import EpochProgress
+
+    starts = []  # (epoch, optimizer steps) at each epoch's start
+    original = EpochProgress.on_train_epoch_start
+
+    def recorded(self, trainer, pl_module):
+        starts.append((trainer.current_epoch, trainer.global_step))
+        original(self, trainer, pl_module)
+
+    monkeypatch.setattr(EpochProgress, "on_train_epoch_start", recorded)
+    first = tmp_path / "first"
+    run(compose(tiny(first, [small_helios_dir], "trainer.max_epochs=1", "evaluate.enabled=false")))
+    steps = 256 // 32  # data.samples_per_epoch / data.batch_size
+    assert starts == [(0, 0)] and (first / "checkpoints" / "last.ckpt").is_file()
+    saved = torch.load(first / "checkpoints" / "last.ckpt", weights_only=False)
+    assert (saved["epoch"], saved["global_step"]) == (0, steps)
+    starts.clear()
+    summary = run(compose(tiny(first, [small_helios_dir], "trainer.max_epochs=2", "evaluate.enabled=false",
+                               "ckpt_path=last")))
+    assert starts == [(1, steps)]  # resumed: the second epoch only
+    resumed = torch.load(first / "checkpoints" / "last.ckpt", weights_only=False)
+    assert resumed["global_step"] == 2 * steps
+    assert torch.load(summary["checkpoint"], weights_only=True)["kind"] == "dprobe-forecaster"
+    logged = pd.read_csv(first / "logs" / "version_1" / "metrics.csv")  # the resumed fit's log
+    assert set(logged["epoch"].dropna()) == {1}
+    starts.clear()
+    run(compose(tiny(tmp_path / "second", [small_helios_dir], "trainer.max_epochs=2", "evaluate.enabled=false",
+                     f"ckpt_path={first / 'checkpoints' / 'best.ckpt'}")))
+    assert starts == [(1, steps)]
+
+
+def test_dprobe_train_hands_hydra_its_overrides(tmp_path, monkeypatch, capsys):
+    """`dprobe train OVERRIDES` runs train.py's Hydra app on OVERRIDES; the run itself sees the command line
+    it was started with (Lightning's DDP launcher starts its other processes with it); `dprobe train --help`
+    is Hydra's help, with the config groups."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    import dprobe.training as training
+    from dprobe.cli import main
+
+    seen = {}
+
+    def fake_run(cfg):
+        seen["cfg"], seen["output_dir"], seen["argv"] = cfg, cfg.paths.output_dir, list(sys.argv)
+        return {"val_pinball": 0.5}
+
+    monkeypatch.setattr(training, "run", fake_run)
+    argv = ["dprobe", "train", "+exp=gnn", "trainer.max_epochs=1", f"hydra.run.dir={tmp_path}/run",
+            "hydra/job_logging=none", "hydra/hydra_logging=none"]
+    monkeypatch.setattr(sys, "argv", argv)
+    try:
+        assert main(argv[1:]) == 0
+        assert seen["cfg"].model.use_graph and seen["cfg"].trainer.max_epochs == 1
+        assert seen["output_dir"] == f"{tmp_path}/run"
+        assert seen["argv"] == argv and sys.argv == argv
+        assert "trainer.max_epochs=1" in (tmp_path / "run" / ".hydra" / "overrides.yaml").read_text()
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as done:
+            main(["train", "--help"])
+        assert done.value.code == 0
+        out = capsys.readouterr().out
+        assert "train is powered by Hydra" in out and "exp: alibaba, coldstart, gnn" in out
+    finally:
+        GlobalHydra.instance().clear()
+        HydraConfig.instance().cfg = None
+
+
+@pytest.mark.slow
+def test_the_wheel_ships_the_configs_and_dprobe_train_reads_them(tmp_path):
+    """conf/ (at the repository's root) is built into the wheel as dprobe/conf; installed from it, `dprobe train`
+    composes from there, in any directory."""
+    src = tmp_path / "src"
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    src.mkdir()
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, src / name)
+    for name in ("conf", "dprobe"):
+        shutil.copytree(ROOT / name, src / name, ignore=ignore)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "wheel", str(src), "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "wheel")],
+                   check=True, capture_output=True, timeout=300)
+    (wheel,) = (tmp_path / "wheel").glob("dprobe-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"dprobe/conf/train.yaml", "dprobe/conf/exp/gnn.yaml", "dprobe/conf/trainer/ddp.yaml"} <= names
+    assert {f"dprobe/conf/{p.relative_to(CONFIG_DIR)}" for p in CONFIG_DIR.rglob("*.yaml")} <= names
+    site = tmp_path / "site"
+    subprocess.run([*pip, "install", str(wheel), "--no-deps", "--target", str(site)], check=True,
+                   capture_output=True, timeout=300)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run([sys.executable, "-m", "dprobe.cli", "train", "+exp=gnn", "--info", "searchpath"],
+                          cwd=elsewhere, env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"file://{site / 'dprobe' / 'conf'}" in done.stdout, done.stdout
+
+
 @pytest.mark.slow
 def test_ddp_spawn_two_processes(tmp_path, small_helios_dir):
     """trainer=ddp trains with Lightning's DDP strategy (ddp_spawn, 2 CPU processes)."""
@@ -292,6 +439,26 @@ def test_a_sweep_runs_each_value_in_its_own_directory(tmp_path, small_helios_dir
         assert torch.load(summary["checkpoint"], weights_only=True)["hparams"]["lr"] == lr
         assert f"model.lr={lr}" in (run_dir / ".hydra" / "overrides.yaml").read_text()  # Hydra's own record
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
+
+
+@pytest.mark.slow
+def test_a_sweep_runs_side_by_side_with_the_joblib_launcher(tmp_path, small_helios_dir):
+    """`python train.py -m hydra/launcher=joblib hydra.launcher.n_jobs=2 model.lr=A,B` (the `sweep` extra):
+    both runs at once, each in its numbered directory."""
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher",
+                        reason="hydra-joblib-launcher not installed (pip install -e '.[sweep]')")
+    sweep = tmp_path / "sweep"
+    overrides = [o for o in tiny(tmp_path, [small_helios_dir]) if not o.startswith("paths.output_dir=")]
+    done = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=joblib",
+                           "hydra.launcher.n_jobs=2", "model.lr=0.001,0.003", "+trainer.fast_dev_run=true",
+                           "evaluate.enabled=false", f"hydra.sweep.dir={sweep}", *overrides],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Joblib.Parallel(n_jobs=2" in done.stdout + done.stderr
+    for num, lr in ((0, 0.001), (1, 0.003)):
+        summary = json.loads((sweep / str(num) / "summary.json").read_text())
+        assert torch.load(summary["checkpoint"], weights_only=True)["hparams"]["lr"] == lr
 
 
 def _profiler_outputs(summary: dict) -> tuple[dict, dict]:
