@@ -415,6 +415,15 @@ def run(cfg: DictConfig) -> dict:
     done(job_stage)
     if jobs:
         print(jobs)
+    if cfg.get("kernel_gnn") is not None and cfg.kernel_gnn.enabled:  # +exp=gnn: conf/kernel_gnn/default.yaml
+        start = time.perf_counter()
+        fitted = stage(cfg.kernel_gnn)(out_dir=str(out_dir / "kernel_gnn"))
+        done(StageResult("kernel_gnn", outputs=_paths(fitted, "checkpoint", "report"),
+                         metrics={k: fitted[k] for k in ("gnn_mape", "vector_mape", "rule_mape")},
+                         seconds=time.perf_counter() - start))
+        summary["kernel_gnn"] = fitted["checkpoint"]
+    else:
+        done(StageResult("kernel_gnn", skipped="kernel_gnn.enabled=false"))
     if cfg.get("pretrain") is not None and cfg.pretrain.enabled:  # +exp=pretrain_gnn: conf/pretrain/gnn.yaml
         start = time.perf_counter()
         pretrained = stage(cfg.pretrain)(out_dir=str(out_dir / "pretrain_gnn"))

@@ -40,6 +40,7 @@ def tiny(tmp_path: Path, data_dirs: list[Path], *extra: str) -> list[str]:
         "trainer.enable_progress_bar=false",
         "logger=csv",
         "jobscale.epochs=5",
+        "kernel_gnn.epochs=1",
         *extra,
     ]
 
@@ -92,14 +93,19 @@ def test_every_experiment_composes_and_runs_fast_dev_run(exp, tmp_path, small_al
         assert ckpt["kind"] == "dprobe-forecaster"
     # stages.json: every stage of run() in order, what it wrote and how long it took, or why it did not run
     stages = {s["name"]: s for s in json.loads(Path(summary["output_dir"], "stages.json").read_text())}
-    assert list(stages) == ["forecaster", "evaluate", "coldstart", "jobscale", "job_series", "pretrain"]
+    assert list(stages) == ["forecaster", "evaluate", "coldstart", "jobscale", "job_series", "kernel_gnn",
+                            "pretrain"]
     assert stages["evaluate"]["skipped"] in ("evaluate.enabled=false",
                                              "no forecaster checkpoint (forecaster_enabled=false)")
     for name, enabled in (("forecaster", cfg.forecaster_enabled), ("coldstart", cfg.coldstart.enabled),
-                          ("jobscale", cfg.jobscale.enabled),
+                          ("jobscale", cfg.jobscale.enabled), ("kernel_gnn", cfg.kernel_gnn.enabled),
                           ("pretrain", cfg.get("pretrain") is not None and cfg.pretrain.enabled)):
         assert (stages[name]["skipped"] is None) == enabled, name
         assert (stages[name]["seconds"] > 0) == enabled, name
+    assert cfg.kernel_gnn.enabled == (exp == "gnn")  # +exp=gnn runs the graph network
+    if cfg.kernel_gnn.enabled:
+        assert set(stages["kernel_gnn"]["metrics"]) == {"gnn_mape", "vector_mape", "rule_mape"}
+        assert torch.load(stages["kernel_gnn"]["outputs"]["checkpoint"], weights_only=True)["state_dict"]
     if cfg.forecaster_enabled:
         assert stages["forecaster"]["outputs"] == {"checkpoint": summary["checkpoint"],
                                                    "onnx": str(Path(summary["output_dir"], "dprobe.onnx"))}
