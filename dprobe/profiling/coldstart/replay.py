@@ -104,6 +104,15 @@ def make_optimizer(model: nn.Module, name: str) -> torch.optim.Optimizer:
     raise ValueError(f"unknown optimizer {name!r} ({', '.join(OPTIMIZERS)})")
 
 
+def _check_replay(precision: str, attention: str) -> bool:
+    """Whether attention is fused; a ValueError for an unknown precision or attention."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r} ({', '.join(PRECISIONS)})")
+    if attention not in ("fused", "unfused"):
+        raise ValueError(f"unknown attention {attention!r} (fused, unfused)")
+    return attention == "fused"
+
+
 def replay_training_step(spec: ModelSpec, batch: int, precision: str = "fp32", optimizer: str = "adamw",
                          image: int | None = None, seq: int | None = None,
                          grad_checkpointing: bool = False, attention: str = "fused") -> ReplayEstimate:
@@ -115,11 +124,7 @@ def replay_training_step(spec: ModelSpec, batch: int, precision: str = "fp32", o
     ``unfused`` (matrix products and a softmax: timm's own switch off, every other caller of
     ``scaled_dot_product_attention`` as an eager implementation computes it), as a stack before PyTorch
     2.0 ran attention."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r} ({', '.join(PRECISIONS)})")
-    if attention not in ("fused", "unfused"):
-        raise ValueError(f"unknown attention {attention!r} (fused, unfused)")
-    fused = attention == "fused"
+    fused = _check_replay(precision, attention)
     # e.g. BART reads its mask's values, DeBERTa-v2 its labels', which meta tensors cannot answer
     with timm_fused_attention(fused):
         est, retried = with_values_assumed_if_needed(
@@ -257,11 +262,7 @@ def replay_inference_step(spec: ModelSpec, batch: int, precision: str = "fp32", 
     ``torch.no_grad()`` (each activation freed once the next op has read it), as a serving process or
     timm's inference benchmark runs it. No optimizer: ``state_bytes`` is 0 and every op is a forward op.
     ``attention`` as in :func:`replay_training_step`."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r} ({', '.join(PRECISIONS)})")
-    if attention not in ("fused", "unfused"):
-        raise ValueError(f"unknown attention {attention!r} (fused, unfused)")
-    fused = attention == "fused"
+    fused = _check_replay(precision, attention)
     with timm_fused_attention(fused):
         est, retried = with_values_assumed_if_needed(
             spec, lambda: _replay_forward(spec, batch, precision, image, seq, fused))

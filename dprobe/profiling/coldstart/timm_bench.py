@@ -82,22 +82,7 @@ def load_timm_bench(directory: str | Path, memory_format: str = "nchw") -> TimmB
         raise TimmBenchError(f"{directory / STACK}: no table for memory format {memory_format!r} "
                              f"(it has {', '.join(stack['tables'])})")
     path = directory / stack["tables"][memory_format]
-    try:
-        df = pd.read_csv(path)
-    except (OSError, pd.errors.ParserError) as exc:
-        raise TimmBenchError(f"{path}: {exc}") from exc
-    missing = [c for c in COLUMNS if c not in df.columns]
-    if missing:
-        raise TimmBenchError(f"{path}: column {missing[0]!r} missing")
-    for col in ("train_step_time", "train_batch_size", "train_img_size"):
-        values = pd.to_numeric(df[col], errors="coerce")
-        bad = ~(np.isfinite(values) & (values > 0))
-        if col != "train_step_time":
-            bad |= values % 1 != 0
-        if bad.any():
-            row = int(np.flatnonzero(bad.to_numpy())[0])
-            raise TimmBenchError(f"{path}: column {col!r}, row {row + 2}: {df[col].iloc[row]!r} is not a "
-                                 f"positive {'number' if col == 'train_step_time' else 'whole number'}")
+    df = read_checked_csv(path, COLUMNS, "train_step_time", ("train_batch_size", "train_img_size"), TimmBenchError)
     batches = df["train_batch_size"].astype(int)
     off = [b for b in batches if b != TOP_BATCH and next_batch_up(b) is None]
     if off:
@@ -112,6 +97,29 @@ def load_timm_bench(directory: str | Path, memory_format: str = "nchw") -> TimmB
                          "step_time_s": df["train_step_time"].astype(float) / 1000.0})  # the table's ms
     runs["batch_up"] = [float(next_batch_up(b) or "nan") for b in runs["batch"]]
     return TimmBench(runs=runs, stack={**stack, "memory_format": memory_format}, directory=directory)
+
+
+def read_checked_csv(path: Path, columns: tuple[str, ...], number: str, whole: tuple[str, ...],
+                     error: type[ValueError]) -> pd.DataFrame:
+    """A timm benchmark table, checked: unreadable, a column of ``columns`` missing, ``number`` not a positive
+    number or one of ``whole`` not a positive whole number raises ``error`` naming the file, column and row."""
+    try:
+        df = pd.read_csv(path)
+    except (OSError, pd.errors.ParserError) as exc:
+        raise error(f"{path}: {exc}") from exc
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise error(f"{path}: column {missing[0]!r} missing")
+    for col in (number, *whole):
+        values = pd.to_numeric(df[col], errors="coerce")
+        bad = ~(np.isfinite(values) & (values > 0))
+        if col != number:
+            bad |= values % 1 != 0
+        if bad.any():
+            row = int(np.flatnonzero(bad.to_numpy())[0])
+            raise error(f"{path}: column {col!r}, row {row + 2}: {df[col].iloc[row]!r} is not a "
+                        f"positive {'number' if col == number else 'whole number'}")
+    return df
 
 
 def fused_attention(stack: dict[str, Any]) -> bool:

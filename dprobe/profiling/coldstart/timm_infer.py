@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from dprobe.profiling.coldstart.gpus import GPUS
+from dprobe.profiling.coldstart.timm_bench import read_checked_csv
 
 log = logging.getLogger(__name__)
 
@@ -55,22 +56,8 @@ def read_table(path: str | Path) -> pd.DataFrame:
                              "(infer-amp-nchw-pt240-cu124-rtx3090.csv and the like)")
     if m["gpu"] not in GPUS:
         raise TimmInferError(f"{path}: no GPU spec for {m['gpu']!r} (dprobe knows {', '.join(GPUS)})")
-    try:
-        df = pd.read_csv(path)
-    except (OSError, pd.errors.ParserError) as exc:
-        raise TimmInferError(f"{path}: {exc}") from exc
-    missing = [c for c in COLUMNS if c not in df.columns]
-    if missing:
-        raise TimmInferError(f"{path}: column {missing[0]!r} missing")
-    for col in ("infer_step_time", "infer_batch_size", "infer_img_size"):
-        values = pd.to_numeric(df[col], errors="coerce")
-        bad = ~(np.isfinite(values) & (values > 0))
-        if col != "infer_step_time":
-            bad |= values % 1 != 0
-        if bad.any():
-            row = int(np.flatnonzero(bad.to_numpy())[0])
-            raise TimmInferError(f"{path}: column {col!r}, row {row + 2}: {df[col].iloc[row]!r} is not a "
-                                 f"positive {'number' if col == 'infer_step_time' else 'whole number'}")
+    df = read_checked_csv(path, COLUMNS, "infer_step_time", ("infer_batch_size", "infer_img_size"),
+                          TimmInferError)
     return pd.DataFrame({
         "model": df["model"].astype(str), "family": df["timm_module"].astype(str),
         "image": df["infer_img_size"].astype(int), "batch": df["infer_batch_size"].astype(int),
