@@ -117,6 +117,28 @@ def test_help_documents_every_option() -> None:
         assert "--" + name.replace("_", "-") in text and "DPROBE_SIDECAR_" + name.upper() in text
 
 
+@pytest.mark.parametrize("service", ["sidecar", "scaler"])
+def test_help_lists_each_option_once_in_its_section(service) -> None:
+    """--help's sections: each flag under the group its options set declares, "general" for the rest."""
+    import importlib
+
+    options = importlib.import_module(f"dprobe.services.{service}.config").OPTIONS
+    parser = argparse.ArgumentParser()
+    options.add_arguments(parser)
+    placed = {a.dest: g.title for g in parser._action_groups for a in g._group_actions if a.dest in options.fields}
+    assert set(placed) == set(options.fields)  # every option, each in one section
+    assert {t.removesuffix(" options") for t in placed.values()} == {"general", *options.groups}  # none empty
+    for name, title in placed.items():
+        assert title == f"{options.group_of(name)} options"
+    if service == "scaler":
+        assert placed["sharing_policy"] == "GPU shares options" and placed["scale_up_policies"].startswith("policy")
+        assert placed["prometheus_ca_file"].startswith("forecast and Prometheus")
+    from dprobe.core.options import OptionSet
+
+    with pytest.raises(ValueError, match="no option 'nope'"):
+        OptionSet(options.cls, "X_", "x", {"typo": ("nope",)})
+
+
 # windows ---------------------------------------------------------------------------------------
 def test_window_bins_gaps_and_wrap() -> None:
     store = WindowStore(step=10.0, length=4)

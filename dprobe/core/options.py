@@ -160,9 +160,24 @@ class OptionSet:
     """The options of dataclass ``cls``, read from ``{env_prefix}<OPTION>`` and files whose options
     may sit under a top-level ``section`` key."""
 
-    def __init__(self, cls: type, env_prefix: str, section: str) -> None:
+    def __init__(self, cls: type, env_prefix: str, section: str,
+                 groups: Mapping[str, tuple[str, ...]] | None = None) -> None:
+        """``groups``: ``--help``'s sections, title -> the options in it, by name or by a prefix ending in
+        ``_`` (``sharing_``); an option in none of them is listed under "general"."""
         self.cls, self.env_prefix, self.section = cls, env_prefix, section
         self.fields = {f.name: f for f in dataclasses.fields(cls)}
+        self.groups = dict(groups or {})
+        for title, names in self.groups.items():
+            for n in names:
+                if not n.endswith("_") and n not in self.fields:
+                    raise ValueError(f"help group {title!r}: no option {n!r}")
+
+    def group_of(self, name: str) -> str:
+        """The ``--help`` section of option ``name`` (the first group naming it or a prefix of it)."""
+        for title, names in self.groups.items():
+            if any(name == n or (n.endswith("_") and name.startswith(n)) for n in names):
+                return title
+        return "general"
 
     def convert(self, name: str, value: Any, origin: str) -> Any:
         """``value`` (from YAML, env or a flag) as the type of option ``name``; clear error naming ``origin``."""
@@ -245,10 +260,13 @@ class OptionSet:
         return out
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """One flag per option (``--dcgm-url``), plus ``--config``; defaults are applied later."""
+        """One flag per option (``--dcgm-url``), in ``--help`` sections by :meth:`group_of`, plus ``--config``;
+        defaults are applied later."""
         parser.add_argument("--config", metavar="FILE", default=None,
                             help=f"YAML config file (env {self.env_prefix}CONFIG)")
         defaults = self.cls()
+        sections: dict[str, Any] = {title: parser.add_argument_group(f"{title} options")
+                                    for title in ("general", *self.groups)}
         for name, f in self.fields.items():
             flag = "--" + name.replace("_", "-")
             env = self.env_prefix + name.upper()
@@ -266,7 +284,7 @@ class OptionSet:
                 kw["metavar"] = name.split("_")[-1].upper()
                 if f.metadata.get("choices"):
                     kw["choices"] = f.metadata["choices"]
-            parser.add_argument(flag, **kw)
+            sections[self.group_of(name)].add_argument(flag, **kw)
 
     def load(self, args: argparse.Namespace | Mapping[str, Any] | None = None,
              env: Mapping[str, str] | None = None) -> Any:

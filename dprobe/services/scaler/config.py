@@ -365,7 +365,20 @@ def rate_policies(entries: Any) -> tuple[RatePolicy, ...]:
         raise ValueError(f"rate policy values must be numbers: {exc}") from exc
 
 
-OPTIONS = OptionSet(ScalerConfig, ENV_PREFIX, "scaler")
+# --help's sections (an option in none: "general")
+GROUPS = {
+    "forecast and Prometheus queries": ("prometheus_", "horizon_seconds", "quantile", "http_timeout",
+                                        "forecast_selector", "job_profiles", "gpus_query", "replicas_query",
+                                        "owners_query", "restore_seconds"),
+    "policy (the HPA's and VPA's settings)": ("target", "margin", "tolerance", "scale_up_", "scale_down_",
+                                              "min_replicas", "max_replicas", "activation", "fallback_replicas",
+                                              "failure_threshold", "min_forecast_coverage", "workloads", "discover"),
+    "virtual clusters": ("vc_", "min_gpus", "max_gpus"),
+    "apply mode (Kubernetes)": ("mode", "kubeconfig", "events"),
+    "GPU shares": ("sharing_",),
+    "leader election": ("leader_election", "leader_election_"),
+}
+OPTIONS = OptionSet(ScalerConfig, ENV_PREFIX, "scaler", GROUPS)
 add_arguments = OPTIONS.add_arguments
 
 

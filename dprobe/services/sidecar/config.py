@@ -149,7 +149,17 @@ class SidecarConfig(PrometheusAccess):
         return max(2, int(round(self.window_seconds / self.step_seconds)))
 
 
-OPTIONS = OptionSet(SidecarConfig, ENV_PREFIX, "sidecar")
+# --help's sections (an option in none: "general")
+GROUPS = {
+    "forecasts": ("forecast_interval", "step_seconds", "window_seconds", "horizons", "min_points", "stale_after",
+                  "drop_after", "max_targets", "checkpoint", "model", "fallback_on_bad_checkpoint"),
+    "sources": ("source", "sample_interval", "http_timeout", "max_backoff", "max_clock_skew", "dcgm_",
+                "prometheus_", "nvml_", "pod_name", "replay_", "synthetic_targets"),
+    "model graphs and job profiles": ("graph_file", "graphs", "annotations_file", "graph_dir",
+                                      "allow_code_annotations", "graph_max_mib", "job_", "job", "jobs",
+                                      "coldstart_checkpoint"),
+}
+OPTIONS = OptionSet(SidecarConfig, ENV_PREFIX, "sidecar", GROUPS)
 FIELDS = OPTIONS.fields
 add_arguments = OPTIONS.add_arguments
 
