@@ -38,10 +38,27 @@ def test_a_jobs_stack_reaches_the_prediction(monkeypatch) -> None:
     import dprobe.profiling.coldstart.predict as coldstart_predict
 
     seen: list = []
-    monkeypatch.setattr(coldstart_predict, "predict_job", lambda *a, **kw: seen.append(kw.get("stack")))
+    monkeypatch.setattr(coldstart_predict, "predict_job",
+                        lambda *a, **kw: seen.append((kw.get("stack"), kw.get("mode"))))
     JobSpec.parse("timm:resnet50 batch=64 gpu=rtx3090 stack=h200-profiles").predict()
     JobSpec.parse("timm:resnet50 batch=64 gpu=rtx3090").predict()
-    assert seen == ["h200-profiles", None]
+    JobSpec.parse("timm:resnet50 batch=64 mode=inference").predict()
+    assert seen == [("h200-profiles", "train"), (None, "train"), (None, "inference")]
+
+
+def test_a_serving_job_gets_an_inference_profile() -> None:
+    """``mode=inference``: the forward pass alone, as dprobe predict --mode inference gives it."""
+    import dataclasses
+
+    from dprobe.profiling.coldstart.predict import predict_job
+    from dprobe.services.sidecar.jobs import predict_fields
+
+    spec = JobSpec.parse("torchvision:resnet18 batch=32 image=64 precision=fp16 gpu=rtx4090 mode=inference")
+    fields = predict_fields(dataclasses.asdict(spec), None)
+    direct = predict_job("torchvision:resnet18", 32, "fp16", image=64, gpu="rtx4090", mode="inference")
+    assert fields["step_time_seconds"] == dataclasses.asdict(direct.step_time_seconds)
+    assert fields["peak_memory_bytes"]["p50"] < predict_job("torchvision:resnet18", 32, "fp16", "sgd", image=64,
+                                                            gpu="rtx4090").peak_memory_bytes.p50
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -52,6 +69,8 @@ def test_a_jobs_stack_reaches_the_prediction(monkeypatch) -> None:
     ("torchvision:resnet50 batch=4 gpu=v100", "gpu must be one of"),
     ("torchvision:resnet50 batch=4 lr=0.1", "unknown key 'lr'"),
     ("torchvision:resnet50 batch=4 stack=pytorch-3000", "stack must be one of"),
+    ("torchvision:resnet50 batch=4 mode=serve", "mode must be one of train, inference"),
+    ("torchvision:resnet50 batch=4 mode=inference optimizer=sgd", "optimizer is a training setting"),
     ("torchvision:resnet50 batch=4 config_kwargs=[1]", "must be a JSON object"),
     ("torchvision:resnet50 batch=4 'x", "No closing quotation"),
     ("  ", "empty; expected MODEL batch=N"),

@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 ANNOTATION = TRAINING_JOB
 DEFAULT_GPU = "h200"  # the GPU of the profiles the cold-start model learnt from
-KEYS = ("batch", "precision", "optimizer", "image", "seq", "gpu", "host_stall", "config_kwargs", "stack")
+KEYS = ("batch", "precision", "optimizer", "image", "seq", "gpu", "host_stall", "config_kwargs", "stack", "mode")
+MODES = ("train", "inference")  # dprobe predict --mode (no torch import: the spec is checked where it cannot run)
 # what a profile holds: (the prediction's field, the exported name's stem)
 TARGETS = (("device_memory_bytes", "gpu_memory_bytes"), ("peak_memory_bytes", "allocator_peak_bytes"),
            ("gpu_utilization", "gpu_utilization_ratio"), ("step_time_seconds", "step_seconds"))
@@ -58,12 +59,13 @@ class JobSpec:
     host_stall_s: float = 0.0
     config_kwargs: str = ""  # a JSON object (keys sorted): the spec is hashable, one profile per job
     stack: str = ""  # a software stack preset (dprobe predict --stack); "": the GPU's default
+    mode: str = "train"  # inference: a serving job's forward passes (dprobe predict --mode inference)
 
     @staticmethod
     def parse(text: str) -> JobSpec:
         """``MODEL batch=N [precision=P] [optimizer=O] [image=N] [seq=N] [gpu=NAME] [host_stall=S]
-        [config_kwargs=JSON] [stack=PRESET]`` (shell quoting for values with spaces); a ValueError naming what
-        is wrong."""
+        [config_kwargs=JSON] [stack=PRESET] [mode=train|inference]`` (shell quoting for values with spaces); a
+        ValueError naming what is wrong."""
         from dprobe.profiling.coldstart.gpus import (
             GPUS,  # no torch: a job is checked where it cannot be profiled too
         )
@@ -100,11 +102,13 @@ class JobSpec:
         if "batch" not in kw or kw["batch"] < 1:
             raise ValueError(f"{text!r}: batch=N (>= 1) is required")
         for key, allowed in (("precision", PRECISIONS), ("optimizer", OPTIMIZERS), ("gpu", tuple(GPUS)),
-                             ("stack", tuple(STACKS))):
+                             ("stack", tuple(STACKS)), ("mode", MODES)):
             if key in kw and kw[key] not in allowed:
                 raise ValueError(f"{text!r}: {key} must be one of {', '.join(allowed)}, got {kw[key]!r}")
         if kw.get("host_stall_s", 0.0) < 0:
             raise ValueError(f"{text!r}: host_stall must be >= 0 seconds")
+        if kw.get("mode") == "inference" and "optimizer" in kw:
+            raise ValueError(f"{text!r}: optimizer is a training setting; leave it out with mode=inference")
         return JobSpec(model, **kw)
 
     def predict(self, checkpoint: str | None = None) -> JobPrediction:
@@ -113,7 +117,8 @@ class JobSpec:
 
         return predict_job(self.model, self.batch, self.precision, self.optimizer, image=self.image, seq=self.seq,
                            config_kwargs=self.config_kwargs or None, checkpoint=checkpoint,
-                           gpu=self.gpu or DEFAULT_GPU, host_stall_s=self.host_stall_s, stack=self.stack or None)
+                           gpu=self.gpu or DEFAULT_GPU, host_stall_s=self.host_stall_s, stack=self.stack or None,
+                           mode=self.mode)
 
 
 def _known_gpu(name: str, otherwise: str) -> str:
