@@ -45,11 +45,13 @@ def roofline_seconds(calls: pd.DataFrame, spec: GPUSpec) -> np.ndarray:
 def features(calls: pd.DataFrame, spec: GPUSpec, overhead_s: float) -> pd.DataFrame:
     """The model's inputs: the op kind and ratios of the call's size to the GPU's."""
     op = calls["op"].to_numpy()
-    b = calls["B"].fillna(1).to_numpy(dtype=float)
-    m = calls["M"].fillna(1).to_numpy(dtype=float) if "M" in calls else np.ones(len(calls))
-    n = calls["N"].fillna(1).to_numpy(dtype=float) if "N" in calls else np.ones(len(calls))
-    k = calls["K"].fillna(1).to_numpy(dtype=float) if "K" in calls else np.ones(len(calls))
-    h = calls["H"].fillna(1).to_numpy(dtype=float) if "H" in calls else np.ones(len(calls))
+
+    def shape(column: str) -> np.ndarray:  # 1 where the call has no such dimension (None, NaN or no column)
+        if column not in calls:
+            return np.ones(len(calls))
+        return pd.to_numeric(calls[column], errors="coerce").fillna(1).to_numpy(dtype=float)
+
+    b, m, n, k, h = (shape(c) for c in ("B", "M", "N", "K", "H"))
     gemm = np.isin(op, GEMM_OPS)
     rows = np.where(op == "linear", b * m, m)
     batch = np.where(op == "bmm", b, 1.0)
