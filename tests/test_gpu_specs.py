@@ -38,10 +38,11 @@ def test_every_gpu_has_every_figure_within_the_plausible_range() -> None:
 
 def test_nvml_names_map_to_the_table() -> None:
     names = {"NVIDIA GeForce RTX 3090": "rtx3090", "Tesla T4": "t4", "NVIDIA H200": "h200",
-             "NVIDIA A100-SXM4-40GB": "a100", "NVIDIA L40S": "l40s"}
+             "NVIDIA A100-SXM4-40GB": "a100", "NVIDIA L40S": "l40s", "NVIDIA GeForce RTX 4090": "rtx4090",
+             "NVIDIA GeForce RTX 5090": "rtx5090"}
     assert {n: gpu_key(n) for n in names} == names
     with pytest.raises(ValueError, match="--gpu-spec"):
-        gpu_key("NVIDIA GeForce RTX 4090")
+        gpu_key("NVIDIA GeForce RTX 4080")
 
 
 @pytest.mark.parametrize("suffix", [".yaml", ".json"])

@@ -102,7 +102,7 @@ def test_every_experiment_composes_and_runs_fast_dev_run(exp, tmp_path, small_al
                           ("pretrain", cfg.get("pretrain") is not None and cfg.pretrain.enabled)):
         assert (stages[name]["skipped"] is None) == enabled, name
         assert (stages[name]["seconds"] > 0) == enabled, name
-    assert cfg.kernel_gnn.enabled == (exp == "gnn")  # +exp=gnn runs the graph network
+    assert cfg.kernel_gnn.enabled == (exp in ("gnn", "jobs"))  # +exp=gnn runs the graph network (jobs: gnn and more)
     if cfg.kernel_gnn.enabled:
         assert set(stages["kernel_gnn"]["metrics"]) == {"gnn_mape", "vector_mape", "rule_mape"}
         assert torch.load(stages["kernel_gnn"]["outputs"]["checkpoint"], weights_only=True)["state_dict"]
