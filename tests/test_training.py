@@ -265,13 +265,13 @@ def test_an_interrupted_fit_resumes_where_it_stopped(tmp_path, small_helios_dir,
     run(compose(tiny(first, [small_helios_dir], "trainer.max_epochs=1", "evaluate.enabled=false")))
     steps = 256 // 32  # data.samples_per_epoch / data.batch_size
     assert starts == [(0, 0)] and (first / "checkpoints" / "last.ckpt").is_file()
-    saved = torch.load(first / "checkpoints" / "last.ckpt", weights_only=False)
+    saved = torch.load(first / "checkpoints" / "last.ckpt", weights_only=True)
     assert (saved["epoch"], saved["global_step"]) == (0, steps)
     starts.clear()
     summary = run(compose(tiny(first, [small_helios_dir], "trainer.max_epochs=2", "evaluate.enabled=false",
                                "ckpt_path=last")))
     assert starts == [(1, steps)]  # resumed: the second epoch only
-    resumed = torch.load(first / "checkpoints" / "last.ckpt", weights_only=False)
+    resumed = torch.load(first / "checkpoints" / "last.ckpt", weights_only=True)
     assert resumed["global_step"] == 2 * steps
     assert torch.load(summary["checkpoint"], weights_only=True)["kind"] == "dprobe-forecaster"
     logged = pd.read_csv(first / "logs" / "version_1" / "metrics.csv")  # the resumed fit's log
