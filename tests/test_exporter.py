@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import gzip
 import http.client
+import logging
+import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -11,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -551,3 +556,178 @@ def test_a_scrape_of_1000_targets_renders_from_what_the_forecast_loop_prepared()
     targets = {line.split('target="')[1].split('"')[0] for line in text.splitlines()
                if line.startswith("dprobe_observed_gpu_memory_bytes{")}
     assert len(targets) == 1000
+
+
+# ---- HTTPS (tls_cert_file, tls_key_file)
+
+
+def make_certificate(directory: Path, name: str = "server") -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key (RSA, 1 day), as (cert, key) under ``directory``."""
+    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-days", "1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory) -> tuple[Path, Path]:
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl on PATH")
+    return make_certificate(tmp_path_factory.mktemp("tls"))
+
+
+def _trusting(cert: Path) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(cert))
+
+
+def _tls_get(srv: ExporterServer, cert: Path, path: str, headers: dict[str, str] | None = None,
+             timeout: float = 3.0) -> tuple[int, dict[str, str], bytes]:
+    req = urllib.request.Request(srv.url + path, headers=headers or {})
+    with urllib.request.urlopen(req, timeout=timeout, context=_trusting(cert)) as r:
+        return r.status, dict(r.headers), r.read()
+
+
+def test_https_serves_the_registry_gzipped_when_asked(certificate) -> None:
+    """With a certificate and key, /metrics, /healthz and /readyz are served over TLS to a client that trusts
+    the certificate, the same page as client_python renders, gzip-compressed when asked; a kept-alive
+    connection, two requests in one write and a request head spread over several TLS records are answered."""
+    cert, key = certificate
+    srv, state = _served_server(tls_cert_file=str(cert), tls_key_file=str(key))
+    try:
+        assert srv.tls and srv.url == f"https://127.0.0.1:{srv.port}"
+        code, headers, body = _tls_get(srv, cert, "/metrics")
+        assert code == 200 and headers["Content-Type"].startswith("text/plain") and "Content-Encoding" not in headers
+        assert _samples(body.decode()) == _samples(generate_latest(srv.httpd.registry).decode())
+        code, headers, packed = _tls_get(srv, cert, "/metrics", {"Accept-Encoding": "gzip"})
+        assert headers["Content-Encoding"] == "gzip" and len(packed) < len(body)
+        assert gzip.decompress(packed) == body
+        assert _tls_get(srv, cert, "/healthz")[::2] == (200, b"ok\n")
+        assert _tls_get(srv, cert, "/readyz")[::2] == (200, b"ready: ok\n")
+        with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):  # trusted by nobody else
+            urllib.request.urlopen(srv.url + "/healthz", timeout=3)
+        raw = socket.create_connection(("127.0.0.1", srv.port), timeout=3)
+        with _trusting(cert).wrap_socket(raw, server_hostname="127.0.0.1") as kept:
+            assert _answers(kept) and _answers(kept, "/metrics")
+            big = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 40_000 + b"\r\n\r\n"  # 3 TLS records
+            kept.sendall(big + b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+            answers = b""
+            while not answers.endswith(b"ready: ok\n"):
+                data = kept.recv(4096)
+                assert data, answers
+                answers += data
+            assert answers.count(b"HTTP/1.1 200 OK") == 2 and b"\r\n\r\nok\n" in answers, answers
+    finally:
+        srv.stop()
+
+
+def _refused(conn: socket.socket, within: float) -> bool:
+    """Whether the server ends ``conn`` (closes it, resets it) within ``within`` s without a reply."""
+    conn.settimeout(within)
+    try:
+        return conn.recv(4096) == b""
+    except (ConnectionResetError, ConnectionAbortedError):
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_plain_http_to_the_https_port_is_refused_and_tls_still_served(certificate, caplog) -> None:
+    """A plain HTTP request on the TLS port gets no page: the handshake fails, the connection is closed, and
+    that is logged as a warning; TLS clients are answered before and after."""
+    cert, key = certificate
+    srv, _ = _served_server(tls_cert_file=str(cert), tls_key_file=str(key))
+    try:
+        assert _tls_get(srv, cert, "/healthz")[0] == 200
+        with caplog.at_level(logging.WARNING, logger="dprobe.services.exporter.server"), \
+                socket.create_connection(("127.0.0.1", srv.port), timeout=3) as plain:
+            plain.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert _refused(plain, 2.0)
+        assert srv.httpd.tls_failures == 1
+        assert any("TLS handshake failed" in r.getMessage() for r in caplog.records), caplog.records
+        with pytest.raises((http.client.HTTPException, OSError)):  # what an HTTP client sees
+            conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=3)
+            try:
+                conn.request("GET", "/metrics")
+                conn.getresponse().read()
+            finally:
+                conn.close()
+        code, _, body = _tls_get(srv, cert, "/metrics")
+        assert code == 200 and b"dprobe_predicted_gpu_memory_bytes{" in body
+    finally:
+        srv.stop()
+
+
+def test_a_handshake_never_finished_is_closed_after_header_timeout(certificate) -> None:
+    """A client that connects and sends nothing, or half a ClientHello, holds its slot for header_timeout and
+    is closed then; meanwhile TLS clients are answered at once, the handshake never waiting on the loop. At
+    the cap, silent connections make room for a scrape like slow ones."""
+    cert, key = certificate
+    srv, _ = _served_server(tls_cert_file=str(cert), tls_key_file=str(key), header_timeout=0.6,
+                            request_timeout=3.0)
+    address = ("127.0.0.1", srv.port)
+    silent: list[socket.socket] = []
+    try:
+        silent.append(socket.create_connection(address, timeout=3))
+        silent.append(socket.create_connection(address, timeout=3))
+        silent[-1].sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")  # the start of a ClientHello
+        opened = time.monotonic()
+        for _ in range(3):
+            started = time.monotonic()
+            assert _tls_get(srv, cert, "/healthz")[0] == 200
+            assert time.monotonic() - started < 0.5
+        assert not _refused(silent[0], 0.05)  # not before its time
+        for conn in silent:
+            assert _refused(conn, 2.0)
+            assert 0.5 < time.monotonic() - opened < 1.6, time.monotonic() - opened
+        assert srv.httpd.tls_failures == 0  # timed out, not failed
+        for conn in silent:
+            conn.close()
+    finally:
+        for conn in silent:
+            conn.close()
+        srv.stop()
+    srv, _ = _served_server(tls_cert_file=str(cert), tls_key_file=str(key), max_connections=4)
+    silent = []
+    try:
+        silent = [socket.create_connection(("127.0.0.1", srv.port), timeout=3) for _ in range(4)]
+        time.sleep(0.1)
+        started = time.monotonic()
+        assert _tls_get(srv, cert, "/metrics")[0] == 200
+        assert time.monotonic() - started < 1.0
+    finally:
+        for conn in silent:
+            conn.close()
+        srv.stop()
+
+
+def test_tls_settings_that_cannot_be_used_are_refused_at_construction(certificate, tmp_path) -> None:
+    """Only one of the certificate and key, a missing file, a file that is no certificate, or a key of
+    another certificate: a ValueError naming the file, before anything listens."""
+    cert, key = certificate
+    reg, state = CollectorRegistry(auto_describe=False), FakeState()
+
+    def server(cert_file: object, key_file: object) -> ExporterServer:
+        return ExporterServer(reg, state, "127.0.0.1", 0, tls_cert_file=cert_file, tls_key_file=key_file)
+
+    with pytest.raises(ValueError, match="both tls_cert_file and tls_key_file, not tls_cert_file alone"):
+        server(str(cert), None)
+    with pytest.raises(ValueError, match="not tls_key_file alone"):
+        server("", str(key))
+    missing = tmp_path / "nope.crt"
+    with pytest.raises(ValueError, match=f"cannot read the TLS certificate file {missing}"):
+        server(str(missing), str(key))
+    with pytest.raises(ValueError, match=f"cannot read the TLS key file {missing}"):
+        server(str(cert), str(missing))
+    garbage = tmp_path / "garbage.crt"
+    garbage.write_text("not a certificate\n")
+    with pytest.raises(ValueError, match=f"{garbage} holds no PEM certificate"):
+        server(str(garbage), str(key))
+    _, other_key = make_certificate(tmp_path, "other")
+    with pytest.raises(ValueError, match=f"the key in {other_key} is not the certificate's"):
+        server(str(cert), str(other_key))
+    srv = server(None, None)  # neither: plain HTTP
+    try:
+        assert not srv.tls and srv.url.startswith("http://")
+    finally:
+        srv.stop()

@@ -16,6 +16,11 @@ go to the clients that send their requests, not to the slowest ones:
   longest sending its request (never one being answered). At the cap, a new connection closes the
   longest-idle kept-alive connection and takes its slot, or else the oldest reserve connection still
   without its request; only when every other connection is being answered is it closed unanswered.
+
+With a certificate and key (``tls_cert_file``, ``tls_key_file``) it speaks HTTPS only (TLS 1.2 or later). The
+loop drives each connection's handshake as its bytes arrive, never waiting on one: the handshake counts
+against ``header_timeout`` like the request's head, and a failed one (a plain HTTP client, a peer that does
+not trust the certificate) closes the connection, logged as a warning at most once a minute.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import re
 import selectors
 import signal
 import socket
+import ssl
 import threading
 import time
 from collections import deque
@@ -74,6 +80,8 @@ class _Conn:
     since: float = 0.0  # when the wait for the current request began
     deadline: float = 0.0
     buffer: bytearray = field(default_factory=bytearray)
+    handshake: bool = False  # a TLS handshake still under way
+    events: int = selectors.EVENT_READ  # what the selector waits for on ``sock``
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -150,6 +158,34 @@ def _accepts_gzip(accept_encoding: str) -> bool:
     return False
 
 
+def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
+    """A server context (TLS 1.2 or later) with the certificate chain in ``cert_file`` and its key in
+    ``key_file`` (PEM); ValueError naming the file when one cannot be read or they do not match."""
+    texts = {}
+    for what, path in (("certificate", cert_file), ("key", key_file)):
+        try:
+            with open(path, "rb") as f:
+                texts[what] = f.read()
+        except OSError as exc:
+            raise ValueError(f"cannot read the TLS {what} file {path}: {exc.strerror or exc}") from exc
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.options |= getattr(ssl, "OP_NO_RENEGOTIATION", 0)
+    try:
+        context.load_cert_chain(cert_file, key_file)
+    except ssl.SSLError as exc:
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            why = f"the key in {key_file} is not the certificate's"
+        elif b"-----BEGIN CERTIFICATE-----" not in texts["certificate"]:
+            why = f"{cert_file} holds no PEM certificate"
+        elif b"PRIVATE KEY-----" not in texts["key"]:
+            why = f"{key_file} holds no PEM private key"
+        else:
+            why = str(exc)
+        raise ValueError(f"cannot load the TLS certificate {cert_file} with the key {key_file}: {why}") from exc
+    return context
+
+
 def _has_body(handler: _Handler) -> bool:
     """Whether the request announced a body (which is never read: the connection is closed after the answer)."""
     headers = getattr(handler, "headers", None)
@@ -163,8 +199,8 @@ class _Server:
 
     def __init__(self, address: str, port: int, registry: CollectorRegistry, state: Probe,
                  fast: Callable[[CollectorRegistry], bytes] | None, header_timeout: float, request_timeout: float,
-                 max_connections: int, reserve: int) -> None:
-        self.registry, self.state, self.fast = registry, state, fast
+                 max_connections: int, reserve: int, tls: ssl.SSLContext | None = None) -> None:
+        self.registry, self.state, self.fast, self.tls = registry, state, fast, tls
         self.request_timeout = request_timeout
         self.header_timeout = min(header_timeout, request_timeout)
         self.probation = PROBATION * self.header_timeout
@@ -194,6 +230,7 @@ class _Server:
         self.closed = False
         self.accept_paused_until = 0.0
         self.logged: dict[str, float] = {}
+        self.tls_failures = 0  # connections closed for a failed TLS handshake
 
     # ---- the loop (one thread)
 
@@ -247,7 +284,14 @@ class _Server:
                 continue
             now = time.monotonic()
             sock.setblocking(False)
-            conn = _Conn(sock, address, reserved)
+            if self.tls is not None:
+                try:
+                    sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                except OSError as exc:
+                    log.debug("%s: cannot start TLS: %s", address[0], exc)
+                    sock.close()
+                    continue
+            conn = _Conn(sock, address, reserved, handshake=self.tls is not None)
             self._wait_for_head(conn, now)
             self.conns[sock] = conn
             self.selector.register(sock, selectors.EVENT_READ, conn)
@@ -293,14 +337,69 @@ class _Server:
         conn.state, conn.since = "head", now
         conn.deadline = now + (min(self.header_timeout, self.probation) if conn.reserved else self.header_timeout)
 
-    def _read(self, conn: _Conn) -> None:
+    def _wait_for(self, conn: _Conn, events: int) -> None:
+        """Have the selector wait for ``events`` on ``conn`` (TLS may need to write before it can read)."""
+        if conn.events != events:
+            conn.events = events
+            self.selector.modify(conn.sock, events, conn)
+
+    def _handshake(self, conn: _Conn) -> bool:
+        """Take ``conn``'s TLS handshake as far as its bytes allow: whether it is done (``conn`` is closed when
+        it failed)."""
+        assert isinstance(conn.sock, ssl.SSLSocket)
         try:
-            data = conn.sock.recv(65536)
+            conn.sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self._wait_for(conn, selectors.EVENT_READ)
+            return False
+        except ssl.SSLWantWriteError:
+            self._wait_for(conn, selectors.EVENT_READ | selectors.EVENT_WRITE)
+            return False
         except (BlockingIOError, InterruptedError):
+            return False
+        except OSError as exc:
+            if isinstance(exc, (ssl.SSLEOFError, ConnectionError)) or (
+                    not isinstance(exc, ssl.SSLError) and exc.errno == errno.ENOTCONN):
+                log.debug("%s: closed during the TLS handshake: %s", conn.address[0], exc)  # a TCP probe, a scan
+                self._close(conn)
+                return False
+            self.tls_failures += 1
+            why = getattr(exc, "reason", None) or exc
+            self._warn("tls", "%s: TLS handshake failed, connection refused: %s", conn.address[0],
+                       "a plain HTTP request on the HTTPS port" if why == "HTTP_REQUEST" else why)
+            self._close(conn)
+            return False
+        conn.handshake = False
+        self._wait_for(conn, selectors.EVENT_READ)
+        return True
+
+    def _recv(self, conn: _Conn) -> bytes:
+        """What ``conn`` has sent (b"" when it closed); with TLS, with the bytes its SSL object holds decrypted,
+        which the selector cannot see (SSLWantReadError when a whole TLS record has not arrived yet)."""
+        data = conn.sock.recv(65536)
+        if isinstance(conn.sock, ssl.SSLSocket):
+            while data and (pending := conn.sock.pending()):
+                data += conn.sock.recv(pending)
+        return data
+
+    def _read(self, conn: _Conn) -> None:
+        if conn.handshake and not self._handshake(conn):
+            return
+        try:
+            data = self._recv(conn)
+        except (BlockingIOError, InterruptedError):
+            return
+        except ssl.SSLWantReadError:
+            self._wait_for(conn, selectors.EVENT_READ)
+            return
+        except ssl.SSLWantWriteError:
+            self._wait_for(conn, selectors.EVENT_READ | selectors.EVENT_WRITE)
             return
         except OSError:
             self._close(conn)
             return
+        if conn.events != selectors.EVENT_READ:
+            self._wait_for(conn, selectors.EVENT_READ)
         if not data:
             self._close(conn)
             return
@@ -342,15 +441,18 @@ class _Server:
                     self.max_connections - self.reserve:
                 conn.reserved = False
             conn.state, conn.since, conn.deadline = "idle", now, now + self.request_timeout
+            conn.events = selectors.EVENT_READ
             self.selector.register(conn.sock, selectors.EVENT_READ, conn)
             if rest:  # the next request came with this one
                 self._wait_for_head(conn, now)
                 conn.buffer = bytearray(rest)
                 self._parse(conn)
+            elif isinstance(conn.sock, ssl.SSLSocket) and conn.sock.pending():  # read, never seen by select
+                self._read(conn)
 
     def _expire(self, now: float) -> None:
         for conn in [c for c in self.conns.values() if c.state != "busy" and c.deadline <= now]:
-            log.debug("closing %s: no request in time", conn.address[0])
+            log.debug("closing %s: no %s in time", conn.address[0], "TLS handshake" if conn.handshake else "request")
             self._close(conn)
 
     def _close(self, conn: _Conn) -> None:
@@ -371,8 +473,8 @@ class _Server:
                 self._close(self.returned.popleft()[0])
             for conn in list(self.conns.values()):
                 if conn.state == "busy":  # its worker closes it; its answer is cut short
-                    with contextlib.suppress(OSError):
-                        conn.sock.shutdown(socket.SHUT_RDWR)
+                    with contextlib.suppress(OSError):  # the socket's own (TLS's would drop its SSL object)
+                        socket.socket.shutdown(conn.sock, socket.SHUT_RDWR)
                 else:
                     self._close(conn)
         with contextlib.suppress(KeyError, ValueError):
@@ -395,7 +497,7 @@ class _Server:
         try:
             handler = _Handler(conn.sock, conn.address, self, head)
             keep = not handler.close_connection and not _has_body(handler)
-        except (ConnectionError, TimeoutError) as exc:  # a scraper that hangs up mid-answer is routine
+        except (ConnectionError, TimeoutError, ssl.SSLError) as exc:  # a scraper hanging up mid-answer is routine
             log.debug("client %s went away: %s", conn.address[0], exc)
         except Exception:
             log.exception("answering %s failed", conn.address[0])
@@ -420,13 +522,15 @@ class ExporterServer:
     headers (in all, however slowly they trickle in), a kept-alive connection ``request_timeout`` s to start its
     next request, and an answer as long to be taken; then the connection is closed. At most
     ``max_connections`` are open at once, ``reserve`` of them kept for new connections (default: an eighth);
-    see the module's docstring for who is closed when all are taken.
+    see the module's docstring for who is closed when all are taken. With ``tls_cert_file`` and
+    ``tls_key_file`` (PEM; both or neither) it serves HTTPS only; ValueError when they cannot be loaded.
     """
 
     def __init__(self, registry: CollectorRegistry, state: Probe, address: str = "0.0.0.0",
                  port: int = 9477, fast: Callable[[CollectorRegistry], bytes] | None = None,
                  request_timeout: float = REQUEST_TIMEOUT, max_connections: int = MAX_CONNECTIONS,
-                 header_timeout: float = HEADER_TIMEOUT, reserve: int | None = None):
+                 header_timeout: float = HEADER_TIMEOUT, reserve: int | None = None,
+                 tls_cert_file: str | None = None, tls_key_file: str | None = None):
         if not header_timeout > 0 or not request_timeout > 0:
             raise ValueError("header_timeout and request_timeout must be positive")
         if max_connections < 1:
@@ -435,12 +539,21 @@ class ExporterServer:
         reserve = max(1, reserve) if max_connections > 1 else 0
         if reserve >= max_connections:
             raise ValueError("reserve must be below max_connections")
+        if bool(tls_cert_file) != bool(tls_key_file):  # "" is not given, as an empty setting
+            given = "tls_cert_file" if tls_cert_file else "tls_key_file"
+            raise ValueError(f"TLS needs both tls_cert_file and tls_key_file, not {given} alone")
+        tls = tls_context(tls_cert_file, tls_key_file) if tls_cert_file and tls_key_file else None
         try:
             self.httpd = _Server(address, port, registry, state, fast, header_timeout, request_timeout,
-                                 max_connections, reserve)
+                                 max_connections, reserve, tls)
         except OSError as exc:  # port taken, address not local: say which, without a traceback
             raise OSError(exc.errno, f"cannot listen on {address}:{port}: {exc.strerror or exc}") from exc
         self._thread: threading.Thread | None = None
+
+    @property
+    def tls(self) -> bool:
+        """Whether it serves HTTPS."""
+        return self.httpd.tls is not None
 
     @property
     def port(self) -> int:
@@ -455,7 +568,7 @@ class ExporterServer:
             host = "[::1]"
         elif ":" in host:
             host = f"[{host}]"
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.httpd.serve, name="exporter-http", daemon=True)
