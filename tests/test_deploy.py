@@ -29,7 +29,8 @@ def test_manifests_parse() -> None:
 
 def test_dockerfile_targets_copy_what_exists() -> None:
     """Without a Docker engine here: both targets are there, every file they copy exists in the repository,
-    and the services target installs the requirements file and dprobe without its dependencies."""
+    the services target installs dprobe's base requirements and the full one its train extra, both with
+    requirements.lock as pip's constraints (what pyproject.toml's lists hold: tests/test_services_install.py)."""
     text = (DEPLOY / "Dockerfile").read_text()
     stages = re.findall(r"^FROM \S+ AS (\w+)$", text, re.M)
     assert stages == ["base", "services", "full"]  # the full install is the default (last) target
@@ -37,12 +38,14 @@ def test_dockerfile_targets_copy_what_exists() -> None:
     sources = [src for line in re.findall(r"^COPY (.+)$", text, re.M) for src in line.split()[:-1]]
     assert sources and all((root / src).exists() for src in sources), sources
     services = text.split("AS services")[1].split("AS full")[0]
-    assert "pip install -r requirements-services.txt" in services and "pip install --no-deps ." in services
-    from dprobe.core.lazy import FULL_INSTALL
-
-    listed = [re.split(r"[=<>!~ ]", line)[0].lower() for line in
-              (DEPLOY / "requirements-services.txt").read_text().splitlines() if line.strip() and line[0] != "#"]
-    assert "onnxruntime" in listed and not set(listed) & set(FULL_INSTALL.values())
+    full = text.split("AS full")[1]
+    for stage in (services, full):
+        assert re.search(r"^COPY .*\brequirements\.lock\b", stage, re.M), stage
+    installs = [re.findall(r"^RUN pip install (.+)$", stage, re.M) for stage in (services, full)]
+    assert installs[0] == ["-c requirements.lock ."], installs  # the base requirements: no torch
+    assert len(installs[1]) == 1 and installs[1][0].startswith("-c requirements.lock ") \
+        and installs[1][0].endswith(" '.[train]'"), installs
+    assert "--no-deps" not in text
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="no promtool (apt-get install prometheus)")

@@ -1,7 +1,9 @@
-"""The services without the full install: deploy/requirements-services.txt and the Dockerfile's ``services``
-target install dprobe without torch and the training stack. These tests run the real ``dprobe sidecar`` and
-``dprobe scaler`` in processes where those packages cannot be imported (as if not installed), check that they
-serve what they should, and that every distribution they load is one the requirements file brings."""
+"""The services without the full install: ``pip install dprobe`` (the base requirements) and the Dockerfile's
+``services`` target install dprobe without torch and the training stack (the train extra). These tests run the
+real ``dprobe sidecar`` and ``dprobe scaler`` in processes where those packages cannot be imported (as if not
+installed), check that they serve what they should, and that every distribution they load is one the base
+requirements bring; and that pyproject.toml's lists and requirements.lock (the exact versions CI installs)
+agree with each other and with :data:`dprobe.core.lazy.FULL_INSTALL`."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.request
 from importlib.metadata import PackageNotFoundError, requires
 from pathlib import Path
@@ -18,11 +21,14 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from dprobe.core.lazy import FULL_INSTALL
 
 REPO = Path(__file__).resolve().parent.parent
-REQUIREMENTS = REPO / "deploy" / "requirements-services.txt"
+PYPROJECT = REPO / "pyproject.toml"
+LOCK = REPO / "requirements.lock"
+BASE = "dprobe's base requirements"
 
 # runs dprobe's CLI with the full install's packages absent; on exit, prints the distributions it loaded
 WITHOUT_FULL_INSTALL = r"""
@@ -61,10 +67,17 @@ def _command(*args: str) -> list[str]:
     return [sys.executable, "-c", WITHOUT_FULL_INSTALL, json.dumps(sorted(FULL_INSTALL)), *args]
 
 
+def _base(texts: list[str]) -> list[Requirement]:
+    """The requirements among ``texts`` that hold without an extra (markers evaluated for no extra)."""
+    reqs = [Requirement(text) for text in texts]
+    return [r for r in reqs if r.marker is None or r.marker.evaluate({"extra": ""})]
+
+
 def _listed() -> set[str]:
-    """The requirements file's distributions and everything they depend on (their own requirements)."""
-    names = [Requirement(line).name for line in REQUIREMENTS.read_text().splitlines()
-             if line.strip() and not line.startswith("#")]
+    """The installed dprobe's base requirements (what ``pip install dprobe`` brings, no extra) and everything
+    they depend on (their own requirements)."""
+    names = [r.name for r in _base(requires("dprobe") or [])]
+    assert names, "the installed dprobe has no base requirements"
     seen: set[str] = set()
     while names:
         name = canonicalize_name(names.pop())
@@ -118,7 +131,7 @@ def test_the_sidecar_forecasts_with_the_shipped_model_without_torch(free_port) -
                      r'\(onnx\)"', text)
     assert "torch" not in loaded and "torch" in FULL_INSTALL
     unlisted = {canonicalize_name(d) for d in loaded} - _listed() - {"dprobe"}
-    assert not unlisted, f"loaded but not in {REQUIREMENTS.name}: {sorted(unlisted)}"
+    assert not unlisted, f"loaded but not in {BASE} (pyproject.toml's dependencies): {sorted(unlisted)}"
 
 
 @pytest.mark.slow
@@ -128,7 +141,7 @@ def test_the_sidecar_replays_the_h200_trace_without_torch(free_port) -> None:
                         "--min-points", "3", "--forecast-interval", "1"], port,
                        re.compile(r"^dprobe_observed_gpu_memory_bytes\{.*\} \d", re.M))
     unlisted = {canonicalize_name(d) for d in loaded} - _listed() - {"dprobe"}
-    assert not unlisted, f"loaded but not in {REQUIREMENTS.name}: {sorted(unlisted)}"
+    assert not unlisted, f"loaded but not in {BASE} (pyproject.toml's dependencies): {sorted(unlisted)}"
 
 
 def test_the_scaler_runs_without_torch(free_port) -> None:
@@ -137,7 +150,7 @@ def test_the_scaler_runs_without_torch(free_port) -> None:
                           port, re.compile(r'^dprobe_scaler_errors_total\{stage="query"\} [1-9]', re.M))
     assert "dprobe_scaler_cycle_seconds_count" in text
     unlisted = {canonicalize_name(d) for d in loaded} - _listed() - {"dprobe"}
-    assert not unlisted, f"loaded but not in {REQUIREMENTS.name}: {sorted(unlisted)}"
+    assert not unlisted, f"loaded but not in {BASE} (pyproject.toml's dependencies): {sorted(unlisted)}"
 
 
 @pytest.mark.parametrize("args, says", [
@@ -150,3 +163,76 @@ def test_what_needs_the_full_install_is_refused_clearly(args: list[str], says: s
     assert r.returncode == 2, r.stderr
     assert re.search(f"dprobe sidecar: error: .*{says}", r.stderr), r.stderr
     assert "Traceback" not in r.stderr
+
+
+# -- pyproject.toml's lists and requirements.lock ------------------------------------------------------------
+
+
+def _project() -> dict[str, list[Requirement]]:
+    """pyproject.toml's requirements: ``""`` for the base, then one entry per extra."""
+    project = tomllib.loads(PYPROJECT.read_text())["project"]
+    return {"": [Requirement(r) for r in project["dependencies"]],
+            **{extra: [Requirement(r) for r in reqs] for extra, reqs in project["optional-dependencies"].items()}}
+
+
+def _pins(text: str) -> dict[str, Version]:
+    """A lock's exact pins: canonical name -> version; anything but ``name==version`` fails."""
+    pins = {}
+    for line in text.splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, sep, version = line.partition("==")
+            assert sep and name.strip() and " " not in name.strip(), f"not an exact pin: {line!r}"
+            pins[canonicalize_name(name.strip())] = Version(version.strip())
+    return pins
+
+
+def _unpinned(groups: dict[str, list[Requirement]], pins: dict[str, Version]) -> list[str]:
+    """The requirements (base and every extra, self-references aside) that ``pins`` leaves out or breaks."""
+    bad = []
+    for extra, reqs in groups.items():
+        for req in (r for r in reqs if canonicalize_name(r.name) != "dprobe"):
+            pin = pins.get(canonicalize_name(req.name))
+            if pin is None or not req.specifier.contains(pin, prereleases=True):
+                bad.append(f"{req} ({extra or 'base'}): {pin or 'not in the lock'}")
+    return bad
+
+
+def _full(reqs: list[Requirement]) -> set[str]:
+    return {canonicalize_name(r.name) for r in reqs} & {canonicalize_name(d) for d in FULL_INSTALL.values()}
+
+
+def test_the_lock_pins_every_requirement_within_its_range() -> None:
+    """requirements.lock (pip's constraints file for every install: tools/lock.py writes it) pins each
+    requirement of pyproject.toml, the base and every extra's, to one version its specifier allows."""
+    groups, pins = _project(), _pins(LOCK.read_text())
+    assert {"", "train", "test"} <= set(groups)
+    assert "dprobe" not in pins, "requirements.lock pins dprobe itself"
+    assert not _unpinned(groups, pins), "\n".join(_unpinned(groups, pins))
+    # the check itself: a pin outside a range, a missing pin, a line that is not a pin
+    assert _unpinned({"": [Requirement("numpy>=1.26,<3")]}, {"numpy": Version("3.0")})
+    assert _unpinned({"train": [Requirement("torch==2.14.1")]}, {})
+    with pytest.raises(AssertionError, match="not an exact pin"):
+        _pins("numpy>=1.26\n")
+
+
+def test_the_base_requirements_leave_the_training_stack_out() -> None:
+    """``pip install dprobe`` is the services: no package of the full install (FULL_INSTALL) among the base
+    requirements, in pyproject.toml nor in the installed dprobe's metadata."""
+    groups = _project()
+    assert not _full(groups[""]), f"pyproject.toml's dependencies bring {sorted(_full(groups['']))}"
+    assert not _full(_base(requires("dprobe") or [])), "the installed dprobe's base requirements bring the " \
+        "training stack: reinstall it (pip install -c requirements.lock -e '.[test]')"
+    assert "onnxruntime" in {canonicalize_name(r.name) for r in groups[""]}  # the sidecar's ONNX forecasts
+    assert _full([Requirement("torch==2.14.1")]) == {"torch"}  # the check itself
+
+
+def test_the_train_extra_brings_the_full_install() -> None:
+    """Every distribution that FULL_INSTALL names (what a command refuses without, dprobe.core.lazy) is a
+    requirement of the train extra, which the test extra pulls in."""
+    groups = _project()
+    needed = {canonicalize_name(d) for d in FULL_INSTALL.values()}
+    assert not needed - _full(groups["train"]), f"not in the train extra: {sorted(needed - _full(groups['train']))}"
+    assert "dprobe[train]" in {str(r) for r in groups["test"]}
+    specs = {canonicalize_name(r.name): str(r.specifier) for r in groups["train"]}
+    assert specs["torch"] == "==2.14.1" and specs["torchvision"] == "==0.29.1"  # exact: CI's torch is on disk
+    assert _full([Requirement("numpy")]) == set()  # the check itself

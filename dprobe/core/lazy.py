@@ -20,8 +20,9 @@ def lazy_exports(package: str, exports: dict[str, str]) -> Callable[[str], Any]:
     return __getattr__
 
 
-# the packages that only a full install brings: the services' slim install (deploy/requirements-services.txt)
-# leaves them out, and the sidecar then forecasts with an ONNX model, without job profiles
+# the packages that only the full install (`pip install 'dprobe[train]'`, the train extra) brings: the services'
+# install (`pip install dprobe`, the base requirements) leaves them out, and the sidecar then forecasts with an
+# ONNX model, without job profiles (tests/test_services_install.py checks both lists against pyproject.toml)
 FULL_INSTALL = {"torch": "torch", "torchvision": "torchvision", "torch_geometric": "torch-geometric",
                 "pytorch_lightning": "pytorch-lightning", "lightning_fabric": "pytorch-lightning",
                 "torchmetrics": "torchmetrics", "hydra": "hydra-core", "omegaconf": "hydra-core",
@@ -43,6 +44,7 @@ def missing_package(exc: ModuleNotFoundError) -> str | None:
     top = (exc.name or "").split(".")[0]
     if top not in FULL_INSTALL:
         return None
-    return (f"this needs the Python package {FULL_INSTALL[top]}, which is not installed here (a slim install of "
-            "the services, deploy/requirements-services.txt, forecasts with ONNX models only, without job "
-            "profiles); install dprobe with its dependencies (`pip install .` in its repository, or the full image)")
+    return (f"this needs the Python package {FULL_INSTALL[top]}, which is not installed here (the services-only "
+            "install, `pip install dprobe`, leaves the training stack out: it forecasts with ONNX models only, "
+            "without job profiles); install the training stack with `pip install 'dprobe[train]'` "
+            "(`pip install '.[train]'` in dprobe's repository), or use the full image")

@@ -1,7 +1,7 @@
 """The GPUs dprobe has figures for, as features: memory, peak FLOP/s per precision, bandwidth, SMs, L2,
 clocks; how NVML names them; and a spec file (``--gpu-spec``) for any other GPU.
 
-Plain data without torch, so that a sidecar installed without it (deploy/requirements-services.txt)
+Plain data without torch, so that a sidecar installed without it (`pip install dprobe`, the services)
 still checks the ``gpu=`` of a job.
 """
 

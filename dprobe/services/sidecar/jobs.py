@@ -196,8 +196,8 @@ class JobProfiles(ChildQueue[JobSpec]):
                 raise ValueError(f"{annotations_file}: annotation {ANNOTATION}: {exc}") from exc
         if self.active and predict is None and not installed("torch"):
             raise ValueError("job profiles (job, jobs, the dprobe.io/training-job annotation) replay the job's "
-                             "model with torch, which is not installed here: install dprobe with its dependencies "
-                             "(`pip install .`, or use the full image), or leave the job out")
+                             "model with torch, which is not installed here: install the training stack "
+                             "(`pip install 'dprobe[train]'`, or use the full image), or leave the job out")
         self._node_gpu = gpu  # jobs that do not name their GPU run on their target's, else this node's
         self._model_gpus: dict[str, str] = {}  # a GPU's model name -> the dprobe GPU it is predicted for
         self.own_target = own_target
