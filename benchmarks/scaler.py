@@ -86,8 +86,8 @@ def main() -> None:
         query_ms, cycle_ms = [], []
         for _ in range(args.cycles):
             t = time.perf_counter()
-            pod_forecasts(config)
-            pod_gpus(config)
+            pod_forecasts(config.queries)
+            pod_gpus(config.queries)
             query_ms.append(1000 * (time.perf_counter() - t))
             t = time.perf_counter()
             scaler.cycle()
@@ -97,7 +97,7 @@ def main() -> None:
         print(f"| {n} | {len(scaler.decisions)} | {c50:.1f} | {c99:.1f} | {q50:.1f} | {c50 / q50:.2f} |")
         if n == 10000:
             at_target = c99
-    print(f"\nquery: {forecast_query(ScalerConfig())}")
+    print(f"\nquery: {forecast_query(ScalerConfig().queries)}")
     if at_target is not None:
         print(f"{'PASS' if at_target <= 1000 else 'OVER'}: cycle p99 at 10,000 pods {at_target:.0f} ms "
               "(target <= 1000 ms)")

@@ -79,23 +79,23 @@ def test_bearer_token_is_read_again_when_it_rotates_and_headers_go_along(tmp_pat
     with api("Bearer first") as srv:
         config = ScalerConfig(prometheus_url=_url(srv), prometheus_bearer_token_file=str(token),
                               prometheus_headers={"X-Scope-OrgID": "team-a"}).validate()
-        assert pod_forecasts(config) == {("serving", "llm-0"): (0.5, VECTOR["data"]["result"][0]["metric"])}
+        assert pod_forecasts(config.queries) == {("serving", "llm-0"): (0.5, VECTOR["data"]["result"][0]["metric"])}
         assert srv.seen[-1]["authorization"] == "Bearer first" and srv.seen[-1]["x-scope-orgid"] == "team-a"
         _rotate(token, "second")
         srv.token = "Bearer second"
-        assert pod_forecasts(config)  # the new token, without a restart
+        assert pod_forecasts(config.queries)  # the new token, without a restart
         assert srv.seen[-1]["authorization"] == "Bearer second"
         srv.token = "Bearer third"  # the server moved on, the file did not: refused, and said so
         with pytest.raises(SourceError, match="HTTP 401 .*a bearer token given .*prometheus_bearer_token_file"):
-            pod_forecasts(config)
+            pod_forecasts(config.queries)
         token.unlink()  # gone mid-rotation: an error naming the option, never a request without credentials
         n = len(srv.seen)
         with pytest.raises(SourceError, match="prometheus_bearer_token_file: cannot read"):
-            pod_forecasts(config)
+            pod_forecasts(config.queries)
         assert len(srv.seen) == n
         token.write_text("  \n")
         with pytest.raises(SourceError, match="prometheus_bearer_token_file: .* is empty"):
-            pod_forecasts(config)
+            pod_forecasts(config.queries)
 
 
 def test_basic_auth_reads_the_password_file(tmp_path: Path) -> None:
@@ -184,6 +184,6 @@ def test_every_option_from_file_env_and_flags(tmp_path: Path, module, section: s
 
 
 def test_both_services_share_the_options() -> None:
+    assert set(AUTH_FIELDS) == set(PrometheusAccess.__dataclass_fields__)  # one group, prometheus_* in both
     names = {"prometheus_" + n for n in AUTH_FIELDS}
-    assert names == set(PrometheusAccess.__dataclass_fields__)
-    assert names <= set(SidecarConfig.__dataclass_fields__) and names <= set(ScalerConfig.__dataclass_fields__)
+    assert names <= set(sidecar_config.OPTIONS.fields) and names <= set(scaler_config.OPTIONS.fields)

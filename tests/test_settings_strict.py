@@ -4,6 +4,7 @@ type is refused with the option and the value named, never rounded, guessed or d
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dprobe.core.options import OptionSet, at_least, check_options, group, option, positive, settings
 from dprobe.services.scaler import config as scaler_config
 from dprobe.services.sidecar import config as sidecar_config
 
@@ -191,3 +193,139 @@ def test_malformed_config_file_fails_the_console_script_with_one_line(tmp_path: 
     assert lines[0].startswith(f"dprobe {service}: error: {path}: line 4, column 11: not valid YAML: "), lines[0]
     assert "flow sequence that starts at line 3, column 14" in lines[0]
     assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+# option groups ---------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class _Inner:
+    url: str = option("http://a", "where")
+    tries: int = option(3, "how often", check=at_least(1))
+    own: str = option("", "a name kept flat", name="own_name")
+
+
+@dataclasses.dataclass
+class _Plain:
+    url: str = option("http://a", "where")
+
+
+@dataclasses.dataclass
+class _Feature:
+    enabled: bool = option(False, "on or off")
+    share: float = option(0.5, "a share", check=positive)
+
+
+@settings
+class _Toy:
+    rate: float = option(1.0, "per second", check=positive)
+    inner: _Inner = group(_Inner, "inner things")
+    flat: _Plain = group(_Plain, "flat things", prefix="plain_")
+    feature: _Feature = group(_Feature, when="enabled")
+    level: str = option("info", "log level")
+
+
+def test_groups_give_flat_names_flags_variables_and_nested_yaml(tmp_path: Path) -> None:
+    options = OptionSet(_Toy, "TOY_", "toy")
+    assert list(options.fields) == ["rate", "inner_url", "inner_tries", "own_name", "plain_url", "feature_enabled",
+                                    "feature_share", "level"]
+    assert options.group_of("inner_url") == "inner things" and options.group_of("feature_share") == "general"
+    path = tmp_path / "toy.yaml"
+    path.write_text(yaml.safe_dump({"toy": {"inner": {"url": "http://file", "tries": 2}, "own_name": "x"}}))
+    parser = argparse.ArgumentParser()
+    options.add_arguments(parser)
+    assert "inner things options" in parser.format_help() and "TOY_INNER_TRIES" in parser.format_help()
+    c = options.load(parser.parse_args(["--config", str(path), "--inner-tries", "5"]),
+                     env={"TOY_PLAIN_URL": "http://env"})
+    assert (c.inner.url, c.inner.tries, c.inner.own, c.flat.url) == ("http://file", 5, "x", "http://env")
+    assert (c.inner_url, c.own_name, c.plain_url) == ("http://file", "x", "http://env")  # by flat name too
+    with pytest.raises(ValueError, match="inner_tries must be at least 1, got 0"):
+        options.load({}, env={"TOY_INNER_TRIES": "0"})
+    with pytest.raises(ValueError, match="rate must be positive"):
+        options.load({}, env={"TOY_RATE": "nan"})
+
+
+def test_a_group_off_is_not_checked_and_flat_keywords_reach_copies_of_their_groups() -> None:
+    c = _Toy(feature_share=-1.0, inner_tries=4)
+    assert c.feature.share == -1.0 and c.inner.tries == 4
+    check_options(c)  # feature off: its share is not checked
+    c.feature_enabled = True
+    assert c.feature.enabled
+    with pytest.raises(ValueError, match="feature_share must be positive"):
+        check_options(c)
+    d = dataclasses.replace(c, inner_url="http://b")
+    assert (d.inner.url, d.inner.tries, c.inner.url) == ("http://b", 4, "http://a")
+    d.flat.url = "http://c"  # a copy: the original's groups are its own
+    assert c.flat.url == "http://a"
+    with pytest.raises(TypeError, match="unexpected keyword argument 'nope'"):
+        _Toy(nope=1)
+
+
+@pytest.mark.parametrize("service", [SIDECAR, SCALER], ids=["sidecar", "scaler"])
+def test_web_options_reach_the_http_server(tmp_path: Path, service) -> None:
+    from prometheus_client.registry import CollectorRegistry
+
+    from dprobe.services.exporter.server import ExporterServer
+
+    module, prefix, section = service
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({section: {"web": {"reserved_connections": 2}, "listen_address": "127.0.0.1"}}))
+    args = _flag(module, "web_max_connections", "8")
+    args.config = str(path)
+    config = module.load_config(args, env={prefix + "WEB_HEADER_TIMEOUT": "0.5", prefix + "PORT": "0"})
+    assert (config.web_header_timeout, config.web.max_connections, config.web.reserved_connections) == (0.5, 8, 2)
+
+    class State:
+        def ready(self) -> tuple[bool, str]:
+            return True, ""
+
+    srv = ExporterServer(CollectorRegistry(), State(), **config.web.server_kwargs())
+    try:
+        assert (srv.httpd.header_timeout, srv.httpd.max_connections, srv.httpd.reserve) == (0.5, 8, 2)
+        assert srv.httpd.request_timeout == 10.0 and srv.httpd.server_address[0] == "127.0.0.1"
+    finally:
+        srv.stop()
+    for name, value, message in (("WEB_HEADER_TIMEOUT", "0", "web_header_timeout must be positive"),
+                                 ("WEB_MAX_CONNECTIONS", "0", "web_max_connections must be at least 1"),
+                                 ("WEB_RESERVED_CONNECTIONS", "64", "must be below web_max_connections")):
+        with pytest.raises(ValueError, match=message):
+            module.load_config({}, env={prefix + name: value})
+
+
+@pytest.mark.parametrize("service", [SIDECAR, SCALER], ids=["sidecar", "scaler"])
+def test_tls_settings_make_the_http_server_speak_https(tmp_path: Path, service) -> None:
+    import ssl
+    import urllib.request
+
+    from prometheus_client.registry import CollectorRegistry
+
+    from dprobe.services.exporter.server import ExporterServer
+
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl on PATH")
+    cert, key = tmp_path / "s.crt", tmp_path / "s.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-days", "1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    module, prefix, section = service
+    args = _flag(module, "tls_cert_file", str(cert))
+    config = module.load_config(args, env={prefix + "TLS_KEY_FILE": str(key), prefix + "PORT": "0",
+                                           prefix + "LISTEN_ADDRESS": "127.0.0.1"})
+    assert (config.web.tls_cert_file, config.web.tls_key_file) == (str(cert), str(key))
+
+    class State:
+        def ready(self) -> tuple[bool, str]:
+            return True, ""
+
+    srv = ExporterServer(CollectorRegistry(), State(), **config.web.server_kwargs())
+    srv.start()
+    try:
+        assert srv.url.startswith("https://127.0.0.1:")
+        context = ssl.create_default_context(cafile=str(cert))
+        with urllib.request.urlopen(srv.url.rstrip("/") + "/healthz", context=context, timeout=5) as r:
+            assert r.status == 200
+    finally:
+        srv.stop()
+    # one file without the other, or a file that cannot serve, is refused with the settings (exit 2 at the CLI)
+    with pytest.raises(ValueError, match="needs both tls_cert_file and tls_key_file, not tls_cert_file alone"):
+        module.load_config({}, env={prefix + "TLS_CERT_FILE": str(cert)})
+    with pytest.raises(ValueError, match=f"cannot read the TLS key file {re.escape(str(tmp_path / 'nope.key'))}"):
+        module.load_config({}, env={prefix + "TLS_CERT_FILE": str(cert), prefix + "TLS_KEY_FILE": str(tmp_path / "nope.key")})

@@ -31,7 +31,7 @@ from dprobe.forecaster.loading import (
     serves,
 )
 from dprobe.services.sidecar.annotations import AnnotationPolicy, read_annotations
-from dprobe.services.sidecar.config import SidecarConfig, add_arguments, load_config
+from dprobe.services.sidecar.config import OPTIONS, SidecarConfig, add_arguments, load_config
 from dprobe.services.sidecar.engine import ForecastEngine
 from dprobe.services.sidecar.graphs import GraphResolver
 from dprobe.services.sidecar.poller import SourcePoller
@@ -113,7 +113,7 @@ def test_help_documents_every_option() -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     text = parser.format_help()
-    for name in SidecarConfig.__dataclass_fields__:
+    for name in OPTIONS.fields:  # every option, those of the groups (dcgm_url, ...) too
         assert "--" + name.replace("_", "-") in text and "DPROBE_SIDECAR_" + name.upper() in text
 
 

@@ -16,9 +16,9 @@ from dprobe.services.sources import Sample, SourceError, registry, screen_sample
 from dprobe.services.sources.dcgm import DcgmSource, parse_dcgm_text
 from dprobe.services.sources.nvml import NvmlSource, gpu_names, pod_of_cgroup
 from dprobe.services.sources.prometheus import PrometheusSource
-from dprobe.services.sources.registry import build_source, register, source_names
+from dprobe.services.sources.registry import SourceContext, build_source, register, source_names
 from dprobe.services.sources.replay import ReplaySource
-from dprobe.services.sources.synthetic import SyntheticSource
+from dprobe.services.sources.synthetic import SyntheticOptions, SyntheticSource
 
 MIB = 1024 * 1024
 DCGM_TEXT = """\
@@ -394,17 +394,19 @@ def test_sources_are_made_by_name_and_a_new_one_registers_itself(monkeypatch: py
     from dprobe.services.sidecar.config import SOURCES, SidecarConfig, load_config
 
     assert source_names() == SOURCES == ("auto", "nvml", "dcgm", "prometheus", "replay", "synthetic")
-    dcgm = build_source("dcgm", SidecarConfig(dcgm_url="http://dcgm:9400/metrics", dcgm_targets="gpu"))
-    assert isinstance(dcgm, DcgmSource) and (dcgm.url, dcgm.targets) == ("http://dcgm:9400/metrics", "gpu")
-    synthetic = build_source("synthetic", SimpleNamespace(synthetic_targets=3))  # any object with its options
+    sources = SidecarConfig(dcgm_url="http://dcgm:9400/metrics", dcgm_targets="gpu", http_timeout=1.5).sources
+    dcgm = build_source("dcgm", sources, SourceContext(http_timeout=sources.http_timeout))  # from its own group
+    assert isinstance(dcgm, DcgmSource) and (dcgm.url, dcgm.targets, dcgm.timeout) == (
+        "http://dcgm:9400/metrics", "gpu", 1.5)
+    synthetic = build_source("synthetic", SimpleNamespace(synthetic=SyntheticOptions(targets=3)))  # any holder
     assert isinstance(synthetic, SyntheticSource) and synthetic.n_targets == 3
     with pytest.raises(ValueError, match="unknown source 'nope'"):
-        build_source("nope", SidecarConfig())
+        build_source("nope", SidecarConfig().sources)
     monkeypatch.setattr(registry, "_FACTORIES", dict(registry._FACTORIES))
-    register("scripted", lambda options: SyntheticSource(options.synthetic_targets, period=60.0))
-    assert source_names()[-1] == "scripted" and build_source("scripted", SidecarConfig()).period == 60.0
+    register("scripted", lambda options, context: SyntheticSource(3, period=60.0))
+    assert source_names()[-1] == "scripted" and build_source("scripted", SidecarConfig().sources).period == 60.0
     with pytest.raises(ValueError, match="registered already"):
-        register("dcgm", lambda options: SyntheticSource())
+        register("dcgm", lambda options, context: SyntheticSource())
     with pytest.raises(ValueError, match="option source must be one of auto, nvml, dcgm"):
         load_config({}, env={"DPROBE_SIDECAR_SOURCE": "nope"})
 

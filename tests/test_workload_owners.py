@@ -161,8 +161,8 @@ def test_pod_owners_leaves_a_pod_with_two_owners_to_its_name() -> None:
                 ({"namespace": "a", "pod": "r", "owner_kind": "", "owner_name": "z"}, 1)]
     with prometheus(rows) as srv:
         url = f"http://127.0.0.1:{srv.server_address[1]}"
-        assert pod_owners(ScalerConfig(prometheus_url=url)) == {("a", "q"): ("StatefulSet", "y")}
-        assert pod_owners(ScalerConfig(prometheus_url=url, owners_query="")) == {}
+        assert pod_owners(ScalerConfig(prometheus_url=url).queries) == {("a", "q"): ("StatefulSet", "y")}
+        assert pod_owners(ScalerConfig(prometheus_url=url, owners_query="").queries) == {}
 
 
 def test_the_scaler_says_which_grouping_it_used_and_falls_back_to_names(caplog) -> None:
@@ -199,7 +199,7 @@ def test_reader_without_owners_query_asks_nothing() -> None:
     with prometheus(_owner_rows([True])) as srv:
         config = ScalerConfig(prometheus_url=f"http://127.0.0.1:{srv.server_address[1]}", owners_query="",
                               gpus_query="")
-        reader = DemandReader(config, [], Counter())
+        reader = DemandReader(config.queries, config.vc, config.discover, [], Counter())
         view = reader.read()
         assert view is not None and OWNERS_QUERY not in srv.queries and reader.grouping == ""
 

@@ -1,22 +1,33 @@
 """Settings of a long-running service from defaults, a YAML file, environment variables and flags.
 
-A service declares its options as a dataclass whose fields carry a ``help`` (and optional
-``choices``) in their metadata (:func:`option`); an :class:`OptionSet` then gives it one flag per
-option (``--dcgm-url``), one variable per option (``DPROBE_SIDECAR_DCGM_URL``) and a YAML file
-whose keys may be nested (``dcgm: {url: ...}``), merged in that order of precedence:
-defaults < file < environment < flags.
+A service declares its options as a dataclass whose fields carry a ``help`` (and optional ``choices``
+and ``check``) in their metadata (:func:`option`); a field may also hold a group of options, itself
+such a dataclass (:func:`group`): ``dcgm: DcgmOptions = group(DcgmOptions, "sources")``. Each option
+has one flat name, its group's prefix and its own (``dcgm_url``), from which an :class:`OptionSet`
+derives one flag (``--dcgm-url``), one variable (``DPROBE_SIDECAR_DCGM_URL``) and its key in a YAML
+file, nested or not (``dcgm: {url: ...}`` or ``dcgm_url: ...``), merged in that order of precedence:
+defaults < file < environment < flags. ``--help`` lists the options in sections, one per group title.
+
+The settings class itself is made with :func:`settings`: it also takes and gives every option by its
+flat name (``SidecarConfig(dcgm_url=...)``, ``config.dcgm_url``), and its ``validate()`` runs the
+options' checks (:func:`check_options`: :data:`positive`, :data:`non_negative`, :func:`at_least`, ...),
+which name the option as a user writes it.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
+import functools
 import json
 import logging
+import math
 import os
 import re
+import urllib.parse
 from collections.abc import Callable, Mapping
-from dataclasses import field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +35,216 @@ import yaml
 from yaml.reader import ReaderError
 
 
-def option(default: Any, help: str, **kw: Any) -> Any:
-    """A dataclass field with its ``--help`` text (and ``choices=...``) in its metadata."""
+def option(default: Any, help: str, *, check: Callable[[str, Any], None] | None = None, name: str | None = None,
+           **kw: Any) -> Any:
+    """A dataclass field with its ``--help`` text (and ``choices=...``) in its metadata. ``check``: a checker
+    (:class:`Check`) of its value, run by the settings' ``validate()``; ``name``: the option's whole flat name
+    where it is not its group's prefix and the field's name (kept as users know it: ``pod_name`` in the
+    ``nvml_`` group)."""
+    meta = {"help": help, **kw}
+    if check is not None:
+        meta["check"] = check
+    if name is not None:
+        meta["name"] = name
     if isinstance(default, list | dict):
-        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help, **kw})
-    return field(default=default, metadata={"help": help, **kw})
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def group(cls: type, title: str | None = None, prefix: str | None = None, when: str | None = None,
+          **defaults: Any) -> Any:
+    """A dataclass field holding the option group ``cls`` (a dataclass of :func:`option` fields, or of further
+    groups). ``title``: its ``--help`` section (default: the section of the group it is in; "general" at the
+    top); ``prefix``: what its options' flat names start with (default: the field's name and ``_``; ``""``: none);
+    ``when``: the name of a bool option of the group, without which its options are not checked (the settings
+    of a feature that is off); ``defaults``: this service's own defaults of some of its options (``port=9478``)."""
+    return field(default_factory=functools.partial(cls, **defaults),
+                 metadata={"group": cls, "title": title, "prefix": prefix, "when": when})
+
+
+@dataclass(frozen=True)
+class Check:
+    """A check of a number option's value: ``check(name, value)`` raises ``ValueError("NAME RULE, got VALUE")``
+    when ``test(value)`` is false (None, an unset option, always passes)."""
+
+    rule: str  # what the error says of the option: "must be positive"
+    test: Callable[[Any], bool]
+
+    def __call__(self, name: str, value: Any) -> None:
+        if value is not None and not self.test(value):
+            raise ValueError(f"{name} {self.rule}, got {value:g}" if isinstance(value, float)
+                             else f"{name} {self.rule}, got {value!r}")
+
+    def or_unset(self, meaning: str) -> Check:
+        """The same check, its error saying what the option does when it is not set."""
+        return Check(f"{self.rule} (or unset: {meaning})", self.test)
+
+
+positive = Check("must be positive (and finite)", lambda v: 0 < v < math.inf)  # NaN and inf fail too
+non_negative = Check("must be >= 0", lambda v: 0 <= v < math.inf)
+port_number = Check("must be 0-65535 (0: any free port)", lambda v: 0 <= v <= 65535)
+
+
+def at_least(least: float) -> Check:
+    """A whole number (or number) of ``least`` or more."""
+    return Check(f"must be at least {least:g}", lambda v: v >= least)
+
+
+def zero_means(meaning: str) -> Check:
+    """A positive number, or 0 for ``meaning`` (``"the data set's default"``)."""
+    return Check(f"must be positive, or 0 for {meaning}", lambda v: 0 <= v < math.inf)
+
+
+def between(low: float, high: float) -> Check:
+    """A number from ``low`` to ``high``, both included."""
+    return Check(f"must be between {low:g} and {high:g}", lambda v: low <= v <= high)
+
+
+def one_of(values: tuple[Any, ...], what: str) -> Check:
+    """One of ``values`` (``what`` says where they come from: ``"one the sidecars export"``)."""
+    shown = ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
+    return Check(f"must be {what} ({shown})", lambda v: v in values)
+
+
+def _http_url(value: str) -> bool:
+    url = urllib.parse.urlsplit(value)
+    return url.scheme in ("http", "https") and bool(url.hostname)
+
+
+def http_url(example: str) -> Check:
+    """An http:// or https:// URL with a host (``example``: what the error shows, ``http://HOST:9090``)."""
+    return Check(f"must be an http(s) URL such as {example}", _http_url)
+
+
+def comma_list(text: str) -> list[str]:
+    """``a, b,,c`` as ``["a", "b", "c"]``: a text option listing names (empty items are left out)."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One option of a settings class: its flat ``name`` (flag, variable, YAML key), the ``path`` of attributes
+    down to its value, its dataclass ``field``, its ``--help`` section and the ``when`` options (paths) that must
+    be true for it to be checked."""
+
+    name: str
+    path: tuple[str, ...]
+    field: dataclasses.Field
+    title: str
+    when: tuple[tuple[str, ...], ...] = ()
+
+
+@functools.cache
+def leaves(cls: type) -> tuple[Leaf, ...]:
+    """Every option of settings class ``cls``, those of its groups in their place (depth first)."""
+    out: list[Leaf] = []
+
+    def walk(c: type, prefix: str, path: tuple[str, ...], title: str, when: tuple[tuple[str, ...], ...]) -> None:
+        for f in dataclasses.fields(c):
+            meta = f.metadata
+            if meta.get("group") is not None:
+                sub = f"{f.name}_" if meta["prefix"] is None else meta["prefix"]
+                inner = when + ((*path, f.name, meta["when"]),) if meta.get("when") else when
+                walk(meta["group"], prefix + sub, (*path, f.name), meta.get("title") or title, inner)
+            elif "help" in meta:
+                out.append(Leaf(meta.get("name") or prefix + f.name, (*path, f.name), f, title, when))
+
+    walk(cls, "", (), "general", ())
+    names = [leaf.name for leaf in out]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"{cls.__name__}: option(s) {', '.join(twice)} declared twice")
+    return tuple(out)
+
+
+def _get(obj: Any, path: tuple[str, ...]) -> Any:
+    for attr in path:
+        obj = getattr(obj, attr)
+    return obj
+
+
+def check_options(obj: Any, prefix: str = "") -> None:
+    """Run the ``check`` of every option of settings ``obj`` (or of an option group, its options' names starting
+    with ``prefix``; those of a group whose ``when`` option is false are skipped); the first that fails raises
+    its ValueError, naming the option by its flat name."""
+    for leaf in leaves(type(obj)):
+        check = leaf.field.metadata.get("check")
+        if check is not None and all(_get(obj, w) for w in leaf.when):
+            name = leaf.name if "name" in leaf.field.metadata else prefix + leaf.name
+            check(name, _get(obj, leaf.path))
+
+
+def _nest(cls: type, given: Mapping[str, Any], paths: Mapping[str, tuple[str, ...]]) -> dict[str, Any]:
+    """Keyword arguments of dataclass ``cls``'s own ``__init__`` from ``given``: its fields, and options by their
+    flat names (:data:`paths`), put in (copies of) their groups."""
+    own = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    out: dict[str, Any] = {}
+    deeper: dict[str, dict[tuple[str, ...], Any]] = {}
+    for key, value in given.items():
+        if key in own:  # a group given whole is copied, as dataclasses.replace() copies the other options
+            out[key] = _copy(value) if own[key].metadata.get("group") is not None else value
+        elif key in paths and len(paths[key]) > 1:
+            deeper.setdefault(paths[key][0], {})[paths[key][1:]] = value
+        else:
+            raise TypeError(f"{cls.__name__}() got an unexpected keyword argument {key!r}")
+    for name, values in deeper.items():
+        out[name] = _with(own[name].default_factory, out.get(name), values)
+    return out
+
+
+def _with(make: Callable[[], Any], obj: Any, values: Mapping[tuple[str, ...], Any]) -> Any:
+    """Group ``obj`` (None: a new one, ``make()``), a copy, with ``values`` set at their paths."""
+    obj = make() if obj is None else _copy(obj)
+    for path, value in values.items():
+        setattr(_get(obj, path[:-1]), path[-1], value)
+    return obj
+
+
+def _copy(obj: Any) -> Any:
+    """A copy of group ``obj`` and of the groups in it (their values themselves are shared)."""
+    new = copy.copy(obj)
+    for f in dataclasses.fields(obj):
+        if f.metadata.get("group") is not None:
+            object.__setattr__(new, f.name, _copy(getattr(obj, f.name)))
+    return new
+
+
+def settings(cls: type) -> type:
+    """Class decorator of a service's settings: a dataclass (of options and option groups) that also takes and
+    gives its options by their flat names, as flags, variables and files name them: ``SidecarConfig(port=0,
+    dcgm_url=...)``, ``config.dcgm_url``, ``config.dcgm_url = ...`` reach ``config.sources.dcgm.url``. Its
+    ``validate()``, unless it has its own, runs :func:`check_options`."""
+    cls = dataclass(cls)
+    paths = {leaf.name: leaf.path for leaf in leaves(cls)}
+    init = cls.__init__
+
+    def __init__(self: Any, **kw: Any) -> None:  # noqa: N807
+        init(self, **_nest(cls, kw, paths))
+
+    def __getattr__(self: Any, name: str) -> Any:  # noqa: N807 (only for what is not an attribute)
+        path = paths.get(name)
+        if path is None or len(path) < 2:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return _get(self, path)
+
+    def __setattr__(self: Any, name: str, value: Any) -> None:  # noqa: N807
+        path = paths.get(name)
+        if path is not None and len(path) > 1:
+            setattr(_get(self, path[:-1]), path[-1], value)
+        else:
+            object.__setattr__(self, name, value)
+
+    def validate(self: Any) -> Any:
+        """The options' checks (:func:`check_options`); the settings themselves."""
+        check_options(self)
+        return self
+
+    __init__.__doc__ = init.__doc__
+    cls.__init__, cls.__getattr__, cls.__setattr__ = __init__, __getattr__, __setattr__
+    if "validate" not in cls.__dict__:  # a service's own validate() runs check_options() and its cross checks
+        cls.validate = validate
+    cls.OPTION_PATHS = paths
+    return cls
 
 
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
@@ -157,27 +373,34 @@ PARSERS: dict[str, Callable[[Any], Any]] = {"bool": _bool, "int": _int, "float":
 
 
 class OptionSet:
-    """The options of dataclass ``cls``, read from ``{env_prefix}<OPTION>`` and files whose options
-    may sit under a top-level ``section`` key."""
+    """The options of settings class ``cls`` (:func:`settings`, or a plain dataclass of options), read from
+    ``{env_prefix}<OPTION>`` and files whose options may sit under a top-level ``section`` key."""
 
     def __init__(self, cls: type, env_prefix: str, section: str,
                  groups: Mapping[str, tuple[str, ...]] | None = None) -> None:
-        """``groups``: ``--help``'s sections, title -> the options in it, by name or by a prefix ending in
-        ``_`` (``sharing_``); an option in none of them is listed under "general"."""
+        """``--help``'s sections are the option groups' titles (an option outside any titled group: "general");
+        ``groups``, where given, moves options to other sections: title -> the options, by name or by a prefix
+        ending in ``_`` (``sharing_``)."""
         self.cls, self.env_prefix, self.section = cls, env_prefix, section
-        self.fields = {f.name: f for f in dataclasses.fields(cls)}
-        self.groups = dict(groups or {})
-        for title, names in self.groups.items():
+        self.leaves = {leaf.name: leaf for leaf in leaves(cls)}
+        self.fields = {name: leaf.field for name, leaf in self.leaves.items()}
+        moved = dict(groups or {})
+        for title, names in moved.items():
             for n in names:
                 if not n.endswith("_") and n not in self.fields:
                     raise ValueError(f"help group {title!r}: no option {n!r}")
+        self.titles: dict[str, str] = {}
+        for name, leaf in self.leaves.items():
+            self.titles[name] = next((t for t, names in moved.items() if any(
+                name == n or (n.endswith("_") and name.startswith(n)) for n in names)), leaf.title)
+        self.groups: dict[str, tuple[str, ...]] = {}  # title -> its options, in the order of --help
+        for name, title in self.titles.items():
+            if title != "general":
+                self.groups[title] = (*self.groups.get(title, ()), name)
 
     def group_of(self, name: str) -> str:
-        """The ``--help`` section of option ``name`` (the first group naming it or a prefix of it)."""
-        for title, names in self.groups.items():
-            if any(name == n or (n.endswith("_") and name.startswith(n)) for n in names):
-                return title
-        return "general"
+        """The ``--help`` section of option ``name``."""
+        return self.titles[name]
 
     def convert(self, name: str, value: Any, origin: str) -> Any:
         """``value`` (from YAML, env or a flag) as the type of option ``name``; clear error naming ``origin``."""
@@ -270,7 +493,7 @@ class OptionSet:
         for name, f in self.fields.items():
             flag = "--" + name.replace("_", "-")
             env = self.env_prefix + name.upper()
-            default = getattr(defaults, name)
+            default = _get(defaults, self.leaves[name].path)
             if isinstance(default, dict) or isinstance(default, list) and any(isinstance(v, dict) for v in default):
                 shown = json.dumps(default)  # as it would be written in the variable
             else:

@@ -65,7 +65,7 @@ def test_owner_grouping_on_a_real_prometheus(prometheus_server, http_peer) -> No
                               target=0.5, margin=0.0, workloads=WORKLOADS)
         # the default query's join, answered by Prometheus itself (two kube-state-metrics replicas: no
         # many-to-many error); a pod without an owner is not listed
-        assert pod_owners(config) == {("serving", pod): owner or direct for pod, direct, owner in PODS
+        assert pod_owners(config.queries) == {("serving", pod): owner or direct for pod, direct, owner in PODS
                                       if direct[0] != "<none>"}
         scaler = Scaler(config, clock=iter(range(0, 10**6, 30)).__next__)
         scaler.cycle()

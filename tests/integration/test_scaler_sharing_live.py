@@ -78,8 +78,8 @@ def test_scaler_recommends_shares_and_warns_of_an_oom_ahead(prometheus_server, h
                 # a restarted scaler reads it back (not the 6 of sharing="none"), and the memory limits
                 unshared = _value(prom, 'dprobe_recommended_gpus{vc="serving",sharing=""} == 3')  # ceil(1.7 * 1.1 / 0.8)
                 config = ScalerConfig(prometheus_url=str(prom))
-                assert previous_recommendations(config)[1]["serving"] == unshared < 6
-                assert previous_limits(config)[("serving", "emb")] == pytest.approx(17.25e9)
+                assert previous_recommendations(config.queries)[1]["serving"] == unshared < 6
+                assert previous_limits(config.queries)[("serving", "emb")] == pytest.approx(17.25e9)
                 # small's forecast (30 GB) above what its MIG instance gives it (20 GB): an OOM ahead, only there
                 alerts = _wait(prom, 'ALERTS{alertname="DprobeOOMAhead"}')
                 assert {(a["metric"]["workload"], a["metric"]["alertstate"]) for a in alerts} <= {

@@ -1,6 +1,14 @@
 """Scaler settings (defaults < YAML file < ``DPROBE_SCALER_*`` variables < flags) and the scaled objects.
 
-Flat options set the defaults of every workload's :class:`~dprobe.scaling.policy.Policy`; a
+The options come in groups (:mod:`dprobe.core.options`): the forecasts and Prometheus queries read
+(:class:`QueryOptions`, with the server's :class:`PrometheusServer`), the policy (:class:`PolicyOptions`), the
+virtual clusters (:class:`VcOptions`), apply mode (:class:`ApplyOptions`), GPU shares
+(:class:`~dprobe.services.scaler.sharing_config.SharingOptions`), leader election (:class:`LeaderOptions`) and
+the HTTP server (:class:`~dprobe.services.exporter.options.WebOptions`). Their flags, variables and YAML keys
+keep their flat names (``--vc-label``, ``sharing: {enabled: true}``), and so does :class:`ScalerConfig`
+(``config.vc_label`` is ``config.vc.label``).
+
+The policy options set the defaults of every workload's :class:`~dprobe.scaling.policy.Policy`; a
 workload listed under ``workloads:`` may override any of them, and its behaviour per direction
 (the HPA's ``behavior``)::
 
@@ -25,13 +33,23 @@ from __future__ import annotations
 import argparse
 import math
 import re
-import urllib.parse
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from dprobe.core.names import QUANTILES
-from dprobe.core.options import OptionSet, option
+from dprobe.core.options import (
+    Check,
+    OptionSet,
+    check_options,
+    group,
+    http_url,
+    non_negative,
+    one_of,
+    option,
+    positive,
+    settings,
+)
 from dprobe.scaling.policy import (
     DEFAULT_POLICY,
     DEFAULT_SCALE_DOWN,
@@ -42,10 +60,10 @@ from dprobe.scaling.policy import (
     RatePolicy,
     ScalingRules,
 )
-from dprobe.services.scaler.sharing_config import SHARING_MODES, SharingSettings
+from dprobe.services.exporter.options import WebOptions
+from dprobe.services.scaler.sharing_config import SharingOptions, SharingSettings
+from dprobe.services.sources.http import HttpAuth
 from dprobe.services.sources.prometheus import PrometheusAccess
-from dprobe.sharing.mig import GPU_MODELS
-from dprobe.sharing.planner import PLANNER_POLICIES
 
 ENV_PREFIX = "DPROBE_SCALER_"
 MODES = ("recommend", "apply")
@@ -64,34 +82,29 @@ ACTIVATION_KEYS = ("activation_query", "activation_query_threshold")
 
 
 @dataclass
-class ScalerConfig(PrometheusAccess):
-    """Every option of ``dprobe scaler``; the ``prometheus_*`` credential and TLS options
-    (:class:`PrometheusAccess`) are the sidecar's too."""
+class PrometheusServer(PrometheusAccess):
+    """The Prometheus server the scaler reads (``prometheus_*``): where, and its credentials and TLS settings."""
 
-    prometheus_url: str = option("http://127.0.0.1:9090", "Prometheus server holding the sidecars' forecasts")
-    interval: float = option(30.0, "seconds between decisions")
-    horizon_seconds: int = option(300, "forecast horizon the decisions use (one of the sidecars' horizons)")
-    quantile: float = option(0.9, "forecast quantile the decisions use (0.5, 0.9 or 0.99)")
-    mode: str = option("recommend", "recommend: export and log only; apply: also set the workloads' replicas "
-                                     "through the Kubernetes scale subresource", choices=MODES)
-    listen_address: str = option("0.0.0.0", "address the HTTP server binds")
-    port: int = option(9478, "port of /metrics, /healthz and /readyz")
-    http_timeout: float = option(5.0, "timeout of Prometheus queries and Kubernetes calls (s)")
+    url: str = option("http://127.0.0.1:9090", "Prometheus server holding the sidecars' forecasts",
+                      check=http_url("http://HOST:9090"))
+
+
+@dataclass
+class QueryOptions:
+    """What the scaler asks Prometheus: the forecasts (horizon, quantile, selector) and kube-state-metrics'
+    series, and how long it waits for an answer."""
+
+    prometheus: PrometheusServer = group(PrometheusServer)
+    horizon_seconds: int = option(300, "forecast horizon the decisions use (one of the sidecars' horizons)",
+                                  check=positive)
+    quantile: float = option(0.9, "forecast quantile the decisions use (0.5, 0.9 or 0.99)",
+                             check=one_of(QUANTILES, "one the sidecars export"))
+    http_timeout: float = option(5.0, "timeout of Prometheus queries and Kubernetes calls (s)", check=positive)
     forecast_selector: str = option("", "extra PromQL label matchers for the forecasts, e.g. job=\"dprobe\"")
     job_profiles: bool = option(True, "count a pod without a forecast yet at its training job's cold-start "
                                       "utilisation, where its sidecar exports one (dprobe_job_*)")
-    discover: bool = option(True, "also recommend (never apply) for Deployment-like pod groups not listed "
-                                  "under workloads")
-    vc_label: str = option("namespace", "label grouping pods into virtual clusters for dprobe_recommended_gpus "
-                                        "('' = no virtual clusters)")
-    vc_quota_name: str = option("", "apply mode: the ResourceQuota (in each virtual cluster's namespace) whose "
-                                    "GPU limit is set to the recommendation ('' = recommend GPUs only)")
-    vc_quota_resource: str = option("requests.nvidia.com/gpu", "the ResourceQuota resource that counts GPUs")
     gpus_query: str = option('count by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL{pod!=""})',
                              "PromQL giving each pod's GPU count (a pod it does not list counts 1)")
-    vc_pending_query: str = option("", "PromQL giving the GPUs waiting in each virtual cluster, by its vc_label "
-                                       "label (pending pods, queued jobs: no sidecar forecasts them), added to "
-                                       "the cluster's demand ('' = none)")
     replicas_query: str = option(
         'label_replace(kube_deployment_spec_replicas, "workload", "$1", "deployment", "(.+)") or '
         'label_replace(kube_statefulset_replicas, "workload", "$1", "statefulset", "(.+)")',
@@ -103,17 +116,26 @@ class ScalerConfig(PrometheusAccess):
                                              "kube_replicaset_owner): a workload's replicas are the pods its owner "
                                              "owns; a pod it does not list is grouped by name ('' = by name only)")
     restore_seconds: float = option(3600.0, "recommend mode: a (re)started scaler starts from its own last "
-                                            "recommendations Prometheus kept this far back (0 = don't)")
-    kubeconfig: str = option("", "kubeconfig file for apply mode (default: in-cluster, else ~/.kube/config)")
-    events: bool = option(True, "apply mode: record a Kubernetes Event (SuccessfulRescale, FailedRescale) on each "
-                                "workload or ResourceQuota it changes, as the HPA does")
+                                            "recommendations Prometheus kept this far back (0 = don't)",
+                                    check=non_negative)
+
+
+@dataclass
+class PolicyOptions:
+    """The defaults of every workload's :class:`~dprobe.scaling.policy.Policy` (a ``workloads:`` entry may
+    override them), and which workloads are scaled."""
+
+    discover: bool = option(True, "also recommend (never apply) for Deployment-like pod groups not listed "
+                                  "under workloads")
     target: float = option(DEFAULT_POLICY.target, "utilisation (0-1) one replica should carry; for GPUs, one GPU")
     margin: float = option(DEFAULT_POLICY.margin, "safety margin added to the forecast demand (VPA)")
     tolerance: float = option(DEFAULT_POLICY.tolerance, "no change while demand / capacity is within this of 1 (HPA)")
     scale_up_tolerance: float | None = option(DEFAULT_SCALE_UP.tolerance, "tolerance above 1 only: a scale-up needs "
-                                              "demand / capacity above 1 + this (unset: tolerance)")
+                                              "demand / capacity above 1 + this (unset: tolerance)",
+                                              check=non_negative.or_unset("tolerance"))
     scale_down_tolerance: float | None = option(DEFAULT_SCALE_DOWN.tolerance, "tolerance below 1 only: a scale-down "
-                                                "needs demand / capacity below 1 - this (unset: tolerance)")
+                                                "needs demand / capacity below 1 - this (unset: tolerance)",
+                                                check=non_negative.or_unset("tolerance"))
     min_replicas: int = option(DEFAULT_POLICY.min_replicas, "fewest replicas recommended (0 allows scale to zero "
                                                             "below activation)")
     max_replicas: int = option(DEFAULT_POLICY.max_replicas, "most replicas recommended")
@@ -135,96 +157,7 @@ class ScalerConfig(PrometheusAccess):
     scale_down_policies: list[dict[str, Any]] = option(
         [asdict(r) for r in DEFAULT_SCALE_DOWN.policies],
         "rate limits of a scale-down, as scale_up_policies (HPA behavior.scaleDown.policies)")
-    min_gpus: int = option(MIN_GPUS, "fewest GPUs recommended for a virtual cluster")
-    max_gpus: int = option(MAX_GPUS, "most GPUs recommended for a virtual cluster")
     workloads: list[dict[str, Any]] = option([], "scaled workloads with their own settings (YAML, or JSON in env)")
-    # GPU shares (YAML: a `sharing:` section; dprobe.services.scaler.sharing) --------------------------------
-    sharing_enabled: bool = option(False, "recommend GPU shares: a memory limit and a GPU fraction or MIG profile "
-                                          "per workload, the co-location plan, GPUs per virtual cluster with and "
-                                          "without sharing")
-    sharing_mode: str = option("time-slicing", "how GPUs are shared: time-slicing, mps or mig", choices=SHARING_MODES)
-    sharing_gpu_model: str = option("", "the GPUs' model (its memory and MIG profiles): " + ", ".join(GPU_MODELS)
-                                        + " or an alias such as h100 ('' = give sharing_gpu_memory_bytes)")
-    sharing_gpu_memory_bytes: float = option(0.0, "memory of one GPU in bytes (0 = the sharing_gpu_model's)")
-    sharing_memory_quantile: float = option(0.99, "memory forecast quantile a share must hold (hard: 0.5, 0.9 or "
-                                                  "0.99)")
-    sharing_memory_margin: float = option(0.15, "safety margin added to the memory forecast (VPA's is 0.15)")
-    sharing_utilization_quantile: float = option(0.9, "utilisation forecast quantile packed (soft: 0.5, 0.9 or 0.99)")
-    sharing_utilization_target: float = option(0.9, "most summed utilisation (0-1) packed onto one GPU")
-    sharing_policy: str = option("best-fit", "packing policy: " + ", ".join(PLANNER_POLICIES),
-                                 choices=PLANNER_POLICIES)
-    sharing_mig_profiles: str = option("", "mode mig: the MIG profiles a workload may get, comma-separated "
-                                           "(e.g. 1g.10gb,3g.40gb; '' = all of the GPU's)")
-    sharing_stabilization_seconds: float = option(300.0, "a memory limit is lowered only to the highest limit of "
-                                                         "this window")
-    # several replicas: leader election through a Lease (dprobe.services.scaler.leader) ------------------------
-    leader_election: bool = option(False, "only the replica holding the Lease (coordination.k8s.io/v1) publishes "
-                                          "recommendations and acts; the others stand by (run 2 replicas; needs "
-                                          "get, create and update on leases, and the kubeconfig or in-cluster "
-                                          "credentials)")
-    leader_election_lease_name: str = option("dprobe-scaler", "the Lease the replicas elect their leader with")
-    leader_election_namespace: str = option("", "the Lease's namespace ('' = the pod's own, else default)")
-    leader_election_lease_seconds: int = option(15, "a replica takes the Lease once its holder has not renewed it "
-                                                    "for this long (s)")
-    leader_election_renew_seconds: float = option(10.0, "the holder stops leading when it could not renew the Lease "
-                                                        "for this long (s; below lease_seconds)")
-    leader_election_retry_seconds: float = option(2.0, "how often the holder renews the Lease, and the others try "
-                                                       "to take it (s)")
-    log_level: str = option("info", "debug, info, warning or error")
-
-    def validate(self) -> ScalerConfig:
-        for name in ("interval", "http_timeout"):
-            if not getattr(self, name) > 0 or not math.isfinite(getattr(self, name)):
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.horizon_seconds <= 0:
-            raise ValueError(f"horizon_seconds must be positive, got {self.horizon_seconds}")
-        if self.quantile not in QUANTILES:
-            raise ValueError(f"quantile must be one the sidecars export ({', '.join(f'{q:g}' for q in QUANTILES)}), "
-                             f"got {self.quantile:g}")
-        if self.restore_seconds < 0 or not math.isfinite(self.restore_seconds):
-            raise ValueError(f"restore_seconds must be >= 0, got {self.restore_seconds}")
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"port must be 0-65535 (0: any free port), got {self.port}")
-        url = urllib.parse.urlsplit(self.prometheus_url)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            raise ValueError(f"prometheus_url must be an http(s) URL such as http://HOST:9090, "
-                             f"got {self.prometheus_url!r}")
-        self.check_prometheus_access(self.prometheus_url)
-        if self.vc_pending_query.strip() and not self.vc_label:
-            raise ValueError("vc_pending_query needs vc_label (the label that names each virtual cluster)")
-        if self.vc_quota_name and self.vc_label != "namespace":
-            raise ValueError("vc_quota_name needs vc_label: namespace (a ResourceQuota lives in a namespace), "
-                             f"got vc_label {self.vc_label!r}")
-        for name in ("scale_up_tolerance", "scale_down_tolerance"):
-            if getattr(self, name) is not None and not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be >= 0 (or unset: tolerance), got {getattr(self, name)}")
-        for name in ("scale_up_policies", "scale_down_policies"):
-            try:
-                rate_policies(getattr(self, name))
-            except ValueError as exc:
-                raise ValueError(f"{name}: {exc}") from exc
-        if not 0 < self.leader_election_retry_seconds < self.leader_election_renew_seconds \
-                < self.leader_election_lease_seconds:
-            raise ValueError("need 0 < leader_election_retry_seconds < leader_election_renew_seconds < "
-                             f"leader_election_lease_seconds, got {self.leader_election_retry_seconds:g}, "
-                             f"{self.leader_election_renew_seconds:g}, {self.leader_election_lease_seconds:g}")
-        if self.leader_election_namespace and not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?",
-                                                               self.leader_election_namespace):
-            raise ValueError("leader_election_namespace must be a namespace's name (or '' for the pod's own), got "
-                             f"{self.leader_election_namespace!r}")
-        if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", self.leader_election_lease_name):
-            raise ValueError("leader_election_lease_name must be a Kubernetes object name (lower case letters, "
-                             f"digits, '-' and '.'), got {self.leader_election_lease_name!r}")
-        if not 0 <= self.min_gpus <= self.max_gpus:
-            raise ValueError(f"need 0 <= min_gpus <= max_gpus, got {self.min_gpus}, {self.max_gpus}")
-        self.default_policy()  # checks the policy options
-        self.sharing_settings()  # checks the sharing options (None when sharing is off)
-        self.workload_specs()  # checks every workload entry
-        return self
-
-    def sharing_settings(self) -> SharingSettings | None:
-        """The ``sharing:`` options checked (a clear error naming the option), or None when sharing is off."""
-        return SharingSettings.from_config(self) if self.sharing_enabled else None
 
     def default_policy(self) -> Policy:
         """The policy of a workload that sets nothing itself."""
@@ -238,12 +171,8 @@ class ScalerConfig(PrometheusAccess):
                                tolerance=self.scale_down_tolerance,
                                policies=rate_policies(self.scale_down_policies)))
 
-    def gpu_policy(self) -> Policy:
-        """The policy of a virtual cluster's GPU count: one GPU carries ``target`` of utilisation."""
-        return replace(self.default_policy(), min_replicas=self.min_gpus, max_replicas=self.max_gpus,
-                       fallback_replicas=None)
-
     def workload_specs(self) -> list[WorkloadSpec]:
+        """The ``workloads:`` entries, each checked (a clear error naming the entry)."""
         if not isinstance(self.workloads, list) or not all(isinstance(e, Mapping) for e in self.workloads):
             raise ValueError(f"workloads must be a list of mappings, got {self.workloads!r}")
         specs, seen = [], {}
@@ -255,6 +184,126 @@ class ScalerConfig(PrometheusAccess):
             seen[spec.key] = i
             specs.append(spec)
         return specs
+
+
+@dataclass
+class VcOptions:
+    """Virtual clusters (``vc_*``): how pods are grouped into them, their GPU bounds, and in apply mode the
+    ResourceQuota set to their recommendation."""
+
+    label: str = option("namespace", "label grouping pods into virtual clusters for dprobe_recommended_gpus "
+                                     "('' = no virtual clusters)")
+    quota_name: str = option("", "apply mode: the ResourceQuota (in each virtual cluster's namespace) whose "
+                                 "GPU limit is set to the recommendation ('' = recommend GPUs only)")
+    quota_resource: str = option("requests.nvidia.com/gpu", "the ResourceQuota resource that counts GPUs")
+    pending_query: str = option("", "PromQL giving the GPUs waiting in each virtual cluster, by its vc_label "
+                                    "label (pending pods, queued jobs: no sidecar forecasts them), added to "
+                                    "the cluster's demand ('' = none)")
+    min_gpus: int = option(MIN_GPUS, "fewest GPUs recommended for a virtual cluster", name="min_gpus")
+    max_gpus: int = option(MAX_GPUS, "most GPUs recommended for a virtual cluster", name="max_gpus")
+
+
+@dataclass
+class ApplyOptions:
+    """Whether and how the scaler acts on the cluster (Kubernetes)."""
+
+    mode: str = option("recommend", "recommend: export and log only; apply: also set the workloads' replicas "
+                                    "through the Kubernetes scale subresource", choices=MODES)
+    kubeconfig: str = option("", "kubeconfig file for apply mode (default: in-cluster, else ~/.kube/config)")
+    events: bool = option(True, "apply mode: record a Kubernetes Event (SuccessfulRescale, FailedRescale) on each "
+                                "workload or ResourceQuota it changes, as the HPA does")
+
+
+LEASE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+@dataclass
+class LeaderOptions:
+    """Several replicas: leader election through a Lease (``leader_election_*``; :mod:`.leader`)."""
+
+    enabled: bool = option(False, "only the replica holding the Lease (coordination.k8s.io/v1) publishes "
+                                  "recommendations and acts; the others stand by (run 2 replicas; needs "
+                                  "get, create and update on leases, and the kubeconfig or in-cluster "
+                                  "credentials)", name="leader_election")
+    lease_name: str = option("dprobe-scaler", "the Lease the replicas elect their leader with",
+                             check=Check("must be a Kubernetes object name (lower case letters, digits, '-' and "
+                                         "'.')", lambda v: bool(LEASE_NAME.fullmatch(v))))
+    namespace: str = option("", "the Lease's namespace ('' = the pod's own, else default)",
+                            check=Check("must be a namespace's name (or '' for the pod's own)",
+                                        lambda v: not v or bool(NAMESPACE.fullmatch(v))))
+    lease_seconds: int = option(15, "a replica takes the Lease once its holder has not renewed it for this long (s)")
+    renew_seconds: float = option(10.0, "the holder stops leading when it could not renew the Lease for this long "
+                                        "(s; below lease_seconds)")
+    retry_seconds: float = option(2.0, "how often the holder renews the Lease, and the others try to take it (s)")
+
+    def check(self) -> None:
+        if not 0 < self.retry_seconds < self.renew_seconds < self.lease_seconds:
+            raise ValueError("need 0 < leader_election_retry_seconds < leader_election_renew_seconds < "
+                             f"leader_election_lease_seconds, got {self.retry_seconds:g}, {self.renew_seconds:g}, "
+                             f"{self.lease_seconds:g}")
+
+
+@settings
+class ScalerConfig:
+    """Every option of ``dprobe scaler``, in its groups; also by flat name (``ScalerConfig(vc_label=...)``,
+    ``config.vc_label``). The ``prometheus_*`` credential and TLS options
+    (:class:`~dprobe.services.sources.prometheus.PrometheusAccess`) are the sidecar's too."""
+
+    interval: float = option(30.0, "seconds between decisions", check=positive)
+    queries: QueryOptions = group(QueryOptions, "forecast and Prometheus queries", prefix="")
+    web: WebOptions = group(WebOptions, prefix="web_", port=9478)
+    policy: PolicyOptions = group(PolicyOptions, "policy (the HPA's and VPA's settings)", prefix="")
+    vc: VcOptions = group(VcOptions, "virtual clusters")
+    apply: ApplyOptions = group(ApplyOptions, "apply mode (Kubernetes)", prefix="")
+    sharing: SharingOptions = group(SharingOptions, "GPU shares", when="enabled")
+    leader: LeaderOptions = group(LeaderOptions, "leader election", prefix="leader_election_")
+    log_level: str = option("info", "debug, info, warning or error")
+
+    def validate(self) -> ScalerConfig:
+        """Check every option (:func:`~dprobe.core.options.check_options`), then the options together; a
+        ValueError naming the option(s)."""
+        check_options(self)
+        self.web.check()
+        self.queries.prometheus.check_access(self.queries.prometheus.url)
+        if self.vc.pending_query.strip() and not self.vc.label:
+            raise ValueError("vc_pending_query needs vc_label (the label that names each virtual cluster)")
+        if self.vc.quota_name and self.vc.label != "namespace":
+            raise ValueError("vc_quota_name needs vc_label: namespace (a ResourceQuota lives in a namespace), "
+                             f"got vc_label {self.vc.label!r}")
+        for name in ("scale_up_policies", "scale_down_policies"):
+            try:
+                rate_policies(getattr(self.policy, name))
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from exc
+        self.leader.check()
+        if not 0 <= self.vc.min_gpus <= self.vc.max_gpus:
+            raise ValueError(f"need 0 <= min_gpus <= max_gpus, got {self.vc.min_gpus}, {self.vc.max_gpus}")
+        self.default_policy()  # checks the policy options
+        self.sharing_settings()  # checks the sharing options (None when sharing is off)
+        self.workload_specs()  # checks every workload entry
+        return self
+
+    def prometheus_auth(self) -> HttpAuth:
+        """The credentials and TLS settings of the Prometheus server read."""
+        return self.queries.prometheus.auth()
+
+    def sharing_settings(self) -> SharingSettings | None:
+        """The ``sharing:`` options checked (a clear error naming the option), or None when sharing is off."""
+        return SharingSettings.from_options(self.sharing) if self.sharing.enabled else None
+
+    def default_policy(self) -> Policy:
+        """The policy of a workload that sets nothing itself."""
+        return self.policy.default_policy()
+
+    def gpu_policy(self) -> Policy:
+        """The policy of a virtual cluster's GPU count: one GPU carries ``target`` of utilisation."""
+        return replace(self.default_policy(), min_replicas=self.vc.min_gpus, max_replicas=self.vc.max_gpus,
+                       fallback_replicas=None)
+
+    def workload_specs(self) -> list[WorkloadSpec]:
+        """The ``workloads:`` entries (:meth:`PolicyOptions.workload_specs`)."""
+        return self.policy.workload_specs()
 
 
 @dataclass(frozen=True)
@@ -365,20 +414,7 @@ def rate_policies(entries: Any) -> tuple[RatePolicy, ...]:
         raise ValueError(f"rate policy values must be numbers: {exc}") from exc
 
 
-# --help's sections (an option in none: "general")
-GROUPS = {
-    "forecast and Prometheus queries": ("prometheus_", "horizon_seconds", "quantile", "http_timeout",
-                                        "forecast_selector", "job_profiles", "gpus_query", "replicas_query",
-                                        "owners_query", "restore_seconds"),
-    "policy (the HPA's and VPA's settings)": ("target", "margin", "tolerance", "scale_up_", "scale_down_",
-                                              "min_replicas", "max_replicas", "activation", "fallback_replicas",
-                                              "failure_threshold", "min_forecast_coverage", "workloads", "discover"),
-    "virtual clusters": ("vc_", "min_gpus", "max_gpus"),
-    "apply mode (Kubernetes)": ("mode", "kubeconfig", "events"),
-    "GPU shares": ("sharing_",),
-    "leader election": ("leader_election", "leader_election_"),
-}
-OPTIONS = OptionSet(ScalerConfig, ENV_PREFIX, "scaler", GROUPS)
+OPTIONS = OptionSet(ScalerConfig, ENV_PREFIX, "scaler")
 add_arguments = OPTIONS.add_arguments
 
 

@@ -27,7 +27,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from dprobe.core.names import JOB_PREDICTED, PREDICTED, RECOMMENDED_GPUS, RECOMMENDED_REPLICAS
-from dprobe.services.scaler.config import ScalerConfig, WorkloadSpec
+from dprobe.services.scaler.config import QueryOptions, VcOptions, WorkloadSpec
 from dprobe.services.sources.prometheus import query_vector
 
 PREDICTED_UTILIZATION = PREDICTED["gpu_utilization_ratio"]
@@ -61,21 +61,22 @@ class DemandView:
     grouped: Counter[str] = field(default_factory=Counter)  # pods put in a workload, by method
 
 
-def _vector(config: ScalerConfig, query: str) -> list[tuple[dict[str, str], float]]:
+def _vector(queries: QueryOptions, query: str) -> list[tuple[dict[str, str], float]]:
     """An instant ``query`` at the configured Prometheus, with its credentials (SourceError on failure)."""
-    return query_vector(config.prometheus_url, query, config.http_timeout, config.prometheus_auth())
+    server = queries.prometheus
+    return query_vector(server.url, query, queries.http_timeout, server.auth())
 
 
-def forecast_query(config: ScalerConfig) -> str:
+def forecast_query(queries: QueryOptions) -> str:
     """The PromQL selecting every pod's forecast at the configured horizon and quantile, and with
     ``job_profiles`` the cold-start utilisation of pods without one (p50 for a quantile up to 0.5,
     else p90: the profiles' highest)."""
-    extra = f",{config.forecast_selector.strip().strip(',')}" if config.forecast_selector.strip() else ""
-    query = (f'{PREDICTED_UTILIZATION}{{horizon_seconds="{config.horizon_seconds}",'
-             f'quantile="{config.quantile:g}",pod!=""{extra}}}')
-    if not config.job_profiles:
+    extra = f",{queries.forecast_selector.strip().strip(',')}" if queries.forecast_selector.strip() else ""
+    query = (f'{PREDICTED_UTILIZATION}{{horizon_seconds="{queries.horizon_seconds}",'
+             f'quantile="{queries.quantile:g}",pod!=""{extra}}}')
+    if not queries.job_profiles:
         return query
-    profile = "0.5" if config.quantile <= 0.5 else "0.9"
+    profile = "0.5" if queries.quantile <= 0.5 else "0.9"
     return f'{query} or on (namespace, pod) {JOB_UTILIZATION}{{quantile="{profile}",pod!=""{extra}}}'
 
 
@@ -93,14 +94,14 @@ def forecast_problem(value: float) -> str:
     return ""
 
 
-def pod_forecasts(config: ScalerConfig, rejected: Counter[str] | None = None
+def pod_forecasts(queries: QueryOptions, rejected: Counter[str] | None = None
                   ) -> dict[tuple[str, str], tuple[float, dict[str, str]]]:
     """``(namespace, pod) -> (forecast, labels)`` for every pod-level target (``target`` is
     ``namespace/pod``; a GPU's own series are skipped, so no pod is counted twice). Where several
     sidecars export the same pod, the highest forecast is kept. A forecast that cannot be used (see
     :func:`forecast_problem`) is left out and counted in ``rejected`` by reason."""
     out: dict[tuple[str, str], tuple[float, dict[str, str]]] = {}
-    for labels, value in _vector(config, forecast_query(config)):
+    for labels, value in _vector(queries, forecast_query(queries)):
         ns, pod = labels.get("namespace", ""), labels.get("pod", "")
         if labels.get("target") not in (f"{ns}/{pod}", pod):
             continue
@@ -114,24 +115,24 @@ def pod_forecasts(config: ScalerConfig, rejected: Counter[str] | None = None
     return out
 
 
-def pod_gpus(config: ScalerConfig) -> dict[tuple[str, str], tuple[int, dict[str, str]]]:
+def pod_gpus(queries: QueryOptions) -> dict[tuple[str, str], tuple[int, dict[str, str]]]:
     """GPUs per pod from ``gpus_query`` (empty when it is not set), with the row's labels: the pods that
     hold GPUs, whether or not they have a forecast."""
-    if not config.gpus_query.strip():
+    if not queries.gpus_query.strip():
         return {}
-    rows = _vector(config, config.gpus_query)
+    rows = _vector(queries, queries.gpus_query)
     return {(lab.get("namespace", ""), lab.get("pod", "")): (max(1, int(round(v))), lab) for lab, v in rows
             if math.isfinite(v) and lab.get("pod")}
 
 
-def pod_owners(config: ScalerConfig) -> dict[tuple[str, str], tuple[str, str]]:
+def pod_owners(queries: QueryOptions) -> dict[tuple[str, str], tuple[str, str]]:
     """``(namespace, pod) -> (owner kind, owner name)`` from ``owners_query`` (empty when it is not set or
     kube-state-metrics' series are absent); a pod listed with two owners is left to its name."""
-    if not config.owners_query.strip():
+    if not queries.owners_query.strip():
         return {}
     out: dict[tuple[str, str], tuple[str, str]] = {}
     twice: set[tuple[str, str]] = set()
-    for labels, _ in _vector(config, config.owners_query):
+    for labels, _ in _vector(queries, queries.owners_query):
         key = labels.get("namespace", ""), labels.get("pod", "")
         owner = labels.get("owner_kind", ""), labels.get("owner_name", "")
         if not key[1] or not all(owner):
@@ -144,42 +145,42 @@ def pod_owners(config: ScalerConfig) -> dict[tuple[str, str], tuple[str, str]]:
     return out
 
 
-def workload_replicas(config: ScalerConfig) -> dict[tuple[str, str], int]:
+def workload_replicas(queries: QueryOptions) -> dict[tuple[str, str], int]:
     """``(namespace, workload) -> replicas`` from ``replicas_query`` (kube-state-metrics' spec replicas;
     empty when it is not set or has no such series)."""
-    if not config.replicas_query.strip():
+    if not queries.replicas_query.strip():
         return {}
     out: dict[tuple[str, str], int] = {}
-    for labels, value in _vector(config, config.replicas_query):
+    for labels, value in _vector(queries, queries.replicas_query):
         key = labels.get("namespace", ""), labels.get("workload", "")
         if key[1] and math.isfinite(value) and value >= 0:
             out[key] = max(out.get(key, 0), int(round(value)))
     return out
 
 
-def previous_recommendations(config: ScalerConfig) -> tuple[dict[tuple[str, str], int], dict[str, int]]:
+def previous_recommendations(queries: QueryOptions) -> tuple[dict[tuple[str, str], int], dict[str, int]]:
     """The scaler's own last recommendations, as Prometheus kept them (``restore_seconds`` back): where a
     restarted scaler in recommend mode starts from, instead of the pods it happens to see."""
-    window = f"[{int(config.restore_seconds)}s]"
+    window = f"[{int(queries.restore_seconds)}s]"
     workloads: dict[tuple[str, str], int] = {}
-    for labels, value in _vector(config, f"max by (namespace, workload) "
+    for labels, value in _vector(queries, f"max by (namespace, workload) "
                                          f"(last_over_time({RECOMMENDED_REPLICAS}{window}))"):
         if labels.get("workload") and math.isfinite(value) and value >= 0:
             workloads[(labels.get("namespace", ""), labels["workload"])] = int(round(value))
     vcs: dict[str, int] = {}
-    for labels, value in _vector(config, f"max by (vc) "
+    for labels, value in _vector(queries, f"max by (vc) "
                                          f"(last_over_time({RECOMMENDED_GPUS}{{sharing=\"\"}}{window}))"):
         if labels.get("vc") and math.isfinite(value) and value >= 0:
             vcs[labels["vc"]] = int(round(value))
     return workloads, vcs
 
 
-def pending_gpus(config: ScalerConfig) -> dict[str, float]:
+def pending_gpus(queries: QueryOptions, vcs: VcOptions) -> dict[str, float]:
     """GPUs waiting per virtual cluster from ``vc_pending_query`` (samples without the ``vc_label``
     label are left out; several samples of one cluster are summed)."""
     out: dict[str, float] = defaultdict(float)
-    for labels, value in _vector(config, config.vc_pending_query):
-        vc = labels.get(config.vc_label, "")
+    for labels, value in _vector(queries, vcs.pending_query):
+        vc = labels.get(vcs.label, "")
         if vc and value == value:
             out[vc] += max(0.0, value)
     return dict(out)
@@ -193,10 +194,10 @@ def add_pending(vcs: dict[str, Demand], pending: dict[str, float]) -> None:
         demand.total += gpus
 
 
-def activation_value(config: ScalerConfig, query: str) -> float:
+def activation_value(queries: QueryOptions, query: str) -> float:
     """A workload's activation query, its samples summed (no samples: 0, as KEDA's Prometheus
     scaler reads an empty result)."""
-    rows = _vector(config, query)
+    rows = _vector(queries, query)
     return float(sum(v for _, v in rows if v == v))
 
 

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from dprobe.scaling.policy import Decision
 from dprobe.services.scaler.actuator import Actuator, ActuatorError
-from dprobe.services.scaler.config import ScalerConfig, WorkloadSpec
+from dprobe.services.scaler.config import ApplyOptions, QueryOptions, VcOptions, WorkloadSpec
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +173,11 @@ class KubernetesActuator(Actuator):
 
     mode = "apply"
 
-    def __init__(self, config: ScalerConfig, client: Cluster, errors: Counter[str]) -> None:
-        self.config, self.client, self.errors = config, client, errors
+    def __init__(self, apply: ApplyOptions, vc: VcOptions, queries: QueryOptions, client: Cluster,
+                 errors: Counter[str]) -> None:
+        """``apply``: whether to record events; ``vc``: the quota set; ``queries``: what the forecasts read
+        (their quantile and horizon, said in the events)."""
+        self.apply, self.vc, self.queries, self.client, self.errors = apply, vc, queries, client, errors
 
     def replicas(self, spec: WorkloadSpec) -> int:
         return self.client.replicas(spec)
@@ -184,14 +187,14 @@ class KubernetesActuator(Actuator):
                          "pod-equivalents")
 
     def gpus(self, vc: str) -> int | None:
-        if not self.config.vc_quota_name:
+        if not self.vc.quota_name:
             return None
-        return self.client.quota(vc, self.config.vc_quota_name, self.config.vc_quota_resource)
+        return self.client.quota(vc, self.vc.quota_name, self.vc.quota_resource)
 
     def set_gpus(self, vc: str, decision: Decision, demand: float | None) -> bool:
-        if not self.config.vc_quota_name:
+        if not self.vc.quota_name:
             return True  # recommended only
-        name, resource = self.config.vc_quota_name, self.config.vc_quota_resource
+        name, resource = self.vc.quota_name, self.vc.quota_resource
         return self._set(ObjectRef(vc, "ResourceQuota", name, "v1"),
                          lambda: self.client.set_quota(vc, name, resource, decision.replicas), decision, demand, "GPUs")
 
@@ -204,7 +207,7 @@ class KubernetesActuator(Actuator):
             log.warning("%s", exc)
             self._event(obj, "FailedRescale", f"New size: {decision.replicas}; error: {exc}", warning=True)
             return False
-        c = self.config
+        c = self.queries
         why = "no forecast" if demand is None else (
             f"demand {demand:.2f} {unit} (p{100 * c.quantile:g} of GPU utilisation {c.horizon_seconds} s ahead)")
         self._event(obj, "SuccessfulRescale", f"New size: {decision.replicas}; reason: {decision.reason}; {why}")
@@ -212,7 +215,7 @@ class KubernetesActuator(Actuator):
 
     def _event(self, obj: ObjectRef, reason: str, message: str, warning: bool = False) -> None:
         """Record a Kubernetes Event on ``obj`` (``events`` option); a failure is counted, logged once."""
-        if not self.config.events:
+        if not self.apply.events:
             return
         try:
             self.client.record_event(obj, reason, message, warning)

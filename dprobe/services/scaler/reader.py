@@ -8,7 +8,7 @@ import logging
 from collections import Counter
 
 from dprobe.scaling.policy import Decision
-from dprobe.services.scaler.config import ScalerConfig, WorkloadSpec
+from dprobe.services.scaler.config import QueryOptions, VcOptions, WorkloadSpec
 from dprobe.services.scaler.demand import (
     DemandView,
     activation_value,
@@ -27,10 +27,12 @@ log = logging.getLogger(__name__)
 
 
 class DemandReader:
-    """The Prometheus queries of one scaler; ``errors``: the scaler's error counts, by stage."""
+    """The Prometheus queries of one scaler (``queries``), its virtual clusters (``vc``) and whether it ``discover``s
+    workloads not in ``specs``; ``errors``: the scaler's error counts, by stage."""
 
-    def __init__(self, config: ScalerConfig, specs: list[WorkloadSpec], errors: Counter[str]) -> None:
-        self.config, self.specs, self.errors = config, specs, errors
+    def __init__(self, queries: QueryOptions, vc: VcOptions, discover: bool, specs: list[WorkloadSpec],
+                 errors: Counter[str]) -> None:
+        self.queries, self.vc, self.discover, self.specs, self.errors = queries, vc, discover, specs, errors
         self.rejected_total: Counter[str] = Counter()  # forecasts left out, by reason
         self.activations: dict[tuple[str, str], tuple[float, bool]] = {}  # activation queries: (value, active)
         self.failure = ""  # why the forecasts could not be read ('' while they can)
@@ -41,7 +43,7 @@ class DemandReader:
     def read(self) -> DemandView | None:
         """This cycle's demand, or None when Prometheus could not be read (counted, logged)."""
         try:
-            forecasts = pod_forecasts(self.config, self.rejected_total)
+            forecasts = pod_forecasts(self.queries, self.rejected_total)
         except SourceError as exc:
             self.errors["query"] += 1
             # once when it starts failing (and again if the reason changes), not every cycle
@@ -53,16 +55,15 @@ class DemandReader:
             self.failure = ""
         gpus: dict[tuple[str, str], tuple[int, dict[str, str]]] = {}
         try:
-            gpus = pod_gpus(self.config)
+            gpus = pod_gpus(self.queries)
             self._failures.pop("gpus_query", None)
         except SourceError as exc:  # virtual clusters then count one GPU per pod; no pod is known missing
             self.failed("gpus_query", exc, "one GPU per pod, pods without forecasts unseen")
         self.gpus = gpus
-        view = group_demand(forecasts, self.specs, gpus, self.config.vc_label, self.config.discover,
-                            self.owners())
-        if self.config.vc_pending_query.strip():
+        view = group_demand(forecasts, self.specs, gpus, self.vc.label, self.discover, self.owners())
+        if self.vc.pending_query.strip():
             try:
-                add_pending(view.vcs, pending_gpus(self.config))
+                add_pending(view.vcs, pending_gpus(self.queries, self.vc))
                 self._failures.pop("vc_pending_query", None)
             except SourceError as exc:  # the clusters' demand is then their pods' forecasts alone
                 self.failed("vc_pending_query", exc, "demand without waiting GPUs this cycle")
@@ -71,10 +72,10 @@ class DemandReader:
     def owners(self) -> dict[tuple[str, str], tuple[str, str]]:
         """Each pod's owner from ``owners_query``; empty (pods grouped by name) when it is not set, fails
         (counted, logged once) or finds no kube-state-metrics series (logged once)."""
-        if not self.config.owners_query.strip():
+        if not self.queries.owners_query.strip():
             return {}
         try:
-            owners = pod_owners(self.config)
+            owners = pod_owners(self.queries)
             self._failures.pop("owners_query", None)
         except SourceError as exc:
             self.failed("owners_query", exc, "pods grouped by name")
@@ -97,7 +98,7 @@ class DemandReader:
             return None
         query = "{}/{}: activation query".format(*spec.key)
         try:
-            value = activation_value(self.config, spec.activation_query)
+            value = activation_value(self.queries, spec.activation_query)
         except SourceError as exc:
             self.failed(query, exc, "kept as it is")
             self.activations.pop(spec.key, None)
@@ -109,7 +110,7 @@ class DemandReader:
     def replicas(self) -> dict[tuple[str, str], int]:
         """Each workload's replicas as kube-state-metrics shows them (``replicas_query``; empty when it fails)."""
         try:
-            replicas = workload_replicas(self.config)
+            replicas = workload_replicas(self.queries)
         except SourceError as exc:
             self.failed("replicas_query", exc, "expected pods from the last recommendations")
             return {}
@@ -119,17 +120,17 @@ class DemandReader:
     def recommendations(self) -> tuple[dict[tuple[str, str], int], dict[str, int]] | None:
         """The recommendations of the scaler's last run (``restore_seconds``; none when 0): per workload, per
         virtual cluster. None when the query fails (counted, logged once): asked again next cycle."""
-        if self.config.restore_seconds <= 0:
+        if self.queries.restore_seconds <= 0:
             return {}, {}
         try:
-            workloads, vcs = previous_recommendations(self.config)
+            workloads, vcs = previous_recommendations(self.queries)
         except SourceError as exc:
             self.failed("restore", exc, "counts not known yet, asked again next cycle")
             return None
         self._failures.pop("restore", None)
         if workloads or vcs:
             log.info("starting from %d recommendations of the last %g s", len(workloads) + len(vcs),
-                     self.config.restore_seconds)
+                     self.queries.restore_seconds)
         return workloads, vcs
 
     def answered(self, query: str) -> None:

@@ -23,7 +23,7 @@ from dprobe.scaling.policy import Decision, Recommender
 from dprobe.services.exporter.server import ExporterServer, run_until_signalled
 from dprobe.services.scaler.actuator import Actuator, ActuatorError, RecommendActuator
 from dprobe.services.scaler.collector import ScalerCollector
-from dprobe.services.scaler.config import ScalerConfig, WorkloadSpec
+from dprobe.services.scaler.config import LeaderOptions, ScalerConfig, WorkloadSpec
 from dprobe.services.scaler.demand import GROUPING_METHODS, Demand, DemandView
 from dprobe.services.scaler.kube import Cluster, KubernetesActuator, ScaleClient, api_client
 from dprobe.services.scaler.leader import KubernetesLease, LeaderElector, default_identity, default_namespace
@@ -37,21 +37,23 @@ CYCLE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 def make_actuator(config: ScalerConfig, kube: Cluster | None, errors: Counter[str]) -> Actuator:
-    """The actuator of ``config.mode``; in apply mode on ``kube``, else on the configured cluster."""
-    if config.mode != "apply":
+    """The actuator of ``config.apply.mode``; in apply mode on ``kube``, else on the configured cluster."""
+    apply = config.apply
+    if apply.mode != "apply":
         return RecommendActuator()
-    return KubernetesActuator(config, kube if kube is not None else ScaleClient(config.kubeconfig,
-                                                                               config.http_timeout), errors)
+    client = kube if kube is not None else ScaleClient(apply.kubeconfig, config.queries.http_timeout)
+    return KubernetesActuator(apply, config.vc, config.queries, client, errors)
 
 
-def make_elector(config: ScalerConfig, errors: Counter[str]) -> LeaderElector | None:
+def make_elector(leader: LeaderOptions, kubeconfig: str, timeout: float,
+                 errors: Counter[str]) -> LeaderElector | None:
     """With ``leader_election``, the elector of this replica on the configured Lease (else None)."""
-    if not config.leader_election:
+    if not leader.enabled:
         return None
-    store = KubernetesLease(config.leader_election_lease_name, config.leader_election_namespace or default_namespace(),
-                            api_client(config.kubeconfig), config.http_timeout)
-    return LeaderElector(store, default_identity(), config.leader_election_lease_seconds,
-                         config.leader_election_renew_seconds, config.leader_election_retry_seconds, errors)
+    store = KubernetesLease(leader.lease_name, leader.namespace or default_namespace(), api_client(kubeconfig),
+                            timeout)
+    return LeaderElector(store, default_identity(), leader.lease_seconds, leader.renew_seconds, leader.retry_seconds,
+                         errors)
 
 
 class Scaler:
@@ -83,8 +85,9 @@ class Scaler:
         self.clock = clock
         self.errors_total: Counter[str] = Counter()
         self.actuator = make_actuator(config, kube, self.errors_total)
-        self.reader = DemandReader(config, self.specs, self.errors_total)
-        self.elector = elector if elector is not None else make_elector(config, self.errors_total)
+        self.reader = DemandReader(config.queries, config.vc, config.policy.discover, self.specs, self.errors_total)
+        self.elector = elector if elector is not None else make_elector(
+            config.leader, config.apply.kubeconfig, config.queries.http_timeout, self.errors_total)
         self._term = 0  # the elector's term the decision state below belongs to
         self.last_cycle_at: float | None = None
         self._fresh()
@@ -177,7 +180,7 @@ class Scaler:
             self.vcs.decisions = self._decide_vcs(now, view.vcs)
             self.vc_held_gpus = {vc: d.gpus for vc, d in view.vcs.items()}
             self.grouped_pods = {m: view.grouped.get(m, 0) for m in GROUPING_METHODS}
-            self.vc_pending_gpus = {vc: d.pending for vc, d in view.vcs.items() if self.config.vc_pending_query}
+            self.vc_pending_gpus = {vc: d.pending for vc, d in view.vcs.items() if self.config.vc.pending_query}
             # an answer without a usable forecast while pods expect some: the sidecars are gone or not scraped
             self._no_data = not any(d.pods for d in (*view.workloads.values(), *view.discovered.values(),
                                                      *view.vcs.values())) and any(
@@ -197,18 +200,19 @@ class Scaler:
     def _share(self, now: float, view: DemandView) -> None:
         """This cycle's shares (:mod:`dprobe.services.scaler.sharing`); when a query fails the last ones stay."""
         assert self.sharing is not None
-        if not self._shares_restored and self.config.restore_seconds > 0:
+        if not self._shares_restored and self.config.queries.restore_seconds > 0:
             try:
-                limits = previous_limits(self.config)
+                limits = previous_limits(self.config.queries)
                 self.sharing.restore(now, limits)
                 if limits:
                     log.info("starting from %d memory limits of the last %g s", len(limits),
-                             self.config.restore_seconds)
+                             self.config.queries.restore_seconds)
             except SourceError as exc:
                 self.reader.failed("restore memory limits", exc, "starting from this cycle's forecasts")
         self._shares_restored = True
         try:
-            pods = read_pods(self.config, self.sharing.settings, view, self.reader.gpus, self.reader.rejected_total)
+            pods = read_pods(self.config.queries, self.config.vc.label, self.sharing.settings, view, self.reader.gpus,
+                             self.reader.rejected_total)
             self.reader.answered("sharing")
         except SourceError as exc:
             self.reader.failed("sharing", exc, "the last shares kept")
@@ -316,7 +320,7 @@ class Scaler:
         GPUs expected are those its pods hold and, for ``restore_seconds`` after its last decision on data, those
         they held then: missing ones hold the count as a workload's missing pods do. A cluster whose pods all went
         silent is held for ``restore_seconds``, then forgotten (at once if it was never published)."""
-        keep = self.config.restore_seconds
+        keep = self.config.queries.restore_seconds
         silent = {vc for vc in self.vcs.published - set(vcs) if now - self.vc_data.get(vc, (-math.inf, 0))[0] <= keep}
         out = {}
         for vc in [*vcs, *sorted(silent)]:
@@ -345,7 +349,7 @@ class Scaler:
         silent, demand = demand is None, demand or Demand()
         covered = demand.gpus - demand.missing_gpus
         at, held = self.vc_data.get(vc, (-math.inf, 0))
-        expected = max(demand.gpus, held if now - at <= self.config.restore_seconds else 0)
+        expected = max(demand.gpus, held if now - at <= self.config.queries.restore_seconds else 0)
         missing = expected - covered
         total = None if silent or not (demand.pods or demand.pending or not missing) else demand.total
         decision = self._decide(self.vcs, now, vc, total, current, partial(self.actuator.set_gpus, vc), "GPUs",
@@ -376,7 +380,7 @@ class Scaler:
     def ready(self) -> tuple[bool, str]:
         if not self.publishing:  # ready to take over; a rolling update goes on
             assert self.elector is not None
-            return True, (f"follower, standing by: the Lease {self.config.leader_election_lease_name} is held by "
+            return True, (f"follower, standing by: the Lease {self.config.leader.lease_name} is held by "
                           f"{self.elector.holder or 'nobody'}, who publishes the recommendations")
         if self.last_cycle_at is None:
             return False, "no decision cycle yet"
@@ -406,12 +410,12 @@ class Scaler:
 
     def start(self, serve: bool = True) -> None:
         if serve:
-            self.server = ExporterServer(self.registry, self, self.config.listen_address, self.config.port)
+            self.server = ExporterServer(self.registry, self, **self.config.web.server_kwargs())
             self.server.start()
             log.info("serving http://%s:%d/metrics (%s mode, %d configured workloads, forecasts from %s%s)",
-                     self.config.listen_address, self.server.port, self.actuator.mode, len(self.specs),
-                     self.config.prometheus_url, "" if self.elector is None else
-                     f"; leader election on Lease {self.config.leader_election_lease_name} as "
+                     self.config.web.listen_address, self.server.port, self.actuator.mode, len(self.specs),
+                     self.config.queries.prometheus.url, "" if self.elector is None else
+                     f"; leader election on Lease {self.config.leader.lease_name} as "
                      f"{self.elector.identity}")
         if self.elector is not None:
             self.elector.start()

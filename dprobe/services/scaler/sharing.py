@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dprobe.core.names import OBSERVED, PREDICTED, RECOMMENDED_GPU_MEMORY
-from dprobe.services.scaler.config import ScalerConfig
+from dprobe.services.scaler.config import QueryOptions
 from dprobe.services.scaler.demand import DemandView, query_vector
 from dprobe.services.scaler.sharing_config import SharingSettings
 from dprobe.sharing.mig import MigProfile
@@ -82,32 +82,33 @@ class SharePlan:
     pod_reasons: dict[PodKey, str] = field(default_factory=dict)  # each pod not packed at its share: why
 
 
-def _selector(config: ScalerConfig) -> str:
-    return f",{config.forecast_selector.strip().strip(',')}" if config.forecast_selector.strip() else ""
+def _selector(queries: QueryOptions) -> str:
+    return f",{queries.forecast_selector.strip().strip(',')}" if queries.forecast_selector.strip() else ""
 
 
-def _pod_rows(config: ScalerConfig, query: str) -> list[tuple[PodKey, dict[str, str], float]]:
+def _pod_rows(queries: QueryOptions, query: str) -> list[tuple[PodKey, dict[str, str], float]]:
     """The pod-level rows of ``query`` (``target`` is the pod: a GPU's own series are skipped)."""
     out = []
-    for labels, value in query_vector(config.prometheus_url, query, config.http_timeout, config.prometheus_auth()):
+    server = queries.prometheus
+    for labels, value in query_vector(server.url, query, queries.http_timeout, server.auth()):
         ns, pod = labels.get("namespace", ""), labels.get("pod", "")
         if pod and labels.get("target") in (f"{ns}/{pod}", pod):
             out.append(((ns, pod), labels, value))
     return out
 
 
-def memory_forecasts(config: ScalerConfig, settings: SharingSettings, rejected: Counter[str] | None = None
+def memory_forecasts(queries: QueryOptions, settings: SharingSettings, rejected: Counter[str] | None = None
                      ) -> dict[PodKey, tuple[float, dict[str, str]]]:
     """Each pod's memory forecast at the memory quantile, the largest over the horizons up to
     ``horizon_seconds`` (a value that is not a finite number >= 0 is left out, counted in ``rejected``)."""
-    query = f'{PREDICTED_MEMORY}{{quantile="{settings.memory_quantile:g}",pod!=""{_selector(config)}}}'
+    query = f'{PREDICTED_MEMORY}{{quantile="{settings.memory_quantile:g}",pod!=""{_selector(queries)}}}'
     out: dict[PodKey, tuple[float, dict[str, str]]] = {}
-    for key, labels, value in _pod_rows(config, query):
+    for key, labels, value in _pod_rows(queries, query):
         try:
             horizon = float(labels.get("horizon_seconds", "nan"))
         except ValueError:
             continue
-        if not horizon <= config.horizon_seconds:
+        if not horizon <= queries.horizon_seconds:
             continue
         if not (math.isfinite(value) and value >= 0):
             if rejected is not None:
@@ -119,22 +120,22 @@ def memory_forecasts(config: ScalerConfig, settings: SharingSettings, rejected: 
     return out
 
 
-def utilization_forecasts(config: ScalerConfig, settings: SharingSettings) -> dict[PodKey, float]:
+def utilization_forecasts(queries: QueryOptions, settings: SharingSettings) -> dict[PodKey, float]:
     """Each pod's utilisation forecast at the utilisation quantile and ``horizon_seconds`` (0-1; others left out)."""
-    query = (f'{PREDICTED_UTILIZATION}{{horizon_seconds="{config.horizon_seconds}",'
-             f'quantile="{settings.utilization_quantile:g}",pod!=""{_selector(config)}}}')
+    query = (f'{PREDICTED_UTILIZATION}{{horizon_seconds="{queries.horizon_seconds}",'
+             f'quantile="{settings.utilization_quantile:g}",pod!=""{_selector(queries)}}}')
     out: dict[PodKey, float] = {}
-    for key, _, value in _pod_rows(config, query):
+    for key, _, value in _pod_rows(queries, query):
         if 0 <= value <= 1:
             out[key] = max(out.get(key, 0.0), value)
     return out
 
 
-def memory_totals(config: ScalerConfig) -> dict[PodKey, float]:
+def memory_totals(queries: QueryOptions) -> dict[PodKey, float]:
     """The GPU memory each pod sees now (the sidecar's ``dprobe_observed_gpu_memory_total_bytes``: its MIG
     instance's, or its GPUs' summed)."""
     out: dict[PodKey, float] = {}
-    for key, _, value in _pod_rows(config, f'{OBSERVED_MEMORY_TOTAL}{{pod!=""{_selector(config)}}}'):
+    for key, _, value in _pod_rows(queries, f'{OBSERVED_MEMORY_TOTAL}{{pod!=""{_selector(queries)}}}'):
         if math.isfinite(value) and value > 0:
             out[key] = min(out.get(key, value), value)
     return out
@@ -164,20 +165,21 @@ def pods_to_place(view: DemandView, gpus: Mapping[PodKey, tuple[int, Mapping[str
     return out
 
 
-def read_pods(config: ScalerConfig, settings: SharingSettings, view: DemandView,
+def read_pods(queries: QueryOptions, vc_label: str, settings: SharingSettings, view: DemandView,
               gpus: Mapping[PodKey, tuple[int, Mapping[str, str]]], rejected: Counter[str] | None = None
               ) -> dict[PodKey, PodNeed]:
     """This cycle's pods with their forecasts from Prometheus (SourceError when a query fails)."""
-    return pods_to_place(view, gpus, memory_forecasts(config, settings, rejected),
-                         utilization_forecasts(config, settings), memory_totals(config), config.vc_label)
+    return pods_to_place(view, gpus, memory_forecasts(queries, settings, rejected),
+                         utilization_forecasts(queries, settings), memory_totals(queries), vc_label)
 
 
-def previous_limits(config: ScalerConfig) -> dict[tuple[str, str], float]:
+def previous_limits(queries: QueryOptions) -> dict[tuple[str, str], float]:
     """The memory limits the scaler's last run recommended within ``restore_seconds`` (SourceError on failure)."""
     query = (f"max by (namespace, workload) (last_over_time({RECOMMENDED_GPU_MEMORY}"
-             f"[{int(config.restore_seconds)}s]))")
+             f"[{int(queries.restore_seconds)}s]))")
     out: dict[tuple[str, str], float] = {}
-    for labels, value in query_vector(config.prometheus_url, query, config.http_timeout, config.prometheus_auth()):
+    server = queries.prometheus
+    for labels, value in query_vector(server.url, query, queries.http_timeout, server.auth()):
         if labels.get("workload") and math.isfinite(value) and value > 0:
             out[(labels.get("namespace", ""), labels["workload"])] = value
     return out

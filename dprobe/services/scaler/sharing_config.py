@@ -21,10 +21,40 @@ from dataclasses import dataclass
 from typing import Any
 
 from dprobe.core.names import QUANTILES
-from dprobe.sharing.mig import GpuModel, MigProfile, gpu_model
+from dprobe.core.options import Check, between, check_options, comma_list, one_of, option, zero_means
+from dprobe.sharing.mig import GPU_MODELS, GpuModel, MigProfile, gpu_model
 from dprobe.sharing.planner import PLANNER_POLICIES
 
 SHARING_MODES = ("time-slicing", "mps", "mig")
+EXPORTED = one_of(QUANTILES, "one the sidecars export")
+STABILIZATION = Check("must be >= 0", lambda v: 0 <= v < math.inf)
+
+
+@dataclass
+class SharingOptions:
+    """The scaler's ``sharing_*`` options (YAML: a ``sharing:`` section), checked only while ``enabled``."""
+
+    enabled: bool = option(False, "recommend GPU shares: a memory limit and a GPU fraction or MIG profile per "
+                                  "workload, the co-location plan, GPUs per virtual cluster with and without "
+                                  "sharing")
+    mode: str = option("time-slicing", "how GPUs are shared: time-slicing, mps or mig", choices=SHARING_MODES)
+    gpu_model: str = option("", "the GPUs' model (its memory and MIG profiles): " + ", ".join(GPU_MODELS)
+                                + " or an alias such as h100 ('' = give sharing_gpu_memory_bytes)")
+    gpu_memory_bytes: float = option(0.0, "memory of one GPU in bytes (0 = the sharing_gpu_model's)",
+                                     check=zero_means("the sharing_gpu_model's"))
+    memory_quantile: float = option(0.99, "memory forecast quantile a share must hold (hard: 0.5, 0.9 or 0.99)",
+                                    check=EXPORTED)
+    memory_margin: float = option(0.15, "safety margin added to the memory forecast (VPA's is 0.15)",
+                                  check=between(0, 1))
+    utilization_quantile: float = option(0.9, "utilisation forecast quantile packed (soft: 0.5, 0.9 or 0.99)",
+                                         check=EXPORTED)
+    utilization_target: float = option(0.9, "most summed utilisation (0-1) packed onto one GPU",
+                                       check=Check("must be in (0, 1]", lambda v: 0 < v <= 1))
+    policy: str = option("best-fit", "packing policy: " + ", ".join(PLANNER_POLICIES), choices=PLANNER_POLICIES)
+    mig_profiles: str = option("", "mode mig: the MIG profiles a workload may get, comma-separated "
+                                   "(e.g. 1g.10gb,3g.40gb; '' = all of the GPU's)")
+    stabilization_seconds: float = option(300.0, "a memory limit is lowered only to the highest limit of this "
+                                                 "window", check=STABILIZATION)
 
 
 @dataclass(frozen=True)
@@ -48,19 +78,23 @@ class SharingSettings:
 
     @staticmethod
     def from_config(config: Any) -> SharingSettings:
-        """The ``sharing_*`` options of a :class:`~dprobe.services.scaler.config.ScalerConfig`; a
-        :class:`ValueError` naming the option for anything missing or wrong."""
-        if config.sharing_mode not in SHARING_MODES:
-            raise ValueError(f"sharing_mode must be one of {', '.join(SHARING_MODES)}, got {config.sharing_mode!r}")
-        if config.sharing_policy not in PLANNER_POLICIES:
-            raise ValueError(f"sharing_policy must be one of {', '.join(PLANNER_POLICIES)}, "
-                             f"got {config.sharing_policy!r}")
-        memory = config.sharing_gpu_memory_bytes
-        if not (math.isfinite(memory) and memory >= 0):
-            raise ValueError(f"sharing_gpu_memory_bytes must be a positive number of bytes, got {memory!r}")
-        if config.sharing_gpu_model:
+        """The ``sharing_*`` options of a :class:`~dprobe.services.scaler.config.ScalerConfig` (its ``sharing``
+        group), checked: see :meth:`from_options`."""
+        return SharingSettings.from_options(config.sharing)
+
+    @staticmethod
+    def from_options(options: SharingOptions) -> SharingSettings:
+        """The settings of the ``sharing_*`` options; a :class:`ValueError` naming the option for anything
+        missing or wrong."""
+        for name, allowed in (("mode", SHARING_MODES), ("policy", PLANNER_POLICIES)):
+            if getattr(options, name) not in allowed:
+                raise ValueError(f"sharing_{name} must be one of {', '.join(allowed)}, "
+                                 f"got {getattr(options, name)!r}")
+        check_options(options, prefix="sharing_")
+        memory = options.gpu_memory_bytes
+        if options.gpu_model:
             try:
-                model = gpu_model(config.sharing_gpu_model)
+                model = gpu_model(options.gpu_model)
             except ValueError as exc:
                 raise ValueError(f"sharing_gpu_model: {exc}") from None
             if memory and abs(memory - model.memory_bytes) > 0.01 * model.memory_bytes:
@@ -71,30 +105,19 @@ class SharingSettings:
         else:
             raise ValueError("sharing is enabled without the GPUs' memory: set sharing_gpu_model (e.g. H100-80GB) "
                              "or sharing_gpu_memory_bytes")
-        for name in ("sharing_memory_quantile", "sharing_utilization_quantile"):
-            if getattr(config, name) not in QUANTILES:
-                raise ValueError(f"{name} must be one the sidecars export ({', '.join(f'{q:g}' for q in QUANTILES)}), "
-                                 f"got {getattr(config, name)!r}")
-        if not (math.isfinite(config.sharing_memory_margin) and 0 <= config.sharing_memory_margin <= 1):
-            raise ValueError(f"sharing_memory_margin must be between 0 and 1, got {config.sharing_memory_margin!r}")
-        if not 0 < config.sharing_utilization_target <= 1:
-            raise ValueError(f"sharing_utilization_target must be in (0, 1], got {config.sharing_utilization_target!r}")
-        if not (math.isfinite(config.sharing_stabilization_seconds) and config.sharing_stabilization_seconds >= 0):
-            raise ValueError(f"sharing_stabilization_seconds must be >= 0, got {config.sharing_stabilization_seconds!r}")
-        names = [n.strip() for n in config.sharing_mig_profiles.split(",") if n.strip()]
-        if names and config.sharing_mode != "mig":
-            raise ValueError(f"sharing_mig_profiles needs sharing_mode mig, got {config.sharing_mode!r}")
+        names = comma_list(options.mig_profiles)
+        if names and options.mode != "mig":
+            raise ValueError(f"sharing_mig_profiles needs sharing_mode mig, got {options.mode!r}")
         profiles: tuple[MigProfile, ...] = ()
-        if config.sharing_mode == "mig":
+        if options.mode == "mig":
             if not model.mig_profiles:
                 raise ValueError(f"sharing_mode mig needs a MIG-capable sharing_gpu_model, got "
-                                 f"{config.sharing_gpu_model or 'only sharing_gpu_memory_bytes'!r}")
+                                 f"{options.gpu_model or 'only sharing_gpu_memory_bytes'!r}")
             try:
                 chosen = [model.profile(n) for n in names] if names else list(model.mig_profiles)
             except ValueError as exc:
                 raise ValueError(f"sharing_mig_profiles: {exc}") from None
             profiles = tuple(sorted(set(chosen), key=lambda p: (p.memory_slices, p.compute_slices)))
-        return SharingSettings(config.sharing_mode, model, float(config.sharing_memory_quantile),
-                               float(config.sharing_memory_margin), float(config.sharing_utilization_quantile),
-                               float(config.sharing_utilization_target), config.sharing_policy, profiles,
-                               float(config.sharing_stabilization_seconds))
+        return SharingSettings(options.mode, model, float(options.memory_quantile), float(options.memory_margin),
+                               float(options.utilization_quantile), float(options.utilization_target),
+                               options.policy, profiles, float(options.stabilization_seconds))

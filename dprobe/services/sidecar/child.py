@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Generic, TypeVar
 
+from dprobe.core.options import positive
+
 # why a child's work was not done: the task failed, or the child ran past a limit or was killed
 FAILURES = ("error", "timeout", "cpu", "memory", "killed")
 MEMORY_EXIT = 3  # the child's exit status when it ran out of its address space
@@ -46,8 +48,7 @@ class JobLimits:
     def __post_init__(self) -> None:
         for name, value in (("job_timeout", self.timeout_s), ("job_cpu_limit", self.cpu_s),
                             ("job_memory_limit", self.memory_gib)):
-            if not 0 < value < float("inf"):
-                raise ValueError(f"{name} must be positive, got {value}")
+            positive(name, value)
 
 
 class ChildFailed(Exception):

@@ -30,6 +30,7 @@ from typing import Any
 from prometheus_client.metrics_core import CounterMetricFamily
 
 from dprobe.core.lazy import installed
+from dprobe.core.options import positive
 from dprobe.services.sidecar.annotations import MODEL_GRAPH, ZOO, AnnotationPolicy, AnnotationsFile, Refused
 from dprobe.services.sidecar.child import FAILURES, ChildFailed, ChildQueue, ChildRunner, TaskRefused
 
@@ -174,8 +175,7 @@ class GraphResolver(ChildQueue[GraphRequest]):
     def __init__(self, graphs: dict[str, str] | None = None, graph_file: str = "", annotations_file: str = "",
                  policy: AnnotationPolicy | None = None, max_mib: float = DEFAULT_MAX_MIB,
                  runner: ChildRunner | None = None, build: Callable[[GraphRequest], GraphSummary] | None = None):
-        if not 0 < max_mib < float("inf"):
-            raise ValueError(f"graph_max_mib must be positive, got {max_mib}")
+        positive("graph_max_mib", max_mib)
         self.patterns = dict(graphs or {})
         self.graph_file = graph_file
         self.policy = policy or AnnotationPolicy()

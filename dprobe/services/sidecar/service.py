@@ -17,7 +17,7 @@ from dprobe.services.exporter.server import ExporterServer, run_until_signalled
 from dprobe.services.sidecar.annotations import AnnotationPolicy
 from dprobe.services.sidecar.child import ChildRunner
 from dprobe.services.sidecar.collector import SidecarCollector
-from dprobe.services.sidecar.config import SidecarConfig
+from dprobe.services.sidecar.config import ForecastOptions, SidecarConfig
 from dprobe.services.sidecar.engine import ForecastEngine
 from dprobe.services.sidecar.graphs import GraphResolver
 from dprobe.services.sidecar.jobs import JobLimits, JobProfiles
@@ -25,7 +25,7 @@ from dprobe.services.sidecar.poller import SourcePoller
 from dprobe.services.sidecar.state import ForecastSnapshot, JobRow, Latest, SourceStatus
 from dprobe.services.sidecar.window import WindowStore
 from dprobe.services.sources.base import Sample, Source
-from dprobe.services.sources.registry import build_source
+from dprobe.services.sources.registry import SourceContext, build_source
 
 log = logging.getLogger(__name__)
 BASELINE_WINDOW_SECONDS = 3600.0  # history kept for a baseline forecaster (window_seconds: 0)
@@ -40,7 +40,7 @@ def forecaster_window_seconds(forecaster: object) -> float | None:
     return max(spans) if spans else None
 
 
-def resolve_window(config: SidecarConfig, forecaster: object) -> float:
+def resolve_window(config: ForecastOptions, forecaster: object) -> float:
     """``window_seconds`` to use: the configured one (with a warning if shorter than the forecaster
     reads: the older part of its input would be gaps, and its forecasts worse), or with 0 what the
     forecaster reads (:data:`BASELINE_WINDOW_SECONDS` for a baseline)."""
@@ -57,7 +57,7 @@ def resolve_window(config: SidecarConfig, forecaster: object) -> float:
     return config.window_seconds
 
 
-def check_forecaster(engine: ForecastEngine, length: int, config: SidecarConfig) -> None:
+def check_forecaster(engine: ForecastEngine, length: int, config: ForecastOptions) -> None:
     """Forecast one steady window of ``length`` steps with the engine's leads, as every cycle will: a
     horizon beyond the model's longest lead, or a step it cannot read, fails here (ValueError naming the
     options) rather than in every cycle after the start."""
@@ -79,9 +79,11 @@ def reads_graphs(model: LoadedModel) -> bool:
 
 
 def build_sources(config: SidecarConfig) -> list[Source]:
-    """The configured source (:mod:`dprobe.services.sources.registry`); ``auto`` is NVML when it sees a GPU,
-    else replay of a bundled trace."""
-    return [build_source(config.source, config)]
+    """The configured source (:mod:`dprobe.services.sources.registry`), made from its option group; ``auto`` is
+    NVML when it sees a GPU, else replay of a bundled trace."""
+    fc = config.forecast
+    return [build_source(config.sources.source, config.sources,
+                         SourceContext(config.sources.http_timeout, fc.step_seconds, fc.window_seconds))]
 
 
 class Sidecar:
@@ -90,43 +92,44 @@ class Sidecar:
     def __init__(self, config: SidecarConfig, sources: list[Source] | None = None,
                  model: LoadedModel | None = None):
         self.config = config.validate()
-        self.model = model or open_forecaster(config.checkpoint, config.model, config.fallback_on_bad_checkpoint,
+        fc, src, work = config.forecast, config.sources, config.workload
+        self.model = model or open_forecaster(fc.checkpoint, fc.model, fc.fallback_on_bad_checkpoint,
                                               metrics=SIDECAR_METRICS)
-        self.config.window_seconds = resolve_window(self.config, self.model.forecaster)
-        if config.min_points > config.window_length:
-            raise ValueError(f"min_points {config.min_points} is more than the window holds "
-                             f"({config.window_length} steps of {config.step_seconds:g} s): nothing would be forecast")
+        fc.window_seconds = resolve_window(fc, self.model.forecaster)
+        if fc.min_points > fc.window_length:
+            raise ValueError(f"min_points {fc.min_points} is more than the window holds "
+                             f"({fc.window_length} steps of {fc.step_seconds:g} s): nothing would be forecast")
         self.sources = build_sources(config) if sources is None else sources
-        self.store = WindowStore(config.step_seconds, config.window_length, config.max_targets)
+        self.store = WindowStore(fc.step_seconds, fc.window_length, fc.max_targets)
         self.registry = CollectorRegistry(auto_describe=False)
         self.forecast_seconds = Histogram(FORECAST_SECONDS, "Duration of a forecast cycle (all targets).",
                                           buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.annotation_policy = AnnotationPolicy(config.graph_dir, config.allow_code_annotations)
+        self.annotation_policy = AnnotationPolicy(work.graph_dir, work.allow_code_annotations)
         # graphs and jobs are built in child processes within these limits, one child at a time
-        self.children = ChildRunner(JobLimits(config.job_timeout, config.job_cpu_limit, config.job_memory_limit))
-        self.graphs = GraphResolver(config.graphs, config.graph_file, config.annotations_file, self.annotation_policy,
-                                    max_mib=config.graph_max_mib, runner=self.children)
-        self.jobs = JobProfiles(config.jobs, config.job, config.annotations_file, own_target=config.pod_name,
-                                checkpoint=config.coldstart_checkpoint, policy=self.annotation_policy,
+        self.children = ChildRunner(JobLimits(work.job_timeout, work.job_cpu_limit, work.job_memory_limit))
+        self.graphs = GraphResolver(work.graphs, work.graph_file, work.annotations_file, self.annotation_policy,
+                                    max_mib=work.graph_max_mib, runner=self.children)
+        self.jobs = JobProfiles(work.jobs, work.job, work.annotations_file, own_target=src.nvml.pod_name,
+                                checkpoint=work.coldstart_checkpoint, policy=self.annotation_policy,
                                 runner=self.children)
         self.reads_graphs = reads_graphs(self.model)
         if not self.reads_graphs and (self.graphs.active or self.graphs.annotations is not None):
             log.info("model graphs are not built: the forecaster (%s) does not read them", self.model.kind)
-        self.engine = ForecastEngine(self.store, self.model.forecaster, config.horizons, config.stale_after,
-                                     config.drop_after, config.min_points, self.graphs if self.reads_graphs else None,
+        self.engine = ForecastEngine(self.store, self.model.forecaster, fc.horizons, fc.stale_after,
+                                     fc.drop_after, fc.min_points, self.graphs if self.reads_graphs else None,
                                      observe_seconds=self.forecast_seconds.observe)
-        check_forecaster(self.engine, self.store.length, config)
+        check_forecaster(self.engine, self.store.length, fc)
         self.stop_event = threading.Event()
-        self.pollers = [SourcePoller(s, self._sink, config.sample_interval, config.max_backoff, self.stop_event,
-                                     max_skew=config.max_clock_skew) for s in self.sources]
+        self.pollers = [SourcePoller(s, self._sink, src.sample_interval, src.max_backoff, self.stop_event,
+                                     max_skew=src.max_clock_skew) for s in self.sources]
         self.collector = SidecarCollector(self)
         self.registry.register(self.collector)
         self.registry.register(self.annotation_policy)  # dprobe_annotations_refused_total
         self.registry.register(self.jobs)  # dprobe_job_profile_errors_total
         self.registry.register(self.graphs)  # dprobe_graph_errors_total
         self.engine.on_publish = self.collector.prepare
-        self.stale_after = config.stale_after
-        self.forecast_max_age = max(config.stale_after, 3 * config.forecast_interval)
+        self.stale_after = fc.stale_after
+        self.forecast_max_age = max(fc.stale_after, 3 * fc.forecast_interval)
         self.first_sample_at: float | None = None
         self.server: ExporterServer | None = None
         self._threads: list[threading.Thread] = []
@@ -193,8 +196,8 @@ class Sidecar:
             self.jobs.profiles([])  # the own pod's new job, before its next sample
 
     def _forecast_loop(self) -> None:
-        interval = self.config.forecast_interval
-        next_at = time.monotonic() + min(interval, 2 * self.config.sample_interval)
+        interval = self.config.forecast.forecast_interval
+        next_at = time.monotonic() + min(interval, 2 * self.config.sources.sample_interval)
         while not self.stop_event.wait(max(0.0, next_at - time.monotonic())):
             try:
                 self.refresh_annotations()
@@ -209,13 +212,13 @@ class Sidecar:
 
     def start(self, serve: bool = True) -> None:
         if serve:
-            self.server = ExporterServer(self.registry, self, self.config.listen_address, self.config.port,
+            self.server = ExporterServer(self.registry, self, **self.config.web.server_kwargs(),
                                          fast=lambda _reg: self.collector.render_text(
                                              [self.forecast_seconds, self.annotation_policy, self.jobs,
                                               self.graphs]))
             self.server.start()
             model = self.model.kind + (f" from {self.model.checkpoint}" if self.model.checkpoint else "")
-            log.info("serving http://%s:%d/metrics (model %s, source %s)", self.config.listen_address,
+            log.info("serving http://%s:%d/metrics (model %s, source %s)", self.config.web.listen_address,
                      self.server.port, model, ",".join(s.name for s in self.sources))
         for p in self.pollers:
             self._threads.append(p.start())

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Any
+from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from dprobe.core.options import option
 from dprobe.services.sources.base import IDENTITY_LABELS, Sample, SourceError, check_reading, target_name
 from dprobe.services.sources.http import http_get
-from dprobe.services.sources.registry import register
+from dprobe.services.sources.registry import SourceContext, register
 
 MIB = 1024 * 1024
 FIELDS = {
@@ -23,6 +24,16 @@ FIELDS = {
 TARGET_MODES = ("pod", "gpu", "both")
 UTILIZATION_FIELDS = ("gpu_util", "gr_engine_active")
 RATIO_FIELDS = ("utilization", "gr_active")  # read as ratios: above 1 (100 %) is impossible
+
+
+@dataclass
+class DcgmOptions:
+    """The options of the ``dcgm`` source (``dcgm_*``; YAML ``dcgm: {url: ...}``)."""
+
+    url: str = option("http://127.0.0.1:9400/metrics", "dcgm-exporter endpoint")
+    targets: str = option("pod", "dcgm targets: pod (GPU when unassigned), gpu or both", choices=TARGET_MODES)
+    utilization: str = option("gpu_util", "utilisation field: gpu_util or gr_engine_active",
+                              choices=UTILIZATION_FIELDS)
 
 
 def _every(readings: list[dict[str, float | None]], field: str) -> list[float] | None:
@@ -125,8 +136,9 @@ class DcgmSource:
         pass
 
 
-def _from_options(options: Any) -> DcgmSource:
-    return DcgmSource(options.dcgm_url, options.http_timeout, options.dcgm_targets, options.dcgm_utilization)
+    @classmethod
+    def from_options(cls, options: DcgmOptions, context: SourceContext) -> DcgmSource:
+        return cls(options.url, context.http_timeout, options.targets, options.utilization)
 
 
-register("dcgm", _from_options)
+register("dcgm", DcgmSource.from_options)

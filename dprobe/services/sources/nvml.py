@@ -8,17 +8,27 @@ import re
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from dprobe.core.options import option
 from dprobe.services.sources.base import Sample, SourceError
-from dprobe.services.sources.registry import register
+from dprobe.services.sources.registry import SourceContext, register
 
 log = logging.getLogger(__name__)
 
 # kubepods cgroup paths, v1 (".../pod<uid>/<container>") and systemd ("...-pod<uid>.slice/cri-...-<id>.scope")
 _POD_RE = re.compile(r"pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12})")
 _CONTAINER_RE = re.compile(r"([0-9a-f]{64})")
+
+
+@dataclass
+class NvmlOptions:
+    """The options of the ``nvml`` source (``nvml_*``, and ``pod_name``)."""
+
+    per_process: bool = option(True, "also report per-pod memory from NVML processes (needs the pods' PIDs)")
+    pod_name: str = option("", "namespace/pod of the pod this sidecar runs in (downward API), for NVML",
+                           name="pod_name")
 
 
 def pod_of_cgroup(text: str) -> tuple[str, str] | None:
@@ -166,7 +176,7 @@ def nvml_available() -> bool:
         src.close()
 
 
-def _from_options(options: Any) -> NvmlSource:
+def _from_options(options: NvmlOptions, context: SourceContext) -> NvmlSource:
     """NVML, with the sidecar's own pod named ``options.pod_name`` (its processes' cgroup is this one's)."""
     names = {}
     if options.pod_name:
@@ -176,7 +186,7 @@ def _from_options(options: Any) -> NvmlSource:
             own = None
         if own:
             names[own[0]] = options.pod_name
-    return NvmlSource(per_process=options.nvml_per_process, pod_names=names, pod_resolver=pod_of_pid)
+    return NvmlSource(per_process=options.per_process, pod_names=names, pod_resolver=pod_of_pid)
 
 
 register("nvml", _from_options, available=nvml_available)

@@ -1,5 +1,6 @@
-"""A Prometheus server as a source: ``query_range`` over the HTTP API; and the options of any client of a
-Prometheus server (:class:`PrometheusAccess`: credentials, TLS, headers), shared by the sidecar and the scaler."""
+"""A Prometheus server as a source: ``query_range`` over the HTTP API, with its options
+(:class:`PrometheusOptions`); and the options of any client of a Prometheus server (:class:`PrometheusAccess`:
+credentials, TLS, headers), shared by the sidecar and the scaler."""
 
 from __future__ import annotations
 
@@ -8,12 +9,11 @@ import time
 import urllib.parse
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
 
 from dprobe.core.options import option
 from dprobe.services.sources.base import IDENTITY_LABELS, Sample, SourceError, target_name
 from dprobe.services.sources.http import HttpAuth, http_get
-from dprobe.services.sources.registry import register
+from dprobe.services.sources.registry import SourceContext, register
 
 DEFAULT_MEMORY_QUERY = "sum by (namespace, pod) (DCGM_FI_DEV_FB_USED{pod!=\"\"}) * 1048576"
 DEFAULT_UTILIZATION_QUERY = "avg by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL{pod!=\"\"}) / 100"
@@ -25,44 +25,51 @@ AUTH_FIELDS = ("bearer_token_file", "username", "password_file", "ca_file", "cer
 
 @dataclass
 class PrometheusAccess:
-    """How a service reads a secured Prometheus (or Thanos, Mimir, Cortex): the options ``prometheus_*``
-    below, in the settings of every service that reads one (with its ``prometheus_url`` and ``http_timeout``)."""
+    """How a service reads a secured Prometheus (or Thanos, Mimir, Cortex): an option group, ``prometheus_*`` in
+    the settings of every service that reads one (beside its ``url``)."""
 
-    prometheus_bearer_token_file: str = option(
+    bearer_token_file: str = option(
         "", "file holding a bearer token sent to Prometheus (read again when it changes, as Kubernetes rotates "
             "projected service-account tokens)")
-    prometheus_username: str = option("", "basic auth user name for Prometheus (with prometheus_password_file)")
-    prometheus_password_file: str = option("", "file holding the basic auth password (read again when it changes)")
-    prometheus_ca_file: str = option("", "CA certificates (PEM) that verify Prometheus's TLS certificate "
-                                         "(default: the system's)")
-    prometheus_cert_file: str = option("", "client certificate (PEM) for mutual TLS, with its key in it or in "
-                                           "prometheus_key_file")
-    prometheus_key_file: str = option("", "private key (PEM) of prometheus_cert_file")
-    prometheus_insecure_skip_verify: bool = option(False, "do not verify Prometheus's TLS certificate (tests "
-                                                          "only: anyone in between can read and answer)")
-    prometheus_headers: dict[str, str] = option({}, "extra HTTP headers of every Prometheus request, e.g. "
-                                                    "{X-Scope-OrgID: team-a} for a Mimir / Thanos tenant (YAML, "
-                                                    "or JSON in env)")
+    username: str = option("", "basic auth user name for Prometheus (with prometheus_password_file)")
+    password_file: str = option("", "file holding the basic auth password (read again when it changes)")
+    ca_file: str = option("", "CA certificates (PEM) that verify Prometheus's TLS certificate (default: the system's)")
+    cert_file: str = option("", "client certificate (PEM) for mutual TLS, with its key in it or in "
+                                "prometheus_key_file")
+    key_file: str = option("", "private key (PEM) of prometheus_cert_file")
+    insecure_skip_verify: bool = option(False, "do not verify Prometheus's TLS certificate (tests only: anyone in "
+                                               "between can read and answer)")
+    headers: dict[str, str] = option({}, "extra HTTP headers of every Prometheus request, e.g. {X-Scope-OrgID: "
+                                         "team-a} for a Mimir / Thanos tenant (YAML, or JSON in env)")
 
-    def prometheus_auth(self) -> HttpAuth:
+    def auth(self) -> HttpAuth:
         """The client settings of these options (one object while they stay the same, so that the files it
         reads are read again only when they change)."""
-        values = tuple((name, repr(getattr(self, "prometheus_" + name))) for name in AUTH_FIELDS)
-        cached = self.__dict__.get("_prometheus_auth")
+        values = tuple((name, repr(getattr(self, name))) for name in AUTH_FIELDS)
+        cached = self.__dict__.get("_auth")
         if cached is None or cached[0] != values:
-            auth = HttpAuth(**{name: getattr(self, "prometheus_" + name) for name in AUTH_FIELDS},
-                            prefix="prometheus_")
-            self.__dict__["_prometheus_auth"] = cached = (values, auth)
+            auth = HttpAuth(**{name: getattr(self, name) for name in AUTH_FIELDS}, prefix="prometheus_")
+            self.__dict__["_auth"] = cached = (values, auth)
         return cached[1]
 
-    def check_prometheus_access(self, url: str) -> None:
+    def check_access(self, url: str) -> None:
         """Refuse at start what cannot work (ValueError naming the option): contradictory or unreadable
         credentials, a certificate that does not load, TLS settings on an http:// URL."""
-        auth = self.prometheus_auth()
-        auth.check()
-        tls = [n for n in ("ca_file", "cert_file", "insecure_skip_verify") if getattr(self, "prometheus_" + n)]
+        self.auth().check()
+        tls = [n for n in ("ca_file", "cert_file", "insecure_skip_verify") if getattr(self, n)]
         if tls and not url.lower().startswith("https:"):
             raise ValueError(f"prometheus_{tls[0]} is for an https:// server, prometheus_url is {url!r}")
+
+
+@dataclass
+class PrometheusOptions(PrometheusAccess):
+    """The options of the ``prometheus`` source (``prometheus_*``; YAML ``prometheus: {url: ...}``): the server,
+    its credentials and TLS settings, and the queries read."""
+
+    url: str = option("http://127.0.0.1:9090", "Prometheus server to read from")
+    memory_query: str = option("", "PromQL for memory bytes per target (default: from DCGM_FI_DEV_FB_USED)")
+    utilization_query: str = option("", "PromQL for utilisation 0-1 per target (default: DCGM_FI_DEV_GPU_UTIL)")
+    target_label: str = option("", "label naming the target (default: namespace/pod, else UUID)")
 
 
 def api_get(url: str, endpoint: str, params: dict[str, str], timeout: float, kind: str,
@@ -179,12 +186,13 @@ class PrometheusSource:
         pass
 
 
-def _from_options(options: Any) -> PrometheusSource:
-    return PrometheusSource(
-        options.prometheus_url, options.prometheus_memory_query or DEFAULT_MEMORY_QUERY,
-        options.prometheus_utilization_query or DEFAULT_UTILIZATION_QUERY, step=options.step_seconds,
-        lookback=options.window_seconds, timeout=options.http_timeout,
-        target_label=options.prometheus_target_label or None, auth=options.prometheus_auth())
+    @classmethod
+    def from_options(cls, options: PrometheusOptions, context: SourceContext) -> PrometheusSource:
+        """The source of ``options``, at the sidecar's step, backfilling its window."""
+        return cls(options.url, options.memory_query or DEFAULT_MEMORY_QUERY,
+                   options.utilization_query or DEFAULT_UTILIZATION_QUERY, step=context.step_seconds,
+                   lookback=context.window_seconds, timeout=context.http_timeout,
+                   target_label=options.target_label or None, auth=options.auth())
 
 
-register("prometheus", _from_options)
+register("prometheus", PrometheusSource.from_options)

@@ -13,15 +13,27 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from dprobe.core.options import at_least, option, zero_means
 from dprobe.services.sources.base import Sample, target_name
-from dprobe.services.sources.registry import register
+from dprobe.services.sources.registry import SourceContext, register
 
 DATASET_DIRS = {"alibaba": "alibaba-genai-2026", "h200": "h200-profiles"}
 DEFAULT_SPEED = {"alibaba": 60.0, "h200": 1.0}
+
+
+@dataclass
+class ReplayOptions:
+    """The options of the ``replay`` source (``replay_*``; YAML ``replay: {dataset: ...}``)."""
+
+    dataset: str = option("alibaba", "trace replayed: alibaba or h200", choices=tuple(DATASET_DIRS))
+    path: str = option("", "directory laid out like the data set (default: the bundled copy)")
+    speed: float = option(0.0, "trace seconds per second (0 = the data set's default: 60 alibaba, 1 h200)",
+                          check=zero_means("the data set's default"))
+    loop: bool = option(True, "start the trace again at its end")
+    max_targets: int = option(0, "replay only the first N targets (0 = all)", check=at_least(0))
 
 
 def default_data_dir(dataset: str) -> Path:
@@ -130,9 +142,10 @@ class ReplaySource:
         pass
 
 
-def _from_options(options: Any) -> ReplaySource:
-    return ReplaySource(options.replay_dataset, options.replay_path or None, options.replay_speed or None,
-                        loop=options.replay_loop, max_targets=options.replay_max_targets or None)
+    @classmethod
+    def from_options(cls, options: ReplayOptions, context: SourceContext) -> ReplaySource:
+        return cls(options.dataset, options.path or None, options.speed or None, loop=options.loop,
+                   max_targets=options.max_targets or None)
 
 
-register("replay", _from_options)
+register("replay", ReplaySource.from_options)

@@ -5,12 +5,20 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
 
+from dprobe.core.options import at_least, option
 from dprobe.services.sources.base import Sample
-from dprobe.services.sources.registry import register
+from dprobe.services.sources.registry import SourceContext, register
 
 GIB = 1024**3
+
+
+@dataclass
+class SyntheticOptions:
+    """The options of the ``synthetic`` source (``synthetic_*``)."""
+
+    targets: int = option(64, "targets of the synthetic source", check=at_least(0))  # 1 where it is the source
 
 
 class SyntheticSource:
@@ -37,8 +45,9 @@ class SyntheticSource:
         pass
 
 
-def _from_options(options: Any) -> SyntheticSource:
-    return SyntheticSource(options.synthetic_targets)
+    @classmethod
+    def from_options(cls, options: SyntheticOptions, context: SourceContext) -> SyntheticSource:
+        return cls(options.targets)
 
 
-register("synthetic", _from_options)
+register("synthetic", SyntheticSource.from_options)
