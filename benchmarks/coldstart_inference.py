@@ -3,14 +3,17 @@ model families never seen, from a meta replay and the GPU's spec sheet: timm's o
 (datasets/timm-infer-gpus: RTX 3090, RTX 4090 on two PyTorch stacks, RTX 5090).
 
     .venv/bin/python benchmarks/coldstart_inference.py [--data datasets/timm-infer-gpus] [--json]
-        [--figure PATH] [--check]
+        [--figure PATH] [--check] [--roofline plain|kernel-model|kernel-model-all]
 
 Two cross-validations, each through :func:`dprobe.profiling.coldstart.inference.crossval` (the path
 ``predict_inference_step`` takes): each GPU left out (all its stacks), and each fifth of the timm
 modules (families) left out. Each fold prints, for the raw roofline, the rule (roofline x the fitting rows'
 median measured / roofline) and the learned model: MAPE, median predicted / measured, Spearman and the
 p90's coverage (the roofline's p90 is itself), with the mean and the spread over folds and the target
-beside them. Needs the replays (``python -m dprobe.profiling.coldstart.timm_infer DIR``).
+beside them. ``--roofline``: the replay roofline the features are computed on (default the shipped
+model's, ``kernel-model``; ``plain`` for the rule without the kernel model; ``benchmarks/kernel_roofline.py``
+sets them side by side). Needs the replays
+(``python -m dprobe.profiling.coldstart.timm_infer DIR``).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dprobe.profiling.coldstart.inference import TARGETS, crossval, load_rows, summarise
+from dprobe.profiling.coldstart.features import ROOFLINES
+from dprobe.profiling.coldstart.inference import SHIPPED_ROOFLINE, TARGETS, crossval, load_rows, summarise
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("roofline", "rule", "model")
@@ -67,7 +71,7 @@ def verdict(results: list, kind: str) -> tuple[bool, str]:
     return not misses, "; ".join(misses)
 
 
-def figure(path: str, runs, ests) -> None:
+def figure(path: str, runs, ests, roofline: str = SHIPPED_ROOFLINE) -> None:
     """Measured against predicted on each GPU left out (log-log), the rule and the model side by side."""
     import matplotlib
 
@@ -76,7 +80,7 @@ def figure(path: str, runs, ests) -> None:
 
     from dprobe.profiling.coldstart.inference import held_out_predictions
 
-    pred = held_out_predictions(runs, ests, "gpu")
+    pred = held_out_predictions(runs, ests, "gpu", roofline)
     folds = list(dict.fromkeys(pred["fold"]))
     fig, axes = plt.subplots(1, len(folds), figsize=(4.2 * len(folds), 4.2), squeeze=False)
     for ax, name in zip(axes[0], folds, strict=True):
@@ -102,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the folds and summaries as JSON")
     p.add_argument("--figure", default=None, help="write measured vs predicted on each GPU left out (PNG)")
     p.add_argument("--check", action="store_true", help="exit 1 when the shipped method misses a GPU target")
+    p.add_argument("--roofline", choices=ROOFLINES, default=SHIPPED_ROOFLINE,
+                   help="the replay roofline of the features (dprobe.profiling.coldstart.features.op_seconds; "
+                   f"default {SHIPPED_ROOFLINE}, the shipped model's)")
     args = p.parse_args(argv)
 
     t0 = time.time()
@@ -111,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     report, met = {}, {}
     for by in ("gpu", "family"):
         t1 = time.time()
-        results = crossval(runs, ests, by)
+        results = crossval(runs, ests, by, args.roofline)
         summary = summarise(results)
         report[by] = {"folds": [asdict(r) for r in results], "summary": summary}
         verdicts = {kind: verdict(results, kind) for kind in ("rule", "model")} if by == "gpu" else {}
@@ -142,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("\n" + line)
     if args.figure:
-        figure(args.figure, runs, ests)
+        figure(args.figure, runs, ests, args.roofline)
     return 1 if args.check and not met.get(shipped, True) else 0
 
 

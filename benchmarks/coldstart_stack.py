@@ -28,6 +28,7 @@ from scipy.stats import spearmanr
 from tqdm.auto import tqdm
 
 from dprobe.core.conformal import held_out_groups
+from dprobe.core.gpus import GPUS
 from dprobe.profiling.coldstart.crossval import predict_runs
 from dprobe.profiling.coldstart.dataset import (
     ProfileDataset,
@@ -37,7 +38,6 @@ from dprobe.profiling.coldstart.dataset import (
 )
 from dprobe.profiling.coldstart.features import FEATURES
 from dprobe.profiling.coldstart.fit import DEFAULTS, fit, for_machines, host_factors
-from dprobe.profiling.coldstart.gpus import GPUS
 from dprobe.profiling.coldstart.job import job_inputs
 from dprobe.profiling.coldstart.model import TARGETS
 from dprobe.profiling.coldstart.replay import ReplayEstimate

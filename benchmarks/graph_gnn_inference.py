@@ -76,8 +76,8 @@ def load(directory: Path) -> tuple[pd.DataFrame, list[Any]]:
 def _own_features(runs: pd.DataFrame, ests: list[Any]) -> tuple[np.ndarray, np.ndarray]:
     """Aggregate features of each row's replay on its GPU (log roofline times, op-class time shares,
     attention's share, log kernels) and the roofline step."""
+    from dprobe.core.gpus import GPUS
     from dprobe.profiling.coldstart.features import roofline_seconds
-    from dprobe.profiling.coldstart.gpus import GPUS
     from dprobe.profiling.coldstart.memtrack import OP_CLASSES
 
     rows, roof = [], []

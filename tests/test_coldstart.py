@@ -317,7 +317,7 @@ def test_precision_and_optimizer_choices_are_what_the_replay_knows() -> None:
 def test_every_gpu_spec_is_a_predict_choice(capsys) -> None:
     """--gpu offers exactly the GPUs dprobe has a spec for; a slower GPU gives a slower step and may not fit."""
     from dprobe.cli import build_parser, main
-    from dprobe.profiling.coldstart.gpus import GPUS
+    from dprobe.core.gpus import GPUS
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     gpu = next(a for a in sub.choices["predict"]._actions if a.dest == "gpu")
@@ -683,8 +683,8 @@ def test_uncalibrated_cross_validation_keeps_the_p50() -> None:
 
 
 def test_replay_logs_kernels_by_phase_and_class() -> None:
+    from dprobe.core.gpus import GPUS
     from dprobe.profiling.coldstart.features import roofline_seconds
-    from dprobe.profiling.coldstart.gpus import GPUS
     from dprobe.profiling.coldstart.memtrack import BACKWARD, FORWARD, OP_CLASSES, OPTIMIZER
 
     est = replay_training_step(parse_spec("torchvision:mobilenet_v2"), batch=4, precision="fp32",
@@ -865,7 +865,7 @@ def test_predict_says_when_a_job_will_not_fit(monkeypatch, capsys) -> None:
     from dataclasses import replace
 
     from dprobe.cli import main
-    from dprobe.profiling.coldstart import gpus
+    from dprobe.core import gpus
     from dprobe.profiling.coldstart.predict import fits_on_gpu
     from dprobe.profiling.coldstart.replay import CUDA_CONTEXT_BYTES
 

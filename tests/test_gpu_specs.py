@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from dprobe.profiling.coldstart.gpus import (
+from dprobe.core.gpus import (
     GPUS,
     SPEC_FIELDS,
     GPUSpec,

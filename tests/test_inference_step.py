@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from dprobe.core.gpus import GPUS
 from dprobe.profiling.coldstart.features import roofline_seconds
-from dprobe.profiling.coldstart.gpus import GPUS
 from dprobe.profiling.coldstart.inference import (
     DEFAULT_MODEL,
     FEATURES,

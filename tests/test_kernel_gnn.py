@@ -10,12 +10,13 @@ import pytest
 import torch
 from torch_geometric.data import Batch
 
+from dprobe.core.gpus import GPUS
 from dprobe.profiling.coldstart.features import LAUNCH_S, roofline_seconds
-from dprobe.profiling.coldstart.gpus import GPUS
 from dprobe.profiling.coldstart.kernel_gnn import (
     ATTENTION,
     CLASSES,
     NODE_FEATURES,
+    TRAINING_NODE_FEATURES,
     FittedKernelGNN,
     KernelGNN,
     crossval_kernel_gnn,
@@ -23,8 +24,9 @@ from dprobe.profiling.coldstart.kernel_gnn import (
     graphs_for,
     kernel_graph,
     predict_kernel_gnn,
+    training_graph,
 )
-from dprobe.profiling.coldstart.memtrack import OP_CLASSES, ReplayOp
+from dprobe.profiling.coldstart.memtrack import BACKWARD, FORWARD, OP_CLASSES, OPTIMIZER, ReplayOp
 from dprobe.profiling.coldstart.replay import ReplayEstimate
 
 EW, NORM, MM, CONV = (OP_CLASSES.index(c) for c in ("elementwise", "norm", "matmul", "conv"))
@@ -95,6 +97,37 @@ def test_zero_multipliers_give_the_roofline_sum_plus_host() -> None:
     assert got[0] == pytest.approx(expected[0]) and got[2] == pytest.approx(expected[2])
     assert got[1] == pytest.approx(2 * float(graphs[1].roof.sum()) + host * float(graphs[1].n_kernels), rel=1e-6)
     assert LAUNCH_S > 0
+
+
+def test_training_step_graph_phases_nodes_and_additive_host() -> None:
+    # forward: conv, 2 elementwise; backward: 2 elementwise (not merged with the forward's), conv; optimizer: 3
+    ops = [(FORWARD, CONV, 1, 4e9, 6e7), (FORWARD, EW, 1, 0, 5e7), (FORWARD, EW, 1, 0, 5e7),
+           (BACKWARD, EW, 1, 0, 5e7), (BACKWARD, EW, 1, 0, 5e7), (BACKWARD, CONV, 1, 8e9, 1e8),
+           (OPTIMIZER, EW, 0, 1e6, 1e7), (OPTIMIZER, EW, 0, 1e6, 1e7), (OPTIMIZER, EW, 0, 1e6, 1e7)]
+    est = ReplayEstimate(peak_bytes=1e9, reserved_bytes=1e9, device_bytes=1e9, param_bytes=1e8, state_bytes=2e8,
+                         steady_bytes=3e8, activation_bytes=1e8, flops=1.2e10, matmul_flops=0.0, bytes_moved=4e8,
+                         kernels=len(ops), large_allocs=0, attention_flops=1e9, forward_only=0.0,
+                         ops=[ReplayOp(*o) for o in ops])
+    g = training_graph(est, "bf16", "h200", host_scale=2.0)
+    # nodes: conv, ew x2 | ew x2, conv | ew x3 | fused attention's forward, its backward
+    assert g.x.shape == (7, TRAINING_NODE_FEATURES) and torch.isfinite(g.x).all()
+    assert g.kernels.tolist() == [1.0, 2.0, 2.0, 1.0, 3.0, 1.0, 1.0]
+    assert float(g.n_kernels) == len(ops) + 2
+    assert g.x[:, :len(CLASSES)].argmax(1).tolist() == [CONV, EW, EW, CONV, EW, ATTENTION, ATTENTION]
+    phases = g.x[:, NODE_FEATURES:]
+    assert phases.sum(1).tolist() == [1.0] * 7
+    assert phases.argmax(1).tolist() == [FORWARD, FORWARD, BACKWARD, BACKWARD, OPTIMIZER, FORWARD, BACKWARD]
+    # the roofs sum to the training step's roofline GPU time (attention 3.5 forwards)
+    assert float(g.roof.sum()) == pytest.approx(roofline_seconds(est, "bf16", GPUS["h200"])["gpu"], rel=1e-9)
+    # the GPU's part is a sum over the nodes; the host term scales with host_scale
+    model = KernelGNN(hidden=8, layers=1, node_features=TRAINING_NODE_FEATURES).eval()
+    assert KernelGNN(**model.config()).node_features == TRAINING_NODE_FEATURES  # kept with the weights
+    host = math.exp(float(model.log_host.detach())) * float(g.n_kernels)
+    assert float(model(g)) == pytest.approx(float(g.roof.sum()) + 2.0 * host, rel=1e-6)
+    # an inference replay has no training graph; the inference graph keeps its columns
+    with pytest.raises(ValueError, match="inference replay"):
+        training_graph(_cnn(1), "fp16", "h200")
+    assert kernel_graph(est, "bf16", "h200").x.shape[1] == NODE_FEATURES
 
 
 def _toy_set(n: int = 24, seed: int = 0) -> tuple[list, np.ndarray]:

@@ -8,9 +8,9 @@ import json
 import pytest
 
 from dprobe.cli import main
+from dprobe.core.gpus import GPUS
 from dprobe.graph.zoo import parse_spec
 from dprobe.profiling.coldstart.features import analytical_for, replay_cache_path
-from dprobe.profiling.coldstart.gpus import GPUS
 from dprobe.profiling.coldstart.inference import predict_inference_step
 from dprobe.profiling.coldstart.predict import predict_job
 from dprobe.profiling.coldstart.replay import replay_inference_step, replay_training_step

@@ -120,9 +120,9 @@ def test_bad_sessions_are_refused_and_the_data_set_is_untouched(dataset, tmp_pat
 
 def test_training_uses_each_collections_gpu(dataset, tmp_path) -> None:
     """Runs from another GPU are featurised with that GPU's peak FLOP/s and memory; an unknown GPU is named."""
+    from dprobe.core.gpus import GPUS, gpu_key
     from dprobe.profiling.coldstart.dataset import load_dataset
     from dprobe.profiling.coldstart.features import FEATURES
-    from dprobe.profiling.coldstart.gpus import GPUS, gpu_key
 
     assert [gpu_key(n) for n in ("NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB")] == \
         ["h200", "h100", "a100"]

@@ -142,7 +142,7 @@ def test_predict_says_whether_a_job_fits_and_the_largest_batch_that_does() -> No
 
 @pytest.mark.slow
 def test_an_unseen_gpu_is_named_and_its_p90_wider() -> None:
-    from dprobe.profiling.coldstart.gpus import GPUS, GPUSpec
+    from dprobe.core.gpus import GPUS, GPUSpec
     from dprobe.profiling.coldstart.predict import predict_job
 
     seen = predict_job("timm:resnet18", 32, "fp16", "sgd", gpu="rtx3090", search_batch=False)

@@ -274,7 +274,7 @@ JOB_TYPES: dict[str, tuple[str, str, int | None]] = {
 def gavel_gpus() -> dict[str, Any]:
     """The GPUs of Gavel's cluster as dprobe's GPUSpec (vendor data sheets; fp32 training, so no tensor
     cores on the paths taken): one GK210 of a Tesla K80, Tesla P100 PCIe 16 GB, Tesla V100 SXM2 16 GB."""
-    from dprobe.profiling.coldstart.gpus import gpu_spec_from_dict
+    from dprobe.core.gpus import gpu_spec_from_dict
 
     sheets = {
         "k80": {"name": "Tesla K80 (one GK210)", "memory_gib": 11.17, "fp32_tflops": 4.37, "fp16_tflops": 4.37,

@@ -87,9 +87,9 @@ def replay_runs(data_dir: str | Path, run_ids: list[str] | None = None, cache_di
     Each run: its spec, ``replay`` (the fields of :data:`REPLAY_FIELDS`), ``features`` (the cold-start
     features by name, with the run's GPU) and ``seconds`` (replay time). A run that cannot be built or
     replayed here goes to ``failed`` with its error."""
+    from dprobe.core.gpus import gpu_spec
     from dprobe.data.h200 import load_h200_profiles, run_spec
     from dprobe.profiling.coldstart.features import FEATURES, analytical_for, job_features
-    from dprobe.profiling.coldstart.gpus import gpu_spec
 
     versions = library_versions()
     if cache_dir is not None:

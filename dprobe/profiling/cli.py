@@ -13,9 +13,9 @@ if TYPE_CHECKING:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from dprobe.core.gpus import GPUS
     from dprobe.core.names import OPTIMIZERS, PRECISIONS
     from dprobe.graph.cli import add_model_args
-    from dprobe.profiling.coldstart.gpus import GPUS
     from dprobe.profiling.coldstart.stack import add_stack_args
 
     p = subparsers.add_parser("predict", help="cold-start prediction of a training job from its model",
@@ -101,7 +101,7 @@ def predict_from_args(args: argparse.Namespace) -> JobPrediction:
 
 def _gpu(args: argparse.Namespace) -> object:
     """``--gpu``'s key, or the spec ``--gpu-spec`` reads (its errors name the file and field)."""
-    from dprobe.profiling.coldstart.gpus import load_gpu_spec
+    from dprobe.core.gpus import load_gpu_spec
 
     if args.gpu_spec and args.gpu != "h200":
         raise ValueError("give --gpu or --gpu-spec, not both")

@@ -11,7 +11,7 @@ from dprobe.core.lazy import lazy_exports
 
 _EXPORTS = {
     "family_of": "dprobe.profiling.coldstart.features",
-    "GPUS": "dprobe.profiling.coldstart.gpus", "load_gpu_spec": "dprobe.profiling.coldstart.gpus",
+    "GPUS": "dprobe.core.gpus", "load_gpu_spec": "dprobe.core.gpus",
     "load_timm_bench": "dprobe.profiling.coldstart.timm_bench",
     "predict_job": "dprobe.profiling.coldstart.predict", "JobPrediction": "dprobe.profiling.coldstart.predict",
     "job_inputs": "dprobe.profiling.coldstart.job", "SoftwareStack": "dprobe.profiling.coldstart.stack",

@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from dprobe.core.gpus import gpu_key, gpu_spec
 from dprobe.data.h200 import graph_for_run, run_spec
 from dprobe.graph.cache import graph_cache_path
 from dprobe.graph.encoder import graph_to_data
 from dprobe.profiling.coldstart.features import family_of, replay_cache_path
-from dprobe.profiling.coldstart.gpus import gpu_key, gpu_spec
 from dprobe.profiling.coldstart.job import JobInputs, job_inputs
 from dprobe.profiling.coldstart.model import TARGETS
 from dprobe.profiling.coldstart.replay import ReplayEstimate
@@ -238,7 +238,7 @@ def load_benchmark_dataset(directory: str | Path, memory_format: str = "nchw",
     there), families by timm module, the GPU of its ``stack.json``, replays from its cache (a job not in
     it is replayed here). A model this timm cannot build or replay is left out and listed in ``skipped``.
     Graphs are not traced (None): these rows serve models without a graph embedding."""
-    from dprobe.profiling.coldstart.gpus import GPUS
+    from dprobe.core.gpus import GPUS
     from dprobe.profiling.coldstart.timm_bench import (
         REPLAYS,
         load_timm_bench,

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 
+from dprobe.core.gpus import GPUSpec
 from dprobe.data.common import family_of  # noqa: F401  (where the profiler's callers take it from)
 from dprobe.graph.cache import spec_key
 from dprobe.graph.schema import write_atomically
 from dprobe.graph.zoo import parse_spec
-from dprobe.profiling.coldstart.gpus import GPUSpec
 from dprobe.profiling.coldstart.memtrack import BACKWARD, FORWARD, OP_CLASSES, OPTIMIZER, TENSOR_CORE_CLASSES
 from dprobe.profiling.coldstart.replay import (
     TWO_STATE_OPTIMIZERS,
@@ -21,7 +21,12 @@ from dprobe.profiling.coldstart.replay import (
     replay_training_step,
 )
 
-MODES = ("train", "inference")  # what a predicted step runs: a training step, or a forward pass in eval mode
+MODES = ("train", "inference")
+# what a replayed kernel's GPU time is (op_seconds): "plain", max(FLOPs / peak, bytes / bandwidth);
+# "kernel-model", the vector-unit kernels' (element-wise, norm, optimizer; fp32 matmuls and convolutions
+# without TF32) fp32 roofline times the shape-free kernel model's efficiency, tensor-core kernels on the
+# plain roofline; "kernel-model-all", that efficiency on every kernel, the tensor-core roofline's too
+ROOFLINES = ("plain", "kernel-model", "kernel-model-all")  # what a predicted step runs: a training step, or a forward pass in eval mode
 
 BF16 = ("bf16", "bf16-pure")  # bf16 kernels (the job-scale features mark them)
 HALF = ("bf16", "fp16", "bf16-pure")  # the precisions the "half" feature marks: autocast's tensor-core kernels
@@ -54,12 +59,39 @@ def op_peaks(ops: np.ndarray, precision: str, gpu: GPUSpec, tf32: bool = True) -
     return np.where(tensor, np.where(low > 0, gpu.peak_half(precision), fp32_mm), gpu.peak_flops_fp32)
 
 
-def roofline_seconds(est: ReplayEstimate, precision: str, gpu: GPUSpec, tf32: bool = True) -> dict[str, float]:
+def op_seconds(ops: np.ndarray, precision: str, gpu: GPUSpec, tf32: bool = True,
+               roofline: str = "plain") -> np.ndarray:
+    """GPU time of each replayed kernel (rows of :class:`ReplayOp`), launch cost not included, by
+    ``roofline`` (:data:`ROOFLINES`): ``plain``, max(FLOPs / peak, bytes / bandwidth) at the kernel's peak
+    (:func:`op_peaks`); ``kernel-model``, the kernels on the vector units (what NeuSight measured, fp32)
+    at their fp32 roofline times the shape-free kernel model's efficiency
+    (:func:`~dprobe.profiling.kernels.model.replay_efficiency`), tensor-core kernels on the plain roofline
+    (the model never saw one); ``kernel-model-all``, that fp32-learnt efficiency on the tensor-core
+    roofline too."""
+    if roofline not in ROOFLINES:
+        raise ValueError(f"unknown roofline {roofline!r} ({', '.join(ROOFLINES)})")
+    ops = np.asarray(ops, dtype=np.float64).reshape(-1, 5)
+    plain = np.maximum(ops[:, 3] / op_peaks(ops, precision, gpu, tf32), ops[:, 4] / gpu.bandwidth)
+    if roofline == "plain" or not len(ops):
+        return plain
+    from dprobe.profiling.kernels.model import replay_efficiency
+
+    efficiency = replay_efficiency(ops, gpu, OP_CLASSES)
+    if roofline == "kernel-model-all":
+        return plain * efficiency
+    tensor = np.isin(ops[:, 1], TENSOR_CORE_CLASSES) & ((ops[:, 2] > 0) | tf32)
+    return np.where(tensor, plain, plain * efficiency)
+
+
+def roofline_seconds(est: ReplayEstimate, precision: str, gpu: GPUSpec, tf32: bool = True,
+                     roofline: str = "plain", per_op: np.ndarray | None = None) -> dict[str, float]:
     """Per-kernel roofline of one step: GPU busy time, host issue time, and the step (the larger of the two).
 
     Each kernel takes max(FLOPs / peak, bytes / bandwidth) plus a launch cost; bf16 / fp16 kernels run at
     their tensor-core peak (:meth:`GPUSpec.peak_half`), fp32 matmuls and convolutions at the TF32 peak when ``tf32`` (as
-    ``torch.backends.cuda.matmul.allow_tf32``), everything else at the fp32 vector peak.
+    ``torch.backends.cuda.matmul.allow_tf32``), everything else at the fp32 vector peak. ``roofline``: what
+    a kernel's time is (:func:`op_seconds`; ``per_op``: those times computed already). ``compute`` and
+    ``memory`` are the plain sums of FLOPs over peaks and bytes over the bandwidth whatever ``roofline``.
     """
     ops = np.asarray(est.ops, dtype=np.float64).reshape(-1, 5)
     phase, cls, low, flops, moved = ops.T
@@ -72,7 +104,11 @@ def roofline_seconds(est: ReplayEstimate, precision: str, gpu: GPUSpec, tf32: bo
     t_attention = (1.0 if est.forward_only else 3.5) * est.attention_flops / attn_peak
     t_compute = float(np.sum(flops / peak)) + t_attention
     t_memory = float(np.sum(moved / gpu.bandwidth))
-    per_op = np.maximum(flops / peak, moved / gpu.bandwidth) + LAUNCH_S
+    if per_op is None:
+        per_op = op_seconds(ops, precision, gpu, tf32, roofline)
+    elif len(per_op) != len(ops):
+        raise ValueError(f"{len(per_op)} kernel times for {len(ops)} kernels")
+    per_op = per_op + LAUNCH_S
     t_gpu = float(per_op.sum()) + t_attention
     t_host = float(sum(HOST_S[p] * np.count_nonzero(phase == p) for p in HOST_S))
     by_class = np.bincount(cls.astype(int), weights=per_op, minlength=len(OP_CLASSES))

@@ -3,7 +3,11 @@
 An inference step (one forward pass of a batch, eval mode, autocast) is replayed on meta tensors
 (:func:`~dprobe.profiling.coldstart.replay.replay_inference_step`) and put on the GPU's per-kernel roofline
 (:func:`~dprobe.profiling.coldstart.features.roofline_seconds`): every kernel at ``max(FLOPs / peak,
-bytes / bandwidth)`` plus a launch cost, the step the larger of GPU and host time. What the spec sheet
+bytes / bandwidth)`` plus a launch cost, the step the larger of GPU and host time; the shipped model's
+roofline (:data:`SHIPPED_ROOFLINE`, ``kernel-model``) puts the kernels on the vector units (element-wise,
+norm) at their fp32 roofline times the shape-free kernel model's efficiency instead
+(:func:`~dprobe.profiling.coldstart.features.op_seconds`; it beat the plain roofline on GPUs left out,
+``benchmarks/kernel_roofline.py``). What the spec sheet
 does not say (how much of the peak cuDNN's and cuBLAS's kernels reach, how small kernels leave SMs idle,
 what a large L2 saves an element-wise kernel) is the log of ``measured / roofline``, learnt from features
 that carry over between GPUs: the roofline's times and op-class shares, the kernels' sizes against the
@@ -36,12 +40,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dprobe.profiling.coldstart.features import LAUNCH_S, op_peaks, roofline_seconds
-from dprobe.profiling.coldstart.gpus import GPUS, GPUSpec
+from dprobe.core.gpus import GPUS, GPUSpec
+from dprobe.profiling.coldstart.features import LAUNCH_S, ROOFLINES, op_peaks, op_seconds, roofline_seconds
 from dprobe.profiling.coldstart.memtrack import TENSOR_CORE_CLASSES
 from dprobe.profiling.coldstart.replay import ReplayEstimate
 
 DEFAULT_MODEL = Path(__file__).with_name("default_inference.json")
+# the replay roofline the shipped model is fitted on: the kernel model's, which beat the plain one's mean
+# MAPE over GPUs left out (13.6 % against 14.9 %) with families even (11.5 % against 11.4 %)
+SHIPPED_ROOFLINE = "kernel-model"
 FORMAT = "dprobe-inference/1"
 METHODS = ("learned", "rule")
 SHARE_CLASSES = ("elementwise", "norm", "matmul", "conv", "conv_grouped")
@@ -71,17 +78,20 @@ def _lg(x: float, floor: float = 1e-30) -> float:
     return math.log(max(float(x), floor))
 
 
-def inference_features(est: ReplayEstimate, precision: str, gpu: GPUSpec) -> dict[str, float]:
+def inference_features(est: ReplayEstimate, precision: str, gpu: GPUSpec, roofline: str = "plain",
+                       per_op: np.ndarray | None = None) -> dict[str, float]:
     """The learned model's inputs (order of :data:`FEATURES`) for one inference replay on ``gpu``, plus
     ``roof`` (the roofline step, seconds: the target is ``log(measured / roof)``). Times in seconds on
     the GPU's spec sheet; every other value a ratio of the job's sizes to the GPU's. No value names a GPU
-    or a model."""
-    t = roofline_seconds(est, precision, gpu)
+    or a model. ``roofline``: each kernel's time (:func:`~dprobe.profiling.coldstart.features.op_seconds`;
+    ``per_op``: those times computed already)."""
     ops = np.asarray(est.ops, dtype=np.float64).reshape(-1, 5)
+    if per_op is None:
+        per_op = op_seconds(ops, precision, gpu, roofline=roofline)
+    t = roofline_seconds(est, precision, gpu, per_op=per_op)
     cls, flops, moved = ops[:, 1], ops[:, 3], ops[:, 4]
     peak = op_peaks(ops, precision, gpu)
     t_flops, t_bytes = flops / peak, moved / gpu.bandwidth
-    per_op = np.maximum(t_flops, t_bytes)
     n = max(len(ops), 1)
     w = per_op / per_op.sum() if per_op.sum() > 0 else np.full(len(ops), 1.0 / n)
     t_gpu = max(t["gpu"], 1e-12)
@@ -126,23 +136,44 @@ def inference_features(est: ReplayEstimate, precision: str, gpu: GPUSpec) -> dic
     return {**{k: float(feats[k]) for k in FEATURES}, "roof": float(t["roof"])}
 
 
+def _batched_op_seconds(jobs: list[tuple[ReplayEstimate, str, GPUSpec]], roofline: str) -> list[np.ndarray]:
+    """:func:`~dprobe.profiling.coldstart.features.op_seconds` of each (replay, precision, GPU), the kernels
+    of every replay on one GPU at one precision in one call (one call of the kernel model's booster)."""
+    out: list[np.ndarray | None] = [None] * len(jobs)
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, (_, p, g) in enumerate(jobs):
+        groups.setdefault((p, repr(g)), []).append(i)
+    for members in groups.values():
+        _, p, g = jobs[members[0]]
+        ops = [np.asarray(jobs[i][0].ops, dtype=np.float64).reshape(-1, 5) for i in members]
+        times = op_seconds(np.concatenate(ops) if ops else np.zeros((0, 5)), p, g, roofline=roofline)
+        for i, part in zip(members, np.split(times, np.cumsum([len(o) for o in ops])[:-1]), strict=True):
+            out[i] = part
+    return out  # type: ignore[return-value]
+
+
 def feature_frame(ests: list[ReplayEstimate], precision: str | list[str],
-                  gpus: GPUSpec | list[GPUSpec]) -> pd.DataFrame:
+                  gpus: GPUSpec | list[GPUSpec], roofline: str = "plain") -> pd.DataFrame:
     """:func:`inference_features` of each replay (one precision and GPU, or one per replay) as rows; the
-    column ``roof`` is the roofline step."""
+    column ``roof`` is the roofline step. ``roofline``: each kernel's time
+    (:func:`~dprobe.profiling.coldstart.features.op_seconds`; the kernel model's predicted for all the
+    kernels of one GPU at once)."""
+    if roofline not in ROOFLINES:
+        raise ValueError(f"unknown roofline {roofline!r} ({', '.join(ROOFLINES)})")
     n = len(ests)
     precisions = [precision] * n if isinstance(precision, str) else list(precision)
     specs = [gpus] * n if isinstance(gpus, GPUSpec) else list(gpus)
     if len(precisions) != n or len(specs) != n:
         raise ValueError(f"{n} replays but {len(precisions)} precisions and {len(specs)} GPUs")
-    cache: dict[tuple[int, str, str], dict[str, float]] = {}
-    rows = []
-    for est, p, g in zip(ests, precisions, specs, strict=True):
-        key = (id(est), p, repr(g))
-        if key not in cache:
-            cache[key] = inference_features(est, p, g)
-        rows.append(cache[key])
-    return pd.DataFrame(rows, columns=[*FEATURES, "roof"])
+    keys = [(id(est), p, repr(g)) for est, p, g in zip(ests, precisions, specs, strict=True)]
+    first = {k: i for i, k in reversed(list(enumerate(keys)))}
+    jobs = [(ests[i], precisions[i], specs[i]) for i in first.values()]
+    times = _batched_op_seconds(jobs, roofline) if roofline != "plain" else [None] * len(jobs)
+    cache = {k: inference_features(*job, roofline=roofline, per_op=t)
+             for k, job, t in zip(first, jobs, times, strict=True)}
+    frame = pd.DataFrame([cache[k] for k in keys], columns=[*FEATURES, "roof"])
+    frame.attrs["roofline"] = roofline  # predict_frame checks it against the model's
+    return frame
 
 
 @dataclass
@@ -160,8 +191,11 @@ class InferenceStepModel:
     trained_on: list[str]
     rows: int
     cv: dict[str, Any] = field(default_factory=dict)
+    roofline: str = "plain"  # the replay roofline its features and ``roof`` are computed on (ROOFLINES)
 
     def __post_init__(self) -> None:
+        if self.roofline not in ROOFLINES:
+            raise InferenceModelError(f"unknown roofline {self.roofline!r} ({', '.join(ROOFLINES)})")
         if self.method not in METHODS:
             raise InferenceModelError(f"unknown method {self.method!r} ({', '.join(METHODS)})")
         for name in ("rule_factor", "p90_factor", "rule_p90_factor"):
@@ -218,7 +252,8 @@ class InferenceStepModel:
         if missing:
             raise InferenceModelError(f"{path}: field {missing[0]!r} missing")
         try:
-            return cls(**{k: data[k] for k in keys}, cv=dict(data.get("cv") or {}))
+            return cls(**{k: data[k] for k in keys}, cv=dict(data.get("cv") or {}),
+                       roofline=str(data.get("roofline", "plain")))
         except InferenceModelError as exc:
             raise InferenceModelError(f"{path}: {exc}") from exc
 
@@ -248,27 +283,33 @@ def predict_inference_step(est: ReplayEstimate, precision: str, gpu: GPUSpec, *,
                            model: InferenceStepModel | None = None) -> tuple[float, float]:
     """p50 and p90 (seconds) of one inference step (the forward of ``est``'s batch, eval mode, autocast at
     ``precision``) on ``gpu``, from the replay and the GPU's spec sheet. ``model``: None for the shipped
-    one."""
+    one; its features are put on the replay roofline it was fitted on (``model.roofline``)."""
     if not est.ops:
         raise ValueError("the replay holds no kernels (an estimate from an older dprobe, without ops?)")
-    p50, p90 = predict_frame(feature_frame([est], precision, gpu), model=model)
+    model = model or default_model()
+    p50, p90 = predict_frame(feature_frame([est], precision, gpu, model.roofline), model=model)
     return float(p50[0]), float(p90[0])
 
 
 def predict_frame(x: pd.DataFrame, *, model: InferenceStepModel | None = None) -> tuple[np.ndarray, np.ndarray]:
     """p50 and p90 of each row of :func:`feature_frame` (what :func:`predict_inference_step` does for one
-    replay; the cross-validation calls it on its rows' features computed once)."""
-    return _predict(model or default_model(), x)
+    replay; the cross-validation calls it on its rows' features computed once). Rows computed on another
+    replay roofline than the model's are refused."""
+    model = model or default_model()
+    if x.attrs.get("roofline", model.roofline) != model.roofline:
+        raise ValueError(f"features on the {x.attrs['roofline']} roofline, but the model was fitted on the "
+                         f"{model.roofline} one: feature_frame(..., roofline={model.roofline!r})")
+    return _predict(model, x)
 
 
 def _specs(runs: pd.DataFrame) -> list[GPUSpec]:
     return [GPUS[g] for g in runs["gpu"]]
 
 
-def _frame(runs: pd.DataFrame, ests: list[ReplayEstimate]) -> pd.DataFrame:
+def _frame(runs: pd.DataFrame, ests: list[ReplayEstimate], roofline: str = "plain") -> pd.DataFrame:
     if len(runs) != len(ests):
         raise ValueError(f"{len(runs)} rows but {len(ests)} replays")
-    return feature_frame(ests, list(runs["precision"]), _specs(runs))
+    return feature_frame(ests, list(runs["precision"]), _specs(runs), roofline)
 
 
 def _target(runs: pd.DataFrame, x: pd.DataFrame) -> np.ndarray:
@@ -303,7 +344,7 @@ def _inner_groups(runs: pd.DataFrame) -> list[np.ndarray]:
     return [test for _, _, test in cv_folds(runs, by=by)]
 
 
-def _fit(runs: pd.DataFrame, x: pd.DataFrame) -> InferenceStepModel:
+def _fit(runs: pd.DataFrame, x: pd.DataFrame, roofline: str = "plain") -> InferenceStepModel:
     runs, x = runs.reset_index(drop=True), x.reset_index(drop=True)
     rule_factor, booster = _fit_core(runs, x)
     learned_lr, rule_lr = [], []
@@ -319,16 +360,17 @@ def _fit(runs: pd.DataFrame, x: pd.DataFrame) -> InferenceStepModel:
     learned_p90 = _p90_factor(learned_lr) if learned_lr else 1.0
     rule_p90 = _p90_factor(rule_lr) if rule_lr else 1.0
     return InferenceStepModel(rule_factor, learned_p90, rule_p90, booster, "learned",
-                              sorted(runs["gpu"].unique()), len(runs))
+                              sorted(runs["gpu"].unique()), len(runs), roofline=roofline)
 
 
-def fit(runs: pd.DataFrame, ests: list[ReplayEstimate]) -> InferenceStepModel:
+def fit(runs: pd.DataFrame, ests: list[ReplayEstimate], roofline: str = "plain") -> InferenceStepModel:
     """Fit on the rows of ``runs`` (:func:`~dprobe.profiling.coldstart.timm_infer.load_timm_infer`'s,
     each with its replay, :func:`~dprobe.profiling.coldstart.timm_infer.with_replays`): the rule's factor,
     the booster, and each one's p90 factor from an inner leave-one-GPU-out over the fitting GPUs (leave a
     fifth of the families out where there is one GPU). The model returned is the learned one
-    (:meth:`InferenceStepModel.as_rule` gives the rule)."""
-    return _fit(runs, _frame(runs, ests))
+    (:meth:`InferenceStepModel.as_rule` gives the rule). ``roofline``: the replay roofline of its features
+    (:data:`~dprobe.profiling.coldstart.features.ROOFLINES`), recorded in the model."""
+    return _fit(runs, _frame(runs, ests, roofline), roofline)
 
 
 @dataclass(frozen=True)
@@ -362,22 +404,24 @@ def scores(measured: np.ndarray, p50: np.ndarray, p90: np.ndarray) -> Scores:
                   rho, float(np.mean(measured <= p90)))
 
 
-def held_out_predictions(runs: pd.DataFrame, ests: list[ReplayEstimate], by: str) -> pd.DataFrame:
+def held_out_predictions(runs: pd.DataFrame, ests: list[ReplayEstimate], by: str,
+                         roofline: str = "plain") -> pd.DataFrame:
     """Each row of ``runs`` predicted by the fold of :func:`~dprobe.profiling.coldstart.timm_infer.cv_folds`
     (``by="gpu"``: each GPU left out; ``"family"``: a fifth of the families) that leaves it out: the model
     and the rule fitted on the other rows only (their p90 factors from an inner cross-validation of those
     rows), through :func:`predict_frame` (:func:`predict_inference_step`'s path). Columns ``fold``,
-    ``measured``, ``roofline``, ``rule_p50``, ``rule_p90``, ``model_p50``, ``model_p90``, in ``runs``' order."""
+    ``measured``, ``roofline``, ``rule_p50``, ``rule_p90``, ``model_p50``, ``model_p90``, in ``runs``' order.
+    ``roofline``: the replay roofline the features (and the column ``roofline``) are computed on."""
     from dprobe.profiling.coldstart.timm_infer import cv_folds
 
     runs = runs.reset_index(drop=True)
-    x = _frame(runs, ests)
+    x = _frame(runs, ests, roofline)
     out = pd.DataFrame({"fold": "", "measured": runs["step_time_s"].to_numpy(dtype=float),
                         "roofline": x["roof"].to_numpy(dtype=float)})
     for col in ("rule_p50", "rule_p90", "model_p50", "model_p90"):
         out[col] = np.nan
     for name, train, test in cv_folds(runs, by=by):
-        model = _fit(runs.iloc[train], x.iloc[train])
+        model = _fit(runs.iloc[train], x.iloc[train], roofline)
         out.loc[test, "fold"] = name
         for kind, m in (("rule", model.as_rule()), ("model", model)):
             p50, p90 = predict_frame(x.iloc[test], model=m)
@@ -385,13 +429,13 @@ def held_out_predictions(runs: pd.DataFrame, ests: list[ReplayEstimate], by: str
     return out
 
 
-def crossval(runs: pd.DataFrame, ests: list[ReplayEstimate], by: str) -> list[FoldResult]:
+def crossval(runs: pd.DataFrame, ests: list[ReplayEstimate], by: str, roofline: str = "plain") -> list[FoldResult]:
     """The scores of each fold of :func:`held_out_predictions`: the raw roofline's, the rule's and the
-    model's, each fitted on the other folds' rows only."""
+    model's, each fitted on the other folds' rows only, all on the replay roofline ``roofline``."""
     from dprobe.profiling.coldstart.timm_infer import cv_folds
 
     runs = runs.reset_index(drop=True)
-    pred = held_out_predictions(runs, ests, by)
+    pred = held_out_predictions(runs, ests, by, roofline)
     out = []
     for name, _, test in cv_folds(runs, by=by):
         t = pred.iloc[test]
@@ -426,13 +470,14 @@ def load_rows(directory: str | Path) -> tuple[pd.DataFrame, list[ReplayEstimate]
     return with_replays(runs, replays)
 
 
-def fit_shipped(directory: str | Path) -> InferenceStepModel:
+def fit_shipped(directory: str | Path, roofline: str = SHIPPED_ROOFLINE) -> InferenceStepModel:
     """The shipped model: cross-validated by GPU and by family, fitted on every row; learned only if its
-    mean MAPE over the folds beat the rule's in both groupings, else the rule; the figures recorded."""
+    mean MAPE over the folds beat the rule's in both groupings, else the rule; the figures recorded.
+    ``roofline``: the replay roofline of its features (default :data:`SHIPPED_ROOFLINE`)."""
     runs, ests = load_rows(directory)
-    cv = {by: summarise(crossval(runs, ests, by)) for by in ("gpu", "family")}
+    cv = {by: summarise(crossval(runs, ests, by, roofline)) for by in ("gpu", "family")}
     learned = all(cv[by]["model"]["mape"]["mean"] < cv[by]["rule"]["mape"]["mean"] for by in cv)
-    model = fit(runs, ests)
+    model = fit(runs, ests, roofline)
     model = model if learned else model.as_rule()
     model.cv = {"data": Path(directory).name, **cv}
     return model
@@ -445,20 +490,23 @@ def main(argv: list[str] | None = None) -> int:
                                 f"on every row and write it ({DEFAULT_MODEL.name} beside this module).")
     p.add_argument("directory", help="the folder of infer-*.csv tables and their replays-infer.jsonl.gz")
     p.add_argument("--out", default=str(DEFAULT_MODEL), help="where to write the model (default: the shipped one)")
+    p.add_argument("--roofline", choices=ROOFLINES, default=SHIPPED_ROOFLINE,
+                   help=f"the replay roofline of the features (default {SHIPPED_ROOFLINE})")
     args = p.parse_args(argv)
     t0 = time.time()
-    model = fit_shipped(args.directory)
+    model = fit_shipped(args.directory, args.roofline)
     model.save(args.out)
     for by in ("gpu", "family"):
         s = model.cv[by]
         print(f"{by:>6}: MAPE roofline {s['roofline']['mape']['mean']:.1f} %, rule {s['rule']['mape']['mean']:.1f} %, "
               f"model {s['model']['mape']['mean']:.1f} %")
-    print(f"shipped: {model.method} ({model.rows} rows, {', '.join(model.trained_on)}; p90 factor "
+    print(f"shipped: {model.method} on the {model.roofline} roofline ({model.rows} rows, "
+          f"{', '.join(model.trained_on)}; p90 factor "
           f"{model.p90_factor:.3f}) -> {args.out} in {time.time() - t0:.0f} s")
     return 0
 
 
-__all__ = ["FEATURES", "FoldResult", "InferenceModelError", "InferenceStepModel", "Scores", "crossval",
+__all__ = ["FEATURES", "SHIPPED_ROOFLINE", "FoldResult", "InferenceModelError", "InferenceStepModel", "Scores", "crossval",
            "default_model", "feature_frame", "fit", "fit_shipped", "held_out_predictions", "inference_features",
            "load_inference_model",
            "load_rows", "main",

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dprobe.core.gpus import GPUSpec
 from dprobe.profiling.coldstart.features import analytical_for, job_features, with_host_factor
-from dprobe.profiling.coldstart.gpus import GPUSpec
 from dprobe.profiling.coldstart.replay import ReplayEstimate
 from dprobe.profiling.coldstart.residual import baseline
 from dprobe.profiling.coldstart.stack import SoftwareStack

@@ -16,6 +16,12 @@ every sum as it was.
 
 ``python benchmarks/graph_gnn_inference.py`` compares it, on the folds of
 :func:`~dprobe.profiling.coldstart.timm_infer.cv_folds`, with the roofline, the rule and a vector model.
+
+A replayed *training* step (forward, backward and optimizer kernels) has its graph from
+:func:`training_graph`: the same nodes and features plus the kernel's phase (one-hot, ``PHASE_FEATURES``
+more columns), runs of elementwise kernels merged within a phase only, fused attention as a forward node and
+a backward one, and a per-graph ``host_scale`` (the machine's host factor). ``python
+benchmarks/graph_gnn_training.py`` compares it with the cold-start vector model on h200-profiles' runs.
 """
 
 from __future__ import annotations
@@ -33,9 +39,9 @@ from torch import nn
 from torch_geometric.data import Batch, Data
 from torch_geometric.nn import GINConv, global_add_pool, global_mean_pool
 
+from dprobe.core.gpus import GPUS, GPUSpec
 from dprobe.profiling.coldstart.features import LAUNCH_S, op_peaks
-from dprobe.profiling.coldstart.gpus import GPUS, GPUSpec
-from dprobe.profiling.coldstart.memtrack import OP_CLASSES
+from dprobe.profiling.coldstart.memtrack import BACKWARD, FORWARD, OP_CLASSES, OPTIMIZER
 
 CLASSES = (*OP_CLASSES, "attention")  # node classes: the replay's kernel classes and fused attention
 ELEMENTWISE = OP_CLASSES.index("elementwise")
@@ -51,6 +57,10 @@ TILE_FLOPS = 2.0 * 128 * 128 * 64  # one 128x128 output tile over a K of 64: a t
 CONTEXT = len(CLASSES) + 2
 MAX_LOG_MULTIPLIER = 1.5  # r_i = 1.5 tanh(head / 1.5): no kernel more than 4.5x off its roofline
 SPEC_FEATURES_AT = NODE_FEATURES - GPU_SPEC_FEATURES
+PHASES = (FORWARD, BACKWARD, OPTIMIZER)  # a training graph's phase one-hot, after the NODE_FEATURES columns
+PHASE_FEATURES = len(PHASES)
+TRAINING_NODE_FEATURES = NODE_FEATURES + PHASE_FEATURES
+BACKWARD_ATTENTION = 2.5  # fused attention's backward, in forwards (forward + backward: 3.5, as the roofline)
 
 
 def _gpu(gpu: str | GPUSpec) -> GPUSpec:
@@ -71,21 +81,23 @@ def gpu_spec_features(gpu: GPUSpec, precision: str) -> list[float]:
 
 
 def _coarsen(ops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Run ids merging each run of consecutive elementwise kernels, and the first row of each run."""
+    """Run ids merging each run of consecutive elementwise kernels of one phase, and the first row of each run."""
     elem = ops[:, 1] == ELEMENTWISE
     new = np.ones(len(ops), dtype=bool)
-    new[1:] = ~(elem[1:] & elem[:-1])
+    new[1:] = ~(elem[1:] & elem[:-1] & (ops[1:, 0] == ops[:-1, 0]))
     return np.cumsum(new) - 1, np.flatnonzero(new)
 
 
 def kernel_graph(est: Any, precision: str, gpu: str | GPUSpec, y: float | None = None,
-                 coarsen: bool = True) -> Data:
+                 coarsen: bool = True, phases: bool = False) -> Data:
     """The graph of one replayed step on ``gpu`` (a key of :data:`GPUS` or a :class:`GPUSpec`).
 
     ``x`` [nodes, NODE_FEATURES] (see the module's constants), ``edge_index`` (i <-> i+1, i <-> i+2),
     ``roof`` [nodes] (seconds, summing to the roofline's GPU time), ``kernels`` [nodes] (kernels each node
     stands for), graph-level ``n_kernels`` and ``y`` (the measured step, seconds) when given.
-    ``coarsen``: merge runs of consecutive elementwise kernels into one node."""
+    ``coarsen``: merge runs of consecutive elementwise kernels (of one phase) into one node. ``phases``: ``x``
+    gets each node's phase as ``PHASE_FEATURES`` more columns (``TRAINING_NODE_FEATURES`` in all), and a
+    training step's fused attention is two nodes, its forward and its backward (:func:`training_graph`)."""
     spec = _gpu(gpu)
     ops = np.asarray(est.ops, dtype=np.float64).reshape(-1, 5)
     if len(ops):
@@ -98,21 +110,26 @@ def kernel_graph(est: Any, precision: str, gpu: str | GPUSpec, y: float | None =
             moved = np.bincount(run, ops[:, 4], n)
             roof = np.bincount(run, roof, n)
             count = np.bincount(run, minlength=n).astype(np.float64)
-            cls, low = ops[first, 1].astype(int), ops[first, 2]
+            cls, low, phase = ops[first, 1].astype(int), ops[first, 2], ops[first, 0].astype(int)
             peak = peak[first]
         else:
             flops, moved, count = ops[:, 3], ops[:, 4], np.ones(len(ops))
-            cls, low = ops[:, 1].astype(int), ops[:, 2]
+            cls, low, phase = ops[:, 1].astype(int), ops[:, 2], ops[:, 0].astype(int)
     else:
         flops = moved = roof = count = peak = low = np.zeros(0)
-        cls = np.zeros(0, dtype=int)
-    if est.attention_flops > 0:  # fused attention (not dispatched on meta): its own node, last
+        cls = phase = np.zeros(0, dtype=int)
+    if est.attention_flops > 0:  # fused attention (not dispatched on meta): its own node(s), last
         attn_peak = spec.peak_half(precision) if precision != "fp32" else spec.peak_flops_tf32
-        t_attn = (1.0 if est.forward_only else 3.5) * est.attention_flops / attn_peak
-        flops, moved = np.append(flops, est.attention_flops), np.append(moved, 0.0)
-        roof, count = np.append(roof, t_attn), np.append(count, 1.0)
-        cls, low = np.append(cls, ATTENTION), np.append(low, float(precision != "fp32"))
-        peak = np.append(peak, attn_peak)
+        t_fwd = est.attention_flops / attn_peak
+        if est.forward_only or not phases:  # one node (a training step's: forward and backward, 3.5 forwards)
+            parts = [(FORWARD, 1.0 if est.forward_only else 1.0 + BACKWARD_ATTENTION)]
+        else:
+            parts = [(FORWARD, 1.0), (BACKWARD, BACKWARD_ATTENTION)]
+        for ph, times in parts:
+            flops, moved = np.append(flops, times * est.attention_flops), np.append(moved, 0.0)
+            roof, count = np.append(roof, times * t_fwd), np.append(count, 1.0)
+            cls, low = np.append(cls, ATTENTION), np.append(low, float(precision != "fp32"))
+            peak, phase = np.append(peak, attn_peak), np.append(phase, ph)
     n = len(roof)
     if n == 0:
         raise ValueError("a replay with no kernels has no kernel graph")
@@ -130,7 +147,10 @@ def kernel_graph(est: Any, precision: str, gpu: str | GPUSpec, y: float | None =
             lg(roof / (count * LAUNCH_S)) / 5.0, lg(roof / total) / 5.0,
             lg((flops + TILE_FLOPS) / TILE_FLOPS / sms) / 5.0, lg((moved + elem_bytes) / elem_bytes / sms) / 10.0]
     spec_feats = np.tile(gpu_spec_features(spec, precision), (n, 1))
-    x = np.concatenate([onehot, np.stack(cols, axis=1), spec_feats], axis=1)
+    blocks = [onehot, np.stack(cols, axis=1), spec_feats]
+    if phases:
+        blocks.append((phase[:, None] == np.array(PHASES)[None, :]).astype(np.float64))
+    x = np.concatenate(blocks, axis=1)
     src = np.arange(n - 1)
     src2 = np.arange(n - 2) if n > 2 else np.zeros(0, dtype=np.int64)
     edge_index = np.concatenate([np.stack([src, src + 1]), np.stack([src + 1, src]),
@@ -141,6 +161,20 @@ def kernel_graph(est: Any, precision: str, gpu: str | GPUSpec, y: float | None =
                 n_kernels=torch.tensor([float(count.sum())]), num_nodes=n)
     if y is not None:
         data.y = torch.tensor([float(y)], dtype=torch.float64)
+    return data
+
+
+def training_graph(est: Any, precision: str, gpu: str | GPUSpec, y: float | None = None,
+                   host_scale: float = 1.0, coarsen: bool = True) -> Data:
+    """The graph of one replayed *training* step (forward, backward and optimizer kernels): :func:`kernel_graph`
+    with the phases (``x`` [nodes, TRAINING_NODE_FEATURES]; the nodes' ``roof`` still sums to the roofline's
+    GPU time) and a graph-level ``host_scale``: how many times as slowly as the typical one the machine's
+    host issues kernels (``exp`` of :func:`~dprobe.profiling.coldstart.fit.host_factors`' figure), which
+    scales the model's host time."""
+    if est.forward_only:
+        raise ValueError("an inference replay has no backward or optimizer: use kernel_graph")
+    data = kernel_graph(est, precision, gpu, y=y, coarsen=coarsen, phases=True)
+    data.host_scale = torch.tensor([float(host_scale)], dtype=torch.float64)
     return data
 
 
@@ -157,18 +191,21 @@ class KernelGNN(nn.Module):
     mean state, each class's share of the roofline time, the roofline time and the kernel count), and an
     additive readout: ``sum_i roof_i * exp(b + r_i)`` plus a learnt host cost per kernel. ``layers=0``:
     the head sees each kernel alone (no message passing).
-    ``spec_features=False``: the GPU's spec numbers are zeroed (the GPU enters through the rooflines only)."""
+    ``spec_features=False``: the GPU's spec numbers are zeroed (the GPU enters through the rooflines only).
+    ``node_features``: columns of ``x`` (``TRAINING_NODE_FEATURES`` for :func:`training_graph`'s graphs).
+    A graph with a ``host_scale`` has its host time scaled by it."""
 
     def __init__(self, hidden: int = 32, layers: int = 3, spec_features: bool = True,
-                 dropout: float = 0.1) -> None:
+                 dropout: float = 0.1, node_features: int = NODE_FEATURES) -> None:
         super().__init__()
         self.hidden, self.layers, self.spec_features, self.dropout = hidden, layers, spec_features, dropout
-        self.inp = nn.Sequential(nn.Linear(NODE_FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, hidden))
+        self.node_features = node_features
+        self.inp = nn.Sequential(nn.Linear(node_features, hidden), nn.ReLU(), nn.Linear(hidden, hidden))
         self.convs = nn.ModuleList(
             GINConv(nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, hidden)))
             for _ in range(layers))
         self.norms = nn.ModuleList(nn.LayerNorm(hidden) for _ in range(layers))
-        self.head = nn.Sequential(nn.Linear(2 * hidden + NODE_FEATURES + CONTEXT, hidden), nn.ReLU(),
+        self.head = nn.Sequential(nn.Linear(2 * hidden + node_features + CONTEXT, hidden), nn.ReLU(),
                                   nn.Dropout(dropout), nn.Linear(hidden, 1))
         nn.init.zeros_(self.head[-1].weight)
         nn.init.zeros_(self.head[-1].bias)
@@ -177,13 +214,17 @@ class KernelGNN(nn.Module):
 
     def config(self) -> dict[str, Any]:
         """The constructor's arguments (saved with the weights)."""
-        return {"hidden": self.hidden, "layers": self.layers, "spec_features": self.spec_features,
-                "dropout": self.dropout}
+        out = {"hidden": self.hidden, "layers": self.layers, "spec_features": self.spec_features,
+               "dropout": self.dropout}
+        if self.node_features != NODE_FEATURES:
+            out["node_features"] = self.node_features
+        return out
 
     def _x(self, batch: Data) -> torch.Tensor:
         x = batch.x
         if not self.spec_features:
-            x = torch.cat([x[:, :SPEC_FEATURES_AT], torch.zeros_like(x[:, SPEC_FEATURES_AT:])], dim=1)
+            x = torch.cat([x[:, :SPEC_FEATURES_AT], torch.zeros_like(x[:, SPEC_FEATURES_AT:NODE_FEATURES]),
+                           x[:, NODE_FEATURES:]], dim=1)
         return x
 
     def multipliers(self, batch: Data) -> torch.Tensor:
@@ -205,7 +246,9 @@ class KernelGNN(nn.Module):
         """The additive readout of log multipliers ``r`` (one per node): seconds per graph (float64)."""
         idx, size = _index(batch)
         gpu = global_add_pool((batch.roof * torch.exp(self.log_factor + r).double()).unsqueeze(-1), idx, size)
-        return gpu.squeeze(-1) + torch.exp(self.log_host).double() * batch.n_kernels.double()
+        host = torch.exp(self.log_host).double() * batch.n_kernels.double()
+        scale = getattr(batch, "host_scale", None)
+        return gpu.squeeze(-1) + (host if scale is None else host * scale.double())
 
     def forward(self, batch: Data) -> torch.Tensor:
         """Predicted step seconds, one per graph of ``batch``."""
@@ -298,7 +341,7 @@ def fit_kernel_gnn(graphs: Sequence[Data], y: Sequence[float] | None = None,
     ``max_seconds``: stop after this much training time (the epochs left are skipped)."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    model = KernelGNN(hidden, layers, spec_features, dropout)
+    model = KernelGNN(hidden, layers, spec_features, dropout, node_features=int(graphs[0].x.shape[1]))
     y = _targets(graphs, y)
     uniq, index, mean_log, count = _grouped(graphs, y)
     roof = np.array([float(g.roof.sum()) for g in uniq])

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from dprobe.core.gpus import GPUS, GPUSpec, spec_as_dict
 from dprobe.graph.onnx_reader import read_onnx
 from dprobe.graph.schema import ModelGraph
 from dprobe.graph.zoo import VALUES_ASSUMED_NOTE, parse_spec
@@ -19,7 +20,6 @@ from dprobe.profiling.coldstart.features import (
     job_features,
     with_host_factor,
 )
-from dprobe.profiling.coldstart.gpus import GPUS, GPUSpec, spec_as_dict
 from dprobe.profiling.coldstart.graph_estimate import estimate_from_graph
 from dprobe.profiling.coldstart.job import JobInputs, job_inputs
 from dprobe.profiling.coldstart.model import TARGETS
@@ -87,6 +87,9 @@ class JobPrediction:
     stack: dict[str, Any] | None = None  # the software stack assumed (SoftwareStack.as_dict)
     grad_checkpointing: bool = False
     mode: str = "train"  # "train": a training step; "inference": a forward pass in eval mode (--mode)
+    # the replay roofline the step time's features were put on (dprobe.profiling.coldstart.features.ROOFLINES):
+    # "plain", or for --mode inference the inference step model's own
+    roofline: str = "plain"
     notes: list[str] = field(default_factory=list)
     # where the JSON has the note: after the key that stood last when the first note was added
     note_after: str = "graph_nodes"
@@ -110,6 +113,7 @@ class JobPrediction:
                                                "method")}
         if self.checkpoint is not None:
             head["checkpoint"] = self.checkpoint
+        head["roofline"] = self.roofline
         out = {**head, **{t: asdict(getattr(self, t)) for t in TARGETS}, "gpu_memory_bytes": self.gpu_memory_bytes,
                "fits": self.fits, "largest_batch": self.largest_batch,
                "gpu_seen_in_training": self.gpu_seen_in_training, "gpu_spec": self.gpu_spec,
@@ -145,7 +149,7 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
     ``grad_checkpointing``: the job turns a ``transformers`` or timm model's gradient checkpointing on
     (``gradient_checkpointing_enable()``, ``set_grad_checkpointing()``): its blocks keep their inputs
     only and recompute.
-    ``gpu``: a key of ``GPUS`` or a :class:`GPUSpec` (``--gpu-spec FILE``, :func:`~dprobe.profiling.coldstart.gpus.load_gpu_spec`).
+    ``gpu``: a key of ``GPUS`` or a :class:`GPUSpec` (``--gpu-spec FILE``, :func:`~dprobe.core.gpus.load_gpu_spec`).
     ``search_batch``: also find the largest batch predicted to fit the GPU (``largest_batch``; a replay or
     three more, :func:`largest_fitting_batch`).
     ``stack``: the software stack the job runs on (:func:`~dprobe.profiling.coldstart.stack.resolve_stack`:
@@ -277,7 +281,8 @@ def predict_inference_job(model: str, batch: int, precision: str = "fp32", *, im
         method=steps.method, checkpoint=str(INFERENCE_MODEL), **bands, gpu_memory_bytes=int(spec.memory_bytes),
         fits=fits_on_gpu(bands["peak_memory_bytes"].p50, bands["device_memory_bytes"].p90, spec.memory_bytes),
         analytical=analytical, gpu_seen_in_training=seen, gpu_spec=spec_as_dict(spec),
-        stack=software.as_dict(), mode="inference", notes=notes, note_after="graph_nodes", graph=graph)
+        stack=software.as_dict(), mode="inference", roofline=steps.roofline, notes=notes, note_after="graph_nodes",
+        graph=graph)
     if est.values_assumed:
         result.add_note(f"replayed with {VALUES_ASSUMED_NOTE}")
     if search_batch:

@@ -2,7 +2,7 @@
 model and image size on one GPU and software stack, forward pass only, eval mode, AMP autocast.
 
 Each file is named as timm names it, ``infer-{amp|fp32}-{nchw|nhwc}-pt{VERSION}-cu{VERSION}-{gpu}.csv``:
-the name gives the GPU (a key of :data:`~dprobe.profiling.coldstart.gpus.GPUS`), the stack and the
+the name gives the GPU (a key of :data:`~dprobe.core.gpus.GPUS`), the stack and the
 precision. Each (model, batch, image) is replayed once on meta tensors, forward only
 (:func:`~dprobe.profiling.coldstart.replay.replay_inference_step`), and cached in one compressed file
 beside the tables (``python -m dprobe.profiling.coldstart.timm_infer DIR``), which the inference
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dprobe.profiling.coldstart.gpus import GPUS
+from dprobe.core.gpus import GPUS
 from dprobe.profiling.coldstart.timm_bench import read_checked_csv
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 One row a measured PyTorch call: its op kind, shapes, the GPU it ran on and its latency, with the FLOPs and
 bytes a roofline needs (fp32: four bytes an element). Each GPU's spec sheet (``device_configs/``) becomes a
-:class:`~dprobe.profiling.coldstart.gpus.GPUSpec`.
+:class:`~dprobe.core.gpus.GPUSpec`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dprobe.core.gpus import GPUSpec
 from dprobe.data.common import DatasetError
-from dprobe.profiling.coldstart.gpus import GPUSpec
 
 GEMM_OPS = ("bmm", "linear")
 CONV_OPS = ("conv",)

@@ -66,7 +66,7 @@ class JobSpec:
         """``MODEL batch=N [precision=P] [optimizer=O] [image=N] [seq=N] [gpu=NAME] [host_stall=S]
         [config_kwargs=JSON] [stack=PRESET] [mode=train|inference]`` (shell quoting for values with spaces); a
         ValueError naming what is wrong."""
-        from dprobe.profiling.coldstart.gpus import (
+        from dprobe.core.gpus import (
             GPUS,  # no torch: a job is checked where it cannot be profiled too
         )
         from dprobe.profiling.coldstart.stack import STACKS
@@ -124,7 +124,7 @@ class JobSpec:
 def _known_gpu(name: str, otherwise: str) -> str:
     """The dprobe GPU (``h100``, ...) of a GPU name, or "" with a log line (ending in ``otherwise``) when
     dprobe has no figures for it."""
-    from dprobe.profiling.coldstart.gpus import gpu_key
+    from dprobe.core.gpus import gpu_key
 
     try:
         return gpu_key(name)

@@ -172,7 +172,7 @@ def gpu_key(device_name: str) -> str:
             return key
     raise ValueError(f"dprobe has no peak FLOP/s and bandwidth for the GPU {device_name!r} (it knows "
                      f"{', '.join(k.upper() for k in GPUS)}); add a GPUSpec for it to "
-                     "dprobe.profiling.coldstart.gpus.GPUS, or predict with --gpu-spec FILE")
+                     "dprobe.core.gpus.GPUS, or predict with --gpu-spec FILE")
 
 
 def gpu_spec(device_name: str, memory_bytes: float | None = None) -> GPUSpec:
