@@ -59,6 +59,7 @@ def test_evaluate_refuses_a_timestamp_beyond_what_a_timestamp_holds(tmp_path, ca
     assert "row 6 has" in line
 
 
+@pytest.mark.slow
 def test_the_console_script_prints_one_line_for_an_overflowing_timestamp(tmp_path) -> None:
     data = alibaba_dir(tmp_path / "a", memory=[(10, "timestamp_anon", "1e20")])
     out = subprocess.run([sys.executable, "-m", "dprobe.cli", "evaluate", "--data", str(data), "--checkpoint",

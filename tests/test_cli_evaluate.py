@@ -74,6 +74,7 @@ def test_json_helios(capsys: pytest.CaptureFixture[str], helios_dir: Path) -> No
         assert s["best_pinball"] == best["method"] and s["pinball_ratio"] == pytest.approx(mine["pinball"] / best["pinball"])
 
 
+@pytest.mark.slow
 def test_json_alibaba(capsys: pytest.CaptureFixture[str], alibaba_dir: Path) -> None:
     out = run_json(capsys, alibaba_dir)
     check_rows(out, "alibaba-genai-2026", {"gpu_duty_cycle_pct", "gpu_memory_bytes"}, {5, 15, 30})
@@ -90,6 +91,7 @@ def test_baseline_subset_and_no_model(capsys: pytest.CaptureFixture[str], helios
     assert named["rows"] == [r for r in json.loads(captured.out)["rows"] if r["method"] in ("last_value", "dprobe")]
 
 
+@pytest.mark.slow
 def test_markdown_and_plot(capsys: pytest.CaptureFixture[str], helios_dir: Path, tmp_path: Path) -> None:
     png = tmp_path / "forecasts.png"
     assert main(["evaluate", "--data", str(helios_dir), "--plot", str(png)]) == 0
@@ -131,6 +133,7 @@ def _console_script() -> str:
     return str(local)
 
 
+@pytest.mark.slow
 def test_console_script_help() -> None:
     proc = subprocess.run([_console_script(), "evaluate", "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -141,6 +144,7 @@ def test_console_script_help() -> None:
     assert "share of each series used as test span (default: 0.3)" in text
 
 
+@pytest.mark.slow
 def test_a_checkpoint_is_not_scored_on_what_it_trained_on(capsys: pytest.CaptureFixture[str], helios_dir: Path,
                                                            tmp_path: Path) -> None:
     """A checkpoint records its split: a test span that starts before its own is refused in one line, unless

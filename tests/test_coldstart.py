@@ -73,6 +73,7 @@ def test_replay_bf16_autocast_saves_memory() -> None:
         replay_training_step(spec, batch=8, precision="int3", seq=64)
 
 
+@pytest.mark.slow
 def test_bf16_pure_holds_weights_gradients_and_states_in_bf16(tmp_path, capsys) -> None:
     from dprobe.cli import main
 
@@ -95,6 +96,7 @@ def test_bf16_pure_holds_weights_gradients_and_states_in_bf16(tmp_path, capsys) 
     assert "needs the model as a module" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_grad_checkpointing_keeps_layer_inputs_and_recomputes(capsys) -> None:
     from dprobe.cli import main
 
@@ -314,6 +316,7 @@ def test_precision_and_optimizer_choices_are_what_the_replay_knows() -> None:
     assert list(choices["optimizer"]) == list(OPTIMIZERS) == list(jobs.OPTIMIZERS)
 
 
+@pytest.mark.slow
 def test_every_gpu_spec_is_a_predict_choice(capsys) -> None:
     """--gpu offers exactly the GPUs dprobe has a spec for; a slower GPU gives a slower step and may not fit."""
     from dprobe.cli import build_parser, main
@@ -331,6 +334,7 @@ def test_every_gpu_spec_is_a_predict_choice(capsys) -> None:
     assert by_gpu["l4"]["gpu_memory_bytes"] == GPUS["l4"].memory_bytes < GPUS["h200"].memory_bytes
 
 
+@pytest.mark.slow
 def test_cli_predict(capsys, tmp_path) -> None:
     from dprobe.cli import main
 
@@ -471,6 +475,7 @@ TINY_WAV2VEC2 = ('{"hidden_size": 64, "num_hidden_layers": 2, "num_attention_hea
                  '"vocab_size": 32}')
 
 
+@pytest.mark.slow
 def test_predict_a_model_that_reads_its_labels(capsys) -> None:
     """DeBERTa-v2 keeps the labels >= 0 (``nonzero``) and checks its token ids for padding, neither possible
     on meta: replayed again with every label valid, and the prediction says so."""
@@ -861,6 +866,7 @@ def test_prediction_imports_no_training_module() -> None:
     assert "dprobe.profiling.jobscale.predict" in loaded["with_samples"]
 
 
+@pytest.mark.slow
 def test_predict_says_when_a_job_will_not_fit(monkeypatch, capsys) -> None:
     from dataclasses import replace
 

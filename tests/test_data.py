@@ -347,6 +347,7 @@ def test_alibaba_subset_returns_exactly_those_pods(tmp_path: Path) -> None:
     assert ds.frame["qps_api"].gt(0).any()  # cluster-wide rates kept
 
 
+@pytest.mark.slow
 def test_load_series_dataset_on_subsets(tmp_path: Path) -> None:
     ds = load_series_dataset(write_helios_subset(tmp_path / "h", helios_vcs()[:2], n_rows=1440))
     assert ds.name == "helios-earth-vc" and len(ds.series_ids) == 2

@@ -200,6 +200,7 @@ def _closed_by_server(conn: socket.socket, within: float) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_half_open_connections_are_dropped_and_threads_bounded() -> None:
     """Clients that open a connection and send nothing, or half a request, or a request a byte at a time,
     are dropped after request_timeout (in all, not per byte); while they hang, a scrape still answers; past
@@ -320,6 +321,7 @@ def _answers(conn: socket.socket, path: str = "/healthz", within: float = 2.0) -
         return False
 
 
+@pytest.mark.slow
 def test_request_head_has_its_own_deadline_and_keep_alive_the_request_timeout() -> None:
     """The request line and headers must arrive within header_timeout of connecting (a trickle is cut off then,
     not after request_timeout), while a kept-alive connection may wait request_timeout for its next request,
@@ -377,6 +379,7 @@ def test_at_the_cap_idle_kept_alive_connections_make_room() -> None:
         srv.stop()
 
 
+@pytest.mark.slow
 def test_reserve_lets_a_scrape_through_while_slow_clients_hold_every_slot() -> None:
     """Slow clients on every slot: a scrape still gets a reserve slot, and once its request is in, the
     connection that has spent longest on its request is closed for it; the other slow ones wait for their own

@@ -77,6 +77,7 @@ def test_families_fall_into_parts_by_name_in_the_splits_shares() -> None:
     assert Split(0.0, 0.0).group_role("anything") == "test" and Split(1.0, 1.0).group_role("x") == "train"
 
 
+@pytest.mark.slow
 def test_the_datamodule_trains_on_training_families_and_never_sees_test_families(small_jobs_dir, graph_cache) -> None:
     from dprobe.forecaster.windows import SeriesDataModule
 
@@ -204,6 +205,7 @@ def test_a_scrape_is_never_served_by_a_finer_task_than_its_step() -> None:
     assert f.task_for("gpu_memory_bytes", 1000.0)[0] == 0  # nothing as coarse: the closest, which refuses
 
 
+@pytest.mark.slow
 def test_the_h200_layout_copied_elsewhere_loads_the_same(tmp_path) -> None:
     for name in ("runs.csv", "samples.csv", "steps.csv", "env.json"):
         shutil.copy(H200 / name, tmp_path / name)

@@ -268,6 +268,7 @@ def test_predict_next_refuses_too_few_samples_and_other_checkpoints(tmp_path):
         load_jobscale(tmp_path / "other.pt")
 
 
+@pytest.mark.slow
 def test_cli_predict_with_samples_of_a_bundled_run(tmp_path, capsys):
     """`dprobe predict --samples` on a bundled run's first second (as nvidia-smi logs it, in MiB and %),
     with the shipped checkpoints: the next ten seconds as measured."""

@@ -135,6 +135,7 @@ def test_a_mode_below_sees_every_call_and_the_memory_ends_with_the_mode() -> Non
     assert below.calls == 3 and meta_calls.stats()["hits"] == 2
 
 
+@pytest.mark.slow
 def test_the_replay_is_the_same_with_and_without_memory(monkeypatch) -> None:
     """Every figure of a replay (bytes, kernels, flops, the allocator's trace) is unchanged, and most of
     its meta calls come from memory: the two training steps repeat each other."""

@@ -63,6 +63,7 @@ def test_renumber_follows_the_data_sets_ids() -> None:
 
 
 @pytest.mark.parametrize("collection", [1, 2, 3])
+@pytest.mark.slow
 def test_a_session_round_trips_into_the_next_collection(dataset, tmp_path, collection) -> None:
     """Written back as a session and added again, a collection's rows come back cell for cell, renumbered."""
     nxt = int(pd.read_csv(dataset / "runs.csv")["collection"].max()) + 1
@@ -86,6 +87,7 @@ def test_a_session_round_trips_into_the_next_collection(dataset, tmp_path, colle
     assert main(["profiles", "list", "--data", str(dataset), "--json"]) == 0
 
 
+@pytest.mark.slow
 def test_bad_sessions_are_refused_and_the_data_set_is_untouched(dataset, tmp_path, capsys) -> None:
     before = digest(dataset)
     session = as_session(2, tmp_path / "session")
@@ -354,6 +356,7 @@ def test_an_addition_keeps_the_files_modes_and_leaves_nothing_behind(dataset, tm
     assert (load_h200_profiles(dataset).runs["collection"] == 5).sum() == 1
 
 
+@pytest.mark.slow
 def test_a_second_addition_while_one_runs_is_refused_and_changes_nothing(dataset, tmp_path) -> None:
     """Additions to one data set never interleave: while one holds the folder, another is refused by name."""
     from dprobe.data.profile_import import _adding_to

@@ -437,6 +437,7 @@ def test_discovered_workloads_and_clusters_are_forgotten_with_their_pods(http_pe
         assert not scaler.vc_decisions and not scaler.vcs.recommenders and not scaler.vc_events_total
 
 
+@pytest.mark.slow
 def test_apply_mode_reads_and_patches_the_scale_subresource(http_peer, tmp_path: Path) -> None:
     pods = {"llm-7d9f8c6b5d-aaaaa": 0.9, "llm-7d9f8c6b5d-bbbbb": 0.9, "db-0": 0.1, "db-1": 0.1}
     replicas = {("serving", "deployments", "llm"): 2, ("serving", "statefulsets", "db"): 2}
@@ -657,6 +658,7 @@ def test_kubernetes_errors_name_the_workload(tmp_path: Path) -> None:
             client.quota("ns", "cpu-only", "requests.nvidia.com/gpu")
 
 
+@pytest.mark.slow
 def test_cli_help_and_bad_config_exit_code(tmp_path: Path) -> None:
     run = [sys.executable, "-m", "dprobe.cli", "scaler"]
     out = subprocess.run([*run, "--help"], capture_output=True, text=True, timeout=60)
@@ -992,6 +994,7 @@ def test_a_virtual_clusters_gpus_are_held_when_its_sidecars_stop(http_peer) -> N
         assert (d.missing, d.desired) == (2, 4)  # ceil((0.6 + 2 x 0.5) / 0.5)
 
 
+@pytest.mark.slow
 def test_scaler_config_refuses_what_could_only_fail_later(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"quantile must be one the sidecars export \(0.5, 0.9, 0.99\), got 0.42"):
         ScalerConfig(quantile=0.42).validate()

@@ -144,6 +144,7 @@ def test_the_sidecar_replays_the_h200_trace_without_torch(free_port) -> None:
     assert not unlisted, f"loaded but not in {BASE} (pyproject.toml's dependencies): {sorted(unlisted)}"
 
 
+@pytest.mark.slow
 def test_the_scaler_runs_without_torch(free_port) -> None:
     port = free_port()  # no Prometheus there: the scaler runs its cycles and counts the failed queries
     text, loaded = _serve(["scaler", "--prometheus-url", f"http://127.0.0.1:{free_port()}", "--interval", "1"],
@@ -157,6 +158,7 @@ def test_the_scaler_runs_without_torch(free_port) -> None:
     (["--job", "torchvision:resnet18 batch=8"], "job profiles .* torch, which is not installed"),
     (["--checkpoint", "outputs/dprobe.pt"], "needs the Python package torch, which is not installed"),
 ])
+@pytest.mark.slow
 def test_what_needs_the_full_install_is_refused_clearly(args: list[str], says: str) -> None:
     r = subprocess.run(_command("sidecar", "--source", "synthetic", *args), cwd=REPO, capture_output=True,
                        text=True, timeout=60)

@@ -103,6 +103,7 @@ def test_bursts_get_room_on_their_gpu():
         PlanSettings(burst_overlap=2.0)
 
 
+@pytest.mark.slow
 def test_ten_thousand_workloads_plan_quickly():
     import time
 

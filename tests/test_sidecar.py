@@ -384,6 +384,7 @@ def _by_target(text: str, name: str) -> dict[str, list[float]]:
     return out
 
 
+@pytest.mark.slow
 def test_sidecar_keeps_serving_when_its_source_fails() -> None:
     src = Flaky()
     sc = Sidecar(_fast_config(), sources=[src], model=open_forecaster(None, "last_value"))
@@ -468,6 +469,7 @@ def test_readyz_says_why_there_is_no_sample_yet(http_peer, source: str, option: 
         assert "bearer_token_file" not in why and "this source sends none" in why
 
 
+@pytest.mark.slow
 def test_horizons_beyond_the_models_longest_lead_stop_the_start(tmp_path: Path) -> None:
     """The shipped model is trained up to 30 steps of 57 s: a horizon of 2 h failed every forecast cycle; now
     the start stops with one line naming the option (and so does a window that cannot hold min_points)."""
@@ -591,6 +593,7 @@ def _sidecar_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "dprobe.services.sidecar", "--listen-address", "127.0.0.1", *args]
 
 
+@pytest.mark.slow
 def test_refuses_to_start_on_bad_checkpoint(tmp_path: Path) -> None:
     bad = tmp_path / "model.ckpt"
     bad.write_bytes(b"PK\x03\x04 truncated")
@@ -599,6 +602,7 @@ def test_refuses_to_start_on_bad_checkpoint(tmp_path: Path) -> None:
     assert r.returncode == 2 and str(bad) in r.stderr and "cannot be read" in r.stderr
 
 
+@pytest.mark.slow
 def test_sigterm_stops_within_5_seconds(tmp_path: Path) -> None:
     sock_port = _free_port()
     proc = subprocess.Popen(_sidecar_cmd("--port", str(sock_port), "--source", "synthetic", "--synthetic-targets",

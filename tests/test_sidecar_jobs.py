@@ -193,6 +193,7 @@ def test_sidecar_follows_a_job_annotated_after_its_start(annotate, tmp_path: Pat
         "ml/trainer-0", "torchvision:resnet18", "8", "l4")
 
 
+@pytest.mark.slow
 def test_bad_job_stops_the_start_with_its_place() -> None:
     with pytest.raises(ValueError, match=r"jobs\['team-a/\*'\]: 'resnet50': batch=N"):
         load_config({}, env={"DPROBE_SIDECAR_JOBS": '{"team-a/*": "resnet50"}'})

@@ -174,6 +174,7 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
     return code, out.out, out.err
 
 
+@pytest.mark.slow
 def test_cli_json_on_two_days_of_philly(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     plot = tmp_path / "sim.png"
     code, out, _ = run_cli(capsys, "--start-day", "30", "--days", "2", "--json", "--per-vc", "--plot", str(plot))
@@ -197,6 +198,7 @@ def test_cli_json_on_two_days_of_philly(capsys: pytest.CaptureFixture[str], tmp_
     assert plot.stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_scaler_config_is_simulated_as_the_flags_that_say_the_same(capsys: pytest.CaptureFixture[str],
                                                                    tmp_path: Path) -> None:
     config = tmp_path / "scaler.yaml"
@@ -218,6 +220,7 @@ def test_scaler_config_is_simulated_as_the_flags_that_say_the_same(capsys: pytes
     assert code == 2 and "set --margin, --tolerance in that file instead" in err
 
 
+@pytest.mark.slow
 def test_the_shipped_forecaster_drives_the_forecast_policy(capsys: pytest.CaptureFixture[str]) -> None:
     from dprobe.forecaster.loading import SHIPPED_FORECASTER, checkpoint_path
 

@@ -387,6 +387,7 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
     return (code, *capsys.readouterr())
 
 
+@pytest.mark.slow
 def test_cli_fixed_json_and_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     plot = tmp_path / "fixed.png"
     code, out, _ = run_cli(capsys, "--data", str(small_log(tmp_path)), "--gpus", "16",

@@ -282,6 +282,7 @@ def test_an_interrupted_fit_resumes_where_it_stopped(tmp_path, small_helios_dir,
     assert starts == [(1, steps)]
 
 
+@pytest.mark.slow
 def test_dprobe_train_hands_hydra_its_overrides(tmp_path, monkeypatch, capsys):
     """`dprobe train OVERRIDES` runs train.py's Hydra app on OVERRIDES; the run itself sees the command line
     it was started with (Lightning's DDP launcher starts its other processes with it); `dprobe train --help`
