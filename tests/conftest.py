@@ -229,3 +229,24 @@ def pytest_runtest_makereport(item, call):
     if NO_SKIP and report.skipped and not any(reason in str(report.longrepr) for reason in MAY_SKIP):
         report.outcome = "failed"
         report.longrepr = f"skipped in CI (DPROBE_TESTS_NO_SKIP=1): {report.longrepr}"
+
+
+@pytest.fixture(scope="session")
+def make_certificate(tmp_path_factory) -> Callable[[str], tuple[Path, Path]]:
+    """Factory: ``make_certificate(name)`` -> (cert, key), a self-signed certificate for 127.0.0.1 and its
+    RSA key (PEM, 1 day), made with openssl (skips without it)."""
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl on PATH")
+    directory = tmp_path_factory.mktemp("tls")
+
+    def make(name: str = "server") -> tuple[Path, Path]:
+        cert, key = directory / f"{name}.crt", directory / f"{name}.key"
+        if not cert.exists():
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+                            "-addext", "subjectAltName=IP:127.0.0.1", "-days", "1", "-keyout", str(key),
+                            "-out", str(cert)], check=True, capture_output=True)
+        return cert, key
+
+    return make

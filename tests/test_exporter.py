@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import http.client
 import logging
-import shutil
 import socket
 import ssl
 import subprocess
@@ -564,20 +563,9 @@ def test_a_scrape_of_1000_targets_renders_from_what_the_forecast_loop_prepared()
 # ---- HTTPS (tls_cert_file, tls_key_file)
 
 
-def make_certificate(directory: Path, name: str = "server") -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 and its key (RSA, 1 day), as (cert, key) under ``directory``."""
-    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-days", "1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True)
-    return cert, key
-
-
 @pytest.fixture(scope="module")
-def certificate(tmp_path_factory) -> tuple[Path, Path]:
-    if shutil.which("openssl") is None:
-        pytest.skip("no openssl on PATH")
-    return make_certificate(tmp_path_factory.mktemp("tls"))
+def certificate(make_certificate) -> tuple[Path, Path]:
+    return make_certificate("server")
 
 
 def _trusting(cert: Path) -> ssl.SSLContext:
@@ -704,7 +692,7 @@ def test_a_handshake_never_finished_is_closed_after_header_timeout(certificate) 
         srv.stop()
 
 
-def test_tls_settings_that_cannot_be_used_are_refused_at_construction(certificate, tmp_path) -> None:
+def test_tls_settings_that_cannot_be_used_are_refused_at_construction(certificate, make_certificate, tmp_path) -> None:
     """Only one of the certificate and key, a missing file, a file that is no certificate, or a key of
     another certificate: a ValueError naming the file, before anything listens."""
     cert, key = certificate
@@ -726,7 +714,7 @@ def test_tls_settings_that_cannot_be_used_are_refused_at_construction(certificat
     garbage.write_text("not a certificate\n")
     with pytest.raises(ValueError, match=f"{garbage} holds no PEM certificate"):
         server(str(garbage), str(key))
-    _, other_key = make_certificate(tmp_path, "other")
+    _, other_key = make_certificate("other")
     with pytest.raises(ValueError, match=f"the key in {other_key} is not the certificate's"):
         server(str(cert), str(other_key))
     srv = server(None, None)  # neither: plain HTTP

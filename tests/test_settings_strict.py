@@ -291,7 +291,7 @@ def test_web_options_reach_the_http_server(tmp_path: Path, service) -> None:
 
 
 @pytest.mark.parametrize("service", [SIDECAR, SCALER], ids=["sidecar", "scaler"])
-def test_tls_settings_make_the_http_server_speak_https(tmp_path: Path, service) -> None:
+def test_tls_settings_make_the_http_server_speak_https(tmp_path: Path, service, make_certificate) -> None:
     import ssl
     import urllib.request
 
@@ -299,12 +299,7 @@ def test_tls_settings_make_the_http_server_speak_https(tmp_path: Path, service) 
 
     from dprobe.services.exporter.server import ExporterServer
 
-    if shutil.which("openssl") is None:
-        pytest.skip("no openssl on PATH")
-    cert, key = tmp_path / "s.crt", tmp_path / "s.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-days", "1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True)
+    cert, key = make_certificate("server")
     module, prefix, section = service
     args = _flag(module, "tls_cert_file", str(cert))
     config = module.load_config(args, env={prefix + "TLS_KEY_FILE": str(key), prefix + "PORT": "0",

@@ -46,12 +46,14 @@ class PrometheusHandle(str):
 @contextmanager
 def run_prometheus(binary: str, port: int, workdir: Path, scrape_targets: list[str], scrape_interval: str = "1s",
                    timeout: float = 30.0, target_labels: dict[str, str] | None = None,
-                   honor_labels: bool = False, rule_files: list[Path] | None = None) -> Iterator[PrometheusHandle]:
+                   honor_labels: bool = False, rule_files: list[Path] | None = None,
+                   scrape_configs: list[dict] | None = None) -> Iterator[PrometheusHandle]:
     """Start Prometheus on loopback ``port``, scraping ``scrape_targets`` (host:port), and yield its base URL;
     stop it after.
     ``target_labels``: labels of the scrape target (as Kubernetes service discovery attaches the scraped
     pod's); ``honor_labels``: the scraped series' own labels win over them; ``rule_files``: recording and
-    alerting rules it evaluates."""
+    alerting rules it evaluates; ``scrape_configs``: Prometheus's own scrape configs instead of the one job
+    (``scrape_targets`` then unused), each scraped every ``scrape_interval``."""
     workdir.mkdir(parents=True, exist_ok=True)
     config = {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
@@ -60,6 +62,9 @@ def run_prometheus(binary: str, port: int, workdir: Path, scrape_targets: list[s
                             "scrape_timeout": scrape_interval, "honor_labels": honor_labels,
                             "static_configs": [{"targets": scrape_targets, "labels": target_labels or {}}]}],
     }
+    if scrape_configs is not None:
+        config["scrape_configs"] = [{"scrape_interval": scrape_interval, "scrape_timeout": scrape_interval, **job}
+                                    for job in scrape_configs]
     cfg = workdir / "prometheus.yml"
     cfg.write_text(yaml.safe_dump(config))
     log = (workdir / "prometheus.log").open("w")
