@@ -20,6 +20,7 @@ import torch
 
 from dprobe.config import CONFIG_DIR, compose
 from dprobe.forecaster.base import ForecastInput
+from dprobe.profiling.coldstart.kernel_gnn_train import DEV_ROWS
 from dprobe.training import StageResult, run, stage, write_stages
 
 ROOT = CONFIG_DIR.parent
@@ -45,8 +46,8 @@ def tiny(tmp_path: Path, data_dirs: list[Path], *extra: str) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("exp", [pytest.param(e, marks=pytest.mark.slow) if e in ("gnn", "helios", "jobs", "no_graph", "pretrain_gnn") else e
-                                 for e in EXPERIMENTS])  # seconds each: the fast tier runs alibaba and coldstart
+@pytest.mark.parametrize("exp", [pytest.param(e, marks=pytest.mark.slow) if e in ("helios", "jobs", "no_graph", "pretrain_gnn") else e
+                                 for e in EXPERIMENTS])  # seconds each: the fast tier runs alibaba, coldstart and gnn
 def test_every_experiment_composes_and_runs_fast_dev_run(exp, tmp_path, small_alibaba_dir, small_helios_dir,
                                                          monkeypatch):
     """Each exp config composes with the defaults and its run reaches the end (fast_dev_run)."""
@@ -106,6 +107,9 @@ def test_every_experiment_composes_and_runs_fast_dev_run(exp, tmp_path, small_al
     if cfg.kernel_gnn.enabled:
         assert set(stages["kernel_gnn"]["metrics"]) == {"gnn_mape", "vector_mape", "rule_mape"}
         assert torch.load(stages["kernel_gnn"]["outputs"]["checkpoint"], weights_only=True)["state_dict"]
+        report = json.loads(Path(stages["kernel_gnn"]["outputs"]["report"]).read_text())
+        assert report["epochs"] == 1 and 0 < report["rows_fitted"] <= DEV_ROWS  # fast_dev_run: a few rows
+        assert 0 < report["rows_held_out"] <= DEV_ROWS // 3
     if cfg.forecaster_enabled:
         assert stages["forecaster"]["outputs"] == {"checkpoint": summary["checkpoint"],
                                                    "onnx": str(Path(summary["output_dir"], "dprobe.onnx"))}
@@ -400,13 +404,15 @@ def test_stages_are_their_functions_with_the_configured_arguments(tmp_path):
         "max_epochs": 400, "seed": 0, "folds": 20, "workers": None}
     assert jobscale.func is train_jobscale and jobscale.keywords == {
         "data_dir": profiles, "use_graph": True, "graph_dim": 0, "epochs": 300, "seed": 0, "folds": 20,
-        "workers": None}
+        "workers": None, "fast_dev_run": False}
     assert evaluate.func is evaluate_checkpoint and evaluate.keywords == {
         "datasets": list(cfg.data.datasets), "cache_dir": f"{tmp_path}/cache"}
     off = compose(["+exp=no_graph", "seed=3", "coldstart.workers=2", f"paths.output_dir={tmp_path}"])
     assert not off.coldstart.enabled and off.jobscale.enabled and not off.model.use_graph
     bound = stage(off.jobscale).keywords  # the seed and coldstart.workers follow their keys
     assert (bound["use_graph"], bound["seed"], bound["workers"]) == (False, 3, 2)
+    dev = compose(["+exp=gnn", "+trainer.fast_dev_run=true", f"paths.output_dir={tmp_path}"])
+    assert stage(dev.jobscale).keywords["fast_dev_run"] and stage(dev.kernel_gnn).keywords["fast_dev_run"]
 
 
 def test_optimizer_and_schedule_come_from_the_config(tmp_path):

@@ -20,13 +20,17 @@ import torch
 
 log = logging.getLogger(__name__)
 
+DEV_ROWS = 96  # rows a fast_dev_run fits on (and a third as many it scores), one epoch
+
 
 def train_kernel_gnn(out_dir: str, data_dir: str, held_out_fold: int = 0, folds: int = 5, epochs: int = 20,
                      hidden: int = 32, layers: int = 3, max_seconds: float | None = 300.0, threads: int = 1,
-                     seed: int = 0) -> dict[str, Any]:
+                     seed: int = 0, fast_dev_run: bool = False) -> dict[str, Any]:
     """Fit on every family fold but ``held_out_fold`` (of :func:`~dprobe.profiling.coldstart.timm_infer.cv_folds`
     by family), score rule, vector and network on the fold left out; write ``kernel_gnn.pt`` (weights,
-    ``torch.load(weights_only=True)``) and ``report.json`` under ``out_dir``. Returns their paths and the scores."""
+    ``torch.load(weights_only=True)``) and ``report.json`` under ``out_dir``. Returns their paths and the scores.
+    ``fast_dev_run`` (``trainer.fast_dev_run``, as tests set it): a check that the stage runs end to end, on
+    :data:`DEV_ROWS` rows of the fitting families and a third as many of the held-out ones, one epoch."""
     from dprobe.core.gpus import GPUS
     from dprobe.profiling.coldstart import inference
     from dprobe.profiling.coldstart.kernel_gnn import (
@@ -48,10 +52,15 @@ def train_kernel_gnn(out_dir: str, data_dir: str, held_out_fold: int = 0, folds:
     try:
         runs, ests = inference.load_rows(data_dir)
         name, train, test = cv_folds(runs, "family", folds)[held_out_fold]
+        if fast_dev_run:
+            epochs, pick = 1, np.random.default_rng(seed)
+            train = np.sort(pick.choice(train, size=min(DEV_ROWS, len(train)), replace=False))
+            test = np.sort(pick.choice(test, size=min(DEV_ROWS // 3, len(test)), replace=False))
         y = runs["step_time_s"].to_numpy(float)
         log.info("kernel GNN: %d rows to fit, %d of unseen families (%s), %d epochs", len(train), len(test),
                  name, epochs)
-        graphs = graphs_for(runs, ests)
+        rows = np.concatenate([train, test])  # each row's graph, by its index in runs
+        graphs = dict(zip(rows.tolist(), graphs_for(runs.iloc[rows], [ests[i] for i in rows]), strict=True))
         fam = runs["family"].to_numpy()
         inner, held = inner_split(list(fam[train]), share=1 / 6, seed=seed)
         calib = fit_kernel_gnn([graphs[i] for i in train[inner]], y[train[inner]], [graphs[i] for i in train[held]],

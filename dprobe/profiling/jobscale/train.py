@@ -161,7 +161,7 @@ def write_predictions(ds: JobScaleDataset, preds: dict[str, np.ndarray], path: P
 def train_jobscale(data_dir: str, out_dir: str, use_graph: bool = True, epochs: int = 300, seed: int = 0,
                    graph_dim: int = 0, cache_dir: str | Path | None = None,
                    folds: int | None = None, coldstart_util: dict[str, float] | None = None,
-                   workers: int | None = 1, progress: bool = True) -> dict[str, Any]:
+                   workers: int | None = 1, progress: bool = True, fast_dev_run: bool = False) -> dict[str, Any]:
     """Cross-validate every variant, fit the chosen one on all runs, save ``jobscale.pt`` and a report.
     ``folds``: leave out that many groups of families in turn, not one family at a time; ``workers``:
     processes fitting the folds side by side (None: one per core, at most four); ``progress``: bars over
@@ -173,7 +173,11 @@ def train_jobscale(data_dir: str, out_dir: str, use_graph: bool = True, epochs: 
     (:func:`~dprobe.profiling.jobscale.data.load_job_dataset`).
     At inference the graph variant's utilisation anchor and input is the cold-start profiler's
     prediction for the job (``dprobe predict``), as the checkpoint records (``util_anchor``).
+    ``fast_dev_run`` (``trainer.fast_dev_run``, as tests set it): a check that the stage runs end to end,
+    one epoch, two folds, in this process.
     """
+    if fast_dev_run:
+        epochs, folds, workers = 1, 2, 1
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ds = load_job_dataset(data_dir, cache_dir or out / "cache", with_graphs=use_graph,
