@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import http.client
 import logging
+import shutil
 import socket
 import ssl
 import subprocess
@@ -720,5 +721,36 @@ def test_tls_settings_that_cannot_be_used_are_refused_at_construction(certificat
     srv = server(None, None)  # neither: plain HTTP
     try:
         assert not srv.tls and srv.url.startswith("http://")
+    finally:
+        srv.stop()
+
+
+def test_a_renewed_certificate_is_served_without_a_restart(certificate, make_certificate, tmp_path, caplog) -> None:
+    """The certificate and key files rewritten in place (a renewal) serve the next connections once
+    tls_reload_check has passed; a renewal that cannot be loaded (a key of another certificate) is logged
+    and the last good certificate kept, until the files are whole again."""
+    first, first_key = certificate
+    second, second_key = make_certificate("renewed")
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    shutil.copy(first, cert)
+    shutil.copy(first_key, key)
+    srv, _ = _served_server(tls_cert_file=str(cert), tls_key_file=str(key), tls_reload_check=0.2)
+    try:
+        assert _tls_get(srv, first, "/healthz")[0] == 200
+        shutil.copy(second, cert)
+        shutil.copy(second_key, key)
+        time.sleep(0.3)
+        with pytest.raises(urllib.error.URLError):  # the connection that looks at the files: already the new one
+            _tls_get(srv, first, "/healthz")
+        assert _tls_get(srv, second, "/healthz")[0] == 200 and srv.httpd.tls.reloads == 1
+        shutil.copy(first, cert)  # half a renewal: the certificate without its key
+        time.sleep(0.3)
+        with caplog.at_level(logging.WARNING, logger="dprobe.services.exporter.server"):
+            assert _tls_get(srv, second, "/healthz")[0] == 200  # the last good pair still served
+        assert any("cannot be used, still serving the previous certificate" in r.getMessage()
+                   for r in caplog.records), caplog.records
+        shutil.copy(first_key, key)
+        time.sleep(0.3)
+        assert _tls_get(srv, first, "/healthz")[0] == 200 and srv.httpd.tls.reloads == 2  # whole again
     finally:
         srv.stop()

@@ -20,7 +20,10 @@ go to the clients that send their requests, not to the slowest ones:
 With a certificate and key (``tls_cert_file``, ``tls_key_file``) it speaks HTTPS only (TLS 1.2 or later). The
 loop drives each connection's handshake as its bytes arrive, never waiting on one: the handshake counts
 against ``header_timeout`` like the request's head, and a failed one (a plain HTTP client, a peer that does
-not trust the certificate) closes the connection, logged as a warning at most once a minute.
+not trust the certificate) closes the connection, logged as a warning at most once a minute. The two files
+are looked at again, at a new connection, every ``TLS_RELOAD_CHECK`` s: a renewed pair (cert-manager
+rewriting a Secret's files) serves the next handshakes, and a pair that cannot be loaded (half written,
+mismatched) is logged and the previous one kept.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import errno
 import gzip
 import io
 import logging
+import os
 import re
 import selectors
 import signal
@@ -58,6 +62,7 @@ class Probe(Protocol):
 
 
 HEADER_TIMEOUT = 2.0  # s a client has to send a request's line and headers
+TLS_RELOAD_CHECK = 10.0  # s between looks at the TLS certificate's and key's files
 REQUEST_TIMEOUT = 10.0  # s a kept-alive connection may wait for its next request, and an answer to be taken
 MAX_CONNECTIONS = 64  # connections open at once
 MAX_HEAD_BYTES = 65536  # a request line and headers longer than this are answered 431
@@ -186,6 +191,48 @@ def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
     return context
 
 
+class TLSFiles:
+    """The server context of a certificate and key file (:func:`tls_context`), made again when either file
+    changes: at most every ``check`` s, :meth:`context` compares the files' modification times, sizes and
+    inodes (a Kubernetes Secret volume swaps a symlink) with those it was loaded from. A changed pair that
+    cannot be loaded keeps the context in use, with a warning, until the files change again."""
+
+    def __init__(self, cert_file: str, key_file: str, check: float = TLS_RELOAD_CHECK) -> None:
+        self.cert_file, self.key_file, self.check = cert_file, key_file, check
+        self._stamp = self._files()
+        self._context = tls_context(cert_file, key_file)  # ValueError at start, naming the file
+        self._refused: tuple | None = None
+        self._next = time.monotonic() + check
+        self.reloads = 0  # times a renewed pair was loaded
+
+    def _files(self) -> tuple | None:
+        try:
+            return tuple((st.st_mtime_ns, st.st_size, st.st_ino)
+                         for st in (os.stat(self.cert_file), os.stat(self.key_file)))
+        except OSError:
+            return None  # mid-rename: looked at again next time
+
+    def context(self, now: float | None = None) -> ssl.SSLContext:
+        """The context to wrap a new connection with (the files looked at when ``check`` s have passed)."""
+        now = time.monotonic() if now is None else now
+        if now < self._next:
+            return self._context
+        self._next = now + self.check
+        stamp = self._files()
+        if stamp is None or stamp == self._stamp or stamp == self._refused:
+            return self._context
+        try:
+            self._context = tls_context(self.cert_file, self.key_file)
+        except ValueError as exc:
+            self._refused = stamp
+            log.warning("the TLS files changed but cannot be used, still serving the previous certificate: %s", exc)
+            return self._context
+        self._stamp, self._refused = stamp, None
+        self.reloads += 1
+        log.info("TLS certificate %s reloaded", self.cert_file)
+        return self._context
+
+
 def _has_body(handler: _Handler) -> bool:
     """Whether the request announced a body (which is never read: the connection is closed after the answer)."""
     headers = getattr(handler, "headers", None)
@@ -199,7 +246,7 @@ class _Server:
 
     def __init__(self, address: str, port: int, registry: CollectorRegistry, state: Probe,
                  fast: Callable[[CollectorRegistry], bytes] | None, header_timeout: float, request_timeout: float,
-                 max_connections: int, reserve: int, tls: ssl.SSLContext | None = None) -> None:
+                 max_connections: int, reserve: int, tls: TLSFiles | None = None) -> None:
         self.registry, self.state, self.fast, self.tls = registry, state, fast, tls
         self.request_timeout = request_timeout
         self.header_timeout = min(header_timeout, request_timeout)
@@ -286,7 +333,7 @@ class _Server:
             sock.setblocking(False)
             if self.tls is not None:
                 try:
-                    sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                    sock = self.tls.context(now).wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
                 except OSError as exc:
                     log.debug("%s: cannot start TLS: %s", address[0], exc)
                     sock.close()
@@ -523,14 +570,16 @@ class ExporterServer:
     next request, and an answer as long to be taken; then the connection is closed. At most
     ``max_connections`` are open at once, ``reserve`` of them kept for new connections (default: an eighth);
     see the module's docstring for who is closed when all are taken. With ``tls_cert_file`` and
-    ``tls_key_file`` (PEM; both or neither) it serves HTTPS only; ValueError when they cannot be loaded.
+    ``tls_key_file`` (PEM; both or neither) it serves HTTPS only; ValueError when they cannot be loaded; a
+    renewed pair is loaded within ``tls_reload_check`` s (:class:`TLSFiles`).
     """
 
     def __init__(self, registry: CollectorRegistry, state: Probe, address: str = "0.0.0.0",
                  port: int = 9477, fast: Callable[[CollectorRegistry], bytes] | None = None,
                  request_timeout: float = REQUEST_TIMEOUT, max_connections: int = MAX_CONNECTIONS,
                  header_timeout: float = HEADER_TIMEOUT, reserve: int | None = None,
-                 tls_cert_file: str | None = None, tls_key_file: str | None = None):
+                 tls_cert_file: str | None = None, tls_key_file: str | None = None,
+                 tls_reload_check: float = TLS_RELOAD_CHECK):
         if not header_timeout > 0 or not request_timeout > 0:
             raise ValueError("header_timeout and request_timeout must be positive")
         if max_connections < 1:
@@ -542,7 +591,7 @@ class ExporterServer:
         if bool(tls_cert_file) != bool(tls_key_file):  # "" is not given, as an empty setting
             given = "tls_cert_file" if tls_cert_file else "tls_key_file"
             raise ValueError(f"TLS needs both tls_cert_file and tls_key_file, not {given} alone")
-        tls = tls_context(tls_cert_file, tls_key_file) if tls_cert_file and tls_key_file else None
+        tls = TLSFiles(tls_cert_file, tls_key_file, tls_reload_check) if tls_cert_file and tls_key_file else None
         try:
             self.httpd = _Server(address, port, registry, state, fast, header_timeout, request_timeout,
                                  max_connections, reserve, tls)
