@@ -9,6 +9,7 @@ import json
 import logging
 import numbers
 import os
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -404,8 +405,8 @@ def run(cfg: DictConfig) -> dict:
             profiled = profilers.result()
         except ChildProcessError as exc:  # e.g. killed for memory: train them here instead
             log.warning("%s; training the cold-start and job-scale models in this process", exc)
-    if profiled is None:
-        profiled = train_profilers(cfg, out_dir)
+    if profiled is None:  # bars on a terminal; a log written to a file gets the stages' lines
+        profiled = train_profilers(cfg, out_dir, progress=sys.stderr.isatty())
     for result in profiled.stages:
         done(result)
     if profiled.tables:

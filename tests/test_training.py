@@ -118,6 +118,7 @@ def test_every_experiment_composes_and_runs_fast_dev_run(exp, tmp_path, small_al
         assert stages["jobscale"]["outputs"]["report"] == summary["jobscale_report"]
     if cfg.coldstart.enabled:
         assert calls and calls[0][0].endswith("h200-profiles")
+        assert calls[0][1]["progress"] is False  # stderr is no terminal here: stage lines, no bars
     if cfg.jobscale.enabled:
         report = Path(summary["jobscale_report"]).read_text()
         assert "| persist |" in report and "| no_graph |" in report
