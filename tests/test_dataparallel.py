@@ -353,11 +353,12 @@ def test_shipped_parameters_are_the_refit_of_the_bundled_data():
     rows reproduces what ships (parameters, unseen-cluster values, p90 factors, models)."""
     again = fitted()
     assert again["models"] == FITTED["models"] and again["rows"] == FITTED["rows"]
+    # abs: a parameter the fit drives to its bound of 0 (``tail``) lands anywhere below 1e-8 from run to run
     for name, value in FITTED["shared"].items():
-        assert again["shared"][name] == pytest.approx(value, rel=1e-3, abs=1e-9), name
+        assert again["shared"][name] == pytest.approx(value, rel=1e-3, abs=1e-6), name
     for cluster, values in FITTED["clusters"].items():
         for name, value in values.items():
-            assert again["clusters"][cluster][name] == pytest.approx(value, rel=1e-3, abs=1e-9), (cluster, name)
+            assert again["clusters"][cluster][name] == pytest.approx(value, rel=1e-3, abs=1e-6), (cluster, name)
     for name, value in FITTED["unseen"].items():
         assert again["unseen"][name] == pytest.approx(value, rel=1e-3), name
     assert again["p90_step_factor"] == pytest.approx(FITTED["p90_step_factor"], rel=1e-3)
