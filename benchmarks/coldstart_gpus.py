@@ -4,11 +4,14 @@ whether each 3090 job fits 24 GB; every figure beside the roofline-only estimate
 
     .venv/bin/python benchmarks/coldstart_gpus.py [--data datasets/h200-profiles]
         [--bench datasets/timm-train-rtx3090] [--folds 20] [--epochs 400] [--cache .cache/coldstart] [--check]
+        [--roofline plain|kernel-model|kernel-model-all]
 
 Three cross-validations (each about as long as ``train.py``'s): both GPUs together; H200 runs only, the 3090
 scored as a GPU never seen (and the other way round). The p90 on an unseen GPU is widened as the
 checkpoint widens it, by the shift learnt when the *other* GPU was held out (a GPU's own runs never set its
 widening). Fit labels: a 3090 row fitted at its batch, and below 512 the next batch of timm's ladder did not.
+``--roofline``: the replay roofline every job's features and analytical estimate are put on (the shipped
+profiler's, and the default, is ``plain``; ``kernel-model`` was measured and not kept, docs/graph-and-coldstart.md).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from scipy.stats import spearmanr
 from dprobe.core.conformal import conformal_shift
 from dprobe.profiling.coldstart.crossval import cross_validate
 from dprobe.profiling.coldstart.dataset import concat_datasets, load_benchmark_dataset, load_dataset
+from dprobe.profiling.coldstart.features import ROOFLINES
 from dprobe.profiling.coldstart.model import TARGETS
 from dprobe.profiling.coldstart.replay import CUDA_CONTEXT_BYTES
 from dprobe.profiling.coldstart.stack import default_stack, stack_of_record
@@ -80,14 +84,17 @@ def main() -> int:
     ap.add_argument("--epochs", type=int, default=400, help="training epochs of each member (default: %(default)s)")
     ap.add_argument("--ensemble", type=int, default=None, help="members per model (default: training's)")
     ap.add_argument("--cache", default=".cache/coldstart", help="replay cache (default: %(default)s)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the family groups and the training (default: 0)")
+    ap.add_argument("--roofline", choices=ROOFLINES, default="plain",
+                    help="replay roofline of the features and the roofline-only estimate (default: %(default)s, "
+                         "the shipped profiler's)")
     ap.add_argument("--workers", type=int, default=None, help="processes (default: one per core, at most 4)")
     ap.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     args = ap.parse_args()
     hp = {"ensemble": args.ensemble} if args.ensemble else {}
     t0 = time.time()
-    h200 = load_dataset(args.data, args.cache, progress=False, workers=args.workers)
-    bench = load_benchmark_dataset(args.bench, progress=False)
+    h200 = load_dataset(args.data, args.cache, progress=False, workers=args.workers, roofline=args.roofline)
+    bench = load_benchmark_dataset(args.bench, progress=False, roofline=args.roofline)
     ds = concat_datasets([h200, bench])
     gpus = np.asarray(ds.gpus)
     other = bench.gpus[0]

@@ -139,6 +139,28 @@ def test_the_step_roofline_takes_the_option_and_checks_it():
         roofline_seconds(MIXED, "fp16", spec, per_op=per_op[:6])
 
 
+def test_training_features_take_the_roofline_asked_for_plain_by_default():
+    """The cold-start profiler's job features (``benchmarks/coldstart_gpus.py --roofline``): plain unless
+    asked, the kernel model moving the GPU time and the roofline step but not the FLOPs or the bytes."""
+    from dprobe.profiling.coldstart.features import FEATURES
+    from dprobe.profiling.coldstart.job import job_inputs
+    from dprobe.profiling.coldstart.stack import default_stack
+
+    gpu, stack = GPUS["h200"], default_stack("h200")
+    plain = job_inputs("timm:resnet18", 8, "bf16", "adamw", gpu=gpu, stack=stack, est=MIXED)
+    same = job_inputs("timm:resnet18", 8, "bf16", "adamw", gpu=gpu, stack=stack, est=MIXED, roofline="plain")
+    kernel = job_inputs("timm:resnet18", 8, "bf16", "adamw", gpu=gpu, stack=stack, est=MIXED,
+                        roofline="kernel-model")
+    np.testing.assert_array_equal(plain.feats, same.feats)
+    at = {name: i for i, name in enumerate(FEATURES)}
+    assert kernel.feats[at["log_t_gpu"]] != plain.feats[at["log_t_gpu"]]
+    assert kernel.feats[at["log_t_compute"]] == plain.feats[at["log_t_compute"]]
+    assert kernel.feats[at["log_t_memory"]] == plain.feats[at["log_t_memory"]]
+    assert kernel.base[3] != plain.base[3]  # the analytical step time is the roofline's
+    with pytest.raises(ValueError, match="unknown roofline 'fast'"):
+        job_inputs("timm:resnet18", 8, "bf16", "adamw", gpu=gpu, stack=stack, est=MIXED, roofline="fast")
+
+
 def test_batched_features_equal_one_replay_at_a_time():
     other = replay([("elementwise", 1.0, 0.0, 5e8), ("matmul", 1.0, 1e11, 1e8)])
     gpus = [GPUS["rtx3090"], GPUS["rtx5090"], GPUS["rtx3090"]]

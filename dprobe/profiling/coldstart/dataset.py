@@ -105,22 +105,23 @@ def _stack_or_error(row: Any, env: dict[str, dict]) -> SoftwareStack | ValueErro
         return exc
 
 
-def run_inputs(row: Any, cache_dir: str | Path) -> tuple[dict[str, Any], JobInputs]:
+def run_inputs(row: Any, cache_dir: str | Path, roofline: str = "plain") -> tuple[dict[str, Any], JobInputs]:
     """A runs.csv row (with its ``stack``, :func:`run_stack`) as ``dprobe predict`` would see the job: its
-    model spec and :func:`~dprobe.profiling.coldstart.job.job_inputs` on its GPU and stack (replay cached)."""
+    model spec and :func:`~dprobe.profiling.coldstart.job.job_inputs` on its GPU and stack (replay cached;
+    ``roofline``: the replay roofline of its features)."""
     if isinstance(row["stack"], Exception):  # its record names a stack dprobe cannot take
         raise row["stack"]
     spec = run_spec(row)
     gpu = gpu_spec(str(row["gpu"]), float(row["gpu_total_bytes"]))
     inputs = job_inputs(spec["model"], spec["batch"], str(row["precision"]), str(row["optimizer"]), gpu=gpu,
                         stack=row["stack"], image=spec["image"], seq=spec["seq"],
-                        config_kwargs=spec["config_kwargs"], cache_dir=cache_dir)
+                        config_kwargs=spec["config_kwargs"], cache_dir=cache_dir, roofline=roofline)
     return spec, inputs
 
 
-def _replay_run(row: Any, cache_dir: str | Path) -> tuple[dict[str, Any], JobInputs, Any]:
+def _replay_run(row: Any, cache_dir: str | Path, roofline: str = "plain") -> tuple[dict[str, Any], JobInputs, Any]:
     """A runs.csv row's model spec, job inputs and model graph (both cached)."""
-    spec, inputs = run_inputs(row, cache_dir)
+    spec, inputs = run_inputs(row, cache_dir, roofline)
     return spec, inputs, graph_for_run(row, cache_dir)
 
 
@@ -163,7 +164,7 @@ def warm_cache(runs: Any, cache_dir: str | Path, workers: int, progress: bool = 
 
 
 def load_dataset(data_dir: str, cache_dir: str | Path, progress: bool = True,
-                 workers: int | None = 1) -> ProfileDataset:
+                 workers: int | None = 1, roofline: str = "plain") -> ProfileDataset:
     """Graphs, features, analytical baselines and measured targets of every ok training run.
 
     ``y`` holds the measurements; ``y_fit`` the targets the model learns, where utilisation is the busy
@@ -174,7 +175,9 @@ def load_dataset(data_dir: str, cache_dir: str | Path, progress: bool = True,
     ``progress``: a progress bar over the runs (replays are cached, so it is quick after the first time).
     ``workers``: processes for the replays not yet cached (1: none; None: one per core, at most four).
     A run that cannot be used (no spec for its GPU, a model this install cannot build or replay) is
-    left out, logged, and listed in ``skipped``.
+    left out, logged, and listed in ``skipped``. ``roofline``: the replay roofline of the features and
+    the analytical baselines (:func:`~dprobe.profiling.coldstart.features.op_seconds`; the shipped
+    profiler's is ``plain``).
     """
     from dprobe.core.workers import resolve_workers
     from dprobe.data import load_h200_profiles
@@ -188,7 +191,7 @@ def load_dataset(data_dir: str, cache_dir: str | Path, progress: bool = True,
     for _, row in tqdm(runs.iterrows(), total=len(runs), desc="replaying training steps", unit="run",
                        leave=False, disable=not progress):
         try:
-            spec, inputs, graph = _replay_run(row, cache_dir)
+            spec, inputs, graph = _replay_run(row, cache_dir, roofline)
         except Exception as exc:  # a GPU without a spec, a model this install cannot build or replay: left out
             reason = (str(exc).splitlines() or [""])[0][:200]
             skipped.append(f"run {row['run_id']} ({row['lib']}:{row['model']}, collection {int(row['collection'])}): "
@@ -232,12 +235,13 @@ def concat_datasets(parts: list[ProfileDataset]) -> ProfileDataset:
 
 
 def load_benchmark_dataset(directory: str | Path, memory_format: str = "nchw",
-                           progress: bool = True) -> ProfileDataset:
+                           progress: bool = True, roofline: str = "plain") -> ProfileDataset:
     """The runs of a timm training benchmark folder (:mod:`~dprobe.profiling.coldstart.timm_bench`, e.g.
     datasets/timm-train-rtx3090) as training rows: step time only (memory and utilisation not measured
     there), families by timm module, the GPU of its ``stack.json``, replays from its cache (a job not in
     it is replayed here). A model this timm cannot build or replay is left out and listed in ``skipped``.
-    Graphs are not traced (None): these rows serve models without a graph embedding."""
+    Graphs are not traced (None): these rows serve models without a graph embedding. ``roofline``: as
+    :func:`load_dataset`'s."""
     from dprobe.core.gpus import GPUS
     from dprobe.profiling.coldstart.timm_bench import (
         REPLAYS,
@@ -267,7 +271,7 @@ def load_benchmark_dataset(directory: str | Path, memory_format: str = "nchw",
             skipped.append(f"{key} benchmark, timm:{r.model} batch {r.batch}: {rec['error']}")
             continue
         inputs = job_inputs(f"timm:{r.model}", int(r.batch), precision, optimizer, gpu=gpu, stack=software,
-                            image=int(r.image), est=ReplayEstimate.from_dict(rec["est"]))
+                            image=int(r.image), est=ReplayEstimate.from_dict(rec["est"]), roofline=roofline)
         feats.append(inputs.feats)
         bases.append(inputs.base)
         ys.append([np.nan, np.nan, np.nan, r.step_time_s])

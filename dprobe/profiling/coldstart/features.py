@@ -120,9 +120,10 @@ def roofline_seconds(est: ReplayEstimate, precision: str, gpu: GPUSpec, tf32: bo
 
 
 def job_features(est: ReplayEstimate, batch: int, precision: str, optimizer: str, gpu: GPUSpec,
-                 cudnn_benchmark: bool = False) -> list[float]:
-    """The feature vector (order of FEATURES)."""
-    t = roofline_seconds(est, precision, gpu)
+                 cudnn_benchmark: bool = False, roofline: str = "plain") -> list[float]:
+    """The feature vector (order of FEATURES), its times on the replay roofline ``roofline``
+    (:func:`op_seconds`; the shipped cold-start profiler's is ``plain``)."""
+    t = roofline_seconds(est, precision, gpu, roofline=roofline)
     lg = math.log
     return [lg(est.peak_bytes), lg(est.reserved_bytes), lg(est.param_bytes), lg(max(est.state_bytes, 1.0)),
             lg(max(est.activation_bytes, 1.0)), lg(batch), float(precision in HALF),
