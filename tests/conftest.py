@@ -8,6 +8,7 @@ import importlib.util
 import os
 import shutil
 import socket
+import sys
 import threading
 import time
 import urllib.request
@@ -229,6 +230,17 @@ def pytest_runtest_makereport(item, call):
     if NO_SKIP and report.skipped and not any(reason in str(report.longrepr) for reason in MAY_SKIP):
         report.outcome = "failed"
         report.longrepr = f"skipped in CI (DPROBE_TESTS_NO_SKIP=1): {report.longrepr}"
+
+
+@pytest.fixture(scope="session")
+def console_script() -> str:
+    """The installed ``dprobe`` command (``pip install -e '.[test]'`` puts it beside the interpreter)."""
+    found = Path(sys.executable).parent / "dprobe"
+    if found.exists():
+        return str(found)
+    on_path = shutil.which("dprobe")
+    assert on_path, f"no dprobe console script beside {sys.executable} or on PATH: pip install -e '.[test]'"
+    return on_path
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,6 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -123,19 +122,9 @@ def test_bad_options(capsys: pytest.CaptureFixture[str], helios_dir: Path) -> No
     assert "--test-fraction" in capsys.readouterr().err
 
 
-def _console_script() -> str:
-    found = shutil.which("dprobe")
-    if found:
-        return found
-    local = Path(sys.executable).parent / "dprobe"
-    if not local.exists():
-        pytest.skip("the dprobe console script is not installed")
-    return str(local)
-
-
 @pytest.mark.slow
-def test_console_script_help() -> None:
-    proc = subprocess.run([_console_script(), "evaluate", "--help"], capture_output=True, text=True, timeout=120)
+def test_console_script_help(console_script) -> None:
+    proc = subprocess.run([console_script, "evaluate", "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     for option in ("--data", "--checkpoint", "--json", "--plot"):
         assert option in proc.stdout

@@ -6,9 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -168,24 +166,15 @@ def test_malformed_yaml_is_one_line_naming_file_line_and_column(tmp_path: Path, 
         sidecar_config.load_config({"config": str(path)}, env={})
 
 
-def _console_script() -> str:
-    found = Path(sys.executable).parent / "dprobe"
-    if found.exists():
-        return str(found)
-    on_path = shutil.which("dprobe")
-    if on_path is None:
-        pytest.skip("the dprobe console script is not installed")
-    return on_path
-
-
 @pytest.mark.slow  # starts the console script twice
 @pytest.mark.parametrize("service", ["sidecar", "scaler"])
-def test_malformed_config_file_fails_the_console_script_with_one_line(tmp_path: Path, service: str) -> None:
+def test_malformed_config_file_fails_the_console_script_with_one_line(tmp_path: Path, service: str,
+                                                                     console_script: str) -> None:
     """``dprobe SERVICE --config bad.yaml``: exit status 2 and one line on stderr naming the file, line and column,
     no traceback, nothing started."""
     path = tmp_path / "bad.yaml"
     path.write_text(f"{service}:\n  port: 9477\n  log_level: [info\n  interval: 5\n")
-    proc = subprocess.run([_console_script(), service, "--config", str(path)], capture_output=True, text=True,
+    proc = subprocess.run([console_script, service, "--config", str(path)], capture_output=True, text=True,
                           timeout=120, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.splitlines()

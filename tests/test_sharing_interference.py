@@ -156,7 +156,8 @@ def test_time_share_rule_and_the_inputs_it_refuses():
 
 
 def test_trees_predict_as_lightgbm_does():
-    lgb = pytest.importorskip("lightgbm")
+    import lightgbm as lgb
+
     from dprobe.sharing.interference_fit import PARAMS, trees_from_lightgbm
 
     rng = np.random.default_rng(0)
@@ -237,7 +238,6 @@ def test_bundled_pairs_and_profiles_agree():
 def test_benchmark_reproduces_the_shipped_cross_validation(script):
     """benchmarks/sharing_colocation.py refits per fold: its figures are the shipped file's, the per-job
     model beats the time-share rule and the older model in every fold, the memory verdict passes."""
-    pytest.importorskip("lightgbm")
     import contextlib
     import io
 

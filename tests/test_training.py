@@ -459,8 +459,6 @@ def test_a_sweep_runs_each_value_in_its_own_directory(tmp_path, small_helios_dir
 def test_a_sweep_runs_side_by_side_with_the_joblib_launcher(tmp_path, small_helios_dir):
     """`python train.py -m hydra/launcher=joblib hydra.launcher.n_jobs=2 model.lr=A,B` (the `sweep` extra):
     both runs at once, each in its numbered directory."""
-    pytest.importorskip("hydra_plugins.hydra_joblib_launcher",
-                        reason="hydra-joblib-launcher not installed (pip install -e '.[sweep]')")
     sweep = tmp_path / "sweep"
     overrides = [o for o in tiny(tmp_path, [small_helios_dir]) if not o.startswith("paths.output_dir=")]
     done = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=joblib",

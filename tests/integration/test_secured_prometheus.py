@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import bcrypt
 import pytest
 import yaml
 from prometheus_client import generate_latest
@@ -30,7 +31,6 @@ from dprobe.services.sources.base import SourceError
 from dprobe.services.sources.prometheus import PrometheusSource
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a real Prometheus: seconds per test
-bcrypt = pytest.importorskip("bcrypt", reason="bcrypt (the test extra) hashes the basic auth password")
 
 USER, PASSWORD = "dprobe", "s3cret-pass"
 PODS = ("llm-7d9f8c6b5d-aaaaa", "llm-7d9f8c6b5d-bbbbb")
