@@ -183,5 +183,31 @@ def gpu_spec(device_name: str, memory_bytes: float | None = None) -> GPUSpec:
     return spec
 
 
-__all__ = ["GPUS", "GPUSpec", "GPUSpecError", "gpu_key", "gpu_spec", "gpu_spec_from_dict", "load_gpu_spec",
-           "spec_as_dict"]
+# NVIDIA architectures, oldest first, and the words of a GPU's name that mark each one (a name is matched
+# word by word, lower case; "rtx 3090" -> ampere). Used where a model knows which architectures it was fitted on.
+GENERATIONS: dict[str, tuple[str, ...]] = {
+    "kepler": ("k80", "k40", "k20", "gk210", "gk110"),
+    "maxwell": ("m40", "m60", "m4", "m10"),
+    "pascal": ("p100", "p40", "p4", "p6", "1080", "1070", "1060", "1080ti", "titan xp"),
+    "volta": ("v100", "v100s", "titan v"),
+    "turing": ("t4", "2080", "2070", "2060", "2080ti", "titan rtx", "quadro rtx"),
+    "ampere": ("a100", "a40", "a30", "a10", "a16", "a2", "3090", "3080", "3070", "3060", "3090ti", "a6000",
+               "a5000", "a4000"),
+    "ada": ("l40s", "l40", "l4", "4090", "4080", "4070", "4060", "6000 ada"),
+    "hopper": ("h100", "h200", "h800", "gh200"),
+    "blackwell": ("b100", "b200", "gb200", "b300", "5090", "5080", "5070", "rtx pro 6000"),
+}
+
+
+def generation(name: str) -> str:
+    """The architecture of a GPU by its name ("Tesla V100 SXM2 16GB" -> "volta", "RTX 3090" -> "ampere");
+    "unknown" where no word of the name marks one."""
+    text = " " + " ".join(name.lower().replace("-", " ").replace("_", " ").split()) + " "
+    for arch, marks in reversed(GENERATIONS.items()):  # newest first: "rtx pro 6000" before "a6000"
+        if any(f" {m} " in text for m in marks):
+            return arch
+    return "unknown"
+
+
+__all__ = ["GENERATIONS", "GPUS", "GPUSpec", "GPUSpecError", "generation", "gpu_key", "gpu_spec",
+           "gpu_spec_from_dict", "load_gpu_spec", "spec_as_dict"]

@@ -12,7 +12,8 @@ from typing import Any
 
 from dprobe.sharing.interference import GPU, METHODS, MODES, FittedColocation, load_fitted, predict_colocation
 
-RULES = {"time-share": "a rule, nothing fitted: each job keeps min(1, 1 / (u1 + u2)) of its speed",
+RULES = {"time-share": "a rule, nothing fitted: each job keeps min(1, 1 / (u1 + u2)) of its speed (a job beside an "
+                       "idle one at full speed; more load beside it never speeds it up)",
          "contention": "contention coefficient from one co-located pair on an H200 (time-slicing), against a solo run "
                        "from another host: plausible range 0.3-1.6; MPS assumed half of it (not measured)"}
 
@@ -30,29 +31,37 @@ def add_colocate_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sharing-mode", choices=MODES, default="time-slicing",
                    help="how the GPU is shared: time-slicing (default) or MPS")
     g.add_argument("--colocation-model", choices=METHODS, default="auto",
-                   help="the slowdown model: auto (default: the per-job model fitted on Gavel's measured pairs "
-                   "where it beat the time-share rule in cross-validation, else that rule), per-job, time-share "
-                   "(min(1, 1 / (u1 + u2))) or contention (the older model, one speed for both jobs)")
+                   help="the slowdown model: auto (default: the per-job model fitted on Gavel's measured pairs for "
+                   "pairs inside its support (K80 / P100 / V100 architectures, job classes and utilisations it "
+                   "saw), where it beat the time-share rule on every left-out architecture and job class; the "
+                   "rule elsewhere: the JSON says which ran and why), per-job, time-share (min(1, 1 / (u1 + u2))) "
+                   "or contention (the older model, one speed for both jobs)")
 
 
-def uncertainty(fitted: FittedColocation | None = None) -> str:
-    """What the shipped per-job model's cross-validation says of its error, in one sentence."""
+def uncertainty(method: str, fitted: FittedColocation | None = None) -> str:
+    """What validation says of ``method``'s error, in one sentence."""
     fitted = fitted or load_fitted()
-    cv = (fitted.summary or {}).get("leave_model_type_out", {}).get("overall", {})
-    gpu = (fitted.summary or {}).get("leave_gpu_out", {}).get("overall", {})
-    if not cv:
-        return "per-job model without cross-validation figures"
+    summary = fitted.summary or {}
+    ratio = fitted.speed_p10_ratio.get(method, fitted.speed_p10_ratio.get("time-share", 1.0))
+    interval = (f"p10 of each speed: the p50 times {ratio:.2f}, from residuals on left-out sources "
+                "(docs/sharing.md lists the coverage per source)")
+    if method != "per-job":
+        return f"{RULES[method]}; {interval}"
+    mae = {k: (summary.get(k) or {}).get("overall", {}) for k in ("leave_gpu_out", "leave_class_out")}
+    if not all(mae.values()):
+        return f"per-job model without validation figures; {interval}"
     return (f"per-job model fitted on Gavel's measured pairs (K80, P100, V100, time-slicing): speed MAE "
-            f"{cv['per-job']:.3f} with model types held out ({gpu.get('per-job', float('nan')):.3f} with GPUs held "
-            f"out), against {cv['time-share']:.3f} for the time-share rule and {cv['constant']:.3f} for the "
-            "mean speed; no MPS pair was measured")
+            f"{mae['leave_gpu_out']['per-job']:.3f} with each architecture left out and "
+            f"{mae['leave_class_out']['per-job']:.3f} with each job class left out, against "
+            f"{mae['leave_gpu_out']['time-share']:.3f} and {mae['leave_class_out']['time-share']:.3f} for the "
+            f"time-share rule; {interval}")
 
 
 def colocate(first: dict[str, Any], second: dict[str, Any], gpu: GPU | dict[str, Any] | None = None,
              method: str = "auto", mode: str = "time-slicing", fitted: FittedColocation | None = None) -> dict[str, Any]:
-    """Both jobs' speeds and slowdowns, each beside the other, and whether they fit together in memory, from
-    two ``dprobe predict --json`` objects (:func:`~dprobe.sharing.interference.predict_colocation`; ``gpu``
-    default: the first job's ``gpu_spec``)."""
+    """Both jobs' speeds (p50 and p10) and slowdowns, each beside the other, and whether they fit together
+    in memory, from two ``dprobe predict --json`` objects
+    (:func:`~dprobe.sharing.interference.predict_colocation`; ``gpu`` default: the first job's ``gpu_spec``)."""
     jobs = [first, second]
     for i, job in enumerate(jobs):
         for key in ("gpu_utilization", "device_memory_bytes", "peak_memory_bytes", "step_time_seconds"):
@@ -60,19 +69,21 @@ def colocate(first: dict[str, Any], second: dict[str, Any], gpu: GPU | dict[str,
                 raise ValueError(f"job {i + 1}: its prediction has no {key} p50")
     out = predict_colocation(first, second, gpu, method=method, mode=mode, fitted=fitted)
     return {
-        "jobs": [{"model": j.get("model"), "batch": j.get("batch"), "gpu_utilization": u,
+        "jobs": [{"model": j.get("model"), "batch": j.get("batch"), "job_class": c, "gpu_utilization": u,
                   "step_time_alone_seconds": float(j["step_time_seconds"]["p50"]),
                   "step_time_colocated_seconds": float(j["step_time_seconds"]["p50"]) / s,
-                  "speed": s, "slowdown": 1 - s}
-                 for j, u, s in zip(jobs, out["utilization"], out["speeds"], strict=True)],
+                  "speed": s, "speed_p10": lo, "slowdown": 1 - s, "slowdown_p90": 1 - lo}
+                 for j, c, u, s, lo in zip(jobs, out["classes"], out["utilization"], out["speeds"], out["speeds_p10"],
+                                           strict=True)],
         "combined_device_memory_bytes": out["device_memory_bytes"],
+        "sharing_extra_bytes": out["sharing_extra_bytes"],
         "peaks_and_contexts_bytes": out["peaks_and_contexts_bytes"],
         "gpu_memory_bytes": out["gpu_memory_bytes"],
         "fits": out["fits"],
         "sharing_mode": mode,
-        "interference_model": {"method": out["method"], "why": out["why"],
+        "interference_model": {"method": out["method"], "why": out["why"], "support": out["support"],
                                "time_share_speed": out["time_share_speed"],
-                               "uncertainty": uncertainty(fitted) if out["method"] == "per-job" else RULES[out["method"]]},
+                               "uncertainty": uncertainty(out["method"], fitted)},
     }
 
 
@@ -94,9 +105,10 @@ def run_colocate(args: argparse.Namespace, predict: Callable[[argparse.Namespace
         return 0
     gib = 1 << 30
     for j in out["jobs"]:
-        print(f"{j['model']} (batch {j['batch']}): utilisation {100 * j['gpu_utilization']:.0f} % alone, "
-              f"predicted slowdown {100 * j['slowdown']:.1f} % beside the other "
-              f"(step {1000 * j['step_time_alone_seconds']:.1f} -> {1000 * j['step_time_colocated_seconds']:.1f} ms)")
+        print(f"{j['model']} (batch {j['batch']}, {j['job_class']}): utilisation {100 * j['gpu_utilization']:.0f} % "
+              f"alone, predicted slowdown {100 * j['slowdown']:.1f} % beside the other (p90 "
+              f"{100 * j['slowdown_p90']:.0f} %; step {1000 * j['step_time_alone_seconds']:.1f} -> "
+              f"{1000 * j['step_time_colocated_seconds']:.1f} ms)")
     mem = out["combined_device_memory_bytes"]
     print(f"allocator peaks and CUDA contexts {out['peaks_and_contexts_bytes'] / gib:.1f} GiB, device memory p50 "
           f"{mem['p50'] / gib:.1f} GiB, p90 {mem['p90'] / gib:.1f} GiB of {out['gpu_memory_bytes'] / gib:.1f} GiB: "

@@ -1,19 +1,28 @@
 """Predicted slowdown of jobs that share one GPU, each job its own, and whether they fit in its memory.
 
 :func:`predict_colocation` is the one entry point (``dprobe predict --colocate``, the benchmark and the
-cross-validation call it alike): from two jobs' cold-start profiles (``dprobe predict --json`` objects)
-and the GPU, each job's speed beside the other (relative to alone), by the shipped default:
+validation call it alike): from two jobs' cold-start profiles (``dprobe predict --json`` objects) and the
+GPU, each job's speed beside the other (relative to alone) with its p10, by the shipped default:
 
-- the per-job model: gradient-boosted trees fitted on Gavel's measured pairs (datasets/gavel-colocation,
-  K80, P100, V100, time-slicing), speed of job A from A's and B's profiles (utilisation, step time, host
-  share of the step, share of the GPU's peak FLOP/s reached while busy, memory share) and the GPU's peak;
-  asymmetric: A beside B and B beside A are two predictions. It is the default only where it beat the
-  time-share rule in cross-validation (``interference_fitted.json`` records the figures and the choice;
-  ``python -m dprobe.sharing.interference_fit --write`` refits it);
-- otherwise the time-share rule ``min(1, 1 / (u_1 + u_2))`` (under MPS too: no pair was measured there).
+- the time-share rule ``min(1, 1 / (u_1 + u_2))``: a job beside an idle one runs at full speed, and more
+  load beside it never speeds it up. It runs wherever nothing learnt has earned its place: on GPU
+  architectures, job classes and utilisations no measured pair covers, and under MPS;
+- inside the support of Gavel's measured pairs (datasets/gavel-colocation: K80, P100, V100, i.e. Kepler,
+  Pascal, Volta; time-slicing; vision, language, recommendation, reinforcement-learning and generative
+  jobs), the per-job model: gradient-boosted trees that give the share of the rule's speed each job keeps,
+  from both jobs' profiles (utilisation, step time, host share of the step, share of the GPU's peak FLOP/s
+  reached while busy, memory share) and the GPU's peak. The share stays within [0.01, 1] and never rises
+  with the partner's load (monotone constraints), so the limits above hold for it too; it is asymmetric
+  (A beside B and B beside A are two predictions). It runs there only because it beat the rule on every
+  architecture and job class left out in turn (``interference_fitted.json`` records the figures, the
+  support and the choice; ``python -m dprobe.sharing.interference_fit --write`` refits it).
+
+The p10 of each speed is the p50 times a factor from left-out-source residuals: for each source (a GPU
+architecture, a job class, a lab) the factor that covers 90 % of its jobs, and the most cautious of them.
 
 Memory: the pair fits when both allocator peaks (p50) and a CUDA context each add up to no more than the
-GPU's memory ("maybe" when the device memory's p90 adds up to more), a rule with nothing fitted.
+GPU's memory ("maybe" when the pair's device memory p90 adds up to more). The pair's device memory is both
+jobs' own plus what a second process adds (measured on the co-located H200 pair).
 
 The older contention model (:class:`InterferenceModel`, one speed for both jobs) stays for the packing
 planner's slowdown limits. Each job ``i`` alone keeps the GPU busy a share ``u_i`` of its time (NVML's / DCGM's utilisation, 0-1),
@@ -40,12 +49,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from dprobe.sharing.support import Support, job_class
 
 CONTENTION_TIME_SLICING = 0.6  # a, from the H200 pair (plausible range 0.3-1.0: one pair)
 MODES = ("time-slicing", "mps")
@@ -183,13 +194,18 @@ def pair_calibrations(runs) -> list[dict]:
 # --- per-job co-location model ------------------------------------------------------------------------------
 
 FITTED_PATH = Path(__file__).with_name("interference_fitted.json")
+FITTED_FORMAT = "dprobe-colocation/2"
 CUDA_CONTEXT_BYTES = int(1.37 * (1 << 30))  # a CUDA context on the device, as the cold-start replay counts it
 METHODS = ("auto", "per-job", "time-share", "contention")
 # the per-job model's inputs: the job's own profile ("self"), the other's, and the GPU's
 FEATURES = ("u_self", "log_step_self", "host_share_self", "flops_share_self", "memory_share_self",
             "u_other", "log_step_other", "host_share_other", "flops_share_other", "memory_share_other",
             "log_step_ratio", "log_gpu_flops")
-SPEED_FLOOR = 0.01  # the per-job model's speeds are kept within [SPEED_FLOOR, 1]
+# the partner's load: the per-job model's share of the time-share speed never rises with these (LightGBM's
+# monotone constraints), so more load beside a job never speeds it up
+PARTNER_LOAD = ("u_other", "flops_share_other", "memory_share_other")
+SPEED_FLOOR = 0.01  # the per-job model's share of the time-share speed is kept within [SPEED_FLOOR, 1]
+INTERVAL_LEVEL = 0.9  # the speed interval's lower end is its p10: a job runs at least that fast 9 times in 10
 
 
 @dataclass(frozen=True)
@@ -258,6 +274,12 @@ def pair_features(profile_a: dict[str, Any], profile_b: dict[str, Any], gpu: GPU
     return np.array([*own, *other, a["log_step"] - b["log_step"], math.log(max(gpu.fp32_flops, 1.0))])
 
 
+def time_share(u_self: float, u_other: float) -> float:
+    """The time-share rule: ``min(1, 1 / (u_self + u_other))``, the speed of either job of a pair when the
+    GPU can be busy no more than all the time (1 when the partner is idle)."""
+    return min(1.0, 1.0 / max(u_self + u_other, 1e-12))
+
+
 @dataclass(frozen=True)
 class Trees:
     """A boosted ensemble of regression trees as arrays (one row per tree, padded): a node's feature
@@ -298,20 +320,37 @@ class Trees:
 
 @dataclass(frozen=True)
 class FittedColocation:
-    """The per-job model and what its cross-validation decided: ``per_job_default`` (it beat the time-share
-    rule with model types held out) and ``unseen_gpus`` (it also did with each GPU held out, so it is used
-    on GPUs it never saw); ``gpus``: the names of those it was fitted on; ``summary``: the figures."""
+    """The per-job model and what its validation decided.
+
+    ``trees`` give the share of the time-share speed a job keeps beside another (a bounded residual on the
+    rule: within [SPEED_FLOOR, 1], never rising with the partner's load). ``per_job_default``: it beat the
+    rule on every source left out inside its ``support`` (each GPU architecture, each job class), so ``auto``
+    runs it there. ``speed_p10_ratio``: per method, the factor on the p50 speed that gives its p10, from
+    left-out-source residuals (the most cautious source's). ``sharing_extra_bytes``: what a second process on
+    the GPU adds to the two jobs' own device memory (measured pairs). ``summary``: the figures."""
 
     trees: Trees
     per_job_default: bool
-    unseen_gpus: bool
+    support: Support = Support()
+    speed_p10_ratio: dict[str, float] = field(default_factory=dict)
+    sharing_extra_bytes: float = 0.0
     gpus: tuple[str, ...] = ()
     summary: dict[str, Any] | None = None
 
-    def speed(self, profile_a: dict[str, Any], profile_b: dict[str, Any], gpu: GPU) -> float:
-        """Job A's predicted speed beside job B (relative to alone)."""
+    def share(self, profile_a: dict[str, Any], profile_b: dict[str, Any], gpu: GPU) -> float:
+        """The share of the time-share speed job A keeps beside job B, in [SPEED_FLOOR, 1]."""
         raw = float(self.trees.predict(pair_features(profile_a, profile_b, gpu)[None, :])[0])
         return float(np.clip(raw, SPEED_FLOOR, 1.0))
+
+    def speed(self, profile_a: dict[str, Any], profile_b: dict[str, Any], gpu: GPU) -> float:
+        """Job A's predicted speed beside job B (relative to alone): the time-share rule times :meth:`share`.
+        Below the lowest utilisation the model was fitted on, the partner's effect fades in proportion to
+        its utilisation, to none beside an idle partner (speed 1)."""
+        u_a = min(_p50(profile_a, "gpu_utilization", "job A"), 1.0)
+        u_b = min(_p50(profile_b, "gpu_utilization", "job B"), 1.0)
+        low = self.support.min_utilization
+        fade = min(1.0, u_b / low) if low > 0 else float(u_b > 0)
+        return time_share(u_a, u_b) * (1.0 - fade * (1.0 - self.share(profile_a, profile_b, gpu)))
 
 
 def load_fitted(path: str | Path | None = None) -> FittedColocation:
@@ -322,38 +361,50 @@ def load_fitted(path: str | Path | None = None) -> FittedColocation:
 @lru_cache(maxsize=4)
 def _load_fitted(path: str) -> FittedColocation:
     data = json.loads(Path(path).read_text())
-    if data.get("format") != "dprobe-colocation/1":
-        raise ValueError(f"{path}: not a dprobe co-location model (format {data.get('format')!r})")
+    if data.get("format") != FITTED_FORMAT:
+        raise ValueError(f"{path}: not a dprobe co-location model of this version (format {data.get('format')!r}, "
+                         f"expected {FITTED_FORMAT!r}: refit with python -m dprobe.sharing.interference_fit --write)")
     if tuple(data["features"]) != FEATURES:
         raise ValueError(f"{path}: fitted on features {data['features']}, this dprobe computes {list(FEATURES)}")
-    return FittedColocation(Trees.from_dict(data["trees"]), bool(data["per_job_default"]), bool(data["unseen_gpus"]),
-                            tuple(data.get("gpus", ())), data.get("summary"))
+    return FittedColocation(Trees.from_dict(data["trees"]), bool(data["per_job_default"]),
+                            Support.from_dict(data.get("support")),
+                            {k: float(v) for k, v in data.get("speed_p10_ratio", {}).items()},
+                            float(data.get("sharing_extra_bytes", 0.0)), tuple(data.get("gpus", ())),
+                            data.get("summary"))
 
 
-def memory_fit(profile_a: dict[str, Any], profile_b: dict[str, Any], gpu: GPU) -> dict[str, Any]:
+def memory_fit(profile_a: dict[str, Any], profile_b: dict[str, Any], gpu: GPU,
+               sharing_extra_bytes: float = 0.0) -> dict[str, Any]:
     """Whether two jobs fit together in ``gpu``'s memory: "no" when their allocator peaks (p50) and a CUDA
-    context each add up to more than it, "maybe" when their device memory's p90 does, else "yes"."""
+    context each add up to more than it, "maybe" when the pair's device memory p90 does, else "yes".
+
+    The pair's device memory (what NVML shows with both on the GPU) is both jobs' own (each with its CUDA
+    context) plus ``sharing_extra_bytes``, what a second process adds (measured on co-located pairs)."""
     peaks = [_p50(p, "peak_memory_bytes", j) for p, j in ((profile_a, "job A"), (profile_b, "job B"))]
     need = sum(peaks) + 2 * CUDA_CONTEXT_BYTES
     device = {q: sum(float(p["device_memory_bytes"].get(q, p["device_memory_bytes"]["p50"]))
-                     for p in (profile_a, profile_b)) for q in ("p50", "p90")}
+                     for p in (profile_a, profile_b)) + sharing_extra_bytes for q in ("p50", "p90")}
     fits = "no" if need > gpu.memory_bytes else "maybe" if device["p90"] > gpu.memory_bytes else "yes"
     return {"fits": fits, "peaks_and_contexts_bytes": float(need), "device_memory_bytes": device,
-            "gpu_memory_bytes": float(gpu.memory_bytes)}
+            "sharing_extra_bytes": float(sharing_extra_bytes), "gpu_memory_bytes": float(gpu.memory_bytes)}
 
 
 def predict_colocation(profile_a: dict[str, Any], profile_b: dict[str, Any], gpu: GPU | dict[str, Any] | None = None,
                        method: str = "auto", mode: str = "time-slicing",
                        fitted: FittedColocation | None = None) -> dict[str, Any]:
-    """Each job's speed beside the other (relative to alone, 0-1], its slowdown, and whether the two fit in
-    the GPU's memory, from their cold-start profiles (``dprobe predict --json`` objects: utilisation, step
-    time, memory, the replay's ``analytical`` figures).
+    """Each job's speed beside the other (relative to alone, 0-1] with its p10, its slowdown, and whether the
+    two fit in the GPU's memory, from their cold-start profiles (``dprobe predict --json`` objects:
+    utilisation, step time, memory, the replay's ``analytical`` figures, the model's name).
 
     ``gpu``: a :class:`GPU` or a dict of its fields (default: the first profile's ``gpu_spec``).
-    ``method``: "auto" (the shipped default: the per-job model where cross-validation chose it, else the
-    time-share rule), "per-job", "time-share" (``min(1, 1 / (u_1 + u_2))``), "contention" (the older
-    symmetric :class:`InterferenceModel`). ``mode``: "time-slicing" or "mps" ("auto" takes the time-share
-    rule under MPS: no pair was measured there). ``fitted``: the per-job model (default: the shipped one).
+    ``method``: "auto" (the shipped default: the per-job model for pairs inside its support where its
+    validation chose it, else the time-share rule), "per-job", "time-share" (``min(1, 1 / (u_1 + u_2))``),
+    "contention" (the older symmetric :class:`InterferenceModel`). ``mode``: "time-slicing" or "mps" (the
+    per-job model learnt time-slicing's context switches; under MPS kernels of both jobs run at once and
+    "auto" keeps the time-share bound alone). ``fitted``: the per-job model (default: the shipped one).
+
+    The output says which method ran and why (``method``, ``why``), whether the pair is inside the per-job
+    model's support (``support``), each job's class, and the p10 of each speed (``speeds_p10``).
     """
     if method not in METHODS:
         raise ValueError(f"unknown co-location method {method!r}; choose from {', '.join(METHODS)}")
@@ -361,25 +412,33 @@ def predict_colocation(profile_a: dict[str, Any], profile_b: dict[str, Any], gpu
         raise ValueError(f"unknown sharing mode {mode!r}; choose from {', '.join(MODES)}")
     gpu = gpu_of(profile_a) if gpu is None else GPU.of(gpu)
     u = np.array([min(_p50(p, "gpu_utilization", j), 1.0) for p, j in ((profile_a, "job A"), (profile_b, "job B"))])
-    chosen, why = method, ""
+    classes = (job_class(profile_a.get("model")), job_class(profile_b.get("model")))
+    fitted = fitted or load_fitted()
+    outside = fitted.support.reasons_outside(gpu.name, classes, (float(u[0]), float(u[1])))
+    chosen, why = method, "asked for"
     if method == "auto":
-        fitted = fitted or load_fitted()
         if mode == "mps":
-            chosen, why = "time-share", "MPS: no co-located pair was measured under MPS"
+            chosen, why = "time-share", ("MPS: kernels of both jobs run at once; the per-job model learnt "
+                                         "time-slicing, so only the time-share bound is applied (no pair was "
+                                         "measured under MPS)")
         elif not fitted.per_job_default:
-            chosen, why = "time-share", "the per-job model did not beat the time-share rule in cross-validation"
-        elif not fitted.unseen_gpus and gpu.name not in fitted.gpus:
-            chosen, why = "time-share", (f"{gpu.name or 'this GPU'} is not one the per-job model was fitted on, and "
-                                         "with GPUs held out it did not beat the time-share rule")
+            chosen, why = "time-share", "the per-job model did not beat the time-share rule on every left-out source"
+        elif outside:
+            chosen, why = "time-share", "outside the per-job model's support: " + "; ".join(outside)
         else:
-            chosen, why = "per-job", "beat the time-share rule in cross-validation (model types held out)"
+            chosen, why = "per-job", ("inside its support, where it beat the time-share rule on every left-out "
+                                      "GPU architecture and job class")
     if chosen == "per-job":
-        fitted = fitted or load_fitted()
         speeds = np.array([fitted.speed(profile_a, profile_b, gpu), fitted.speed(profile_b, profile_a, gpu)])
     elif chosen == "time-share":
         speeds = saturation_speeds(u)
     else:
         speeds = InterferenceModel(mode=mode).speeds(u)
-    return {"speeds": [float(s) for s in speeds], "slowdowns": [float(1 - s) for s in speeds],
-            "utilization": [float(x) for x in u], "method": chosen, "why": why, "sharing_mode": mode,
-            "time_share_speed": float(saturation_speeds(u)[0]), **memory_fit(profile_a, profile_b, gpu)}
+    ratio = fitted.speed_p10_ratio.get(chosen, fitted.speed_p10_ratio.get("time-share", 1.0))
+    low = np.clip(speeds * ratio, 0.0, speeds)
+    return {"speeds": [float(s) for s in speeds], "speeds_p10": [float(s) for s in low],
+            "slowdowns": [float(1 - s) for s in speeds], "slowdowns_p90": [float(1 - s) for s in low],
+            "utilization": [float(x) for x in u], "classes": list(classes), "method": chosen, "why": why,
+            "support": {"inside": not outside, "outside": outside}, "sharing_mode": mode,
+            "time_share_speed": float(saturation_speeds(u)[0]),
+            **memory_fit(profile_a, profile_b, gpu, fitted.sharing_extra_bytes)}
