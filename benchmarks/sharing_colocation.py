@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--measured-alone", action="store_true",
                     help="each job's step time from its measured throughput alone, not the cold-start prediction")
     ap.add_argument("--data", default=None,
-                    help="the other lab's pairs: an h200-profiles-like directory (default: datasets/h200-profiles)")
+                    help="the other lab's pairs: an h200-profiles-like directory, its runs predicted on an H200 "
+                    "(default: datasets/h200-profiles with the shipped profiles, dprobe/sharing/lab_profiles.json)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     args = ap.parse_args(argv)
@@ -88,7 +89,17 @@ def main(argv: list[str] | None = None) -> int:
 
     say = (lambda s: print(s, file=sys.stderr)) if args.json else None
     jobs = gavel_jobs(args.gavel, args.profiles, measured_alone=args.measured_alone)
-    lab = lab_pairs(Path(args.data) / "runs.csv" if args.data else H200_RUNS)
+    if args.data:  # another lab's pairs: each run predicted as dprobe predict would
+        from dprobe.profiling.coldstart.predict import predict_job
+        from dprobe.sharing.interference_fit import run_model
+
+        def profile(job: Any) -> dict[str, Any]:
+            name, kw = run_model(job)
+            return predict_job(name, **kw).as_dict()
+
+        lab = lab_pairs(Path(args.data) / "runs.csv", profile)
+    else:
+        lab = lab_pairs(H200_RUNS)
     v = validate(jobs, lab, progress=say)
     memory = fit_accuracy(jobs)
     reference, floor = job_effects_mae(jobs.pairs), symmetric_floor(jobs.pairs)

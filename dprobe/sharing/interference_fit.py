@@ -66,6 +66,7 @@ MONOTONE = {"monotone_constraints": [-1 if f in PARTNER_LOAD else 0 for f in FEA
 ROUNDS = 200
 RULES = ("per-job", "time-share", "contention", "no-slowdown", "constant")
 H200_RUNS = Path(__file__).resolve().parents[2] / "datasets" / "h200-profiles" / "runs.csv"
+LAB_PROFILES = Path(__file__).with_name("lab_profiles.json")
 
 
 @dataclass
@@ -226,27 +227,36 @@ def leave_class_out(pairs: pd.DataFrame) -> list[tuple[str, np.ndarray, np.ndarr
     return folds
 
 
-def lab_pairs(runs_csv: str | Path = H200_RUNS, gpu: str = "h200") -> list[dict[str, Any]]:
+def run_model(job: Any) -> tuple[str, dict[str, Any]]:
+    """The model spec and ``predict_job`` keywords of one row of an h200-profiles-like ``runs.csv``, as
+    ``dprobe predict`` would be called for it."""
+    if job["lib"] == "transformers":
+        name = f"transformers:{job['config']}/{job['arch']}"
+    else:
+        name = f"{job['lib']}:{job['model']}"
+    return name, {"batch": int(float(job["batch"])), "precision": str(job["precision"]),
+                  "optimizer": str(job["optimizer"]), "image": _whole(job["image"]), "seq": _whole(job["seq"])}
+
+
+def load_lab_profiles(path: str | Path = LAB_PROFILES) -> dict[str, dict[str, Any]]:
+    """The shipped profiles of the co-located runs of datasets/h200-profiles by run id
+    (``tools/pair_profiles.py --write``)."""
+    return json.loads(Path(path).read_text())["profiles"]
+
+
+def lab_pairs(runs_csv: str | Path = H200_RUNS,
+              profile: Callable[[Any], dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Another lab's co-located pairs (an h200-profiles-like ``runs.csv``): each job with a solo run of the
     same configuration, its measured speed (solo step time over co-located), both jobs' profiles as
-    ``dprobe predict`` gives them (:func:`~dprobe.profiling.coldstart.predict.predict_job`) and the pair's
-    device memory as NVML measured it."""
-    from dprobe.core.gpus import GPUS, spec_as_dict
-    from dprobe.profiling.coldstart.predict import predict_job
+    ``dprobe predict`` gives them (``profile`` of a runs.csv row; default: the shipped ``lab_profiles.json``
+    by run id) on the GPU they name, and the pair's device memory as NVML measured it."""
     from dprobe.sharing.interference import _pairs_and_solo, _solo_match
 
     runs = pd.read_csv(runs_csv)
     pairs, solo = _pairs_and_solo(runs)
-    spec = GPU.of(spec_as_dict(GPUS[gpu]))
-
-    def profile(job: Any) -> dict[str, Any]:
-        if job["lib"] == "transformers":
-            name = f"transformers:{job['config']}/{job['arch']}"
-        else:
-            name = f"{job['lib']}:{job['model']}"
-        return predict_job(name, int(float(job["batch"])), str(job["precision"]), str(job["optimizer"]),
-                           image=_whole(job["image"]), seq=_whole(job["seq"]), gpu=gpu).as_dict()
-
+    if profile is None:
+        shipped = load_lab_profiles()
+        profile = (lambda job: shipped[job["run_id"]])  # noqa: E731 - a lookup
     out = []
     for pair_id, members in pairs.groupby("pair"):
         if len(members) != 2:
@@ -259,7 +269,7 @@ def lab_pairs(runs_csv: str | Path = H200_RUNS, gpu: str = "h200") -> list[dict[
             if ref is None:
                 continue
             out.append({"source": Path(runs_csv).parent.name, "pair": pair_id, "job": jobs[k]["run_id"],
-                        "a": profiles[k], "b": profiles[1 - k], "gpu": spec,
+                        "a": profiles[k], "b": profiles[1 - k], "gpu": GPU.of(profiles[k]["gpu_spec"]),
                         "speed": float(ref["step_time_median_s"]) / float(jobs[k]["step_time_median_s"]),
                         "pair_device_bytes": together})
     return out
