@@ -90,6 +90,9 @@ class JobPrediction:
     # the replay roofline the step time's features were put on (dprobe.profiling.coldstart.features.ROOFLINES):
     # "plain", or for --mode inference the inference step model's own
     roofline: str = "plain"
+    # how the memory was calibrated: the source that measured this GPU's stack, or the factors for one that
+    # none measured (dprobe.profiling.coldstart.memory_sources)
+    memory_calibration: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
     # where the JSON has the note: after the key that stood last when the first note was added
     note_after: str = "graph_nodes"
@@ -118,6 +121,8 @@ class JobPrediction:
                "fits": self.fits, "largest_batch": self.largest_batch,
                "gpu_seen_in_training": self.gpu_seen_in_training, "gpu_spec": self.gpu_spec,
                "stack": self.stack, "analytical": asdict(self.analytical)}
+        if self.memory_calibration is not None:
+            out["memory_calibration"] = self.memory_calibration
         if self.grad_checkpointing:
             out["grad_checkpointing"] = True
         return out
@@ -259,6 +264,9 @@ def predict_inference_job(model: str, batch: int, precision: str = "fp32", *, im
     busy = float(np.clip(math.exp(feats[FEATURES.index("log_t_gpu")]) / step50, 0.05, 0.95))
     p50 = np.array([est.peak_bytes, est.device_bytes, busy, step50])
     p90 = np.array([est.peak_bytes * 1.05, est.device_bytes * 1.07, min(busy + 0.2, 1.0), step90])
+    memory_notes: list[str] = []
+    calibration = (_unseen_memory(p50, p90, memory_notes) if gpu not in MEMORY_MEASURED_GPUS
+                   else {"source": "measured", "gpu": gpu, "p50_factor": 1.0, "p90_factor": 1.0})
     apply_stall(p50, p90, np.float64(host_stall_s))
     bands = {t: _band(t, p50[i], p90[i]) for i, t in enumerate(TARGETS)}
     graph = build_model_graph(model, batch=batch, image=image, seq=seq, config_kwargs=config_kwargs)
@@ -269,6 +277,7 @@ def predict_inference_job(model: str, batch: int, precision: str = "fp32", *, im
         notes.append(f"{precision}: the inference step model learnt from fp16 autocast runs only; the roofline "
                      f"puts the step at {precision}'s peaks and the fp16 runs' corrections are applied")
     notes.append("memory and utilisation: the replay's own (no inference run measured them)")
+    notes.extend(memory_notes)
     analytical = AnalyticalEstimate(
         peak_memory_bytes=int(est.peak_bytes), device_memory_bytes=int(est.device_bytes),
         gpu_utilization=round(float(with_stall(base[2], base[3], host_stall_s)), 4),
@@ -282,7 +291,7 @@ def predict_inference_job(model: str, batch: int, precision: str = "fp32", *, im
         fits=fits_on_gpu(bands["peak_memory_bytes"].p50, bands["device_memory_bytes"].p90, spec.memory_bytes),
         analytical=analytical, gpu_seen_in_training=seen, gpu_spec=spec_as_dict(spec),
         stack=software.as_dict(), mode="inference", roofline=steps.roofline, notes=notes, note_after="graph_nodes",
-        graph=graph)
+        graph=graph, memory_calibration=calibration)
     if est.values_assumed:
         result.add_note(f"replayed with {VALUES_ASSUMED_NOTE}")
     if search_batch:
@@ -332,6 +341,24 @@ def _with_recompute_timing(result: JobPrediction, plain: JobPrediction) -> None:
                     f"in backward), step time {ratio:.2f}x that of the same job without it")
 
 
+MEMORY_MEASURED_GPUS = ("h200", "rtx3090")  # GPUs whose training runs' memory the shipped model learnt from
+
+
+def _unseen_memory(p50: np.ndarray, p90: np.ndarray, notes: list[str]) -> dict[str, Any]:
+    """Memory (the first two targets) on a GPU / stack no source measured: p50 and p90 times the factors of
+    :mod:`~dprobe.profiling.coldstart.memory_sources` (the spread between the sources that were), in place;
+    a note; what was applied, for the JSON."""
+    from dprobe.profiling.coldstart.memory_sources import load_sources
+
+    unseen = load_sources()
+    p50[:2] *= unseen.p50_factor
+    p90[:2] *= unseen.p50_factor * unseen.p90_factor
+    notes.append(unseen.note())
+    return {"source": "none measured", "p50_factor": round(unseen.p50_factor, 4),
+            "p90_factor": round(unseen.p50_factor * unseen.p90_factor, 4),
+            "sources": [s.name for s in unseen.sources]}
+
+
 def fits_on_gpu(peak_p50: float, device_p90: float, gpu_bytes: float) -> str:
     """"no" when the allocator's predicted peak and the CUDA context exceed the GPU's memory (the step
     runs out of memory), "maybe" when the device memory's p90 does (the caching allocator, short of
@@ -373,6 +400,7 @@ def _predict(model: str, batch: int, precision: str, optimizer: str, graph: Mode
     from dprobe.profiling.coldstart.residual import apply_stall, predict_targets, with_stall
 
     est, feats, base, spec = inputs.est, inputs.feats, inputs.base, inputs.gpu
+    stack_factor = None
     notes = list(notes or [])  # of the job as the model sees it: they follow graph_nodes in the JSON
     if coldstart is not None:
         ckpt_path, net, ckpt = coldstart
@@ -398,6 +426,10 @@ def _predict(model: str, batch: int, precision: str, optimizer: str, graph: Mode
     note_after = "graph_nodes" if notes else ("checkpoint" if checkpoint else "method")
     if coldstart is None:
         notes.append("no checkpoint: analytical estimate only")
+    memory_seen = gpu in (trained_on if coldstart is not None else MEMORY_MEASURED_GPUS)
+    calibration = _unseen_memory(p50, p90, notes) if not memory_seen else {
+        "source": "measured", "gpu": gpu, "p50_factor": float(stack_factor or 1.0) if coldstart else 1.0,
+        "p90_factor": 1.0}
     apply_stall(p50, p90, np.float64(host_stall_s))
     if coldstart is not None and not seen:
         widened = sorted(k for k, v in coldstart[2].get("unseen_gpu_p90_shift", {}).items() if v > 0)
@@ -419,7 +451,7 @@ def _predict(model: str, batch: int, precision: str, optimizer: str, graph: Mode
         checkpoint=checkpoint, **bands, gpu_memory_bytes=int(spec.memory_bytes),
         fits=fits_on_gpu(bands["peak_memory_bytes"].p50, bands["device_memory_bytes"].p90, spec.memory_bytes),
         analytical=analytical, notes=notes, note_after=note_after, graph=graph, gpu_seen_in_training=seen,
-        gpu_spec=spec_as_dict(spec), stack=inputs.stack.as_dict())
+        gpu_spec=spec_as_dict(spec), stack=inputs.stack.as_dict(), memory_calibration=calibration)
 
 
 MAX_BATCH = 1 << 16
