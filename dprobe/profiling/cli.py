@@ -67,6 +67,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--jobscale-checkpoint", default=None, metavar="CKPT",
                    help="job-scale checkpoint for --samples (default: the one shipped with dprobe; "
                    "train.py writes jobscale/jobscale.pt)")
+    p.add_argument("--search-batch", action="store_true",
+                   help="also find the largest batch predicted to fit the GPU (largest_batch: 2-5 more replays, "
+                   "seconds; without it largest_batch is null)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     from dprobe.profiling.dataparallel.cli import add_data_parallel_args  # --gpus, --nodes, --placement ...
 
@@ -95,7 +98,8 @@ def predict_from_args(args: argparse.Namespace) -> JobPrediction:
                                 precision=args.precision, optimizer=optimizer, image=args.image, seq=args.seq, mode=mode,
                                 config_kwargs=args.config_kwargs, checkpoint=args.checkpoint, gpu=_gpu(args),
                                 host_stall_s=args.host_stall, host_factor=args.host_factor,
-                                grad_checkpointing=args.grad_checkpointing, search_batch=True,
+                                grad_checkpointing=args.grad_checkpointing,
+                                search_batch=getattr(args, "search_batch", False),
                                 stack=stack_choice(args))
 
 

@@ -5,16 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dprobe.profiling.coldstart.predict import JobPrediction, check_job, predict_job
-from dprobe.profiling.jobscale.features import ColdStartInputs, first_second
-from dprobe.profiling.jobscale.predict import (
-    DEFAULT_CHECKPOINT,
-    JobScalePrediction,
-    load_jobscale,
-    predict_next,
-)
+
+if TYPE_CHECKING:  # job scale (and PyG with it) is imported only for a started job's --samples
+    from dprobe.profiling.jobscale.predict import JobScalePrediction
 
 CHECKED = ("image", "seq", "host_stall_s", "host_factor", "gpu", "stack", "mode")  # what check_job reads besides the batch
 
@@ -46,6 +42,8 @@ def predict_with_samples(model: str, batch: int, samples: Any = None, jobscale_c
             raise ValueError("--jobscale-checkpoint is read with --samples (the job's first samples) only")
         return predict_job(model, batch, **job)
     from dprobe.graph.encoder import graph_to_data
+    from dprobe.profiling.jobscale.features import ColdStartInputs, first_second
+    from dprobe.profiling.jobscale.predict import DEFAULT_CHECKPOINT, load_jobscale, predict_next
 
     first_second(samples)
     checkpoint = jobscale_checkpoint or DEFAULT_CHECKPOINT

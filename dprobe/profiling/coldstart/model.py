@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from torch_geometric.data import Batch
 
 from dprobe.core.metrics import pinball_terms
-from dprobe.graph.encoder import GraphEncoder
 from dprobe.profiling.coldstart.features import FEATURES, MEMORY_FEATURES
+
+if TYPE_CHECKING:  # PyG is imported only by a model with a graph encoder: the shipped one has none
+    from torch_geometric.data import Batch
 
 TARGETS = ["peak_memory_bytes", "device_memory_bytes", "gpu_utilization", "step_time_seconds"]
 QUANTILES = (0.5, 0.9)
@@ -61,7 +62,11 @@ class ColdStartModel(nn.Module):
     def __init__(self, n_features: int, hidden: int = 32, graph_dim: int = 8, layers: int = 2,
                  dropout: float = 0.1, groups: list[tuple[list[int], list[int]]] | None = None) -> None:
         super().__init__()
-        self.encoder = GraphEncoder(hidden=hidden, out_dim=graph_dim, layers=layers) if graph_dim > 0 else None
+        self.encoder = None
+        if graph_dim > 0:
+            from dprobe.graph.encoder import GraphEncoder
+
+            self.encoder = GraphEncoder(hidden=hidden, out_dim=graph_dim, layers=layers)
         self.register_buffer("mu", torch.zeros(n_features))
         self.register_buffer("sd", torch.ones(n_features))
         groups = groups or [(list(range(len(TARGETS))), list(range(n_features)))]

@@ -164,8 +164,6 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
     ``mode``: ``train`` (a training step) or ``inference`` (one forward pass in eval mode under
     ``torch.no_grad()``, as a serving process runs the batch: :func:`predict_inference_job`).
     """
-    from torch_geometric.data import Batch  # noqa: F401 - fail early if PyG is missing
-
     from dprobe.graph.build import build_model_graph
     from dprobe.graph.schema import GraphError
     from dprobe.graph.trace import SINGLE_VALUE_BATCHNORM
@@ -396,8 +394,7 @@ def _predict(model: str, batch: int, precision: str, optimizer: str, graph: Mode
     """The prediction from the job's inputs (:func:`~dprobe.profiling.coldstart.job.job_inputs`), corrected by
     the loaded cold-start checkpoint ``coldstart`` (:func:`_coldstart_checkpoint`; None: the analytical
     estimate alone)."""
-    from dprobe.graph.encoder import graph_to_data
-    from dprobe.profiling.coldstart.residual import apply_stall, predict_targets, with_stall
+    from dprobe.profiling.coldstart.residual import apply_stall, predict_targets, uses_graphs, with_stall
 
     est, feats, base, spec = inputs.est, inputs.feats, inputs.base, inputs.gpu
     stack_factor = None
@@ -408,7 +405,13 @@ def _predict(model: str, batch: int, precision: str, optimizer: str, graph: Mode
         seen = gpu in trained_on
         # wider p90 on a GPU the checkpoint never saw, where it learnt how much (GPUs held out in turn)
         widen = ckpt.get("unseen_gpu_p90_shift", {}) if not seen else {}
-        p50, p90 = predict_targets(net, [graph_to_data(graph)], np.array([_as_seen(feats, precision, net, notes)]),
+        if uses_graphs(net):
+            from dprobe.graph.encoder import graph_to_data
+
+            graphs = [graph_to_data(graph)]
+        else:
+            graphs = [None]
+        p50, p90 = predict_targets(net, graphs, np.array([_as_seen(feats, precision, net, notes)]),
                                    base[None], np.array([widen.get(t, 0.0) for t in TARGETS]))
         p50, p90 = p50[0], p90[0]
         stack_factor = ckpt.get("memory_factors", {}).get(gpu)

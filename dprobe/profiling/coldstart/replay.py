@@ -126,7 +126,7 @@ def replay_training_step(spec: ModelSpec, batch: int, precision: str = "fp32", o
     2.0 ran attention."""
     fused = _check_replay(precision, attention)
     # e.g. BART reads its mask's values, DeBERTa-v2 its labels', which meta tensors cannot answer
-    with timm_fused_attention(fused):
+    with timm_fused_attention(fused, spec):
         est, retried = with_values_assumed_if_needed(
             spec, lambda: _replay(spec, batch, precision, optimizer, image, seq, grad_checkpointing, fused))
     est.values_assumed = float(retried)
@@ -134,8 +134,12 @@ def replay_training_step(spec: ModelSpec, batch: int, precision: str = "fp32", o
 
 
 @contextlib.contextmanager
-def timm_fused_attention(fused: bool) -> Iterator[None]:
-    """timm's attention switch (``timm.layers.set_fused_attn``) set to ``fused`` for as long as it lasts."""
+def timm_fused_attention(fused: bool, spec: ModelSpec | None = None) -> Iterator[None]:
+    """timm's attention switch (``timm.layers.set_fused_attn``) set to ``fused`` for as long as it lasts; not
+    touched (nor timm imported, seconds) for a torchvision or transformers model, which never reads it."""
+    if spec is not None and spec.lib in ("torchvision", "transformers"):
+        yield
+        return
     try:
         from timm.layers import set_fused_attn, use_fused_attn
     except ImportError:
@@ -263,7 +267,7 @@ def replay_inference_step(spec: ModelSpec, batch: int, precision: str = "fp32", 
     timm's inference benchmark runs it. No optimizer: ``state_bytes`` is 0 and every op is a forward op.
     ``attention`` as in :func:`replay_training_step`."""
     fused = _check_replay(precision, attention)
-    with timm_fused_attention(fused):
+    with timm_fused_attention(fused, spec):
         est, retried = with_values_assumed_if_needed(
             spec, lambda: _replay_forward(spec, batch, precision, image, seq, fused))
     est.values_assumed = float(retried)

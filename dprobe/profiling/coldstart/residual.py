@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch_geometric.data import Batch
 
 from dprobe.profiling.coldstart.features import FEATURES
 from dprobe.profiling.coldstart.model import TARGETS, ColdStartEnsemble, ColdStartModel
@@ -55,10 +54,20 @@ def apply_stall(p50: np.ndarray, p90: np.ndarray, stall: np.ndarray) -> None:
     p90[..., ui] = with_stall(p90[..., ui], step, stall)
 
 
+def uses_graphs(model: ColdStartModel | ColdStartEnsemble) -> bool:
+    """Whether the model reads the jobs' graphs (a graph encoder: the shipped model has none, and then
+    neither PyG nor the graphs' conversion is needed)."""
+    return model.encoder is not None
+
+
 @torch.no_grad()
 def predict_residuals(model: ColdStartModel | ColdStartEnsemble, graphs: list, feats: np.ndarray) -> np.ndarray:
     """The model's residuals ``[n, 4, 2]`` (p50, p90) for the runs' graphs and feature rows."""
-    graph_batch = Batch.from_data_list(graphs) if model.encoder is not None else None
+    graph_batch = None
+    if uses_graphs(model):
+        from torch_geometric.data import Batch
+
+        graph_batch = Batch.from_data_list(graphs)
     out = model(graph_batch, torch.tensor(feats, dtype=torch.float32))
     return out.numpy().astype(np.float64)
 
