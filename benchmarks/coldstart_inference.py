@@ -28,10 +28,17 @@ from pathlib import Path
 import numpy as np
 
 from dprobe.profiling.coldstart.features import ROOFLINES
-from dprobe.profiling.coldstart.inference import SHIPPED_ROOFLINE, TARGETS, crossval, load_rows, summarise
+from dprobe.profiling.coldstart.inference import (
+    SHIPPED_ROOFLINE,
+    TARGETS,
+    choose,
+    crossval,
+    load_rows,
+    summarise,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
-KINDS = ("roofline", "rule", "model")
+KINDS = ("roofline", "rule", "gpu_factor", "model")  # model: the learned correction
 MAPE_TARGET, RHO_TARGET, COVER = 12.0, 0.95, (0.80, 0.95)
 
 
@@ -115,10 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     runs, ests = load_rows(args.data)
     print(f"{len(runs)} rows ({runs['model'].nunique()} models, {runs['family'].nunique()} families, "
           f"{runs['gpu'].nunique()} GPUs) with a replay, loaded in {time.time() - t0:.0f} s")
-    report, met = {}, {}
+    report, met, folds = {}, {}, {}
     for by in ("gpu", "family"):
         t1 = time.time()
-        results = crossval(runs, ests, by, args.roofline)
+        results = folds[by] = crossval(runs, ests, by, args.roofline)
         summary = summarise(results)
         report[by] = {"folds": [asdict(r) for r in results], "summary": summary}
         verdicts = {kind: verdict(results, kind) for kind in ("rule", "model")} if by == "gpu" else {}
@@ -138,14 +145,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{'PASS' if ok else 'MISS'} {kind}: MAPE <= {MAPE_TARGET:.0f} %, rho >= {RHO_TARGET}, p90 "
                   f"covering {100 * COVER[0]:.0f}-{100 * COVER[1]:.0f} % on every GPU left out"
                   + (f" ({why})" if why else ""))
-    learned = all(report[by]["summary"]["model"]["mape"]["mean"] < report[by]["summary"]["rule"]["mape"]["mean"]
-                  for by in report)
-    shipped = "model" if learned else "rule"
-    line = (f"ship: {'learned' if learned else 'rule'} (the model's mean MAPE "
-            f"{'beats' if learned else 'does not beat'} the rule's in both groupings); "
-            f"{time.time() - t0:.0f} s in all")
+    method, seen_method = choose(folds)
+    shipped = "model" if method == "learned" else "rule"
+    line = (f"ship: on a GPU never seen {method} (the learned correction "
+            f"{'beat' if method == 'learned' else 'did not beat'} the rule on every GPU left out); on a GPU with "
+            f"rows {seen_method} (the learned correction {'beat' if seen_method == 'learned' else 'did not beat'} "
+            f"the GPU's own factor on every fifth of the families left out); {time.time() - t0:.0f} s in all")
     if args.json:
-        print(json.dumps({**report, "shipped": shipped}, indent=1))
+        print(json.dumps({**report, "shipped": {"method": method, "seen_method": seen_method}}, indent=1))
     else:
         print("\n" + line)
     if args.figure:

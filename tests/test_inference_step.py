@@ -16,8 +16,11 @@ from dprobe.profiling.coldstart.features import roofline_seconds
 from dprobe.profiling.coldstart.inference import (
     DEFAULT_MODEL,
     FEATURES,
+    FoldResult,
     InferenceModelError,
     InferenceStepModel,
+    Scores,
+    choose,
     crossval,
     default_model,
     feature_frame,
@@ -156,6 +159,9 @@ def test_save_and_load_round_trip(tmp_path, fitted, synthetic) -> None:
     (lambda d: json.dumps({**d, "method": "magic"}), "unknown method"),
     (lambda d: json.dumps({**d, "booster_text": "tree\nnonsense"}), "not a LightGBM model"),
     (lambda d: json.dumps({**d, "booster_text": None}), "needs its booster"),
+    (lambda d: json.dumps({**d, "seen_method": "magic"}), "unknown seen_method"),
+    (lambda d: json.dumps({**d, "seen_method": "gpu-factor", "gpu_factors": {}}), "needs its GPUs' factors"),
+    (lambda d: json.dumps({**d, "gpu_factors": {"x": 0}}), "factor of x must be a positive number"),
 ])
 def test_a_bad_model_file_is_refused_by_name(tmp_path, fitted, mutate, message) -> None:
     path = tmp_path / "bad.json"
@@ -168,16 +174,48 @@ def test_a_bad_model_file_is_refused_by_name(tmp_path, fitted, mutate, message) 
 
 
 def test_the_shipped_model_loads_and_records_why_it_was_chosen(synthetic) -> None:
+    """Each case against its simple rule, fold by fold: on a GPU never seen the learned correction only if it
+    beat the rule on every GPU left out; on a GPU with rows only if it beat that GPU's own factor on every
+    fifth of the families left out."""
     model = default_model()
     assert DEFAULT_MODEL.stat().st_size < 1 << 20
     assert set(model.trained_on) >= {"rtx3090", "rtx4090", "rtx5090"} and model.rows > 1000
-    cv = model.cv
-    learned = all(cv[by]["model"]["mape"]["mean"] < cv[by]["rule"]["mape"]["mean"] for by in ("gpu", "family"))
-    assert model.method == ("learned" if learned else "rule")
-    assert 1.0 < model.rule_factor < 3.0 and model.p90_factor >= 1.0
+    folds = model.cv["folds"]
+    assert model.method == ("learned" if all(f["model"] < f["rule"] for f in folds["gpu"]) else "rule")
+    assert model.seen_method == ("learned" if all(f["model"] < f["gpu_factor"] for f in folds["family"])
+                                 else "gpu-factor")
+    assert set(model.gpu_factors) == {GPUS[g].name for g in model.trained_on}
+    assert 1.0 < model.rule_factor < 3.0 and model.p90_factor >= 1.0 and model.gpu_p90_factor >= 1.0
     _, ests = synthetic
     p50, p90 = predict_inference_step(ests[0], "fp16", GPUS["h200"])
     assert 0 < p50 <= p90
+
+
+def test_a_gpu_with_rows_takes_its_own_factor_and_any_other_the_learned_correction(synthetic, fitted) -> None:
+    _, ests = synthetic
+    model = replace(fitted, seen_method="gpu-factor")
+    seen, unseen = GPUS["rtx4090"], GPUS["h200"]
+    roof = roofline_seconds(ests[2], "fp16", seen)["roof"]
+    p50, p90 = predict_inference_step(ests[2], "fp16", seen, model=model)
+    assert p50 == pytest.approx(roof * model.gpu_factors[seen.name]) and p90 == pytest.approx(p50 * model.gpu_p90_factor)
+    assert model.method_for(seen.name) == "gpu-factor" and model.method_for(unseen.name) == "learned"
+    assert predict_inference_step(ests[2], "fp16", unseen, model=model) == pytest.approx(
+        predict_inference_step(ests[2], "fp16", unseen, model=fitted.as_learned()))
+    # the factors differ by GPU as the synthetic data's do not: each is its own rows' median ratio
+    assert set(model.gpu_factors) == {GPUS[g].name for g in GPU_KEYS}
+    assert model.as_gpu_factor().method_for(unseen.name) == "rule"
+
+
+def test_choose_takes_the_learned_correction_only_where_it_won_every_fold() -> None:
+    def fold(model: float, rule: float, gpu_factor: float) -> FoldResult:
+        def sc(m: float) -> Scores:
+            return Scores(m, 1.0, 0.9, 0.9)
+        return FoldResult("f", 10, ("x",), sc(20.0), sc(rule), sc(model), sc(gpu_factor))
+
+    assert choose({"gpu": [fold(10, 12, 12), fold(11, 12, 12)], "family": [fold(9, 12, 10), fold(9, 12, 10)]}) == (
+        "learned", "learned")
+    assert choose({"gpu": [fold(10, 12, 12), fold(13, 12, 12)], "family": [fold(9, 12, 10), fold(11, 12, 10)]}) == (
+        "rule", "gpu-factor")
 
 
 @pytest.mark.slow

@@ -271,6 +271,8 @@ def predict_inference_job(model: str, batch: int, precision: str = "fp32", *, im
     seen = gpu in steps.trained_on
     notes = [] if seen else [f"gpu_seen_in_training: false: the inference step model learnt from "
                              f"{', '.join(steps.trained_on)} only, its p90 from GPUs held out in turn"]
+    step_method = steps.method_for(spec.name)
+    notes.append(_STEP_METHOD_NOTES[step_method])
     if precision != "fp16":
         notes.append(f"{precision}: the inference step model learnt from fp16 autocast runs only; the roofline "
                      f"puts the step at {precision}'s peaks and the fp16 runs' corrections are applied")
@@ -285,7 +287,7 @@ def predict_inference_job(model: str, batch: int, precision: str = "fp32", *, im
     result = JobPrediction(
         model=model, batch=batch, precision=precision, optimizer="none", gpu=gpu, host_stall_s=host_stall_s,
         host_factor=host_factor, unknown_nodes=graph.unknown_nodes, graph_nodes=len(graph.nodes),
-        method=steps.method, checkpoint=str(INFERENCE_MODEL), **bands, gpu_memory_bytes=int(spec.memory_bytes),
+        method=step_method, checkpoint=str(INFERENCE_MODEL), **bands, gpu_memory_bytes=int(spec.memory_bytes),
         fits=fits_on_gpu(bands["peak_memory_bytes"].p50, bands["device_memory_bytes"].p90, spec.memory_bytes),
         analytical=analytical, gpu_seen_in_training=seen, gpu_spec=spec_as_dict(spec),
         stack=software.as_dict(), mode="inference", roofline=steps.roofline, notes=notes, note_after="graph_nodes",
@@ -296,6 +298,16 @@ def predict_inference_job(model: str, batch: int, precision: str = "fp32", *, im
         result.largest_batch = largest_fitting_batch(result, est, image=image, seq=seq, config_kwargs=config_kwargs,
                                                      stack=software)
     return result
+
+
+_STEP_METHOD_NOTES = {  # which of the inference step model's predictors ran, and why (inference.choose)
+    "gpu-factor": "step time: the roofline times this GPU's own measured factor (on model families left out, the "
+                  "learned correction did not beat it in every fold)",
+    "learned": "step time: the learned correction on the roofline (it beat the simple rule on every left-out fold "
+               "of its kind)",
+    "rule": "step time: the roofline times one factor (on GPUs left out, the learned correction did not beat it in "
+            "every fold)",
+}
 
 
 def check_job(batch: int, image: int | None = None, seq: int | None = None, host_stall_s: float = 0.0,
