@@ -206,6 +206,26 @@ def test_a_gpu_with_rows_takes_its_own_factor_and_any_other_the_learned_correcti
     assert model.as_gpu_factor().method_for(unseen.name) == "rule"
 
 
+def test_a_spec_sheet_sibling_of_a_measured_gpu_takes_its_factor_with_a_wider_p90(synthetic, fitted) -> None:
+    """A GPU of no row, of a measured GPU's architecture and memory system (a workstation card on the RTX
+    5090's chip), is anchored to that GPU's factor; its p90 is widened by the spread between the measured
+    GPUs. Another memory system of the same architecture, or a new architecture, keeps ``method``."""
+    _, ests = synthetic
+    model = replace(fitted, seen_method="gpu-factor")
+    five = GPUS["rtx5090"]
+    sibling = replace(five, name="RTX PRO 6000 Blackwell", memory_bytes=96 * 2**30, sm_count=188)
+    assert model.method_for(sibling.name, sibling.bandwidth) == "sibling-factor"
+    roof = roofline_seconds(ests[4], "fp16", sibling)["roof"]
+    p50, p90 = predict_inference_step(ests[4], "fp16", sibling, model=model)
+    assert p50 == pytest.approx(roof * model.gpu_factors[five.name])
+    assert model.between_gpu_spread() > 1.0
+    assert p90 == pytest.approx(p50 * model.gpu_p90_factor * model.between_gpu_spread())
+    slow_memory = replace(sibling, name="RTX 5060 (Blackwell)", bandwidth=five.bandwidth / 4)
+    assert model.method_for(slow_memory.name, slow_memory.bandwidth) == model.method
+    assert model.method_for("H200 SXM 141GB", GPUS["h200"].bandwidth) == model.method
+    assert fitted.method_for(sibling.name, sibling.bandwidth) == fitted.method  # learned on seen GPUs: no anchor
+
+
 def test_choose_takes_the_learned_correction_only_where_it_won_every_fold() -> None:
     def fold(model: float, rule: float, gpu_factor: float) -> FoldResult:
         def sc(m: float) -> Scores:

@@ -24,7 +24,11 @@ model (``default_inference.json`` beside this module, plain JSON with LightGBM's
 unpickled) decides per case, each against its simple rule, fold by fold on ``datasets/timm-infer-gpus``:
 on a GPU it has rows of, the learned correction only if it beat the GPU factor on every fifth of the
 families left out (``seen_method``); on any other GPU, only if it beat the rule on every GPU left out
-(``method``). The figures are recorded in it, and a prediction says which ran.
+(``method``). A GPU of no row but of the same architecture as a measured one (a spec-sheet sibling, say a
+workstation card on the RTX 5090's chip) takes that GPU's factor where the GPU factor runs, its p90 widened
+by the spread between the measured GPUs' factors (``sibling-factor``): no fold here has such a pair, so
+nothing validates the learned correction there, and the simple rule anchored to the nearest measured GPU
+runs. The figures are recorded in it, and a prediction says which ran.
 
 :func:`predict_inference_step` is the one entry point; :func:`crossval` and
 ``benchmarks/coldstart_inference.py`` call it. ``python -m dprobe.profiling.coldstart.inference DIR``
@@ -44,7 +48,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dprobe.core.gpus import GPUS, GPUSpec
+from dprobe.core.gpus import GPUS, GPUSpec, generation
 from dprobe.profiling.coldstart.features import LAUNCH_S, ROOFLINES, op_peaks, op_seconds, roofline_seconds
 from dprobe.profiling.coldstart.memtrack import TENSOR_CORE_CLASSES
 from dprobe.profiling.coldstart.replay import ReplayEstimate
@@ -54,7 +58,8 @@ DEFAULT_MODEL = Path(__file__).with_name("default_inference.json")
 # MAPE over GPUs left out (13.6 % against 14.9 %) with families even (11.5 % against 11.4 %)
 SHIPPED_ROOFLINE = "kernel-model"
 FORMAT = "dprobe-inference/1"
-METHODS = ("learned", "rule", "gpu-factor")
+METHODS = ("learned", "rule", "gpu-factor", "sibling-factor")
+SIBLING_BANDWIDTH = 1.5  # a measured GPU of the same architecture within this ratio of bandwidth: the same memory system
 SHARE_CLASSES = ("elementwise", "norm", "matmul", "conv", "conv_grouped")
 TILE_FLOPS = 2.0 * 128 * 128 * 64  # one 128x128 output tile over a K of 64: a tensor-core kernel's unit of work
 SMALL_KERNEL = 4.0  # a kernel whose roofline time is under this many launch costs leaves SMs idle
@@ -176,7 +181,8 @@ def feature_frame(ests: list[ReplayEstimate], precision: str | list[str],
     cache = {k: inference_features(*job, roofline=roofline, per_op=t)
              for k, job, t in zip(first, jobs, times, strict=True)}
     frame = pd.DataFrame([cache[k] for k in keys], columns=[*FEATURES, "roof"])
-    frame["gpu_name"] = [g.name for g in specs]  # which GPU factor a row takes (not a feature)
+    frame["gpu_name"] = [g.name for g in specs]  # which GPU factor a row takes (not features)
+    frame["gpu_bandwidth"] = [g.bandwidth for g in specs]
     frame.attrs["roofline"] = roofline  # predict_frame checks it against the model's
     return frame
 
@@ -234,26 +240,57 @@ class InferenceStepModel:
                 raise InferenceModelError("booster was fitted on other features than this dprobe's: refit it "
                                           "(python -m dprobe.profiling.coldstart.inference DIR)")
 
-    def method_for(self, gpu_name: str) -> str:
-        """The method that predicts a step on the GPU of this spec name."""
-        return self.seen_method if self.seen_method and gpu_name in self.gpu_factors else self.method
+    def sibling(self, gpu_name: str, bandwidth: float = 0.0) -> str | None:
+        """The measured GPU of the same architecture as ``gpu_name`` (:func:`dprobe.core.gpus.generation`)
+        whose memory bandwidth is within :data:`SIBLING_BANDWIDTH` of ``bandwidth`` (bytes/s; the same
+        memory system, say the same chip), the nearest where there are several; None for a GPU of this
+        model's own rows, of an architecture none of them has, or of another memory system."""
+        if not self.gpu_factors or gpu_name in self.gpu_factors or bandwidth <= 0:
+            return None
+        arch = generation(gpu_name)
+        known = {s.name: s.bandwidth for s in GPUS.values()}
+        near = {g: abs(math.log(known[g] / bandwidth)) for g in self.gpu_factors
+                if arch != "unknown" and generation(g) == arch and g in known}
+        near = {g: d for g, d in near.items() if d <= math.log(SIBLING_BANDWIDTH)}
+        return min(near, key=near.__getitem__) if near else None
+
+    def method_for(self, gpu_name: str, bandwidth: float = 0.0) -> str:
+        """The method that predicts a step on the GPU of this spec name: ``seen_method`` on a GPU of its
+        rows; ``sibling-factor`` (a measured GPU of the same architecture's factor) where the GPU factor runs
+        on seen GPUs and the GPU has such a sibling; else ``method``."""
+        if self.seen_method and gpu_name in self.gpu_factors:
+            return self.seen_method
+        if self.seen_method == "gpu-factor" and self.sibling(gpu_name, bandwidth):
+            return "sibling-factor"
+        return self.method
 
     def log_factor(self, x: pd.DataFrame) -> np.ndarray:
         """log(step / roofline) of each row of :func:`feature_frame`."""
-        methods = np.array([self.method_for(g) for g in _gpu_names(x)])
+        gpus = _gpus(x)
+        methods = np.array([self.method_for(g, b) for g, b in gpus])
         out = np.full(len(x), math.log(self.rule_factor))
         if (methods == "learned").any():
             learned = np.asarray(self._booster.predict(x[FEATURES]), dtype=float)
             out = np.where(methods == "learned", learned, out)
-        if (methods == "gpu-factor").any():
-            per_gpu = np.log([self.gpu_factors.get(g, self.rule_factor) for g in _gpu_names(x)])
-            out = np.where(methods == "gpu-factor", per_gpu, out)
+        if np.isin(methods, ("gpu-factor", "sibling-factor")).any():
+            own = [self.gpu_factors.get(self.sibling(g, b) or g, self.rule_factor) for g, b in gpus]
+            out = np.where(np.isin(methods, ("gpu-factor", "sibling-factor")), np.log(own), out)
         return out
 
     def p90_factors(self, x: pd.DataFrame) -> np.ndarray:
-        """The p90 / p50 factor of each row: the GPU factor's own on a GPU with one, else ``p90_factor``."""
-        return np.array([self.gpu_p90_factor if self.method_for(g) == "gpu-factor" else self.p90_factor
-                         for g in _gpu_names(x)])
+        """The p90 / p50 factor of each row: the GPU factor's own on a GPU with one, widened by the spread
+        between the measured GPUs' factors on a sibling, else ``p90_factor``."""
+        spread = self.between_gpu_spread()
+        widen = {"gpu-factor": self.gpu_p90_factor, "sibling-factor": self.gpu_p90_factor * spread}
+        return np.array([widen.get(self.method_for(g, b), self.p90_factor) for g, b in _gpus(x)])
+
+    def between_gpu_spread(self) -> float:
+        """How far one measured GPU's factor lies from the others' (geometric) mean, at most, as a factor:
+        what taking a sibling's factor for a GPU risks (1 with fewer than two GPUs)."""
+        logs = np.log(list(self.gpu_factors.values()))
+        if len(logs) < 2:
+            return 1.0
+        return float(np.exp(max(abs(logs[i] - np.delete(logs, i).mean()) for i in range(len(logs)))))
 
     def as_rule(self) -> InferenceStepModel:
         """The same fit scored as the rule (roofline x its factor, the rule's own p90) on every GPU."""
@@ -320,6 +357,12 @@ def load_inference_model(path: str | Path | None = None) -> InferenceStepModel:
 
 def _gpu_names(x: pd.DataFrame) -> list[str]:
     return list(x["gpu_name"]) if "gpu_name" in x else [""] * len(x)
+
+
+def _gpus(x: pd.DataFrame) -> list[tuple[str, float]]:
+    """Each row's GPU: its spec's name and memory bandwidth."""
+    bandwidth = list(x["gpu_bandwidth"]) if "gpu_bandwidth" in x else [0.0] * len(x)
+    return list(zip(_gpu_names(x), bandwidth, strict=True))
 
 
 def _predict(model: InferenceStepModel, x: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

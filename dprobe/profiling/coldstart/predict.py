@@ -271,7 +271,7 @@ def predict_inference_job(model: str, batch: int, precision: str = "fp32", *, im
     seen = gpu in steps.trained_on
     notes = [] if seen else [f"gpu_seen_in_training: false: the inference step model learnt from "
                              f"{', '.join(steps.trained_on)} only, its p90 from GPUs held out in turn"]
-    step_method = steps.method_for(spec.name)
+    step_method = steps.method_for(spec.name, spec.bandwidth)
     notes.append(_STEP_METHOD_NOTES[step_method])
     if precision != "fp16":
         notes.append(f"{precision}: the inference step model learnt from fp16 autocast runs only; the roofline "
@@ -303,6 +303,9 @@ def predict_inference_job(model: str, batch: int, precision: str = "fp32", *, im
 _STEP_METHOD_NOTES = {  # which of the inference step model's predictors ran, and why (inference.choose)
     "gpu-factor": "step time: the roofline times this GPU's own measured factor (on model families left out, the "
                   "learned correction did not beat it in every fold)",
+    "sibling-factor": "step time: the roofline times the factor measured on a GPU of the same architecture, its "
+                      "p90 widened by the spread between measured GPUs (no fold validates anything else for a GPU "
+                      "whose sibling was measured)",
     "learned": "step time: the learned correction on the roofline (it beat the simple rule on every left-out fold "
                "of its kind)",
     "rule": "step time: the roofline times one factor (on GPUs left out, the learned correction did not beat it in "
