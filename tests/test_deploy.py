@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,26 @@ def test_dockerfile_targets_copy_what_exists() -> None:
     assert len(installs[1]) == 1 and installs[1][0].startswith("-c requirements.lock ") \
         and installs[1][0].endswith(" '.[train]'"), installs
     assert "--no-deps" not in text
+    for stage in (services, full):  # the dependencies in a layer before the source, from pyproject.toml's lists
+        deps = stage.index("-r /tmp/requirements.txt")
+        assert deps < stage.index("COPY dprobe ./dprobe") < stage.index("RUN pip install -c requirements.lock")
+
+
+def test_dockerfile_dependency_layers_install_pyproject_lists(tmp_path) -> None:
+    """The two RUN lines that write /tmp/requirements.txt, run here against pyproject.toml, list exactly the
+    base requirements (services) and the base plus the train extra (full)."""
+    import tomllib
+
+    text = (DEPLOY / "Dockerfile").read_text().replace("\\\n", "")
+    project = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())["project"]
+    want = {"services": project["dependencies"],
+            "full": project["dependencies"] + project["optional-dependencies"]["train"]}
+    for stage, code in zip(("services", "full"), re.findall(r'RUN python -c "(.+?)"\s*> /tmp/requirements.txt', text),
+                           strict=True):
+        got = subprocess.run([sys.executable, "-c", code], cwd=DEPLOY.parent, capture_output=True, text=True, check=True)
+        assert got.stdout.split("\n")[:-1] == want[stage]
+    ignored = (DEPLOY.parent / ".dockerignore").read_text().split()
+    assert ".venv/" in ignored and ".git/" in ignored and "datasets/" not in ignored
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="no promtool (apt-get install prometheus)")
