@@ -1,8 +1,9 @@
 """The ``dprobe`` console script: one subcommand per module, each with ``--help``.
 
-A subcommand lives next to the code it drives and exposes
-``register(subparsers)``, which adds its parser and sets ``func`` (called with
-the parsed arguments, returns an exit code). Add new ones to ``SUBCOMMANDS``.
+A subcommand lives next to the code it drives and exposes ``register(subparsers)``, which adds its parser
+and sets ``func`` (called with the parsed arguments, returns an exit code). Add new ones to
+``SUBCOMMANDS`` with their one-line help. Only the module of the command given is imported (``dprobe
+--help`` imports none: it lists the helps below), so that help and errors come in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -14,22 +15,26 @@ import sys
 
 from dprobe import __version__
 
-# module paths, each with register(subparsers); imported lazily so `dprobe --help` stays fast
-SUBCOMMANDS: list[str] = [
-    "dprobe.train",
-    "dprobe.graph.cli",
-    "dprobe.profiling.cli",
-    "dprobe.evaluation.cli",
-    "dprobe.services.sidecar.cli",
-    "dprobe.services.scaler.cli",
-    "dprobe.sim.cli",
-    "dprobe.data.cli",
-]
+# command -> (its module, with register(subparsers); the one-line help `dprobe --help` lists, the same as
+# the module's own parser's: tests/test_cli_help.py checks both)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("dprobe.train", "train and score the forecaster and the profilers, as python train.py (Hydra "
+              "overrides: +exp=gnn key=value ...; --help: the config groups)"),
+    "graph": ("dprobe.graph.cli", "trace a model into a portable graph (JSON)"),
+    "predict": ("dprobe.profiling.cli", "cold-start prediction of a training job from its model"),
+    "evaluate": ("dprobe.evaluation.cli", "score forecasts against the baselines on a data directory"),
+    "sidecar": ("dprobe.services.sidecar.cli", "run the forecasting sidecar (Prometheus exporter)"),
+    "scaler": ("dprobe.services.scaler.cli", "run the scaler (forecasts -> scaling recommendations)"),
+    "simulate": ("dprobe.sim.cli", "simulate GPU clusters on traces: quotas, a fixed-size cluster, GPU sharing"),
+    "profiles": ("dprobe.data.cli", "list or grow a profiles data set (runs measured on a GPU)"),
+}
 
 LONG_RUNNING = {"sidecar", "scaler"}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The console script's parser: every subcommand's own (``command`` None), or only ``command``'s, the
+    others listed by their help alone ("": none)."""
     parser = argparse.ArgumentParser(
         prog="dprobe",
         description="Forecast GPU memory and utilisation of deep-learning workloads, "
@@ -38,13 +43,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"dprobe {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for path in SUBCOMMANDS:
-        importlib.import_module(path).register(sub)
+    for name, (path, help_) in SUBCOMMANDS.items():
+        if command is None or name == command:
+            importlib.import_module(path).register(sub)
+        else:
+            sub.add_parser(name, help=help_, add_help=False)
     return parser
 
 
+def command_of(argv: list[str]) -> str:
+    """The subcommand ``argv`` names (its first word that is not an option), "" for none or an unknown one."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word if word in SUBCOMMANDS else ""
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(command_of(argv))
     args = parser.parse_args(argv)
     base = logging.INFO if args.command in LONG_RUNNING else logging.WARNING  # services log state changes
     level = max(logging.DEBUG, base - 10 * args.verbose)

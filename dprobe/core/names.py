@@ -12,6 +12,9 @@ QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99)
 # gpu_duty_cycle_pct, gpu_demand)
 SIDECAR_METRICS = ("gpu_memory_bytes", "gpu_utilization_ratio")
 
+# the simple forecasters every model is scored beside (dprobe.forecaster.baselines makes them)
+BASELINES: tuple[str, ...] = ("last_value", "seasonal_naive", "moving_average", "moving_median", "ewma", "ets")
+
 # training jobs (cold-start profiles) -----------------------------------------------------------------
 # fp32; bf16 or fp16 autocast, weights in fp32; bf16-pure: the model in bf16 with bf16 autocast
 PRECISIONS = ("fp32", "bf16", "fp16", "bf16-pure")

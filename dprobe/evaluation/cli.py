@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 
+from dprobe.core.names import BASELINES
 from dprobe.core.split import Split
-from dprobe.forecaster.baselines import BASELINES
 
 
 def register(sub: argparse._SubParsersAction) -> None:

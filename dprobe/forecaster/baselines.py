@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from dprobe.core.names import BASELINES as NAMED_BASELINES
 from dprobe.forecaster.base import QUANTILES, Forecast, ForecastInput
 
 RESIDUAL_WINDOW = 1000  # realised errors kept for the quantiles (trailing)
@@ -217,6 +218,4 @@ def make_baseline(name: str, season_length: int = 24, window: int = 30, alpha: f
     return PathBaseline(name=name, path_fn=fn, kwargs=kwargs)
 
 
-BASELINES: tuple[str, ...] = (
-    "last_value", "seasonal_naive", "moving_average", "moving_median", "ewma", "ets",
-)
+BASELINES = NAMED_BASELINES  # the names make_baseline knows (dprobe.core.names: read without pandas)

@@ -17,25 +17,36 @@ check and progress bar of the replays, :mod:`~dprobe.sim.report` and :mod:`~dpro
 and option helpers, and :mod:`~dprobe.sim.cli` the ``dprobe simulate`` command.
 """
 
-from dprobe.sim.fixed.cluster import FixedConfig, FixedResult, simulate_fixed
-from dprobe.sim.fixed.scheduling import Scheduling
-from dprobe.sim.jobs import JobTable, load_jobs
-from dprobe.sim.policies import ForecastQuota, QuotaPolicy, ReactiveQuota, ScalerSettings, StaticQuota
-from dprobe.sim.quota.cluster import SimConfig, SimResult, simulate
+from typing import TYPE_CHECKING
 
+from dprobe.core.lazy import lazy_exports
+
+_EXPORTS = {
+    "FixedConfig": "dprobe.sim.fixed.cluster",
+    "FixedResult": "dprobe.sim.fixed.cluster",
+    "ForecastQuota": "dprobe.sim.policies",
+    "JobTable": "dprobe.sim.jobs",
+    "QuotaPolicy": "dprobe.sim.policies",
+    "ReactiveQuota": "dprobe.sim.policies",
+    "ScalerSettings": "dprobe.sim.policies",
+    "Scheduling": "dprobe.sim.fixed.scheduling",
+    "SimConfig": "dprobe.sim.quota.cluster",
+    "SimResult": "dprobe.sim.quota.cluster",
+    "StaticQuota": "dprobe.sim.policies",
+    "load_jobs": "dprobe.sim.jobs",
+    "simulate": "dprobe.sim.quota.cluster",
+    "simulate_fixed": "dprobe.sim.fixed.cluster",
+}
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 __all__ = [
-    "FixedConfig",
-    "FixedResult",
-    "ForecastQuota",
-    "JobTable",
-    "QuotaPolicy",
-    "ReactiveQuota",
-    "ScalerSettings",
-    "Scheduling",
-    "SimConfig",
-    "SimResult",
-    "StaticQuota",
-    "load_jobs",
-    "simulate",
+    "FixedConfig", "FixedResult", "ForecastQuota", "JobTable", "QuotaPolicy", "ReactiveQuota",
+    "ScalerSettings", "Scheduling", "SimConfig", "SimResult", "StaticQuota", "load_jobs", "simulate",
     "simulate_fixed",
 ]
+
+if TYPE_CHECKING:
+    from dprobe.sim.fixed.cluster import FixedConfig, FixedResult, simulate_fixed
+    from dprobe.sim.fixed.scheduling import Scheduling
+    from dprobe.sim.jobs import JobTable, load_jobs
+    from dprobe.sim.policies import ForecastQuota, QuotaPolicy, ReactiveQuota, ScalerSettings, StaticQuota
+    from dprobe.sim.quota.cluster import SimConfig, SimResult, simulate

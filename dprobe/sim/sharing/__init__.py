@@ -3,6 +3,18 @@ did afterwards (:mod:`~dprobe.sim.sharing.packing`), the policy's settings chose
 (:mod:`~dprobe.sim.sharing.cv`); tables and plots in :mod:`~dprobe.sim.sharing.report`, the command in
 :mod:`~dprobe.sim.sharing.cli`. The planner itself is :mod:`dprobe.sharing`."""
 
-from dprobe.sim.sharing.packing import SharingSettings, load_forecaster, pod_series, simulate_policies
+from typing import TYPE_CHECKING
 
+from dprobe.core.lazy import lazy_exports
+
+_EXPORTS = {
+    "SharingSettings": "dprobe.sim.sharing.packing",
+    "load_forecaster": "dprobe.sim.sharing.packing",
+    "pod_series": "dprobe.sim.sharing.packing",
+    "simulate_policies": "dprobe.sim.sharing.packing",
+}
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 __all__ = ["SharingSettings", "load_forecaster", "pod_series", "simulate_policies"]
+
+if TYPE_CHECKING:
+    from dprobe.sim.sharing.packing import SharingSettings, load_forecaster, pod_series, simulate_policies

@@ -22,12 +22,15 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dprobe.core.split import Split
-from dprobe.forecaster.base import Forecaster, ForecastInput
 from dprobe.sharing.planner import Plan, PlanSettings, Workload, plan
+
+if TYPE_CHECKING:  # pandas with it: not for dprobe simulate sharing --help
+    from dprobe.forecaster.base import Forecaster
 
 HISTORY_SECONDS = 2 * 3600.0  # the peak policies' look-back
 SHARING_POLICIES = ("one-per-gpu", "peak", "peak-headroom", "last-value", "dprobe", "oracle")
@@ -291,6 +294,8 @@ class ForecastDemand(SharingPolicy):
         has = np.isfinite(window).any(1)
         if not has.any():
             return None, ()
+        from dprobe.forecaster.base import ForecastInput
+
         fc = self.forecaster.predict(ForecastInput(values=window[has], metric=metric, leads=leads,
                                                    step_seconds=series.step_seconds,
                                                    covariates=None if cov is None else cov[has]))
