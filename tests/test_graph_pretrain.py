@@ -197,7 +197,7 @@ def test_experiment_composes_to_the_pretraining_stage(tmp_path):
     from dprobe.config import compose
     from dprobe.training import stage
 
-    cfg = compose(["+exp=pretrain_gnn", f"paths.output_dir={tmp_path}", "+trainer.fast_dev_run=true"])
+    cfg = compose(["+exp=pretrain_gnn", f"paths.output_dir={tmp_path}", "trainer.fast_dev_run=true"])
     assert cfg.pretrain.enabled and not cfg.forecaster_enabled and not cfg.coldstart.enabled
     assert cfg.pretrain.fast_dev_run is True
     fn = stage(cfg.pretrain)

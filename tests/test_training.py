@@ -52,7 +52,7 @@ def test_every_experiment_composes_and_runs_fast_dev_run(exp, tmp_path, small_al
                                                          monkeypatch):
     """Each exp config composes with the defaults and its run reaches the end (fast_dev_run)."""
     cfg = compose([f"+exp={exp}", *tiny(tmp_path, [small_alibaba_dir, small_helios_dir]),
-                   "+trainer.fast_dev_run=true", "evaluate.enabled=false"])
+                   "trainer.fast_dev_run=true", "evaluate.enabled=false"])
     assert cfg.data.datasets and "_target_" in cfg.model
     calls = []
     if cfg.coldstart.enabled:  # the profiler's own tests cover its training; here only the wiring
@@ -179,7 +179,7 @@ def test_training_writes_checkpoint_that_evaluates(tmp_path, small_alibaba_dir, 
 def test_evaluate_cli_scores_a_checkpoint(tmp_path, small_alibaba_dir, small_helios_dir, capsys):
     from dprobe.cli import main
 
-    summary = run(compose(tiny(tmp_path, [small_alibaba_dir, small_helios_dir], "+trainer.fast_dev_run=true",
+    summary = run(compose(tiny(tmp_path, [small_alibaba_dir, small_helios_dir], "trainer.fast_dev_run=true",
                                "evaluate.enabled=false")))
     capsys.readouterr()
     assert main(["evaluate", "--data", str(small_alibaba_dir), "--checkpoint", summary["checkpoint"],
@@ -412,7 +412,7 @@ def test_stages_are_their_functions_with_the_configured_arguments(tmp_path):
     assert not off.coldstart.enabled and off.jobscale.enabled and not off.model.use_graph
     bound = stage(off.jobscale).keywords  # the seed and coldstart.workers follow their keys
     assert (bound["use_graph"], bound["seed"], bound["workers"]) == (False, 3, 2)
-    dev = compose(["+exp=gnn", "+trainer.fast_dev_run=true", f"paths.output_dir={tmp_path}"])
+    dev = compose(["+exp=gnn", "trainer.fast_dev_run=true", f"paths.output_dir={tmp_path}"])
     assert stage(dev.jobscale).keywords["fast_dev_run"] and stage(dev.kernel_gnn).keywords["fast_dev_run"]
 
 
@@ -443,7 +443,7 @@ def test_a_sweep_runs_each_value_in_its_own_directory(tmp_path, small_helios_dir
     sweep = tmp_path / "sweep"
     overrides = [o for o in tiny(tmp_path, [small_helios_dir]) if not o.startswith("paths.output_dir=")]
     subprocess.run([sys.executable, str(CONFIG_DIR.parent / "train.py"), "-m", "model.lr=0.001,0.003",
-                    "+trainer.fast_dev_run=true", "evaluate.enabled=false", f"hydra.sweep.dir={sweep}",
+                    "trainer.fast_dev_run=true", "evaluate.enabled=false", f"hydra.sweep.dir={sweep}",
                     *overrides], check=True, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     for num, lr in ((0, 0.001), (1, 0.003)):
         run_dir = sweep / str(num)
@@ -462,7 +462,7 @@ def test_a_sweep_runs_side_by_side_with_the_joblib_launcher(tmp_path, small_heli
     sweep = tmp_path / "sweep"
     overrides = [o for o in tiny(tmp_path, [small_helios_dir]) if not o.startswith("paths.output_dir=")]
     done = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=joblib",
-                           "hydra.launcher.n_jobs=2", "model.lr=0.001,0.003", "+trainer.fast_dev_run=true",
+                           "hydra.launcher.n_jobs=2", "model.lr=0.001,0.003", "trainer.fast_dev_run=true",
                            "evaluate.enabled=false", f"hydra.sweep.dir={sweep}", *overrides],
                           capture_output=True, text=True, cwd=tmp_path, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
