@@ -2,8 +2,8 @@
 
     python benchmarks/scaler.py [--pods 1000,10000] [--pods-per-workload 4] [--cycles 30] [--churn-cycles 300]
 
-A stand-in Prometheus API on loopback answers the forecast and GPU-count queries with ``--pods`` pods
-in Deployments of ``--pods-per-workload`` replicas across 20 namespaces (virtual clusters). Printed per
+A stand-in Prometheus API on loopback answers the forecast, GPU-count and replicas (kube-state-metrics)
+queries with ``--pods`` pods in Deployments of ``--pods-per-workload`` replicas across 20 namespaces (virtual clusters). Printed per
 size: the cycle's p50 / p99 (query both, group, decide for every workload and virtual cluster), the
 p50 of the two queries alone (HTTP + JSON, the floor any client pays), and their ratio.
 
@@ -21,6 +21,7 @@ import argparse
 import json
 import threading
 import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
@@ -35,7 +36,7 @@ def answers(n_pods: int, per_workload: int, generation: int = 0) -> dict[str, by
     """The two query answers (forecasts, GPU counts) as a Prometheus server would give them; each
     ``generation`` replaces a tenth of the Deployments by new ones."""
     rng = np.random.default_rng(0)
-    forecasts, gpus = [], []
+    forecasts, gpus, replicas = [], [], {}
     for i in range(n_pods):
         k = i // per_workload
         renamed = max(0, generation - (generation - k) % 10)  # the last generation that replaced workload k
@@ -46,16 +47,31 @@ def answers(n_pods: int, per_workload: int, generation: int = 0) -> dict[str, by
                   "quantile": "0.9", "instance": "10.0.0.1:9477", "job": "dprobe"}
         forecasts.append({"metric": labels, "value": [time.time(), f"{rng.uniform(0.1, 1.0):.4f}"]})
         gpus.append({"metric": {"namespace": ns, "pod": pod}, "value": [time.time(), str(1 + i % 2)]})
+        replicas[ns, w] = replicas.get((ns, w), 0) + 1
 
     def doc(result: list) -> bytes:
         return json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
 
-    return {"forecast": doc(forecasts), "gpus": doc(gpus)}
+    counts = [{"metric": {"namespace": ns, "workload": w}, "value": [time.time(), str(n)]}
+              for (ns, w), n in replicas.items()]  # kube-state-metrics' spec replicas: where a count starts
+    return {"forecast": doc(forecasts), "gpus": doc(gpus), "replicas": doc(counts), "none": doc([])}
+
+
+def _answer(query: str) -> str:
+    """Which answer a query gets: forecasts, replicas (kube-state-metrics), GPU counts, or nothing (the
+    restore queries of the scaler's own series, owners: grouped by name)."""
+    if "dprobe_predicted" in query:
+        return "forecast"
+    if "kube_deployment_spec_replicas" in query:
+        return "replicas"
+    if "DCGM_FI_DEV_GPU_UTIL" in query:
+        return "gpus"
+    return "none"
 
 
 class _Prometheus(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
-        body = self.server.answers["forecast" if "dprobe_predicted" in self.path else "gpus"]  # type: ignore[attr-defined]
+        body = self.server.answers[_answer(urllib.parse.unquote_plus(self.path))]  # type: ignore[attr-defined]
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))

@@ -189,6 +189,67 @@ def http_peer() -> Callable:
     return serve_http
 
 
+@contextmanager
+def serve_dripping(reply: Callable[[str], tuple[str, str]], gap: float = 0.1, most: float = 5.0) -> Iterator[str]:
+    """An HTTP server on loopback answering each GET with ``reply(path)``: (body, how), ``how`` being ``"now"``
+    (the answer at once), ``"head"`` (the whole answer a byte every ``gap`` s, from its status line on) or
+    ``"body"`` (the status line and headers at once, the body a byte every ``gap`` s). A dripped answer stops
+    after ``most`` s, its connection closed, or once the client has gone; yields the base URL."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.05)
+    stop = threading.Event()
+
+    def answer(conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(most)
+            request = b""
+            while b"\r\n\r\n" not in request:
+                data = conn.recv(4096)
+                if not data:
+                    return
+                request += data
+            body, how = reply(request.split(b" ", 2)[1].decode())
+            data = body.encode()
+            head = (f"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {len(data)}\r\n"
+                    "Connection: close\r\n\r\n").encode()
+            now, drip = {"now": (head + data, b""), "head": (b"", head + data), "body": (head, data)}[how]
+            ends = time.monotonic() + most
+            try:
+                conn.sendall(now)
+                for i in range(len(drip)):
+                    if stop.wait(gap) or time.monotonic() > ends:
+                        return
+                    conn.sendall(drip[i:i + 1])
+            except OSError:  # the client gave up
+                return
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=answer, args=(conn,), daemon=True).start()
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        server.join(5)
+        listener.close()
+
+
+@pytest.fixture
+def drip_peer() -> Callable:
+    """``with drip_peer(lambda path: (text, "body")) as url:`` a peer that answers a byte at a time (see
+    :func:`serve_dripping`)."""
+    return serve_dripping
+
+
 def scrape_samples(url: str, timeout: float = 5.0) -> list[Sample]:
     """The samples of the ``/metrics`` page of the server at ``url`` (its base URL), parsed as Prometheus
     parses them."""

@@ -14,8 +14,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -429,20 +431,23 @@ def test_reserve_lets_a_scrape_through_while_slow_clients_hold_every_slot() -> N
         srv.stop()
 
 
-# A slowloris client: COUNT connections on 127.0.0.1:PORT, each sending a request's headers a byte every GAP s
+# A slowloris client: COUNT connections on 127.0.0.1:PORT, each sending a request's first bytes a byte every GAP s
 # and never ending them, each reconnecting at once when the server closes it, for SECONDS s; prints "ready"
-# once connected, then how many connections it opened in all.
+# once connected, then how many connections it opened in all. Over "http" each trickles a request's headers; over
+# "https" every other connection trickles the start of a TLS ClientHello (a record announcing 512 bytes) and
+# the others send nothing at all.
 SLOWLORIS = r"""
 import selectors, socket, sys, time
-port, count, seconds, gap = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
-head = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 1_000_000
+port, count, seconds, gap, kind = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+heads = {"http": [b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 1_000_000],
+         "https": [b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 1_000_000, b""]}[kind]
 sel, conns, opened = selectors.DefaultSelector(), {}, 0
 def connect():
     global opened
     s = socket.socket()
     s.setblocking(False)
     s.connect_ex(("127.0.0.1", port))
-    conns[s] = [time.monotonic(), 0]
+    conns[s] = [time.monotonic(), 0, heads[opened % len(heads)]]
     sel.register(s, selectors.EVENT_READ)
     opened += 1
 def again(s):
@@ -465,9 +470,9 @@ while (now := time.monotonic()) < end:
         if not data:
             again(key.fileobj)
     for s, st in list(conns.items()):
-        if now >= st[0]:
+        if now >= st[0] and st[1] < len(st[2]):
             try:
-                s.send(head[st[1]:st[1] + 1])
+                s.send(st[2][st[1]:st[1] + 1])
                 st[1] += 1
             except BlockingIOError:
                 pass
@@ -480,15 +485,20 @@ print(opened, flush=True)
 
 
 @pytest.mark.slow  # 200 slow connections for about 8 s
-def test_scrapes_succeed_under_200_slow_connections() -> None:
-    """A slowloris client holding 200 connections on 127.0.0.1 (a header byte every 0.25 s, reconnecting as soon
-    as it is closed) while four scrapers scrape /metrics on new connections: at least 95 % of the scrapes are
-    answered, and the server's threads stay bounded."""
-    srv, _ = _served_server()
+@pytest.mark.parametrize("kind", ["http", "https"])
+def test_scrapes_succeed_under_200_slow_connections(kind: str, request: pytest.FixtureRequest) -> None:
+    """A slowloris client holding 200 connections on 127.0.0.1 (reconnecting as soon as it is closed) while four
+    scrapers scrape /metrics on new connections: at least 95 % of the scrapes are answered, and the server's
+    threads stay bounded. Over HTTP the slow clients send a header byte every 0.25 s; over HTTPS half of them
+    send the start of a ClientHello as slowly and half send nothing at all, and each scrape needs a whole TLS
+    handshake."""
+    tls = kind == "https"
+    cert, key = request.getfixturevalue("certificate") if tls else (Path(), Path())
+    srv, _ = _served_server(**({"tls_cert_file": str(cert), "tls_key_file": str(key)} if tls else {}))
     baseline = threading.active_count()
     scrape_for = 5.0
-    attack = subprocess.Popen([sys.executable, "-c", SLOWLORIS, str(srv.port), "200", str(scrape_for + 4), "0.25"],
-                              stdout=subprocess.PIPE, text=True)
+    attack = subprocess.Popen([sys.executable, "-c", SLOWLORIS, str(srv.port), "200", str(scrape_for + 4), "0.25",
+                               kind], stdout=subprocess.PIPE, text=True)
     tally = {"ok": 0, "tried": 0, "threads": 0}
     lock = threading.Lock()
     try:
@@ -499,7 +509,8 @@ def test_scrapes_succeed_under_200_slow_connections() -> None:
         def scrape() -> None:
             while time.monotonic() < stop_at:
                 ok = False
-                conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=5)
+                conn = (http.client.HTTPSConnection("127.0.0.1", srv.port, timeout=5, context=_trusting(cert)) if tls
+                        else http.client.HTTPConnection("127.0.0.1", srv.port, timeout=5))
                 try:
                     conn.request("GET", "/metrics", headers={"Accept": "text/plain;version=0.0.4"})
                     reply = conn.getresponse()
@@ -687,6 +698,59 @@ def test_a_handshake_never_finished_is_closed_after_header_timeout(certificate) 
         started = time.monotonic()
         assert _tls_get(srv, cert, "/metrics")[0] == 200
         assert time.monotonic() - started < 1.0
+    finally:
+        for conn in silent:
+            conn.close()
+        srv.stop()
+
+
+def _pump(raw: socket.socket, tls: ssl.SSLObject, outgoing: ssl.MemoryBIO, incoming: ssl.MemoryBIO,
+          step: Callable[[], Any]) -> Any:
+    """``step()`` on a client's TLS object over ``raw``, sending what it writes and feeding it what comes back
+    until it needs nothing more."""
+    while True:
+        try:
+            done = step()
+        except ssl.SSLWantReadError:
+            raw.sendall(outgoing.read())
+            data = raw.recv(65536)
+            if not data:
+                raise ConnectionResetError("closed by the server") from None
+            incoming.write(data)
+            continue
+        raw.sendall(outgoing.read())
+        return done
+
+
+def test_a_handshake_under_way_is_never_closed_for_a_newer_connection(certificate) -> None:
+    """Every slot taken by silent connections: a client that sent its ClientHello whole takes the reserve slot,
+    and while it finishes its handshake newer connections (silent ones, as many as come) are closed instead of
+    it; it is then answered."""
+    cert, key = certificate
+    srv, _ = _served_server(tls_cert_file=str(cert), tls_key_file=str(key), max_connections=4)
+    address = ("127.0.0.1", srv.port)
+    silent: list[socket.socket] = []
+    try:
+        assert (srv.httpd.max_connections, srv.httpd.reserve) == (4, 1)
+        silent = [socket.create_connection(address, timeout=3) for _ in range(3)]  # the ordinary slots
+        time.sleep(0.1)
+        raw = socket.create_connection(address, timeout=3)
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        client = _trusting(cert).wrap_bio(incoming, outgoing, server_hostname="127.0.0.1")
+        with pytest.raises(ssl.SSLWantReadError):
+            client.do_handshake()
+        raw.sendall(outgoing.read())  # the ClientHello, whole; the server's answer is not read yet
+        time.sleep(0.1)
+        newer = [socket.create_connection(address, timeout=3) for _ in range(5)]
+        silent += newer
+        assert all(_refused(c, 0.5) for c in newer)  # closed for want of a slot, not the handshake under way
+        _pump(raw, client, outgoing, incoming, client.do_handshake)
+        _pump(raw, client, outgoing, incoming, lambda: client.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"))
+        reply = b""
+        while not reply.endswith(b"\r\n\r\nok\n"):
+            reply += _pump(raw, client, outgoing, incoming, lambda: client.read(65536))
+        assert reply.startswith(b"HTTP/1.1 200 OK"), reply
+        raw.close()
     finally:
         for conn in silent:
             conn.close()

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import threading
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,13 +18,16 @@ from pathlib import Path
 
 import pytest
 
+from dprobe.forecaster.loading import open_forecaster
 from dprobe.services.scaler import config as scaler_config
 from dprobe.services.scaler.config import ScalerConfig
 from dprobe.services.scaler.demand import pod_forecasts
+from dprobe.services.scaler.service import Scaler
 from dprobe.services.sidecar import config as sidecar_config
 from dprobe.services.sidecar.config import SidecarConfig
+from dprobe.services.sidecar.service import Sidecar
 from dprobe.services.sources.base import SourceError
-from dprobe.services.sources.http import HttpAuth, http_get
+from dprobe.services.sources.http import HttpAuth, http_get, redact, redact_url
 from dprobe.services.sources.prometheus import AUTH_FIELDS, PrometheusAccess, query_vector
 
 VECTOR = {"status": "success", "data": {"resultType": "vector", "result": [
@@ -187,3 +194,60 @@ def test_both_services_share_the_options() -> None:
     assert set(AUTH_FIELDS) == set(PrometheusAccess.__dataclass_fields__)  # one group, prometheus_* in both
     names = {"prometheus_" + n for n in AUTH_FIELDS}
     assert names <= set(sidecar_config.OPTIONS.fields) and names <= set(scaler_config.OPTIONS.fields)
+
+
+SECRET_URL = "http://dprobe:s3cret%21@127.0.0.1"  # user info is no way to give credentials: never shown
+
+
+def test_redact_url_hides_the_password_of_a_urls_user_info() -> None:
+    assert redact_url("https://dprobe:s3cret@prom:9090/api?x=1") == "https://dprobe:xxxxx@prom:9090/api?x=1"
+    assert redact_url("https://glpat-token@prom") == "https://xxxxx@prom"  # a token as the user: all of it
+    assert redact_url("https://a:b@c@prom/x and http://u:p@q") == "https://a:xxxxx@prom/x and http://u:xxxxx@q"
+    assert redact_url("https://prom:9090/api?q=a@b") == "https://prom:9090/api?q=a@b"  # no user info: as it is
+    message = "http://dprobe:s3cret%21@127.0.0.1: nonnumeric port: 's3cret!@127.0.0.1'"
+    assert redact(message, SECRET_URL) == "http://dprobe:xxxxx@127.0.0.1: nonnumeric port: 'xxxxx@127.0.0.1'"
+
+
+def test_credentials_in_prometheus_url_are_never_shown(tmp_path: Path, caplog) -> None:
+    """A prometheus_url with user info: the password appears in no log line, no /readyz answer (which anyone
+    reaching the port may read) and no error at start, of the sidecar or the scaler."""
+    caplog.set_level(logging.DEBUG)
+    shown: list[str] = []
+    with pytest.raises(SourceError) as failed:
+        http_get(SECRET_URL + "/api/v1/query", 2.0)
+    shown.append(str(failed.value))
+    sidecar = Sidecar(SidecarConfig(listen_address="127.0.0.1", port=0, source="prometheus",
+                                    prometheus_url=SECRET_URL, sample_interval=0.1, model="ewma"),
+                      model=open_forecaster(None, "ewma"))
+    scaler = Scaler(ScalerConfig(prometheus_url=SECRET_URL, listen_address="127.0.0.1", port=0, interval=0.1,
+                                 workloads=[{"namespace": "serving", "name": "llm"}]).validate())
+    sidecar.start()
+    scaler.start()
+    try:
+        for service in (sidecar, scaler):
+            deadline = time.monotonic() + 5
+            while "failing" not in (answer := _readyz(service.server.url)) and "cannot read" not in answer:
+                assert time.monotonic() < deadline, answer
+                time.sleep(0.05)
+            assert "dprobe:xxxxx@127.0.0.1" in answer, answer
+            shown.append(answer)
+    finally:
+        scaler.stop()
+        sidecar.stop()
+    for options in ({"prometheus_url": "ftp://dprobe:s3cret%21@prom"},
+                    {"prometheus_url": SECRET_URL, "prometheus_insecure_skip_verify": True}):
+        for config in (ScalerConfig(**options), SidecarConfig(source="prometheus", **options)):
+            with pytest.raises(ValueError, match="dprobe:xxxxx@") as refused:
+                config.validate()
+            shown.append(str(refused.value))
+    shown += [r.getMessage() for r in caplog.records]
+    assert any("forecasts from http://dprobe:xxxxx@127.0.0.1" in line for line in shown)  # the scaler's start
+    assert not [line for line in shown if "s3cret" in line]
+
+
+def _readyz(url: str) -> str:
+    try:
+        with urllib.request.urlopen(url + "/readyz", timeout=3) as r:
+            return r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.read().decode()

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import urllib.parse
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from dprobe.scaling.policy import Policy, RatePolicy, Recommender, ScalingRules
 from dprobe.services.scaler.config import ScalerConfig, WorkloadSpec, load_config
@@ -110,6 +112,30 @@ def test_a_new_recommender_scales_down_only_after_a_full_window_as_the_hpa() -> 
     assert Recommender(policy).decide(1000, 12.0, current=8).replicas == 12  # up at once
     no_window = ScalingRules(0.0, (RatePolicy("percent", 100, 15),))
     assert Recommender(replace(policy, scale_down=no_window)).decide(0, 2.0, current=8).replicas == 2
+
+
+def test_a_recommender_resumes_its_windows_on_another_clock_and_its_first_count_is_the_highest_found() -> None:
+    """A snapshot holds ages, not times: resumed on a clock 10,000 s apart, 40 s later, the windows and the rate
+    policies' periods go on (the rate limit of the period spent, the scale-down when it would have come),
+    and a state that is not one is refused. Before its first decision on data, a higher count found raises the
+    initial count (4 seen first, then 11: no scale-down below 11 within the window)."""
+    down = ScalingRules(300.0, (RatePolicy("percent", 100, 15),))
+    up = ScalingRules(0.0, (RatePolicy("pods", 2, 60),))
+    policy = Policy(target=1.0, margin=0.0, tolerance=0.0, max_replicas=20, scale_up=up, scale_down=down)
+    rec, moved = Recommender(policy), Recommender(policy)
+    assert [rec.decide(t, d, current=c).replicas for t, d, c in ((0, 8.0, 8), (30, 8.0, 8), (60, 2.0, 8))] == [8] * 3
+    assert rec.decide(90, 12.0, current=8).replicas == 10  # 2 pods a minute
+    moved.resume(json.loads(json.dumps(rec.snapshot(100))), at=10_100 + 40)  # taken at 100, resumed 40 s later
+    for r, offset in ((rec, 0), (moved, 10_040)):
+        assert r.decide(140 + offset, 12.0, current=10).replicas == 10  # the minute's 2 pods spent
+        assert [r.decide(t + offset, 2.0, current=10).replicas for t in (439, 441)] == [10, 2]  # 441 - 140 > 300
+    with pytest.raises(ValueError, match="not a recommender's state"):
+        moved.resume({"desired": [["soon", 3]]}, at=0)
+    first = Recommender(policy)
+    assert first.decide(0, None, current=4).replicas == 4  # part of what runs, no forecast: held
+    d = first.decide(30, 3.0, current=11)
+    assert (d.replicas, d.reason) == (11, "scale-down stabilised")
+    assert first.decide(299, 3.0, current=11).replicas == 11 and first.decide(300, 3.0, current=11).replicas == 3
 
 
 def test_rate_policies_bound_each_period_and_select_max_or_min() -> None:
@@ -286,13 +312,17 @@ def _vector(rows: list[tuple[dict, float]]) -> str:
 
 
 def _prometheus_reply(pods: dict[str, float], up: list[bool]):
-    """A Prometheus API answering the forecast query with ``pods`` (pod -> p90), and GPU counts of 1."""
+    """A Prometheus API answering the forecast query with ``pods`` (pod -> p90), kube-state-metrics' replicas with
+    the pods of each Deployment (``NAME-<hash>-<id>``) or StatefulSet (``NAME-<n>``), and GPU counts of 1."""
     def reply(path: str) -> tuple[int, str, float]:
         if not up[0]:
             return 503, "down", 0.0
         if "dprobe_predicted" in path:
             return 200, _vector([({"target": f"serving/{p}", "namespace": "serving", "pod": p}, v)
                                  for p, v in pods.items()]), 0.0
+        if "kube_deployment_spec_replicas" in path:
+            owners = Counter(p.rsplit("-", 1 if p.rsplit("-", 1)[1].isdigit() else 2)[0] for p in pods)
+            return 200, _vector([({"namespace": "serving", "workload": w}, n) for w, n in owners.items()]), 0.0
         return 200, _vector([({"namespace": "serving", "pod": p}, 1) for p in pods]), 0.0
     return reply
 
@@ -580,7 +610,7 @@ def test_waiting_gpus_count_in_a_virtual_clusters_demand(http_peer) -> None:
     asked: list[str] = []
 
     def reply(path: str) -> tuple[int, str, float]:
-        if "kube_pod_status_phase" not in urllib.parse.unquote_plus(path):
+        if 'phase="Pending"' not in urllib.parse.unquote_plus(path):
             return forecasts(path)
         asked.append(urllib.parse.unquote_plus(path))
         if not pending_up[0]:
@@ -674,16 +704,26 @@ def test_cli_help_and_bad_config_exit_code(tmp_path: Path) -> None:
 
 # missing or bad data never lowers a count -----------------------------------------------------------
 def _cluster_reply(forecasts: dict[str, float], gpus: list[str], replicas: dict[str, int] | None = None,
-                   previous: dict[str, int] | None = None, previous_gpus: dict[str, int] | None = None):
+                   previous: dict[str, int] | None = None, previous_gpus: dict[str, int] | None = None,
+                   vc_gpus: dict[str, int] | None = None, previous_held: dict[str, tuple[int, float]] | None = None):
     """A Prometheus API for the scaler's queries in namespace ``serving``: ``forecasts`` (pod -> p90, any float,
     NaN and infinities included), the pods DCGM shows holding a GPU (``gpus``), kube-state-metrics' replicas
-    per Deployment, and the scaler's own last recommendations (workload -> replicas, vc -> GPUs)."""
+    per Deployment and GPUs per namespace (``vc_gpus``; by default those of ``gpus``), and what the scaler's last
+    run left: its recommendations (workload -> replicas, vc -> GPUs) and the GPUs each virtual cluster's pods held
+    at its last decision on data, with how long ago (vc -> (GPUs, seconds))."""
     def reply(path: str) -> tuple[int, str, float]:
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query).get("query", [""])[0]
         if "last_over_time(dprobe_recommended_replicas" in query:
             rows = [({"namespace": "serving", "workload": w}, n) for w, n in (previous or {}).items()]
         elif "last_over_time(dprobe_recommended_gpus" in query:
             rows = [({"vc": vc}, n) for vc, n in (previous_gpus or {}).items()]
+        elif "last_over_time(dprobe_scaler_vc_last_data_gpus" in query:
+            rows = [({"vc": vc}, n) for vc, (n, _) in (previous_held or {}).items()]
+        elif "last_over_time(dprobe_scaler_vc_last_data_timestamp_seconds" in query:
+            rows = [({"vc": vc}, age) for vc, (_, age) in (previous_held or {}).items()]
+        elif "kube_pod_container_resource_requests" in query:
+            rows = [({"namespace": vc}, n) for vc, n in ({"serving": len(gpus)} if vc_gpus is None
+                                                         else vc_gpus).items()]
         elif "kube_deployment_spec_replicas" in query:
             rows = [({"namespace": "serving", "workload": w}, n) for w, n in (replicas or {}).items()]
         elif "dprobe_predicted" in query:
@@ -742,9 +782,9 @@ def test_an_answer_without_forecasts_is_an_error_and_holds_until_a_fallback_that
     so, the count held and, after failure_threshold, max(current, fallback_replicas)."""
     forecasts = {p: 0.9 for p in PODS[:5]}
     clock = iter(range(0, 10**6, 30))
-    with http_peer(_cluster_reply(forecasts, [])) as url:
+    with http_peer(_cluster_reply(forecasts, [], replicas={"llm": 5})) as url:
         scaler = Scaler(ScalerConfig(prometheus_url=url, target=0.5, margin=0.0, fallback_replicas=2,
-                                     failure_threshold=2, replicas_query="",
+                                     failure_threshold=2,
                                      workloads=[{"namespace": "serving", "name": "llm", "max_replicas": 20}]),
                         clock=lambda: float(next(clock)))
         scaler.cycle()
@@ -765,8 +805,8 @@ def test_an_answer_without_forecasts_is_an_error_and_holds_until_a_fallback_that
 def test_bad_forecasts_are_dropped_and_counted_never_clipped_and_never_fail_other_workloads(http_peer) -> None:
     forecasts = {PODS[0]: math.inf, PODS[1]: 0.9, PODS[2]: -0.5, PODS[3]: 0.9, "db-0": 55.0, "db-1": 0.3}
     clock = iter(range(0, 10**6, 30))
-    with http_peer(_cluster_reply(forecasts, [*PODS[:4], "db-0", "db-1"])) as url:
-        scaler = Scaler(ScalerConfig(prometheus_url=url, target=0.5, margin=0.0, tolerance=0.0, replicas_query="",
+    with http_peer(_cluster_reply(forecasts, [*PODS[:4], "db-0", "db-1"], replicas={"llm": 4, "db": 2})) as url:
+        scaler = Scaler(ScalerConfig(prometheus_url=url, target=0.5, margin=0.0, tolerance=0.0,
                                      min_forecast_coverage=0.0, workloads=[
                                          {"namespace": "serving", "name": "llm"},
                                          {"namespace": "serving", "name": "db", "kind": "StatefulSet"}]),
@@ -811,6 +851,166 @@ def test_a_restarted_scaler_publishes_nothing_before_data_and_starts_from_its_la
         text = generate_latest(scaler.registry).decode()
     assert 'dprobe_recommended_replicas{namespace="serving",workload="llm"} 6.0' in text
     assert scaler.vc_decisions["serving"].current == 6
+
+
+ELEVEN = [f"llm-7d9f8c6b5d-{c * 5}" for c in "abcdefghijk"]  # the 11 replicas of serving/llm, a GPU each
+
+
+def _published(scaler: Scaler) -> dict[str, float]:
+    """The recommendations on the scaler's /metrics page: ``{"llm": replicas, "serving": GPUs}``."""
+    text = generate_latest(scaler.registry).decode()
+    return {m[1] or m[2]: float(m[3]) for m in re.finditer(
+        r'^dprobe_recommended_(?:replicas\{namespace="serving",workload="(\w+)"|gpus\{vc="([\w-]+)")\} (\S+)$', text,
+        re.M)}
+
+
+def test_a_workloads_count_never_read_is_not_known_and_nothing_is_published(http_peer) -> None:
+    """serving/llm runs 11 replicas. Prometheus restarted on an empty TSDB (no earlier recommendation) and
+    kube-state-metrics is not scraped yet: its first cycle sees no pod, the next 4 of the 11, idle, then all 11.
+    The count was never read, so nothing is published (not 1, then 1 -> 5 -> 11); once kube-state-metrics shows
+    11, the decisions start from 11 and the scale-down waits a full window from then."""
+    forecasts: dict[str, float] = {}
+    gpus: list[str] = []
+    replicas: dict[str, int] = {}
+    clock = iter(range(0, 10**6, 30))
+    with http_peer(_cluster_reply(forecasts, gpus, replicas=replicas, vc_gpus={})) as url:
+        scaler = Scaler(ScalerConfig(prometheus_url=url, target=0.5, margin=0.0,
+                                     scale_up_policies=[{"type": "percent", "value": 1000}],
+                                     workloads=[{"namespace": "serving", "name": "llm", "max_replicas": 20}]),
+                        clock=lambda: float(next(clock)))
+        scaler.cycle()  # t = 0: nothing scraped yet
+        for seen in (4, 11, 11):  # t = 30, 60, 90: the sidecars scraped, part then all, the replicas idle
+            forecasts.update({p: 0.1 for p in ELEVEN[:seen]})
+            gpus[:] = ELEVEN[:seen]
+            scaler.cycle()
+            d = scaler.decisions[("serving", "llm")]
+            assert not d.published and d.reason.startswith("count not known yet"), d
+            assert "llm" not in _published(scaler)
+        replicas["llm"] = 11  # kube-state-metrics scraped: the count is read (t = 120)
+        trace = []
+        for _ in range(12):  # t = 120 ... 450
+            scaler.cycle()
+            d = scaler.decisions[("serving", "llm")]
+            trace.append((d.current, d.replicas, _published(scaler)["llm"]))
+    # ceil(1.1 / 0.5) = 3, after a full window from the first decision on a count read (t = 120): at t = 420
+    assert trace == [(11, 11, 11.0)] * 10 + [(11, 3, 3.0), (3, 3, 3.0)], trace
+
+
+def test_a_virtual_clusters_count_is_read_from_kube_state_metrics_never_lowered_from_the_gpus_seen(
+        http_peer) -> None:
+    """serving's pods hold 11 GPUs, as kube-state-metrics shows. After a restart without history the first cycle
+    sees 4 of them (dcgm-exporter in part scraped) and no forecast, the next the 4 forecast, idle, then all 11:
+    the cluster starts from the 11 read (never published 4; 4 of 11 GPUs with a forecast hold the count) and
+    scales down a full window after its first decision. Without kube-state-metrics' answer it is never
+    recommended fewer GPUs than its pods are seen to hold."""
+    forecasts: dict[str, float] = {}
+    gpus = ELEVEN[:4]
+    for ksm, expected in (({"serving": 11}, [None] + [11] * 8 + [3] * 4), ({}, [4] + [11] * 12)):
+        forecasts.clear()
+        gpus[:] = ELEVEN[:4]
+        with http_peer(_cluster_reply(forecasts, gpus, replicas={}, vc_gpus=ksm)) as url:
+            scaler = Scaler(ScalerConfig(prometheus_url=url, target=0.5, margin=0.0, replicas_query="",
+                                         scale_up_policies=[{"type": "percent", "value": 1000}]),
+                            clock=iter(range(0, 10**6, 30)).__next__)
+            scaler.cycle()  # t = 0: 4 GPUs seen, no forecast: held, nothing published
+            assert "serving" not in _published(scaler)
+            forecasts.update({p: 0.1 for p in ELEVEN[:4]})
+            trace = []
+            for _ in range(13):  # t = 30 ... 390
+                scaler.cycle()
+                trace.append(_published(scaler).get("serving"))
+                forecasts.update({p: 0.1 for p in ELEVEN})
+                gpus[:] = ELEVEN
+        # kube-state-metrics: from its 11 at t = 0 to ceil(1.1 / 0.5) = 3 at t = 300; without it, never below the
+        # GPUs seen (the 4 of t = 30 were all that was seen then)
+        assert trace == expected, (ksm, trace)
+
+
+@pytest.mark.slow
+def test_recommend_mode_reads_the_scale_where_kubernetes_lets_it(http_peer, tmp_path: Path) -> None:
+    """Recommend mode with a kubeconfig, no kube-state-metrics, no earlier recommendation: a listed workload's
+    count is its scale subresource, read (never patched); one whose scale cannot be read (absent, forbidden) is not
+    known, asked no more, and nothing is published for it."""
+    forecasts = {p: 0.1 for p in ELEVEN[:6]}
+    replicas = {("serving", "deployments", "llm"): 11}
+    clock = iter(range(0, 10**6, 30))
+    with http_peer(_cluster_reply(forecasts, ELEVEN[:6], replicas={})) as url, \
+            fake_kubernetes(tmp_path, replicas) as (kubeconfig, api):
+        scaler = Scaler(ScalerConfig(prometheus_url=url, kubeconfig=kubeconfig, target=0.5, margin=0.0, workloads=[
+            {"namespace": "serving", "name": "llm", "max_replicas": 20}, {"namespace": "serving", "name": "gone"}]),
+            clock=lambda: float(next(clock)))
+        for _ in range(3):
+            scaler.cycle()
+        llm, gone = scaler.decisions[("serving", "llm")], scaler.decisions[("serving", "gone")]
+        # from the 11 read, 5 of them without a forecast (at target on the way down): held
+        assert (llm.current, llm.replicas, llm.missing, llm.published) == (11, 11, 5, True)
+        assert not gone.published and "gone" not in _published(scaler) and not api.patches
+        assert scaler.actuator.unreadable == {("serving", "gone")} and not scaler.errors_total["kubernetes"]
+
+
+def test_a_restarted_scaler_reads_back_the_gpus_a_silent_virtual_cluster_held(http_peer) -> None:
+    """serving's 8 pods (a GPU each) went silent; the scaler restarts. Prometheus kept its 8 GPUs recommended, and
+    the 8 GPUs its pods held at its last decision on data, 120 s before (on Prometheus's clock). 3 pods come back,
+    busy (2.4 GPUs: 5 asked for): 3 of 8 GPUs with a forecast hold the cluster at 8, 5 missing, for good (not
+    8 -> 5 once the window has passed, not "0 missing"), and the restarted scaler exports when they were held
+    as it was (no new restore_seconds). Held longer ago than restore_seconds: not read back."""
+    forecasts = {p: 0.8 for p in ELEVEN[:3]}
+    mono, wall = [0.0], [1.7e9]
+    for restore, expected in ((3600, (8, 5)), (100, (8, 0))):
+        with http_peer(_cluster_reply(forecasts, ELEVEN[:3], replicas={}, vc_gpus={}, previous_gpus={"serving": 8},
+                                      previous_held={"serving": (8, 120.0)})) as url:
+            scaler = Scaler(ScalerConfig(prometheus_url=url, target=0.5, margin=0.0, discover=False,
+                                         restore_seconds=restore), clock=lambda: mono[0], wall_clock=lambda: wall[0])
+            trace = []
+            for t in range(0, 600, 30):
+                mono[0], wall[0] = t, 1.7e9 + t
+                scaler.cycle()
+                d = scaler.vc_decisions["serving"]
+                trace.append((d.replicas, d.missing))
+            text = generate_latest(scaler.registry).decode()
+        if restore == 3600:
+            assert trace == [expected] * 20
+            assert 'dprobe_scaler_vc_last_data_gpus{vc="serving"} 8.0' in text
+            [at] = [s.value for f in text_string_to_metric_families(text) for s in f.samples
+                    if s.name == "dprobe_scaler_vc_last_data_timestamp_seconds"]
+            assert at == 1.7e9 - 120
+        else:
+            assert trace[0] == expected and trace[-1] == (5, 0)  # ceil(2.4 / 0.5), a window later
+
+
+@pytest.mark.parametrize("step", [3600, -3600])
+def test_windows_run_on_a_monotonic_clock_whatever_the_wall_clock_does(http_peer, step: int) -> None:
+    """The scaler on two clocks: its windows, cooldowns and rate limits on the monotonic one, the wall clock only
+    for what it exports. serving/llm at 8 replicas; the wall clock steps by an hour. Forward, just after demand
+    fell: no 8 -> 2 six seconds later, the scale-down a full window after the last 8 asked for, as without the
+    step. Backward, before demand rises: 8 -> 15 at once, not held by entries that seem to come from the
+    future. The last cycle's timestamp is the wall clock's, stepped."""
+    forecasts = {p: 0.5 for p in ELEVEN[:8]}
+    mono, wall = [0.0], [1.7e9]
+    with http_peer(_cluster_reply(forecasts, ELEVEN[:8], replicas={"llm": 8})) as url:
+        scaler = Scaler(ScalerConfig(prometheus_url=url, target=0.5, margin=0.0,
+                                     workloads=[{"namespace": "serving", "name": "llm", "max_replicas": 20}]),
+                        clock=lambda: mono[0], wall_clock=lambda: wall[0])
+
+        def cycle(t: float, stepped: float = 0.0) -> int:
+            mono[0], wall[0] = t, 1.7e9 + t + stepped
+            scaler.cycle()
+            return scaler.decisions[("serving", "llm")].replicas
+
+        assert [cycle(0), cycle(30)] == [8, 8]  # 8 pods at 0.5, 0.5 each
+        if step > 0:
+            forecasts.update({p: 0.1 for p in ELEVEN[:8]})  # demand falls: ceil(0.8 / 0.5) = 2
+            assert cycle(60) == 8  # stabilised: 8 was asked for at t = 30
+            trace = {t: cycle(t, step) for t in range(66, 400, 30)}  # the wall clock an hour ahead from t = 63
+            assert trace[66] == 8 and trace[306] == 8 and trace[336] == 2, trace  # 336 - 30 > 300
+        else:
+            wall[0] -= 3600  # t = 45: the wall clock an hour back
+            forecasts.update({p: 0.9 for p in ELEVEN[:8]})  # demand rises: ceil(7.2 / 0.5) = 15
+            assert cycle(60, step) == 15  # at most double per 15 s: 16 allowed
+        text = generate_latest(scaler.registry).decode()
+    [stamp] = [s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "dprobe_scaler_last_cycle_timestamp_seconds"]
+    assert stamp == wall[0]
 
 
 @contextmanager
@@ -889,7 +1089,8 @@ def test_the_last_runs_recommendations_are_asked_for_until_prometheus_answers(ht
     """The restore query failing (the forecasts answering): the counts are not known, nothing is published
     and the query is asked again each cycle; once it answers, decisions start from the last run's."""
     forecasts = {p: 0.2 for p in PODS[:4]}
-    answer = _cluster_reply(forecasts, PODS[:4], replicas={}, previous={"llm": 6}, previous_gpus={"serving": 6})
+    answer = _cluster_reply(forecasts, PODS[:4], replicas={}, previous={"llm": 6}, previous_gpus={"serving": 6},
+                            vc_gpus={})
     refuse = [True]
 
     def reply(path: str) -> tuple[int, str, float]:

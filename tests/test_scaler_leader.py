@@ -13,12 +13,14 @@ import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import yaml
 from prometheus_client import generate_latest
+from test_scaler import ELEVEN, _cluster_reply
 
 from dprobe.services.scaler.config import ScalerConfig
 from dprobe.services.scaler.leader import (
@@ -29,6 +31,7 @@ from dprobe.services.scaler.leader import (
     LeaseRecord,
 )
 from dprobe.services.scaler.service import Scaler
+from dprobe.services.scaler.state import STATE_ANNOTATION
 
 
 # the election's rules, on a Lease in memory and a clock of the test's --------------------------------------
@@ -59,8 +62,7 @@ class _Store:
 
     def _write(self, record: LeaseRecord) -> None:
         self.writes += 1
-        self.record = LeaseRecord(record.holder, record.lease_seconds, record.acquired, record.renewed,
-                                  record.transitions, str(self.writes))
+        self.record = replace(record, version=str(self.writes))
 
 
 def test_the_lease_passes_to_another_replica_only_after_its_holder_stopped_leading() -> None:
@@ -141,6 +143,9 @@ class _Elector:
     def is_leader(self) -> bool:
         return self.leading
 
+    def handover(self) -> None:  # no Lease: nothing left by a last leader
+        return None
+
 
 def test_only_the_leader_acts_and_a_new_leader_starts_afresh(http_peer) -> None:
     """Apply mode with two replicas: a follower neither reads nor sets a scale; a replica that becomes leader
@@ -182,6 +187,95 @@ def test_only_the_leader_acts_and_a_new_leader_starts_afresh(http_peer) -> None:
         elector.lead(True)  # leads again: a new term, from the last run's recommendations (4) again
         scaler.cycle()
         assert scaler.workloads.restored == {("serving", "llm"): 4} and elector.term == 2
+
+
+def _run(config: ScalerConfig, until: int, change, crash_at: int, **b_clocks) -> dict[str, list]:
+    """Replicas a and b on one Lease (in memory), and a reference scaler that is never cut off, on the test's
+    monotonic clock: every 2 s each live elector tries the Lease, every 30 s each live scaler decides; at ``crash_at``
+    a stops as a crash does (no hand-over); ``change(t)`` before each second's tries. Per decision time: which
+    replica published, and the leader's and the reference's decisions per workload and virtual cluster."""
+    now = [0.0]
+    store = _Store()
+    electors = {n: LeaderElector(store, n, 15, 10, 2, clock=lambda: now[0]) for n in "ab"}
+    scalers = {"a": Scaler(config, clock=lambda: now[0], elector=electors["a"]),
+               "b": Scaler(config, clock=lambda: now[0], elector=electors["b"], **b_clocks)}
+    reference = Scaler(config, clock=lambda: now[0])
+    trace: dict[str, list] = {"leader": [], "leader's": [], "reference's": []}
+    for t in range(0, until + 1, 2):
+        now[0] = float(t)
+        change(t)
+        alive = "b" if t >= crash_at else "ab"
+        for n in alive:
+            electors[n].try_acquire_or_renew()
+        if t % 30:
+            continue
+        reference.cycle()
+        for n in alive:
+            scalers[n].cycle()
+        leader = [n for n in alive if scalers[n].publishing]
+        trace["leader"].append((t, "".join(leader)))
+        for who, scaler in (("leader's", scalers[leader[0]] if leader else None), ("reference's", reference)):
+            trace[who].append({**{k[1]: (d.replicas, d.missing) for k, d in (scaler.decisions if scaler else {}).items()
+                                  if d.published},
+                               **{k: (d.replicas, d.missing) for k, d in (scaler.vc_decisions if scaler else {}).items()
+                                  if d.published}})
+    assert store.record is not None and STATE_ANNOTATION in store.record.annotations
+    return trace
+
+
+@pytest.mark.parametrize("wall_step", [0, 3600])
+def test_a_replica_taking_over_mid_window_goes_on_with_the_same_window(http_peer, wall_step: int) -> None:
+    """serving/llm at 8 replicas (8 GPUs) until its demand falls at t = 60 (desired 2): a scale-down window of
+    300 s, from the 8 last asked for at t = 30. The leader crashes at t = 150, mid-window; the other replica takes
+    the Lease once it expires and goes on from the state the Lease carries: the same decisions as a scaler never
+    cut off, 8 until t = 330 and 2 at t = 360 (no early scale-down, no new window). A replica whose wall clock is
+    an hour off does not trust the state's age: it starts as a restarted scaler does, a full window from its
+    first decision (never sooner)."""
+    forecasts = {p: 0.5 for p in ELEVEN[:8]}
+    with http_peer(_cluster_reply(forecasts, ELEVEN[:8], replicas={"llm": 8}, previous={"llm": 8},
+                                  previous_gpus={"serving": 8})) as url:
+        config = ScalerConfig(prometheus_url=url, target=0.5, margin=0.0,
+                              workloads=[{"namespace": "serving", "name": "llm", "max_replicas": 20}])
+
+        def change(t: int) -> None:
+            if t == 60:
+                forecasts.update({p: 0.1 for p in ELEVEN[:8]})
+
+        clocks = {"wall_clock": lambda: time.time() + wall_step} if wall_step else {}
+        trace = _run(config, 480, change, crash_at=150, **clocks)
+    assert trace["leader"] == [(t, "a" if t < 150 else "" if t == 150 else "b") for t in range(0, 481, 30)]
+    reference = [d["llm"][0] for d in trace["reference's"]]
+    assert reference == [8] * 12 + [2] * 5  # t = 0 ... 330, then 360 ... 480
+    got = [d.get("llm", (None,))[0] for d in trace["leader's"]]
+    if not wall_step:
+        assert got[:5] + got[6:] == reference[:5] + reference[6:]  # (t = 150: nobody publishes)
+        assert trace["leader's"][6] == trace["reference's"][6] == {"llm": (8, 0), "serving": (8, 0)}  # b's first
+    else:
+        assert got[6:] == [8] * 10 + [2]  # from t = 180, its first decision: down at 480
+
+
+def test_a_new_leader_keeps_the_gpus_a_silent_virtual_cluster_held(http_peer) -> None:
+    """serving's 8 pods, a GPU each: 8 GPUs. At t = 60 their sidecars stop and their GPU series go: the cluster is
+    held at 8, 8 GPUs missing. The leader crashes at t = 100; the other replica leads from the Lease's state. 3
+    pods come back, busy (2.4 GPUs: 5 asked for): 3 of the 8 GPUs it held with a forecast, so held at 8 with 5
+    missing, as a scaler never cut off decides, never 8 -> 5 after the window, never "0 missing"."""
+    forecasts = {p: 0.5 for p in ELEVEN[:8]}
+    gpus = list(ELEVEN[:8])
+    with http_peer(_cluster_reply(forecasts, gpus, replicas={}, vc_gpus={}, previous_gpus={"serving": 8})) as url:
+        config = ScalerConfig(prometheus_url=url, target=0.5, margin=0.0, discover=False)
+
+        def change(t: int) -> None:
+            if t == 60:
+                forecasts.clear()
+                gpus.clear()
+            if t == 120:
+                forecasts.update({p: 0.8 for p in ELEVEN[:3]})
+                gpus[:] = ELEVEN[:3]
+
+        trace = _run(config, 480, change, crash_at=100)
+    assert [who for _, who in trace["leader"]] == ["a"] * 4 + ["b"] * 13  # b leads from t = 116
+    assert trace["leader's"] == trace["reference's"]
+    assert trace["leader's"][2:] == [{"serving": (8, 8)}] * 2 + [{"serving": (8, 5)}] * 13
 
 
 # two scalers against a stand-in Kubernetes API -----------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import re
 import subprocess
 from pathlib import Path
@@ -74,6 +75,11 @@ SCALER = (scaler_config, "DPROBE_SCALER_", "scaler")
     (SIDECAR, "sample_interval", -1, "-1", "sample_interval must be positive"),
     (SIDECAR, "job_timeout", 0, "0", "job_timeout must be positive"),
     (SCALER, "interval", "1m", "1m", "option interval: expected a number, got '1m'"),
+    (SCALER, "interval", 1e-6, "1e-6", r"interval must be at least 0\.1 s \(and finite\), got 1e-06"),  # would spin
+    (SCALER, "interval", math.inf, "inf", r"interval must be at least 0\.1 s \(and finite\), got inf"),
+    # ratios: a utilisation target above 1 (100 %) is no target a GPU can meet
+    (SCALER, "target", 2, "2", r"target must be a ratio above 0 and at most 1 \(1 = 100 %\), got 2"),
+    (SCALER, "target", 0, "0", r"target must be a ratio above 0 and at most 1"),
     (SCALER, "scale_down_stabilization_seconds", -5, "-5", "stabilization_seconds must be >= 0"),
     # text options: YAML that is not text (a bare `no`, a number) is refused, not turned into 'False'
     (SIDECAR, "graph_file", False, None, "option graph_file: expected text, got False"),
@@ -109,6 +115,8 @@ def test_bad_values_are_refused_from_file_env_and_flags(tmp_path: Path, service,
     (SIDECAR, "checkpoint", None, "", None),
     (SCALER, "fallback_replicas", None, "", None),
     (SCALER, "scale_up_tolerance", 0.05, "0.05", 0.05),
+    (SCALER, "interval", 0.1, "0.1", 0.1),
+    (SCALER, "target", 1, "1", 1.0),
     (SCALER, "prometheus_headers", {"X-Scope-OrgID": 42}, '{"X-Scope-OrgID": 42}', {"X-Scope-OrgID": "42"}),
 ])
 def test_good_values_load_the_same_from_file_env_and_flags(tmp_path: Path, service, name: str, value, text,
@@ -117,6 +125,16 @@ def test_good_values_load_the_same_from_file_env_and_flags(tmp_path: Path, servi
     for result in _load_each_way(module, prefix, section, tmp_path, name, value, text):
         assert not isinstance(result, ValueError), result
         assert getattr(result, name) == expected
+
+
+def test_a_workloads_own_target_is_checked_as_the_option() -> None:
+    """A ``workloads:`` entry overriding ``target`` gets the option's check, its place named."""
+    bad = scaler_config.ScalerConfig(workloads=[{"namespace": "serving", "name": "llm", "target": 2}])
+    with pytest.raises(ValueError, match=r"workloads\[0\] \(serving/llm\): target must be a ratio above 0 and at "
+                                         r"most 1 \(1 = 100 %\), got 2"):
+        bad.validate()
+    good = scaler_config.ScalerConfig(workloads=[{"namespace": "serving", "name": "llm", "target": 0.95}])
+    assert good.validate().workload_specs()[0].policy.target == 0.95
 
 
 def test_unknown_and_duplicate_keys_in_the_file_are_refused(tmp_path: Path) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import socket
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,8 +14,14 @@ import numpy as np
 import pynvml
 import pytest
 
+from dprobe.forecaster.loading import open_forecaster
+from dprobe.services.scaler.config import ScalerConfig
+from dprobe.services.scaler.service import Scaler
+from dprobe.services.sidecar.config import SidecarConfig
+from dprobe.services.sidecar.service import Sidecar
 from dprobe.services.sources import Sample, SourceError, registry, screen_samples, target_name
 from dprobe.services.sources.dcgm import DcgmSource, parse_dcgm_text
+from dprobe.services.sources.http import http_get
 from dprobe.services.sources.nvml import NvmlSource, gpu_names, pod_of_cgroup
 from dprobe.services.sources.prometheus import PrometheusSource
 from dprobe.services.sources.registry import SourceContext, build_source, register, source_names
@@ -232,12 +240,55 @@ def test_prometheus_source_splits_a_long_backfill(http_peer) -> None:
     assert len(samples) == 7 and len(spans) == 1 and all(start <= end for start, end, _ in spans)
 
 
+# answers shaped unlike the HTTP API's: data not an object, a result not a list
+NOT_THE_API = ['{"status":"success","data":"matrix"}', '{"status":"success","data":[{"metric":{},"values":[]}]}',
+               '{"status":"success","data":{"resultType":"matrix","result":"none"}}']
+
+
 @pytest.mark.parametrize("reply", [(200, "not json", 0.0), (400, '{"status":"error","error":"bad"}', 0.0),
                                    (200, '{"status":"success","data":{"resultType":"vector","result":[]}}', 0.0),
-                                   (200, "{}", 1.0)])
+                                   (200, "{}", 1.0), *((200, text, 0.0) for text in NOT_THE_API)])
 def test_prometheus_source_faults(reply, http_peer) -> None:
     with http_peer(lambda path: reply) as url, pytest.raises(SourceError):
         PrometheusSource(url, timeout=0.5).poll()
+
+
+@pytest.mark.parametrize("text", [t.replace("matrix", "vector") for t in NOT_THE_API])
+def test_an_answer_not_shaped_as_the_api_is_a_counted_failed_query_and_counts_hold(text: str, http_peer) -> None:
+    """Prometheus answering the scaler's queries with ``data`` that is not an object (or a result that is not a
+    list): a failed query, counted in dprobe_scaler_errors_total{stage="query"} and said by /readyz, never a
+    failed cycle; the count is held."""
+    pods = {"llm-7d9f8c6b5d-aaaaa": 0.9, "llm-7d9f8c6b5d-bbbbb": 0.9}
+    bad = [False]
+
+    def reply(path: str) -> tuple[int, str, float]:
+        if bad[0]:
+            return 200, text, 0.0
+        if "dprobe_predicted" in path:
+            rows = [{"metric": {"target": f"serving/{p}", "namespace": "serving", "pod": p}, "value": [0, str(v)]}
+                    for p, v in pods.items()]
+        elif "kube_deployment_spec_replicas" in path:
+            rows = [{"metric": {"namespace": "serving", "workload": "llm"}, "value": [0, "2"]}]
+        else:
+            rows = [{"metric": {"namespace": "serving", "pod": p}, "value": [0, "1"]} for p in pods]
+        return 200, json.dumps({"status": "success", "data": {"resultType": "vector", "result": rows}}), 0.0
+
+    clock = iter(range(0, 10**6, 30))
+    with http_peer(reply) as url:
+        scaler = Scaler(ScalerConfig(prometheus_url=url, target=0.5, margin=0.0,
+                                     workloads=[{"namespace": "serving", "name": "llm", "max_replicas": 8}]),
+                        clock=lambda: float(next(clock)))
+        for _ in range(2):
+            scaler.cycle()
+        before = scaler.decisions[("serving", "llm")].replicas
+        assert before >= 2 and scaler.ready()[0] and scaler.errors_total["query"] == 0
+        bad[0] = True
+        for _ in range(2):
+            scaler.cycle()
+        ready, why = scaler.ready()
+        assert not ready and "expected a vector, got" in why, why
+        assert scaler.errors_total["query"] >= 2 and scaler.errors_total["cycle"] == 0
+        assert scaler.decisions[("serving", "llm")].replicas == before
 
 
 def test_prometheus_unreachable() -> None:
@@ -410,3 +461,68 @@ def test_sources_are_made_by_name_and_a_new_one_registers_itself(monkeypatch: py
     with pytest.raises(ValueError, match="option source must be one of auto, nvml, dcgm"):
         load_config({}, env={"DPROBE_SIDECAR_SOURCE": "nope"})
 
+
+
+# a source that answers a byte at a time -----------------------------------------------------------
+@pytest.mark.slow  # each request is cut off after 0.5 s
+@pytest.mark.parametrize("how", ["head", "body"])
+def test_http_timeout_bounds_the_whole_request_however_slowly_it_comes(how: str, drip_peer) -> None:
+    """A server answering a byte every 0.1 s (each byte well within the timeout) is cut off once http_timeout has
+    passed since the request began, whether it drips its status line and headers or its body; the poll is then a
+    failed one, and the same server answering at once is read."""
+    state = {"how": how}
+    with drip_peer(lambda path: (DCGM_TEXT, state["how"]), gap=0.1, most=5.0) as url:
+        for get in (lambda: http_get(url + "/metrics", 0.5), lambda: DcgmSource(url + "/metrics", timeout=0.5).poll(),
+                    lambda: PrometheusSource(url, timeout=0.5).poll()):
+            started = time.monotonic()
+            with pytest.raises(SourceError, match=r"timed out after 0\.5 s"):
+                get()
+            assert 0.45 < time.monotonic() - started < 1.5
+        state["how"] = "now"
+        assert {s.target for s in DcgmSource(url + "/metrics", timeout=0.5).poll()} == {"team-a/train-0", "GPU-ccc"}
+
+
+def _readyz(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url + "/readyz", timeout=3) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.mark.slow  # a source slowed down and back, seconds
+def test_a_dripping_source_fails_the_poll_at_the_deadline_and_the_sidecar_recovers(drip_peer) -> None:
+    """A dcgm-exporter that starts answering a byte every 0.1 s: the sidecar's poll fails once http_timeout has
+    passed (counted, /readyz 503 saying it timed out) instead of waiting on the answer; once the exporter answers
+    at once again, the next poll succeeds and /readyz is 200 with no trace of the failure."""
+    state = {"how": "now"}
+    with drip_peer(lambda path: (DCGM_TEXT, state["how"]), gap=0.1, most=10.0) as url:
+        sidecar = Sidecar(SidecarConfig(listen_address="127.0.0.1", port=0, source="dcgm", sample_interval=0.2,
+                                        max_backoff=0.4, http_timeout=0.5, forecast_interval=0.5, step_seconds=0.5,
+                                        window_seconds=30, horizons=[5], min_points=2, model="ewma"),
+                          sources=[DcgmSource(url + "/metrics", timeout=0.5)], model=open_forecaster(None, "ewma"))
+        sidecar.start()
+        try:
+            base = sidecar.server.url
+            deadline = time.monotonic() + 5
+            while _readyz(base)[0] != 200:
+                assert time.monotonic() < deadline, _readyz(base)
+                time.sleep(0.05)
+            state["how"] = "body"
+            slowed = time.monotonic()
+            while (answer := _readyz(base))[0] == 200:
+                assert time.monotonic() - slowed < 3.0, "the poll waited on the dripping answer"
+                time.sleep(0.05)
+            assert time.monotonic() - slowed < 0.2 + 0.5 + 1.0
+            assert answer[0] == 503 and "source dcgm failing" in answer[1] and "timed out after 0.5 s" in answer[1]
+            assert sidecar.pollers[0].errors_total >= 1
+            state["how"] = "now"
+            healthy = time.monotonic()
+            while (answer := _readyz(base))[0] != 200:
+                assert time.monotonic() - healthy < 3.0, answer
+                time.sleep(0.05)
+            assert time.monotonic() - healthy < 0.5 + 0.4 + 1.0  # the poll under way, the backoff, the next poll
+            assert answer[1].startswith("ready: model") and "fail" not in answer[1] and "timed out" not in answer[1]
+            assert sidecar.pollers[0].up
+        finally:
+            sidecar.stop()

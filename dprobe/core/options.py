@@ -69,15 +69,18 @@ class Check:
 
     rule: str  # what the error says of the option: "must be positive"
     test: Callable[[Any], bool]
+    show: Callable[[str], str] | None = None  # how the error shows a text value (hiding a secret in it)
 
     def __call__(self, name: str, value: Any) -> None:
         if value is not None and not self.test(value):
-            raise ValueError(f"{name} {self.rule}, got {value:g}" if isinstance(value, float)
-                             else f"{name} {self.rule}, got {value!r}")
+            if isinstance(value, float):
+                raise ValueError(f"{name} {self.rule}, got {value:g}")
+            shown = repr(value) if self.show is None or not isinstance(value, str) else repr(self.show(value))
+            raise ValueError(f"{name} {self.rule}, got {shown}")
 
     def or_unset(self, meaning: str) -> Check:
         """The same check, its error saying what the option does when it is not set."""
-        return Check(f"{self.rule} (or unset: {meaning})", self.test)
+        return Check(f"{self.rule} (or unset: {meaning})", self.test, self.show)
 
 
 positive = Check("must be positive (and finite)", lambda v: 0 < v < math.inf)  # NaN and inf fail too
@@ -88,6 +91,14 @@ port_number = Check("must be 0-65535 (0: any free port)", lambda v: 0 <= v <= 65
 def at_least(least: float) -> Check:
     """A whole number (or number) of ``least`` or more."""
     return Check(f"must be at least {least:g}", lambda v: v >= least)
+
+
+def period(least: float) -> Check:
+    """A loop's period in seconds: finite and ``least`` or more (a shorter one would spin)."""
+    return Check(f"must be at least {least:g} s (and finite)", lambda v: least <= v < math.inf)
+
+
+ratio = Check("must be a ratio above 0 and at most 1 (1 = 100 %)", lambda v: 0 < v <= 1)  # NaN fails too
 
 
 def zero_means(meaning: str) -> Check:
@@ -106,14 +117,29 @@ def one_of(values: tuple[Any, ...], what: str) -> Check:
     return Check(f"must be {what} ({shown})", lambda v: v in values)
 
 
+USERINFO = re.compile(r"//([^/?#\s]*)@")  # the user info of a URL's authority (up to its last @)
+
+
+def _hide_userinfo(found: re.Match[str]) -> str:
+    user, colon, _ = found.group(1).partition(":")
+    return f"//{user}:xxxxx@" if colon else "//xxxxx@"
+
+
+def redact_url(text: str) -> str:
+    """``text`` (a URL, or a message quoting URLs) as it may be shown: the password of each URL's user info
+    replaced (``https://user:xxxxx@host``), and user info without a password (a token) wholly (``xxxxx@``)."""
+    return USERINFO.sub(_hide_userinfo, text)
+
+
 def _http_url(value: str) -> bool:
     url = urllib.parse.urlsplit(value)
     return url.scheme in ("http", "https") and bool(url.hostname)
 
 
 def http_url(example: str) -> Check:
-    """An http:// or https:// URL with a host (``example``: what the error shows, ``http://HOST:9090``)."""
-    return Check(f"must be an http(s) URL such as {example}", _http_url)
+    """An http:// or https:// URL with a host (``example``: what the error shows, ``http://HOST:9090``); the
+    error shows the value without its password (:func:`redact_url`)."""
+    return Check(f"must be an http(s) URL such as {example}", _http_url, show=redact_url)
 
 
 def comma_list(text: str) -> list[str]:

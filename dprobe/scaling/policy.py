@@ -16,7 +16,8 @@ Per decision, for one scaled object (a workload's replicas, a virtual cluster's 
 3. **Stabilisation** (HPA ``behavior``): a scale-down takes the highest desired count of the
    last ``scale_down.stabilization_seconds``, a scale-up the lowest of the last
    ``scale_up.stabilization_seconds`` (the count found at the first decision counts as desired then,
-   as the HPA's initial recommendation); then **rate policies** (``pods`` or ``percent`` per
+   as the HPA's initial recommendation: the highest count found before the first decision on data); then
+   **rate policies** (``pods`` or ``percent`` per
    ``period_seconds``, the largest change allowed wins unless ``select: min``) bound the step.
 4. **Missing data never lowers a count.** A pod the workload should have (its scale, kube-state-metrics'
    replicas, the last recommendation) but without a usable forecast counts as the HPA counts a pod without
@@ -31,14 +32,19 @@ Per decision, for one scaled object (a workload's replicas, a virtual cluster's 
 Where dprobe differs from the HPA: the input is a forecast ``horizon`` ahead, not the current
 average, so the scale-up happens before the load arrives; demand is the sum over pods (pod-equivalents),
 not their average, and the HPA's missing-pod rule is applied to that sum.
+
+Times are seconds on any clock that never steps (the service passes ``time.monotonic()``, the simulator its
+own time); :meth:`Recommender.snapshot` gives a recommender's state with ages instead of times, so that another
+process (a restarted scaler, a new leader) resumes the same windows on its own clock (:meth:`Recommender.resume`).
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -178,12 +184,30 @@ class Decision:
         return "up" if self.replicas > self.current else "down" if self.replicas < self.current else "none"
 
 
+def _staircase(entries: Iterable[tuple[float, int]]) -> list[tuple[float, int]]:
+    """The ``(age, count)`` entries (oldest first) that can still be the highest or the lowest of a window of the
+    most recent entries: the others never decide a stabilisation window again."""
+    kept: list[tuple[float, int]] = []
+    high, low = -math.inf, math.inf
+    for age, count in reversed(list(entries)):
+        if count > high or count < low:
+            kept.append((age, count))
+        high, low = max(high, count), min(low, count)
+    return kept[::-1]
+
+
+def _age(age: float) -> float:
+    """An age as saved: rounded down to 10 ms (younger, never older: a window resumed from it ends no sooner)."""
+    return math.floor(max(0.0, age) * 100) / 100
+
+
 class Recommender:
     """The stateful part of a :class:`Policy`: stabilisation windows, rate limits and fallback.
 
-    Call :meth:`decide` once per cycle with the time, the forecast demand (None where there was
-    none) and the current count; report the count actually set with :meth:`applied` (the
-    decision is taken as applied when not reported, as in a dry run).
+    Call :meth:`decide` once per cycle with the time (seconds on a clock that never steps), the forecast demand
+    (None where there was none) and the current count, a count read (never a guess: a count not known is no
+    decision at all); report the count actually set with :meth:`applied` (the decision is taken as applied when
+    not reported, as in a dry run). :meth:`snapshot` and :meth:`resume` carry the state to another process.
     """
 
     def __init__(self, policy: Policy) -> None:
@@ -191,7 +215,45 @@ class Recommender:
         self._desired: deque[tuple[float, int]] = deque()  # (time, desired count) for stabilisation
         self._changes: deque[tuple[float, int]] = deque()  # (time, signed change) for rate policies
         self._initial: tuple[float, int] | None = None  # (time, count) found at the first decision
+        self._decided = False  # a decision on data (or the fallback) was made: the initial count is settled
         self.failures = 0
+
+    def _horizon(self) -> float:
+        """How far back an entry can still matter: the longest window or rate-policy period."""
+        p = self.policy
+        return max(p.scale_up.stabilization_seconds, p.scale_down.stabilization_seconds,
+                   *(r.period_seconds for r in (*p.scale_up.policies, *p.scale_down.policies)))
+
+    def snapshot(self, now: float) -> dict[str, Any]:
+        """The state as JSON-able ages at ``now`` (seconds, so any clock can resume it): the desired counts that
+        can still decide a stabilisation window, the rate policies' changes of their periods, the initial count,
+        the failures in a row."""
+        p = self.policy
+        windows = max(p.scale_up.stabilization_seconds, p.scale_down.stabilization_seconds)
+        period = max((r.period_seconds for r in (*p.scale_up.policies, *p.scale_down.policies)), default=0.0)
+        state: dict[str, Any] = {
+            "desired": [[_age(now - t), d] for t, d in _staircase((t, d) for t, d in self._desired
+                                                                   if now - t <= windows)],
+            "changes": [[_age(now - t), c] for t, c in self._changes if now - t < period],
+            "failures": self.failures, "decided": self._decided}
+        if self._initial is not None:
+            state["initial"] = [_age(now - self._initial[0]), self._initial[1]]
+        return state
+
+    def resume(self, state: Mapping[str, Any], at: float) -> None:
+        """Take up a :meth:`snapshot` taken at ``at`` on this recommender's clock (its ages count back from there).
+        Raises ValueError for a state that is not one."""
+        try:
+            desired = sorted(((float(a), int(d)) for a, d in state.get("desired", [])), reverse=True)
+            changes = sorted(((float(a), int(c)) for a, c in state.get("changes", [])), reverse=True)
+            initial = state.get("initial")
+            initial_at = None if initial is None else (at - max(0.0, float(initial[0])), int(initial[1]))
+            failures, decided = int(state.get("failures", 0)), bool(state.get("decided", False))
+        except (TypeError, ValueError, IndexError, AttributeError) as exc:
+            raise ValueError(f"not a recommender's state: {exc}") from exc
+        self._desired = deque((at - max(0.0, a), d) for a, d in desired)
+        self._changes = deque((at - max(0.0, a), c) for a, c in changes)
+        self._initial, self.failures, self._decided = initial_at, failures, decided
 
     def _window(self, now: float, seconds: float) -> list[int]:
         return [d for t, d in self._desired if now - t <= seconds]
@@ -218,17 +280,20 @@ class Recommender:
         """This cycle's decision; ``active``: the workload's activation query (see :meth:`Policy.desired`);
         ``missing``: pods expected but without a forecast, ``covered``: pods with one (their share below
         ``min_forecast_coverage`` holds the count, as no forecast does); ``fallback``: False where
-        ``current`` was never read (only the pods seen): the fallback then holds instead of raising a count
-        it does not know.
+        ``current`` was not read where it is set (a virtual cluster's GPUs its pods hold): the fallback then holds
+        instead of raising a count it does not know.
 
         The count found at the first decision counts as a recommendation of that moment, as the HPA
         records one (``recordInitialRecommendation``): a new (or restarted) recommender scales down only
-        after a full ``scale_down.stabilization_seconds``, so a restart cannot skip the window."""
+        after a full ``scale_down.stabilization_seconds``, so a restart cannot skip the window. Until its first
+        decision on data (or the fallback), a higher count found raises it: a count first found too low (part
+        of what runs) never opens the way down."""
         p = self.policy
         if self._initial is None:
             self._initial = (now, current)
-        horizon = max(p.scale_up.stabilization_seconds, p.scale_down.stabilization_seconds,
-                      *(r.period_seconds for r in (*p.scale_up.policies, *p.scale_down.policies)))
+        elif not self._decided and current > self._initial[1]:
+            self._initial = (self._initial[0], current)
+        horizon = self._horizon()
         while self._desired and now - self._desired[0][0] > horizon:
             self._desired.popleft()
         while self._changes and now - self._changes[0][0] > horizon:
@@ -243,8 +308,10 @@ class Recommender:
                 return Decision(current, current, current, None, f"{hold}: holding", missing)
             desired = max(current, p.fallback_replicas)  # KEDA's currentReplicasIfHigher: never lower
             self._desired.append((now, desired))
+            self._decided = True
             return self._step(now, current, desired, None, "fallback", missing)
         self.failures = 0
+        self._decided = True
         desired, why = p.desired(demand, current, active, missing)
         self._desired.append((now, desired))
         return self._step(now, current, desired, demand, why, missing)

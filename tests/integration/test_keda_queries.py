@@ -1,7 +1,8 @@
 """The KEDA examples (deploy/keda) against a real Prometheus, read as KEDA's Prometheus scaler reads them:
-no answer is an error (so KEDA's fallback holds the count) when the producer stops or a pod has no
-forecast, never 0; the series keep their own namespace under operator-style target labels; two sidecars
-exporting the same pod do not double the sum, and the dashboard's coverage panel still answers."""
+no answer is an error (so KEDA's fallback holds the count) when the producer stops or a replica has no
+forecast, never 0; the replicas are the Deployment's ready pods by owner, never a lookalike by name; the
+series keep their own namespace under operator-style target labels; two sidecars exporting the same pod do
+not double the sum, and the dashboard's coverage panel still answers."""
 
 from __future__ import annotations
 
@@ -66,21 +67,45 @@ def pod_monitor_endpoint(path: Path) -> dict:
     return endpoint
 
 
-# two replicas of llm-server on one node (80 % and 60 %), and kube-state-metrics' count of them available
+# two replicas of llm-server on one node (80 % and 60 %)
 PODS = (("llm-server-7d9f8c6b5d-aaaaa", 80), ("llm-server-7d9f8c6b5d-bbbbb", 60))
+THIRD = "llm-server-7d9f8c6b5d-ccccc"
+CANARY = "llm-server-canary-6c5b4a3d2-ddddd"  # another Deployment's pod, whose name starts as llm-server's
 
 
-def node_text(available: int) -> str:
-    """dcgm-exporter's /metrics on the node, with kube-state-metrics' series of the Deployment."""
+def kube_state_lines(pods: dict[str, tuple[str, bool]]) -> list[str]:
+    """kube-state-metrics' series of ``pods`` (pod -> (the Deployment owning its ReplicaSet, ready)), as two of
+    its replicas export them (every series twice, by ``instance``): the owners, readiness, and the count of
+    llm-server's available replicas (the ready ones)."""
+    lines = ["# TYPE kube_pod_owner gauge", "# TYPE kube_replicaset_owner gauge", "# TYPE kube_pod_status_ready gauge",
+             "# TYPE kube_deployment_status_replicas_available gauge"]
+    for instance in ("ksm-0", "ksm-1"):
+        for pod, (deployment, ready) in pods.items():
+            rs = pod.rsplit("-", 1)[0]
+            lines.append(f'kube_pod_owner{{namespace="serving",pod="{pod}",owner_kind="ReplicaSet",owner_name="{rs}",'
+                         f'owner_is_controller="true",instance="{instance}"}} 1')
+            lines.append(f'kube_replicaset_owner{{namespace="serving",replicaset="{rs}",owner_kind="Deployment",'
+                         f'owner_name="{deployment}",owner_is_controller="true",instance="{instance}"}} 1')
+            for condition, value in (("true", ready), ("false", not ready)):
+                lines.append(f'kube_pod_status_ready{{namespace="serving",pod="{pod}",condition="{condition}",'
+                             f'instance="{instance}"}} {int(value)}')
+        available = sum(ready for deployment, ready in pods.values() if deployment == "llm-server")
+        lines.append(f'kube_deployment_status_replicas_available{{namespace="serving",deployment="llm-server",'
+                     f'instance="{instance}"}} {available}')
+    return sorted(set(lines), key=lines.index)  # a ReplicaSet's series once
+
+
+def node_text(third_ready: bool) -> str:
+    """dcgm-exporter's /metrics on the node (the two pods of :data:`PODS`), with kube-state-metrics' series of
+    the Deployment; with ``third_ready``, a third replica ready that no sidecar forecasts."""
     lines = []
     for field, scale in (("DCGM_FI_DEV_GPU_UTIL", 1), ("DCGM_FI_DEV_FB_USED", 400)):
         lines.append(f"# TYPE {field} gauge")
         for gpu, (pod, util) in enumerate(PODS):
             lines.append(f'{field}{{gpu="{gpu}",UUID="GPU-{gpu}",modelName="NVIDIA H200",Hostname="n1",'
                          f'container="server",namespace="serving",pod="{pod}"}} {util * scale}')
-    lines.append(f'kube_deployment_status_replicas_available{{namespace="serving",deployment="llm-server"}} '
-                 f"{available}")
-    return "\n".join(lines) + "\n"
+    replicas = {pod: ("llm-server", True) for pod, _ in PODS} | ({THIRD: ("llm-server", True)} if third_ready else {})
+    return "\n".join(lines + kube_state_lines(replicas)) + "\n"
 
 
 def test_forecast_trigger_counts_each_pod_once_and_fails_safe(prometheus_server, http_peer) -> None:
@@ -90,8 +115,8 @@ def test_forecast_trigger_counts_each_pod_once_and_fails_safe(prometheus_server,
                                                                                 'horizon_seconds="5"')}
     assert metadata["query"] != keda["metadata"]["query"]
     endpoint = pod_monitor_endpoint(DEPLOY / "sidecar" / "podmonitor.yaml")
-    available = {"n": 2}
-    with http_peer(lambda path: (200, node_text(available["n"]), 0.0)) as node_url:
+    third = {"ready": False}
+    with http_peer(lambda path: (200, node_text(third["ready"]), 0.0)) as node_url:
         sidecars = [Sidecar(SidecarConfig(listen_address="127.0.0.1", port=0, source="dcgm", sample_interval=0.1,
                                           forecast_interval=0.5, step_seconds=0.5, window_seconds=30, horizons=[5],
                                           min_points=4, stale_after=120, drop_after=300, model="ewma"),
@@ -128,12 +153,12 @@ def test_forecast_trigger_counts_each_pod_once_and_fails_safe(prometheus_server,
                     assert sorted(r["metric"]["pod"] for r in rows) == sorted(p for p, _ in PODS)
                     assert all(0 <= float(r["value"][1]) <= 1 for r in rows)
 
-                # a third replica available without a forecast: no answer, an error to KEDA (not a lower sum)
-                available["n"] = 3
+                # a third replica ready without a forecast: no answer, an error to KEDA (not a lower sum)
+                third["ready"] = True
                 wait_for(lambda: not prom.query(metadata["query"]), "the query still answers with a pod missing")
                 with pytest.raises(KedaError, match="empty"):
                     keda_reads(prom, metadata)
-                available["n"] = 2
+                third["ready"] = False
                 wait_for(lambda: prom.query(metadata["query"]), "the query did not come back")
 
                 # one sidecar of the two stops: the other still forecasts both pods, nothing changes
@@ -182,16 +207,14 @@ def test_scaler_trigger_survives_operator_labels_and_fails_safe(prometheus_serve
                 keda_reads(prom, keda["metadata"])
 
 
-def forecasts_text(forecasts: dict[str, str], available: int) -> str:
+def forecasts_text(forecasts: dict[str, str], pods: dict[str, tuple[str, bool]]) -> str:
     """Sidecars' p90 forecasts 5 minutes ahead (pod -> value as written on /metrics), with kube-state-metrics'
-    count of the Deployment's available replicas."""
+    series of ``pods`` (:func:`kube_state_lines`)."""
     lines = ["# TYPE dprobe_predicted_gpu_utilization_ratio gauge"]
     for pod, value in forecasts.items():
         lines.append(f'dprobe_predicted_gpu_utilization_ratio{{namespace="serving",pod="{pod}",target="serving/{pod}",'
                      f'horizon_seconds="300",quantile="0.9"}} {value}')
-    lines.append(f'kube_deployment_status_replicas_available{{namespace="serving",deployment="llm-server"}} '
-                 f"{available}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + kube_state_lines(pods)) + "\n"
 
 
 def test_forecast_trigger_leaves_out_nan_and_out_of_range_forecasts(prometheus_server, http_peer) -> None:
@@ -201,14 +224,14 @@ def test_forecast_trigger_leaves_out_nan_and_out_of_range_forecasts(prometheus_s
     keda = trigger(DEPLOY / "keda" / "scaledobject.yaml")
     query = keda["metadata"]["query"]
     [a, b] = [pod for pod, _ in PODS]
-    page = {"forecasts": {a: "0.8", b: "0.6"}, "available": 2}
+    page = {"forecasts": {a: "0.8", b: "0.6"}, "pods": {a: ("llm-server", True), b: ("llm-server", True)}}
     selector = 'dprobe_predicted_gpu_utilization_ratio{horizon_seconds="300", quantile="0.9"}'
 
     def serving(pod: str, value: str) -> Callable[[], bool]:
         """Prometheus has scraped ``value`` (as Prometheus writes it back) for ``pod``."""
         return lambda: any(r["metric"]["pod"] == pod and r["value"][1] == value for r in prom.query(selector))
 
-    with http_peer(lambda path: (200, forecasts_text(page["forecasts"], page["available"]), 0.0)) as url, \
+    with http_peer(lambda path: (200, forecasts_text(page["forecasts"], page["pods"]), 0.0)) as url, \
             prometheus_server([url.removeprefix("http://")], honor_labels=True,
                               target_labels=OPERATOR_TARGET_LABELS) as prom:
         wait_for(lambda: prom.query(query), "no answer (the forecasts not scraped?)")
@@ -219,11 +242,42 @@ def test_forecast_trigger_leaves_out_nan_and_out_of_range_forecasts(prometheus_s
             assert prom.query(query) == [], bad
             with pytest.raises(KedaError, match="empty"):
                 keda_reads(prom, keda["metadata"])
-        # a third pod, not available (terminating), with a bad forecast: the two available ones still count
-        page["forecasts"] = {a: "0.8", b: "0.6", "llm-server-7d9f8c6b5d-ccccc": "NaN"}
-        wait_for(serving("llm-server-7d9f8c6b5d-ccccc", "NaN"), "the third pod not scraped")
+        # a third pod, not ready (terminating), with a bad forecast: the two ready ones still count
+        page["pods"][THIRD] = ("llm-server", False)
+        page["forecasts"] = {a: "0.8", b: "0.6", THIRD: "NaN"}
+        wait_for(serving(THIRD, "NaN"), "the third pod not scraped")
         wait_for(serving(b, "0.6"), "the second pod's forecast did not come back")
         assert keda_reads(prom, keda["metadata"]) == pytest.approx(1.4)
-        page["forecasts"]["llm-server-7d9f8c6b5d-ccccc"] = "-3"
-        wait_for(serving("llm-server-7d9f8c6b5d-ccccc", "-3"), "the negative forecast not scraped")
+        page["forecasts"][THIRD] = "-3"
+        wait_for(serving(THIRD, "-3"), "the negative forecast not scraped")
         assert keda_reads(prom, keda["metadata"]) == pytest.approx(1.4)
+
+
+def test_forecast_trigger_matches_the_replicas_by_owner_never_a_lookalike(prometheus_server, http_peer) -> None:
+    """deploy/keda/scaledobject.yaml with a canary (another Deployment, its pod named llm-server-canary-...)
+    beside llm-server's two replicas: the canary's forecast is never summed; one replica's forecast NaN while
+    the canary's is fine is no answer (its replica has no forecast), not the rest of the sum."""
+    keda = trigger(DEPLOY / "keda" / "scaledobject.yaml")
+    query = keda["metadata"]["query"]
+    [a, b] = [pod for pod, _ in PODS]
+    pods = {a: ("llm-server", True), b: ("llm-server", True), CANARY: ("llm-server-canary", True)}
+    page = {"forecasts": {a: "0.6", b: "0.2", CANARY: "0.25"}}
+    selector = 'dprobe_predicted_gpu_utilization_ratio{horizon_seconds="300", quantile="0.9"}'
+
+    def serving(pod: str, value: str) -> Callable[[], bool]:
+        return lambda: any(r["metric"]["pod"] == pod and r["value"][1] == value for r in prom.query(selector))
+
+    with http_peer(lambda path: (200, forecasts_text(page["forecasts"], pods), 0.0)) as url, \
+            prometheus_server([url.removeprefix("http://")], honor_labels=True,
+                              target_labels=OPERATOR_TARGET_LABELS) as prom:
+        wait_for(lambda: prom.query(query) and len(prom.query("kube_pod_status_ready")) == 12,
+                 "no answer (the series not scraped?)")
+        assert keda_reads(prom, keda["metadata"]) == pytest.approx(0.8)  # the two replicas, not the canary
+        page["forecasts"][b] = "NaN"  # a replica without a usable forecast, the canary still forecast
+        wait_for(serving(b, "NaN"), "NaN not scraped")
+        assert prom.query(query) == []
+        with pytest.raises(KedaError, match="empty"):
+            keda_reads(prom, keda["metadata"])
+        del page["forecasts"][b]  # its series gone altogether (its sidecar stopped): the same
+        wait_for(lambda: not any(r["metric"]["pod"] == b for r in prom.query(selector)), "the series did not go")
+        assert prom.query(query) == []

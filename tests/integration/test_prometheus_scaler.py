@@ -38,13 +38,16 @@ def dcgm_text() -> str:
     return "\n".join(lines) + "\n" + KUBE_STATE
 
 
-# kube-state-metrics' series of two pods: one running in team-a, one of team-c not scheduled (no sidecar yet)
+# kube-state-metrics' series of two pods: one running in team-a, one of team-c not scheduled (no sidecar yet); and
+# the replicas of serving's Deployments (where their counts start: the scaler takes none from the pods it sees)
 KUBE_STATE = "".join(
     f'kube_pod_container_resource_requests{{namespace="{ns}",pod="{pod}",container="main",node="n1",'
     f'resource="nvidia_com_gpu",unit="integer"}} {gpus}\n'
     + "".join(f'kube_pod_status_phase{{namespace="{ns}",pod="{pod}",phase="{phase}"}} {int(phase == now)}\n'
               for phase in ("Pending", "Running"))
-    for ns, pod, gpus, now in (("team-a", "train-0", 2, "Running"), ("team-c", "queued-0", 3, "Pending")))
+    for ns, pod, gpus, now in (("team-a", "train-0", 2, "Running"), ("team-c", "queued-0", 3, "Pending"))) + (
+    'kube_deployment_spec_replicas{namespace="serving",deployment="llm"} 2\n'
+    'kube_deployment_spec_replicas{namespace="serving",deployment="idle"} 0\n')
 
 
 # the deployed scaler's query of the GPUs waiting per virtual cluster
@@ -145,7 +148,8 @@ def test_stopped_sidecars_never_lower_a_count_on_the_real_chain(prometheus_serve
         f'DCGM_FI_DEV_GPU_UTIL{{gpu="{i}",UUID="GPU-{i}",namespace="serving",pod="{p}"}} 70\n'
         for i, p in enumerate(pods)) + "# TYPE DCGM_FI_DEV_FB_USED gauge\n" + "".join(
         f'DCGM_FI_DEV_FB_USED{{gpu="{i}",UUID="GPU-{i}",namespace="serving",pod="{p}"}} 1000\n'
-        for i, p in enumerate(pods))
+        for i, p in enumerate(pods)) + 'kube_deployment_spec_replicas{namespace="serving",deployment="llm"} 11\n'
+    # (kube-state-metrics' replicas, served beside and scraped: where the count starts)
     with http_peer(lambda path: (200, text, 0.0)) as dcgm_url:
         sidecar = Sidecar(SidecarConfig(listen_address="127.0.0.1", port=0, source="dcgm", sample_interval=0.1,
                                         forecast_interval=0.5, step_seconds=0.5, window_seconds=30, horizons=[5],
@@ -154,7 +158,8 @@ def test_stopped_sidecars_never_lower_a_count_on_the_real_chain(prometheus_serve
         sidecar.start()
         scaler = None
         try:
-            with prometheus_server([f"127.0.0.1:{sidecar.server.port}"], honor_labels=True) as prom:
+            with prometheus_server([f"127.0.0.1:{sidecar.server.port}", dcgm_url.removeprefix("http://")],
+                                   honor_labels=True) as prom:
                 scaler = Scaler(ScalerConfig(
                     prometheus_url=str(prom), listen_address="127.0.0.1", port=0, interval=0.5, horizon_seconds=5,
                     target=0.7, margin=0.0, fallback_replicas=2, failure_threshold=2, gpus_query="",

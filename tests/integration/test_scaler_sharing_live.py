@@ -24,11 +24,15 @@ PODS = [("emb-5f6d7c8b9a-aaaaa", 15, 0.2, 80), ("emb-5f6d7c8b9a-bbbbb", 15, 0.2,
 
 
 def sidecar_text(pods: list[tuple[str, float | None, float, float]]) -> str:
-    """What sidecars and dcgm-exporter would export for ``pods`` (memory forecasts at 60, 300 and 900 s)."""
+    """What sidecars, dcgm-exporter and kube-state-metrics would export for ``pods`` (memory forecasts at 60, 300
+    and 900 s; each pod running, with a GPU)."""
     lines = []
     for pod, memory, util, total in pods:
         ident = f'target="serving/{pod}",namespace="serving",pod="{pod}"'
         lines.append(f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",namespace="serving",pod="{pod}"}} {util * 100}')
+        lines.append(f'kube_pod_container_resource_requests{{namespace="serving",pod="{pod}",container="main",'
+                     f'resource="nvidia_com_gpu",unit="integer"}} 1')
+        lines.append(f'kube_pod_status_phase{{namespace="serving",pod="{pod}",phase="Running"}} 1')
         lines.append(f'dprobe_predicted_gpu_utilization_ratio{{{ident},horizon_seconds="300",quantile="0.9"}} {util}')
         lines.append(f"dprobe_observed_gpu_memory_total_bytes{{{ident}}} {total * 1e9}")
         if memory is not None:

@@ -18,12 +18,17 @@ go to the clients that send their requests, not to the slowest ones:
   without its request; only when every other connection is being answered is it closed unanswered.
 
 With a certificate and key (``tls_cert_file``, ``tls_key_file``) it speaks HTTPS only (TLS 1.2 or later). The
-loop drives each connection's handshake as its bytes arrive, never waiting on one: the handshake counts
-against ``header_timeout`` like the request's head, and a failed one (a plain HTTP client, a peer that does
-not trust the certificate) closes the connection, logged as a warning at most once a minute. The two files
-are looked at again, at a new connection, every ``TLS_RELOAD_CHECK`` s: a renewed pair (cert-manager
-rewriting a Secret's files) serves the next handshakes, and a pair that cannot be loaded (half written,
-mismatched) is logged and the previous one kept.
+handshake is off the accept path: a new connection is only looked at (its waiting bytes peeked, no
+cryptography) and given its slot, and the loop then drives its handshake as its bytes arrive, never waiting
+on one. The handshake counts against the connection's deadline like the request's head (``header_timeout``,
+the reserve's quarter of it), and a failed one (a plain HTTP client, a peer that does not trust the
+certificate) closes the connection, logged as a warning at most once a minute. A client whose first bytes,
+when the connection is first read, are a whole TLS record (its ClientHello, which a TLS client sends at once)
+is never closed to make room for a newer connection while its handshake and its request are under way: it is
+answered, or runs out of time. So idle clients, and clients sending their ClientHello a few bytes at a time,
+only ever take each other's slots, never a scrape's. The two files are looked at again, at a new connection,
+every ``TLS_RELOAD_CHECK`` s: a renewed pair (cert-manager rewriting a Secret's files) serves the next
+handshakes, and a pair that cannot be loaded (half written, mismatched) is logged and the previous one kept.
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ HEAD_END = re.compile(rb"\r?\n\r?\n")
 LOG_EVERY = 60.0  # s between two warnings of the same kind
 GZIP_MIN_BYTES = 1024  # /metrics pages shorter than this go uncompressed whatever the client accepts
 GZIP_LEVEL = 6
+TLS_RECORD_MAX = 5 + 16384  # a TLS record's header and its longest plaintext body (a ClientHello fits in one)
 
 
 @dataclass(eq=False)
@@ -86,6 +92,8 @@ class _Conn:
     deadline: float = 0.0
     buffer: bytearray = field(default_factory=bytearray)
     handshake: bool = False  # a TLS handshake still under way
+    peeked: bool = False  # TLS: its first bytes were looked at (and handed to the handshake)
+    hello: bool = False  # TLS: its first bytes were a whole ClientHello; kept until its request is in
     events: int = selectors.EVENT_READ  # what the selector waits for on ``sock``
 
 
@@ -325,8 +333,8 @@ class _Server:
                 return
             reserved = self._admit()
             if reserved is None:
-                self._warn("refused", "%s: every connection is being answered: refusing new ones until one ends",
-                           address[0])
+                self._warn("refused", "%s: every connection is being answered (or finishing its TLS handshake): "
+                           "refusing new ones until one ends", address[0])
                 sock.close()
                 continue
             now = time.monotonic()
@@ -342,7 +350,10 @@ class _Server:
             self._wait_for_head(conn, now)
             self.conns[sock] = conn
             self.selector.register(sock, selectors.EVENT_READ, conn)
-            self._read(conn)  # a request sent with the connection is taken at once
+            if conn.handshake:  # only looked at: the loop runs its handshake when it next reads
+                self._peek_hello(conn)
+            else:
+                self._read(conn)  # a request sent with the connection is taken at once
 
     def _admit(self) -> bool | None:
         """A slot for a new connection: an ordinary one (False), a reserve one (True), or none."""
@@ -355,7 +366,7 @@ class _Server:
         if idle is not None:
             self._close(idle)
             return idle.reserved
-        waiting = self._oldest(lambda c: c.reserved and c.state == "head")
+        waiting = self._oldest(lambda c: c.reserved and c.state == "head" and not c.hello)
         if waiting is None:
             return None
         self._warn("evicted", "%s: too many connections: closing those slowest to send their requests",
@@ -368,7 +379,7 @@ class _Server:
         ordinary = sum(not c.reserved for c in self.conns.values())
         if ordinary >= self.max_connections - self.reserve:
             victim = (self._oldest(lambda c: not c.reserved and c.state == "idle")
-                      or self._oldest(lambda c: not c.reserved and c.state == "head"))
+                      or self._oldest(lambda c: not c.reserved and c.state == "head" and not c.hello))
             if victim is None:
                 return  # every ordinary slot is answering: answered from the reserve
             self._warn("evicted", "%s: too many connections: closing those slowest to send their requests",
@@ -390,10 +401,25 @@ class _Server:
             conn.events = events
             self.selector.modify(conn.sock, events, conn)
 
+    def _peek_hello(self, conn: _Conn) -> bool:
+        """Look at the bytes waiting on ``conn`` before its handshake reads any: ``conn.hello`` when they are a
+        whole TLS handshake record (the ClientHello). False while nothing has come (nothing to hand over)."""
+        try:
+            data = socket.socket.recv(conn.sock, TLS_RECORD_MAX, socket.MSG_PEEK)  # the socket's, not TLS's
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            data = b""  # reset: the handshake finds out and closes it
+        conn.peeked = True
+        conn.hello = len(data) >= 5 and data[0] == 0x16 and len(data) >= 5 + int.from_bytes(data[3:5], "big")
+        return True
+
     def _handshake(self, conn: _Conn) -> bool:
         """Take ``conn``'s TLS handshake as far as its bytes allow: whether it is done (``conn`` is closed when
         it failed)."""
         assert isinstance(conn.sock, ssl.SSLSocket)
+        if not conn.peeked and not self._peek_hello(conn):
+            return False
         try:
             conn.sock.do_handshake()
         except ssl.SSLWantReadError:
@@ -466,7 +492,7 @@ class _Server:
                 self._close(conn)
             return
         head, rest = bytes(conn.buffer[:found.end()]), bytes(conn.buffer[found.end():])
-        conn.buffer = bytearray()
+        conn.buffer, conn.hello = bytearray(), False
         if conn.reserved:
             self._promote(conn)
         self.selector.unregister(conn.sock)

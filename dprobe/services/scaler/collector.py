@@ -18,6 +18,7 @@ from dprobe.core.names import (
 )
 from dprobe.scaling.policy import Decision
 from dprobe.services.exporter.collector import StateCollector
+from dprobe.services.scaler.demand import VC_DATA_GPUS, VC_DATA_TIME
 from dprobe.services.scaler.sharing import PLACEMENTS, SharePlan
 
 WORKLOAD_LABELS = ["namespace", "workload"]
@@ -28,6 +29,7 @@ class ScalerState(Protocol):
 
     vc_held_gpus: Mapping[str, int]
     vc_pending_gpus: Mapping[str, float]
+    vc_last_data: Mapping[str, tuple[int, float]]  # vc -> (GPUs held, Unix time) at its last decision on data
     grouped_pods: Mapping[str, int]  # pods put in a workload last cycle, by method: owner, name
     errors_total: Mapping[str, int]
     last_cycle_at: float | None
@@ -128,6 +130,16 @@ class ScalerCollector(StateCollector):
             yield fam
         if shares is not None:
             yield from self._shares(shares)
+        last_gpus = GaugeMetricFamily(VC_DATA_GPUS, "GPUs the virtual cluster's pods held at its last decision on "
+                                      "data (for restore_seconds after it: a restarted scaler reads them back).",
+                                      labels=["vc"])
+        last_time = GaugeMetricFamily(VC_DATA_TIME, "Unix time of the virtual cluster's last decision on data.",
+                                      labels=["vc"])
+        for vc, (n, at) in sorted(dict(s.vc_last_data).items()):
+            last_gpus.add_metric([vc], n)
+            last_time.add_metric([vc], at)
+        yield last_gpus
+        yield last_time
         held = GaugeMetricFamily("dprobe_scaler_vc_held_gpus", "GPUs the virtual cluster's pods hold.", labels=["vc"])
         for vc, n in sorted(dict(s.vc_held_gpus).items()):
             held.add_metric([vc], n)

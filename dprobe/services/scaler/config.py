@@ -47,7 +47,9 @@ from dprobe.core.options import (
     non_negative,
     one_of,
     option,
+    period,
     positive,
+    ratio,
     settings,
 )
 from dprobe.scaling.policy import (
@@ -77,7 +79,13 @@ OWNERS_QUERY = (
     'owner_is_controller="true"}, "replicaset", "$1", "owner_name", "(.+)")) * on (namespace, replicaset) '
     'group_left (owner_kind, owner_name) max by (namespace, replicaset, owner_kind, owner_name) ('
     'kube_replicaset_owner{owner_kind!~"<none>|",owner_is_controller="true"}))')
+# kube-state-metrics: the GPUs each namespace's running pods request (two kube-state-metrics replicas counted once)
+VC_GPUS_QUERY = (
+    'sum by (namespace) (max by (namespace, pod, container) (kube_pod_container_resource_requests{'
+    'resource="nvidia_com_gpu"}) * on (namespace, pod) group_left () max by (namespace, pod) ('
+    'kube_pod_status_phase{phase="Running"} == 1))')
 POLICY_FIELDS = {f.name for f in fields(Policy)} - {"scale_up", "scale_down"}
+MIN_INTERVAL = 0.1  # s: the shortest decision interval (each cycle queries Prometheus)
 ACTIVATION_KEYS = ("activation_query", "activation_query_threshold")
 
 
@@ -110,13 +118,15 @@ class QueryOptions:
         'label_replace(kube_statefulset_replicas, "workload", "$1", "statefulset", "(.+)")',
         "PromQL giving each workload's replicas by namespace and workload labels (kube-state-metrics): the pods "
         "a decision expects where it does not read the scale (recommend mode, discovered workloads), so that "
-        "pods without a forecast count as missing ('' = none: the last recommendation, else the pods seen)")
+        "pods without a forecast count as missing, and where a count starts when no earlier recommendation is "
+        "kept ('' = none: the last recommendation, else nothing published)")
     owners_query: str = option(OWNERS_QUERY, "PromQL giving each pod's owning workload by namespace, pod, owner_kind "
                                              "and owner_name labels (kube-state-metrics' kube_pod_owner, through "
                                              "kube_replicaset_owner): a workload's replicas are the pods its owner "
                                              "owns; a pod it does not list is grouped by name ('' = by name only)")
-    restore_seconds: float = option(3600.0, "recommend mode: a (re)started scaler starts from its own last "
-                                            "recommendations Prometheus kept this far back (0 = don't)",
+    restore_seconds: float = option(3600.0, "a (re)started scaler (or a new leader) starts what it only recommends "
+                                            "from its own last recommendations Prometheus (or the Lease) kept this "
+                                            "far back (0 = don't)",
                                     check=non_negative)
 
 
@@ -127,7 +137,8 @@ class PolicyOptions:
 
     discover: bool = option(True, "also recommend (never apply) for Deployment-like pod groups not listed "
                                   "under workloads")
-    target: float = option(DEFAULT_POLICY.target, "utilisation (0-1) one replica should carry; for GPUs, one GPU")
+    target: float = option(DEFAULT_POLICY.target, "utilisation (0-1) one replica should carry; for GPUs, one GPU",
+                           check=ratio)
     margin: float = option(DEFAULT_POLICY.margin, "safety margin added to the forecast demand (VPA)")
     tolerance: float = option(DEFAULT_POLICY.tolerance, "no change while demand / capacity is within this of 1 (HPA)")
     scale_up_tolerance: float | None = option(DEFAULT_SCALE_UP.tolerance, "tolerance above 1 only: a scale-up needs "
@@ -186,6 +197,10 @@ class PolicyOptions:
         return specs
 
 
+# the checks of the policy options a workloads: entry may override (target: a ratio)
+POLICY_CHECKS = {f.name: f.metadata["check"] for f in fields(PolicyOptions) if "check" in f.metadata}
+
+
 @dataclass
 class VcOptions:
     """Virtual clusters (``vc_*``): how pods are grouped into them, their GPU bounds, and in apply mode the
@@ -196,6 +211,11 @@ class VcOptions:
     quota_name: str = option("", "apply mode: the ResourceQuota (in each virtual cluster's namespace) whose "
                                  "GPU limit is set to the recommendation ('' = recommend GPUs only)")
     quota_resource: str = option("requests.nvidia.com/gpu", "the ResourceQuota resource that counts GPUs")
+    gpus_query: str = option(VC_GPUS_QUERY, "PromQL giving the GPUs each virtual cluster's pods hold, by its "
+                                            "vc_label label (kube-state-metrics: what its running pods request): "
+                                            "where a cluster's count starts when no earlier recommendation is kept "
+                                            "('' = none: from its last recommendation, else never below the GPUs "
+                                            "its pods hold)")
     pending_query: str = option("", "PromQL giving the GPUs waiting in each virtual cluster, by its vc_label "
                                     "label (pending pods, queued jobs: no sidecar forecasts them), added to "
                                     "the cluster's demand ('' = none)")
@@ -209,7 +229,9 @@ class ApplyOptions:
 
     mode: str = option("recommend", "recommend: export and log only; apply: also set the workloads' replicas "
                                     "through the Kubernetes scale subresource", choices=MODES)
-    kubeconfig: str = option("", "kubeconfig file for apply mode (default: in-cluster, else ~/.kube/config)")
+    kubeconfig: str = option("", "kubeconfig file for apply mode (default: in-cluster, else ~/.kube/config); "
+                                 "recommend mode reads the workloads' scale where it has one (or runs in a cluster) "
+                                 "and RBAC allows, to know where a count starts")
     events: bool = option(True, "apply mode: record a Kubernetes Event (SuccessfulRescale, FailedRescale) on each "
                                 "workload or ResourceQuota it changes, as the HPA does")
 
@@ -250,7 +272,7 @@ class ScalerConfig:
     ``config.vc_label``). The ``prometheus_*`` credential and TLS options
     (:class:`~dprobe.services.sources.prometheus.PrometheusAccess`) are the sidecar's too."""
 
-    interval: float = option(30.0, "seconds between decisions", check=positive)
+    interval: float = option(30.0, "seconds between decisions", check=period(MIN_INTERVAL))
     queries: QueryOptions = group(QueryOptions, "forecast and Prometheus queries", prefix="")
     web: WebOptions = group(WebOptions, prefix="web_", port=9478)
     policy: PolicyOptions = group(PolicyOptions, "policy (the HPA's and VPA's settings)", prefix="")
@@ -349,6 +371,10 @@ class WorkloadSpec:
         try:
             pods = re.compile(str(entry.get("pods") or default_pods))
             overrides = {k: entry[k] for k in POLICY_FIELDS if k in entry}
+            for key, value in overrides.items():  # the checks of the options they override
+                check = POLICY_CHECKS.get(key)
+                if check is not None:
+                    check(key, value)
             for direction in ("scale_up", "scale_down"):
                 if direction in entry:
                     overrides[direction] = _rules(entry[direction], getattr(defaults, direction))

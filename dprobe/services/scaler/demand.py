@@ -37,6 +37,9 @@ DEPLOYMENT_POD = re.compile(r"(?P<workload>.+)-[a-z0-9]{5,10}-[a-z0-9]{5}")
 # owners whose pods are replicas a discovered workload may be recommended for
 SCALABLE_OWNERS = ("Deployment", "StatefulSet", "Rollout")
 GROUPING_METHODS = ("owner", "name")  # how a pod was put in its workload (dprobe_scaler_grouped_pods)
+# what a virtual cluster's pods held at its last decision on data, and when (Unix time): read back after a restart
+VC_DATA_GPUS = "dprobe_scaler_vc_last_data_gpus"
+VC_DATA_TIME = "dprobe_scaler_vc_last_data_timestamp_seconds"
 
 
 @dataclass
@@ -173,6 +176,34 @@ def previous_recommendations(queries: QueryOptions) -> tuple[dict[tuple[str, str
         if labels.get("vc") and math.isfinite(value) and value >= 0:
             vcs[labels["vc"]] = int(round(value))
     return workloads, vcs
+
+
+def previous_vc_data(queries: QueryOptions) -> dict[str, tuple[int, float]]:
+    """Per virtual cluster, the GPUs its pods held at the last run's last decision on data and how long ago that
+    was (s, on Prometheus's clock, never negative), as Prometheus kept them (``restore_seconds`` back)."""
+    window = f"[{int(queries.restore_seconds)}s]"
+    held = {labels["vc"]: int(round(value)) for labels, value in
+            _vector(queries, f"max by (vc) (last_over_time({VC_DATA_GPUS}{window}))")
+            if labels.get("vc") and math.isfinite(value) and value >= 0}
+    out: dict[str, tuple[int, float]] = {}
+    for labels, age in _vector(queries, f"min by (vc) (time() - last_over_time({VC_DATA_TIME}{window}))"):
+        vc = labels.get("vc", "")
+        if vc in held and math.isfinite(age):
+            out[vc] = held[vc], max(0.0, age)  # a timestamp ahead of Prometheus's clock: just now
+    return out
+
+
+def vc_gpus(queries: QueryOptions, vcs: VcOptions) -> dict[str, int]:
+    """GPUs per virtual cluster from ``vc_gpus_query`` (kube-state-metrics: what its running pods request; empty
+    when it is not set), its samples summed by the ``vc_label`` label."""
+    if not vcs.gpus_query.strip() or not vcs.label:
+        return {}
+    out: dict[str, float] = defaultdict(float)
+    for labels, value in _vector(queries, vcs.gpus_query):
+        vc = labels.get(vcs.label, "")
+        if vc and math.isfinite(value) and value >= 0:
+            out[vc] += value
+    return {vc: int(round(n)) for vc, n in out.items()}
 
 
 def pending_gpus(queries: QueryOptions, vcs: VcOptions) -> dict[str, float]:

@@ -24,9 +24,14 @@ log = logging.getLogger(__name__)
 
 
 class KubernetesError(ActuatorError):
-    """The API server refused or could not be reached; names the workload and the reason."""
+    """The API server refused or could not be reached; names the workload and the reason. ``status``: the HTTP
+    status where the API server answered."""
 
     stage = "kubernetes"
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -94,7 +99,7 @@ class ScaleClient:
         try:
             return method(*args, _request_timeout=self.timeout)
         except ApiException as exc:
-            raise KubernetesError(f"{what}: HTTP {exc.status} {exc.reason or ''}".rstrip()) from exc
+            raise KubernetesError(f"{what}: HTTP {exc.status} {exc.reason or ''}".rstrip(), exc.status) from exc
         except (HTTPError, OSError) as exc:
             raise KubernetesError(f"{what}: {exc}") from exc
 

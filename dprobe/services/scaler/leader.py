@@ -7,6 +7,10 @@ clocks need not agree). The holder leads only while its last renewal is younger 
 is shorter than ``lease_seconds``: a holder cut off from the API server stops leading before another replica
 may start. A holder that stops cleanly gives the Lease up, and another replica takes it within
 ``retry_seconds``.
+
+Each write of the holder also sets the Lease's annotations its ``annotate`` callback gives (the scaler's decision
+state, :mod:`.state`), keeping the others; a replica that starts leading finds the annotations of the Lease it
+took, and how long ago they were written, in :meth:`LeaderElector.handover`.
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -46,6 +50,18 @@ class LeaseRecord:
     renewed: dt.datetime | None
     transitions: int
     version: str  # metadata.resourceVersion: a write fails with a conflict when it changed since
+    annotations: Mapping[str, str] = field(default_factory=dict)  # metadata.annotations
+
+
+@dataclass(frozen=True)
+class Handover:
+    """What a replica finds in the Lease it starts leading with: the annotations its last holder wrote, at least
+    how many seconds ago (timed on this replica's monotonic clock from when it first saw that write: never more
+    than the truth), and the writer's wall-clock time of the write (its ``renewTime``)."""
+
+    annotations: Mapping[str, str]
+    age: float
+    renewed: dt.datetime | None
 
 
 class LeaseStore(Protocol):
@@ -89,7 +105,8 @@ class KubernetesLease:
             return None
         spec = lease.spec
         return LeaseRecord(spec.holder_identity or "", int(spec.lease_duration_seconds or 0), spec.acquire_time,
-                           spec.renew_time, int(spec.lease_transitions or 0), lease.metadata.resource_version or "")
+                           spec.renew_time, int(spec.lease_transitions or 0), lease.metadata.resource_version or "",
+                           dict(lease.metadata.annotations or {}))
 
     def _body(self, record: LeaseRecord) -> Any:
         from kubernetes import client
@@ -97,7 +114,8 @@ class KubernetesLease:
         return client.V1Lease(
             api_version="coordination.k8s.io/v1", kind="Lease",
             metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace,
-                                         resource_version=record.version or None),
+                                         resource_version=record.version or None,
+                                         annotations=dict(record.annotations) or None),
             spec=client.V1LeaseSpec(holder_identity=record.holder, lease_duration_seconds=record.lease_seconds,
                                     acquire_time=MicroTime.of(record.acquired), renew_time=MicroTime.of(record.renewed),
                                     lease_transitions=record.transitions))
@@ -139,7 +157,9 @@ def default_namespace() -> str:
 
 class LeaderElector:
     """Takes and renews one Lease from a thread of its own (:meth:`start`); :meth:`is_leader` says whether this
-    replica leads now. ``term`` counts the times it started leading; ``errors["lease"]`` the failed calls."""
+    replica leads now. ``term`` counts the times it started leading; ``errors["lease"]`` the failed calls.
+    ``annotate``: the annotations each of its writes sets (called from the election's thread; the others are
+    kept); :meth:`handover`: those of the Lease as this replica took it."""
 
     def __init__(self, store: LeaseStore, identity: str, lease_seconds: int = 15, renew_seconds: float = 10.0,
                  retry_seconds: float = 2.0, errors: Counter[str] | None = None,
@@ -153,6 +173,8 @@ class LeaderElector:
         self.clock = clock
         self.holder = ""  # the holder as last read
         self.term = 0
+        self.annotate: Callable[[], Mapping[str, str]] = dict
+        self._handover: tuple[Mapping[str, str], float, dt.datetime | None] | None = None  # (annotations, seen at)
         self._renewed_at: float | None = None  # own clock, when the last successful write of ours was sent
         self._observed: tuple[str, float] | None = None  # (version, own clock) of the last change seen
         self._failure = ""
@@ -173,8 +195,9 @@ class LeaderElector:
             try:
                 old = self.store.get()
                 if old is None:
-                    self.store.create(LeaseRecord(self.identity, self.lease_seconds, now, now, 0, ""))
-                    return self._won(started, self.identity)
+                    self.store.create(LeaseRecord(self.identity, self.lease_seconds, now, now, 0, "",
+                                                  dict(self.annotate())))
+                    return self._won(started, self.identity, None)
                 if self._observed is None or self._observed[0] != old.version:
                     self._observed = (old.version, started)
                 self.holder = old.holder
@@ -184,8 +207,9 @@ class LeaderElector:
                     self._answered()
                     return self._lost()
                 self.store.update(LeaseRecord(self.identity, self.lease_seconds, old.acquired if mine else now,
-                                              now, old.transitions + (0 if mine else 1), old.version))
-                return self._won(started, old.holder)
+                                              now, old.transitions + (0 if mine else 1), old.version,
+                                              {**old.annotations, **self.annotate()}))
+                return self._won(started, old.holder, old)
             except LeaseConflict:
                 self._answered()
                 return self.is_leader()  # another replica wrote first; a holder keeps leading until its deadline
@@ -200,9 +224,11 @@ class LeaderElector:
             log.info("leader election: the Lease answers again")
             self._failure = ""
 
-    def _won(self, started: float, previous: str) -> bool:
+    def _won(self, started: float, previous: str, old: LeaseRecord | None) -> bool:
         self._answered()
         if not self.is_leader():
+            seen = self._observed[1] if self._observed is not None else started
+            self._handover = None if old is None else (dict(old.annotations), seen, old.renewed)
             self.term += 1
             log.info("leading as %s (the Lease was %s)", self.identity, f"held by {previous}"
                      if previous and previous != self.identity else "free")
@@ -216,6 +242,15 @@ class LeaderElector:
             self._renewed_at = None
         return False
 
+    def handover(self) -> Handover | None:
+        """The annotations of the Lease as this replica last started leading with it (None: it created the
+        Lease, or never led), and how long ago they were written, at least."""
+        handover = self._handover
+        if handover is None:
+            return None
+        annotations, seen, renewed = handover
+        return Handover(annotations, max(0.0, self.clock() - seen), renewed)
+
     def release(self) -> None:
         """Give the Lease up at once (a clean stop), so that another replica takes it within ``retry_seconds``."""
         with self._lock:
@@ -226,7 +261,8 @@ class LeaderElector:
                 old = self.store.get()
                 if old is not None and old.holder == self.identity:
                     now = dt.datetime.now(dt.UTC)
-                    self.store.update(LeaseRecord("", 1, now, now, old.transitions, old.version))
+                    self.store.update(LeaseRecord("", 1, now, now, old.transitions, old.version,
+                                                  {**old.annotations, **self.annotate()}))
                     log.info("gave the Lease up")
             except LeaseError as exc:
                 log.warning("leader election: could not give the Lease up (another replica takes it once it "

@@ -1,6 +1,6 @@
-"""What the scaler reads from Prometheus each cycle: the demand view, the activation queries and, in recommend
-mode, the counts a decision starts from. A failed query is counted (``errors["query"]``) and logged once per
-reason, at debug level while the same reason repeats."""
+"""What the scaler reads from Prometheus each cycle: the demand view, the activation queries and the counts a
+decision starts from where it does not set them (kube-state-metrics', the last run's recommendations). A failed
+query is counted (``errors["query"]``) and logged once per reason, at debug level while the same reason repeats."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from dprobe.services.scaler.demand import (
     pod_gpus,
     pod_owners,
     previous_recommendations,
+    previous_vc_data,
+    vc_gpus,
     workload_replicas,
 )
 from dprobe.services.sources.base import SourceError
@@ -117,13 +119,26 @@ class DemandReader:
         self._failures.pop("replicas_query", None)
         return replicas
 
-    def recommendations(self) -> tuple[dict[tuple[str, str], int], dict[str, int]] | None:
-        """The recommendations of the scaler's last run (``restore_seconds``; none when 0): per workload, per
-        virtual cluster. None when the query fails (counted, logged once): asked again next cycle."""
+    def vc_gpus(self) -> dict[str, int]:
+        """Each virtual cluster's GPUs as kube-state-metrics shows them (``vc_gpus_query``; empty when it fails)."""
+        try:
+            gpus = vc_gpus(self.queries, self.vc)
+        except SourceError as exc:
+            self.failed("vc_gpus_query", exc, "clusters' counts from their last recommendations")
+            return {}
+        self._failures.pop("vc_gpus_query", None)
+        return gpus
+
+    def recommendations(self) -> tuple[dict[tuple[str, str], int], dict[str, int],
+                                       dict[str, tuple[int, float]]] | None:
+        """What the scaler's last run left (``restore_seconds``; nothing when 0): its recommendations per workload
+        and per virtual cluster, and per virtual cluster the GPUs its pods held at its last decision on data and
+        how long ago (s). None when a query fails (counted, logged once): asked again next cycle."""
         if self.queries.restore_seconds <= 0:
-            return {}, {}
+            return {}, {}, {}
         try:
             workloads, vcs = previous_recommendations(self.queries)
+            held = previous_vc_data(self.queries)
         except SourceError as exc:
             self.failed("restore", exc, "counts not known yet, asked again next cycle")
             return None
@@ -131,7 +146,7 @@ class DemandReader:
         if workloads or vcs:
             log.info("starting from %d recommendations of the last %g s", len(workloads) + len(vcs),
                      self.queries.restore_seconds)
-        return workloads, vcs
+        return workloads, vcs, held
 
     def answered(self, query: str) -> None:
         """``query`` answered again: its next failure is logged at warning level."""

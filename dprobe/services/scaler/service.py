@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from collections import Counter
@@ -30,17 +31,27 @@ from dprobe.services.scaler.leader import KubernetesLease, LeaderElector, defaul
 from dprobe.services.scaler.ledger import Ledger, name
 from dprobe.services.scaler.reader import DemandReader
 from dprobe.services.scaler.sharing import SharePlan, ShareRecommender, previous_limits, read_pods
+from dprobe.services.scaler.state import annotations, encode, resume
 from dprobe.services.sources.base import SourceError
+from dprobe.services.sources.http import redact_url
 
 log = logging.getLogger(__name__)
 CYCLE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 def make_actuator(config: ScalerConfig, kube: Cluster | None, errors: Counter[str]) -> Actuator:
-    """The actuator of ``config.apply.mode``; in apply mode on ``kube``, else on the configured cluster."""
+    """The actuator of ``config.apply.mode``, on ``kube``, else on the configured cluster. In recommend mode it
+    reads scales only with a cluster: ``kube``, a ``kubeconfig``, or the pod's own (in a cluster); one it cannot
+    use is logged, and no scale is read."""
     apply = config.apply
     if apply.mode != "apply":
-        return RecommendActuator()
+        scales: Cluster | ScaleClient | None = kube
+        if scales is None and (apply.kubeconfig or os.environ.get("KUBERNETES_SERVICE_HOST")):
+            try:
+                scales = ScaleClient(apply.kubeconfig, config.queries.http_timeout)
+            except ValueError as exc:
+                log.warning("recommend mode reads no workload's scale: %s", exc)
+        return RecommendActuator(scales, errors)
     client = kube if kube is not None else ScaleClient(apply.kubeconfig, config.queries.http_timeout)
     return KubernetesActuator(apply, config.vc, config.queries, client, errors)
 
@@ -62,9 +73,10 @@ class Scaler:
     The count a decision starts from is the actuator's (:mod:`dprobe.services.scaler.actuator`): in apply mode
     the workload's scale (Kubernetes) and, with ``vc_quota_name``, the virtual cluster's quota; in recommend
     mode (and for what apply mode does not set) the previous recommendation, as if it had been followed, else
-    the last run's, else the replicas kube-state-metrics shows, else (once Prometheus has said there is no last
-    recommendation) the pods seen (a virtual cluster: the GPUs its pods hold). A count known from none of these
-    (Prometheus has not answered since the start) is held, unpublished, and never raised by the fallback.
+    the last run's (the Lease's, Prometheus's), else the replicas (GPUs) kube-state-metrics shows, else the
+    workload's scale where Kubernetes lets it be read. A workload's count known from none of these is held,
+    unpublished, and never raised by the fallback: never the pods seen. A virtual cluster known from none of
+    these starts from the GPUs its pods hold, and is never recommended fewer until its count is read.
 
     Missing data never lowers a count: pods expected (the workload's scale, else the replicas kube-state-metrics
     shows, else the last recommendation, and every pod seen) without a usable forecast are missing (see
@@ -75,22 +87,30 @@ class Scaler:
     kube-state-metrics still shows its replicas, a virtual cluster for ``restore_seconds``.
 
     With leader election (``elector``), only the replica holding the Lease decides, publishes and acts; the
-    others serve /metrics without recommendations and start afresh, as a restarted scaler, when they lead.
+    others serve /metrics without recommendations. The leader writes its decision state into the Lease
+    (:mod:`dprobe.services.scaler.state`), and a replica that starts leading goes on from it: the same counts,
+    the same windows.
+
+    Windows, cooldowns and rate limits run on ``clock``, which never steps (``time.monotonic``); ``wall_clock``
+    (``time.time``) only stamps what is exported.
     """
 
     def __init__(self, config: ScalerConfig, kube: Cluster | None = None,
-                 clock: Callable[[], float] = time.time, elector: LeaderElector | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, elector: LeaderElector | None = None,
+                 wall_clock: Callable[[], float] = time.time) -> None:
         self.config = config.validate()
         self.specs: list[WorkloadSpec] = config.workload_specs()
-        self.clock = clock
+        self.clock, self.wall_clock = clock, wall_clock
         self.errors_total: Counter[str] = Counter()
         self.actuator = make_actuator(config, kube, self.errors_total)
         self.reader = DemandReader(config.queries, config.vc, config.policy.discover, self.specs, self.errors_total)
         self.elector = elector if elector is not None else make_elector(
             config.leader, config.apply.kubeconfig, config.queries.http_timeout, self.errors_total)
         self._term = 0  # the elector's term the decision state below belongs to
-        self.last_cycle_at: float | None = None
+        self.last_cycle_at: float | None = None  # wall clock (exported)
         self._fresh()
+        if self.elector is not None:
+            self.elector.annotate = self._lease_annotations
         self.registry = CollectorRegistry(auto_describe=False)
         self.cycle_seconds = Histogram("dprobe_scaler_cycle_seconds", "Duration of a decision cycle.",
                                        buckets=CYCLE_BUCKETS, registry=self.registry)
@@ -105,8 +125,10 @@ class Scaler:
         for spec in self.specs:
             self.workloads.recommenders[spec.key] = Recommender(spec.policy)
         self.vcs: Ledger[str] = Ledger()
-        self.vc_data: dict[str, tuple[float, int]] = {}  # vc -> (its last decision on data, GPUs its pods held)
         self.vc_held_gpus: dict[str, int] = {}
+        # vc -> (GPUs its pods held at its last decision on data, when: Unix time), for restore_seconds after it: a
+        # restarted scaler reads them back (demand.previous_vc_data)
+        self.vc_last_data: dict[str, tuple[int, float]] = {}
         self.vc_pending_gpus: dict[str, float] = {}  # from vc_pending_query
         self.grouped_pods: dict[str, int] = {}  # pods put in a workload last cycle, by method (owner, name)
         self.reader.activations.clear()
@@ -115,6 +137,8 @@ class Scaler:
         self.shares: SharePlan | None = None  # the last cycle's shares (sharing enabled)
         self._shares_restored = False  # the last run's memory limits read back (once, at the first cycle)
         self._no_data = False  # the last answer held no usable forecast while pods expected some
+        self._state: tuple[str, float] | None = None  # the decision state as saved into the Lease, and when taken
+        self._left_out = 0  # objects the last saved state had no room for
 
     @property
     def publishing(self) -> bool:
@@ -123,8 +147,9 @@ class Scaler:
         return self.elector is None or (self.elector.is_leader() and self.elector.term == self._term)
 
     def _lead(self) -> bool:
-        """:attr:`publishing`; the decision state starts afresh whenever this replica starts or stops leading
-        (a new leader starts as a restarted scaler: from the last recommendations Prometheus kept)."""
+        """:attr:`publishing`; the decision state is made anew whenever this replica starts or stops leading: a
+        new leader goes on from the state the last one left in the Lease (else it starts as a restarted scaler,
+        from the last recommendations Prometheus kept)."""
         if self.elector is None:
             return True
         leading = self.elector.is_leader()
@@ -132,7 +157,27 @@ class Scaler:
         if term != self._term:
             self._fresh()
             self._term = term
+            if leading:
+                resume(self.elector.handover(), self.workloads, self.vcs, self.clock(), self.wall_clock(),
+                       self.config.queries.restore_seconds,
+                       {"workloads": self.config.default_policy, "vcs": self.config.gpu_policy})
         return leading
+
+    def _save(self, now: float) -> None:
+        """The decision state the Lease carries to the next leader (with leader election), as of ``now``."""
+        text, left_out = encode(self.workloads, self.vcs, now)
+        if left_out and not self._left_out:
+            log.warning("%d workloads and virtual clusters left out of the Lease's decision state (too large): "
+                        "they start afresh after a change of leader", left_out)
+        self._state, self._left_out = (text, now), left_out
+
+    def _lease_annotations(self) -> dict[str, str]:
+        """What the elector writes into the Lease (from its own thread): the last cycle's state while this
+        replica publishes, else nothing (the Lease keeps what it has)."""
+        state = self._state
+        if state is None or not self.publishing:
+            return {}
+        return annotations(state[0], self.clock() - state[1])
 
     # what the collector reads -------------------------------------------------------------------------
     @property
@@ -169,7 +214,7 @@ class Scaler:
         now = self.clock()
         view = self.reader.read()
         if view is not None:
-            self.actuator.prepare(self.reader, self.workloads, self.vcs)
+            self.actuator.prepare(self.reader, self.workloads, self.vcs, now)
         decisions: dict[tuple[str, str], Decision] = {}
         for spec in self.specs:
             decision = self._guarded(self.workloads, spec.key, partial(self._decide_workload, now, spec, view))
@@ -194,7 +239,11 @@ class Scaler:
                         "holding every count")
         # (without a view, virtual clusters keep showing their last decision)
         self.workloads.decisions = decisions
-        self.last_cycle_at = now
+        self.last_cycle_at = wall = self.wall_clock()
+        keep = self.config.queries.restore_seconds
+        self.vc_last_data = {vc: (n, wall - (now - at)) for vc, (at, n) in self.vcs.held.items() if now - at <= keep}
+        if self.elector is not None:
+            self._save(now)
         self.cycle_seconds.observe(time.perf_counter() - started)
 
     def _share(self, now: float, view: DemandView) -> None:
@@ -244,10 +293,11 @@ class Scaler:
         log.warning("%s", exc)
 
     def _decide_workload(self, now: float, spec: WorkloadSpec, view: DemandView | None) -> Decision | None:
-        """A listed workload's decision. One at zero replicas with no pods has nothing to forecast: with
-        ``min_replicas: 0`` its demand is 0 (its activation query may wake it; from a recommendation, once
-        the zero is known); otherwise, at a count set in the cluster, it was scaled to zero by hand and is left
-        there, as the HPA leaves it. Pods expected (:meth:`_expected`) without a forecast are missing."""
+        """A listed workload's decision, from a count read (:meth:`Ledger.start`, else its scale where it can be
+        read; else none, unpublished). One at zero replicas with no pods has nothing to forecast: with
+        ``min_replicas: 0`` its demand is 0 (its activation query may wake it); otherwise, at a count set in the
+        cluster, it was scaled to zero by hand and is left there, as the HPA leaves it. Pods expected
+        (:meth:`_expected`) without a forecast are missing."""
         demand = view.workloads.get(spec.key) if view else None
         total = demand.total if demand and demand.pods else None
         covered = len(demand.pods) if demand else 0
@@ -258,27 +308,27 @@ class Scaler:
         except ActuatorError as exc:
             self._actuator_failed(exc)
             return self.workloads.decisions.get(spec.key)
-        # at zero for sure: the count set in the cluster, the last recommendation, or the activation query says
-        # whether work waits (a workload never recommended for may have pods not forecast yet)
-        known_zero = current is not None or spec.key in self.workloads.published or active is not None
         scaled = current is not None  # read from the cluster (apply mode)
         if current is None:
-            current = self.workloads.start(spec.key, seen)
-            if current is None:
-                return self.workloads.unknown(total)
+            current = self.workloads.start(spec.key)
         elif current == 0 and spec.policy.min_replicas > 0:
             return Decision(0, 0, 0, total, "paused: scaled to zero by hand")
+        if current is None:
+            current = self.actuator.read_replicas(spec)  # recommend mode, where Kubernetes lets it be read
+            scaled = current is not None
+        if current is None:
+            return self.workloads.unknown(total)
         expected = self._expected(spec.key, current, seen, scaled)
-        if total is None and view is not None and expected == 0 and spec.policy.min_replicas == 0 and known_zero:
-            total = 0.0
+        if total is None and view is not None and expected == 0 and spec.policy.min_replicas == 0:
+            total = 0.0  # at zero (a count read), no pods: nothing to forecast
         missing = 0 if view is None else max(0, expected - covered)
         return self._decide(self.workloads, now, spec.key, total, current, partial(self.actuator.scale, spec),
-                            "replicas", active, missing, covered, scaled or self.workloads.read(spec.key))
+                            "replicas", active, missing, covered)
 
     def _expected(self, key: tuple[str, str], current: int, seen: int, scaled: bool) -> int:
         """The pods a workload should have, never fewer than those seen: its scale when read from the cluster
         (``scaled``), else the replicas kube-state-metrics shows, else ``current`` (its last recommendation, as
-        if followed; the last run's; or the pods seen)."""
+        if followed, or the last run's)."""
         if not scaled and key in self.workloads.counted:
             return max(seen, self.workloads.counted[key])
         return max(current, seen)
@@ -307,21 +357,23 @@ class Scaler:
         covered = len(demand.pods)
         seen = covered + len(demand.missing)
         total = demand.total if demand.pods else None
-        current = self.workloads.start(key, seen)
+        current = self.workloads.start(key)
         if current is None:
             return self.workloads.unknown(total)
         missing = max(0, self._expected(key, current, seen, False) - covered)
         return self._decide(self.workloads, now, key, total, current, None, "replicas", missing=missing,
-                            covered=covered, read=self.workloads.read(key))
+                            covered=covered)
 
     def _decide_vcs(self, now: float, vcs: dict[str, Demand]) -> dict[str, Decision]:
         """One GPU decision per virtual cluster, from the actuator's count (apply mode with ``vc_quota_name``:
-        the GPU limit of that ResourceQuota in the cluster's namespace), else from :meth:`Ledger.start`. The
-        GPUs expected are those its pods hold and, for ``restore_seconds`` after its last decision on data, those
+        the GPU limit of that ResourceQuota in the cluster's namespace), else from :meth:`Ledger.start`, else from
+        the GPUs its pods hold, never fewer (:meth:`_decide_vc`). The GPUs expected are those its pods hold and,
+        for ``restore_seconds`` after its last decision on data (this run's or, restored, the last run's), those
         they held then: missing ones hold the count as a workload's missing pods do. A cluster whose pods all went
         silent is held for ``restore_seconds``, then forgotten (at once if it was never published)."""
         keep = self.config.queries.restore_seconds
-        silent = {vc for vc in self.vcs.published - set(vcs) if now - self.vc_data.get(vc, (-math.inf, 0))[0] <= keep}
+        held = self.vcs.held
+        silent = {vc for vc in self.vcs.published - set(vcs) if now - held.get(vc, (-math.inf, 0))[0] <= keep}
         out = {}
         for vc in [*vcs, *sorted(silent)]:
             demand = vcs.get(vc)
@@ -338,32 +390,40 @@ class Scaler:
                 out[vc] = decision
         for vc in set(self.vcs.recommenders) - set(vcs) - silent:
             self.vcs.forget(vc)
-            self.vc_data.pop(vc, None)
+        for vc in [vc for vc, (at, _) in held.items() if now - at > keep and vc not in vcs]:
+            del held[vc]  # restored for a cluster not seen again
         return out
 
     def _decide_vc(self, now: float, vc: str, demand: Demand | None, quota: int | None) -> Decision:
-        """``demand``: None for a cluster absent from this cycle's answer (held)."""
-        current = self.vcs.start(vc, demand.gpus if demand else 0) if quota is None else quota
-        if current is None:
-            return self.vcs.unknown(None)
+        """``demand``: None for a cluster absent from this cycle's answer (held). A count read by nothing (no quota,
+        no earlier recommendation, not in kube-state-metrics' answer) starts from the GPUs its pods hold, and the
+        decision is never below them: no scale-down starts from what is seen alone."""
         silent, demand = demand is None, demand or Demand()
+        current = self.vcs.start(vc) if quota is None else quota
+        read = quota is not None or (current is not None and self.vcs.read(vc))
+        if current is None and not self.vcs.restore_answered:
+            return self.vcs.unknown(None)  # the last run's recommendation may yet be read
+        if current is None:
+            current = demand.gpus
         covered = demand.gpus - demand.missing_gpus
-        at, held = self.vc_data.get(vc, (-math.inf, 0))
-        expected = max(demand.gpus, held if now - at <= self.config.queries.restore_seconds else 0)
+        at, held = self.vcs.held.get(vc, (-math.inf, 0))
+        expected = max(demand.gpus, self.vcs.counted.get(vc, 0),
+                       held if now - at <= self.config.queries.restore_seconds else 0)
         missing = expected - covered
         total = None if silent or not (demand.pods or demand.pending or not missing) else demand.total
         decision = self._decide(self.vcs, now, vc, total, current, partial(self.actuator.set_gpus, vc), "GPUs",
-                                missing=missing, covered=covered, read=quota is not None or self.vcs.read(vc))
+                                missing=missing, covered=covered, read=read, floor=0 if read else demand.gpus)
         if decision.demand is not None:
-            self.vc_data[vc] = (now, demand.gpus)
+            self.vcs.held[vc] = (now, demand.gpus)
         return decision
 
     def _decide(self, ledger: Ledger, now: float, key: object, demand: float | None, current: int,
                 act: Callable[[Decision, float | None], bool] | None, unit: str, active: bool | None = None,
-                missing: int = 0, covered: int = 0, read: bool = True) -> Decision:
-        """Decide (:meth:`Ledger.decide`; ``read``: whether ``current`` was read, see :meth:`Ledger.read`), log a
-        change, ``act`` on it (if given, and while this replica leads) and count it by direction."""
-        decision = ledger.decide(now, key, demand, current, active, missing, covered, read)
+                missing: int = 0, covered: int = 0, read: bool = True, floor: int = 0) -> Decision:
+        """Decide (:meth:`Ledger.decide`; ``read``: whether ``current`` was read, see :meth:`Ledger.read`;
+        ``floor``: the count not to go below), log a change, ``act`` on it (if given, and while this replica
+        leads) and count it by direction."""
+        decision = ledger.decide(now, key, demand, current, active, missing, covered, read, floor)
         if decision.replicas != current:
             shown = "no forecast" if demand is None else f"demand {demand:.2f}"
             log.info("%s: %d -> %d %s (%s, %s; desired %d)", name(key), current, decision.replicas, unit,
@@ -414,7 +474,7 @@ class Scaler:
             self.server.start()
             log.info("serving http://%s:%d/metrics (%s mode, %d configured workloads, forecasts from %s%s)",
                      self.config.web.listen_address, self.server.port, self.actuator.mode, len(self.specs),
-                     self.config.queries.prometheus.url, "" if self.elector is None else
+                     redact_url(self.config.queries.prometheus.url), "" if self.elector is None else
                      f"; leader election on Lease {self.config.leader.lease_name} as "
                      f"{self.elector.identity}")
         if self.elector is not None:

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dprobe.core.options import option
 from dprobe.services.sources.base import IDENTITY_LABELS, Sample, SourceError, check_reading, target_name
-from dprobe.services.sources.http import http_get
+from dprobe.services.sources.http import http_get, redact_url
 from dprobe.services.sources.registry import SourceContext, register
 
 MIB = 1024 * 1024
@@ -130,7 +130,7 @@ class DcgmSource:
         try:
             return parse_dcgm_text(text, time.time(), self.targets, self.utilization)
         except SourceError as exc:
-            raise SourceError(f"{self.url}: {exc}") from exc
+            raise SourceError(f"{redact_url(self.url)}: {exc}") from exc
 
     def close(self) -> None:
         pass

@@ -1,18 +1,30 @@
 """A small HTTP GET used by the network sources and the scaler, turning every failure into :class:`SourceError`;
 with :class:`HttpAuth`, the credentials and TLS settings of a secured server (bearer token, basic auth, CA,
-client certificate, extra headers)."""
+client certificate, extra headers). Its timeout is a deadline: connecting (the TLS handshake included), sending
+the request and reading the status, headers and body must all be done within it, however slowly the server
+answers. A URL is shown without the password of its user info (:func:`redact_url`)."""
 
 from __future__ import annotations
 
 import base64
+import functools
+import http.client
+import io
 import os
 import re
+import socket
 import ssl
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping
+from typing import Any
 
+from dprobe.core.options import USERINFO, redact_url
 from dprobe.services.sources.base import SourceError
+
+__all__ = ["HttpAuth", "http_get", "redact_url", "redact"]
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # an HTTP token (RFC 9110)
@@ -164,16 +176,123 @@ def _tls_hint(reason: object, auth: HttpAuth | None) -> str:
     return str(reason)
 
 
+def redact(text: str, url: str) -> str:
+    """``text`` (a message about ``url``) without the password of ``url``'s user info, wherever it shows it:
+    in a URL (:func:`redact_url`), or in a part of one an error quotes (``nonnumeric port: 'pass@host'``)."""
+    text = redact_url(text)
+    found = USERINFO.search(url)
+    if found:
+        user, colon, password = found.group(1).partition(":")
+        secret = password if colon else user  # user info without a password: a token
+        for form in {secret, urllib.parse.unquote(secret)} - {""}:  # as written, and as an error decodes it
+            text = text.replace(form, "xxxxx")
+    return text
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A socket's bytes, each read given only what is left until ``deadline`` (``time.monotonic()``)."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        super().__init__()
+        self.sock, self.deadline = sock, deadline
+        self.raw = sock.makefile("rb", buffering=0)  # holds the socket open while the answer is read
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int | None:
+        self.sock.settimeout(_left(self.deadline))
+        return self.raw.readinto(buffer)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.raw.close()
+        super().close()
+
+
+class _DeadlineResponse(http.client.HTTPResponse):
+    """An answer whose status line, headers and body must all have come by ``deadline``."""
+
+    def __init__(self, sock: socket.socket, *args: Any, deadline: float, **kwargs: Any) -> None:
+        super().__init__(sock, *args, **kwargs)
+        self.fp.close()
+        self.fp = io.BufferedReader(_DeadlineReader(sock, deadline))
+
+
+def _left(deadline: float) -> float:
+    """Seconds left until ``deadline``; TimeoutError once it has passed."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("timed out")
+    return left
+
+
+class _DeadlineConnection:
+    """An http.client connection whose ``timeout`` bounds the whole request, from its creation: connecting
+    (with the TLS handshake), sending, and reading the answer, each step given what is left of it."""
+
+    timeout: float
+    sock: socket.socket | None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
+        self.deadline = time.monotonic() + self.timeout
+        self._create_connection = self._connect
+        self.response_class = functools.partial(_DeadlineResponse, deadline=self.deadline)
+
+    def _connect(self, address: tuple[str, int], timeout: float, source_address: Any = None) -> socket.socket:
+        sock = socket.create_connection(address, _left(self.deadline), source_address)
+        sock.settimeout(_left(self.deadline))  # what is left of it for the TLS handshake
+        return sock
+
+    def send(self, data: Any) -> None:
+        if self.sock is not None:
+            self.sock.settimeout(_left(self.deadline))
+        super().send(data)  # type: ignore[misc]
+
+
+class _HTTPConnection(_DeadlineConnection, http.client.HTTPConnection):
+    pass
+
+
+class _HTTPSConnection(_DeadlineConnection, http.client.HTTPSConnection):
+    pass
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_HTTPConnection, req)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, context: ssl.SSLContext | None = None) -> None:
+        super().__init__(context=context)
+        self.context = context
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_HTTPSConnection, req, context=self.context)
+
+
 def http_get(url: str, timeout: float, accept: str = "text/plain", auth: HttpAuth | None = None) -> str:
-    """GET ``url`` and return its body as text; any network, TLS, HTTP or decoding failure is a SourceError
-    (an HTTP 401 says which credentials were sent, a certificate that is not trusted which option trusts it)."""
+    """GET ``url`` and return its body as text, all of it within ``timeout`` s (a deadline, not a limit per
+    read); any network, TLS, HTTP or decoding failure is a SourceError (an HTTP 401 says which credentials were
+    sent, a certificate that is not trusted which option trusts it), which never shows the URL's password."""
+    try:
+        return _get(url, timeout, accept, auth)
+    except SourceError as exc:
+        raise SourceError(redact(str(exc), url)) from exc.__cause__
+
+
+def _get(url: str, timeout: float, accept: str, auth: HttpAuth | None) -> str:
     headers = {"Accept": accept, "User-Agent": "dprobe"}
-    handlers: list[urllib.request.BaseHandler] = []
+    context = None
+    handlers: list[urllib.request.BaseHandler] = [_HTTPHandler()]
     if auth is not None and auth.configured:
         headers.update(auth.request_headers())
         handlers.append(_NoRedirect())
         if url.lower().startswith("https:"):
-            handlers.append(urllib.request.HTTPSHandler(context=auth.ssl_context()))
+            context = auth.ssl_context()
+    handlers.append(_HTTPSHandler(context))
     req = urllib.request.Request(url, headers=headers)
     try:
         opener = urllib.request.build_opener(*handlers)
@@ -182,12 +301,14 @@ def http_get(url: str, timeout: float, accept: str = "text/plain", auth: HttpAut
     except urllib.error.HTTPError as exc:
         raise SourceError(f"{url}: {_describe(exc, auth)}") from exc
     except urllib.error.URLError as exc:
+        if isinstance(exc.reason, TimeoutError):
+            raise SourceError(f"{url}: timed out after {timeout:g} s") from exc
         raise SourceError(f"{url}: {_tls_hint(exc.reason, auth)}") from exc
     except TimeoutError as exc:
         raise SourceError(f"{url}: timed out after {timeout:g} s") from exc
     except ssl.SSLError as exc:
         raise SourceError(f"{url}: {_tls_hint(exc, auth)}") from exc
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, http.client.HTTPException) as exc:
         raise SourceError(f"{url}: {exc}") from exc
     if len(body) > MAX_BODY_BYTES:
         raise SourceError(f"{url}: response larger than {MAX_BODY_BYTES} bytes")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from dprobe.core.options import option
 from dprobe.services.sources.base import IDENTITY_LABELS, Sample, SourceError, target_name
-from dprobe.services.sources.http import HttpAuth, http_get
+from dprobe.services.sources.http import HttpAuth, http_get, redact_url
 from dprobe.services.sources.registry import SourceContext, register
 
 DEFAULT_MEMORY_QUERY = "sum by (namespace, pod) (DCGM_FI_DEV_FB_USED{pod!=\"\"}) * 1048576"
@@ -58,7 +58,7 @@ class PrometheusAccess:
         self.auth().check()
         tls = [n for n in ("ca_file", "cert_file", "insecure_skip_verify") if getattr(self, n)]
         if tls and not url.lower().startswith("https:"):
-            raise ValueError(f"prometheus_{tls[0]} is for an https:// server, prometheus_url is {url!r}")
+            raise ValueError(f"prometheus_{tls[0]} is for an https:// server, prometheus_url is {redact_url(url)!r}")
 
 
 @dataclass
@@ -75,13 +75,14 @@ class PrometheusOptions(PrometheusAccess):
 def api_get(url: str, endpoint: str, params: dict[str, str], timeout: float, kind: str,
             auth: HttpAuth | None = None) -> list:
     """The ``result`` list of ``GET {url}/api/v1/{endpoint}`` (a Prometheus server) when it answers with
-    a ``kind`` (vector, matrix); any failure is a SourceError naming the server and the query as written."""
+    a ``kind`` (vector, matrix); any failure, an answer not shaped as the API's included, is a SourceError
+    naming the server (without a password) and the query as written."""
     full = f"{url.rstrip('/')}/api/v1/{endpoint}?{urllib.parse.urlencode(params)}"
-    where = f"{url}: {params.get('query', '')!r}"
+    where = f"{redact_url(url)}: {params.get('query', '')!r}"
     try:
         body = http_get(full, timeout, accept="application/json", auth=auth)
     except SourceError as exc:  # the query as written, not URL-encoded
-        raise SourceError(f"{where}: {str(exc).removeprefix(full + ': ')}") from exc
+        raise SourceError(f"{where}: {str(exc).removeprefix(redact_url(full) + ': ')}") from exc
     try:
         doc = json.loads(body)
     except json.JSONDecodeError as exc:
@@ -90,9 +91,14 @@ def api_get(url: str, endpoint: str, params: dict[str, str], timeout: float, kin
         err = doc.get("error") if isinstance(doc, dict) else None
         raise SourceError(f"{where}: query failed: {err or 'unexpected answer'}")
     data = doc.get("data") or {}
+    if not isinstance(data, dict):
+        raise SourceError(f"{where}: expected a {kind}, got data of type {type(data).__name__}")
     if data.get("resultType") != kind:
         raise SourceError(f"{where}: expected a {kind}, got {data.get('resultType')!r}")
-    return data.get("result") or []
+    result = data.get("result") or []
+    if not isinstance(result, list):
+        raise SourceError(f"{where}: expected a {kind}, got a result of type {type(result).__name__}")
+    return result
 
 
 def query_vector(url: str, query: str, timeout: float, auth: HttpAuth | None = None
@@ -103,7 +109,7 @@ def query_vector(url: str, query: str, timeout: float, auth: HttpAuth | None = N
     try:
         return [(dict(s.get("metric", {})), float(s["value"][1])) for s in rows]
     except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
-        raise SourceError(f"{url}: {query!r}: malformed vector ({exc})") from exc
+        raise SourceError(f"{redact_url(url)}: {query!r}: malformed vector ({exc})") from exc
 
 
 class PrometheusSource:
@@ -150,7 +156,7 @@ class PrometheusSource:
             return [(dict(s.get("metric", {})), [(float(t), float(v)) for t, v in s.get("values", [])])
                     for s in series]
         except (TypeError, ValueError, AttributeError) as exc:
-            raise SourceError(f"{self.url}: {query!r}: malformed matrix ({exc})") from exc
+            raise SourceError(f"{redact_url(self.url)}: {query!r}: malformed matrix ({exc})") from exc
 
     def _target(self, labels: dict[str, str]) -> str | None:
         if self.target_label:
