@@ -896,16 +896,16 @@ def test_a_workloads_count_never_read_is_not_known_and_nothing_is_published(http
     assert trace == [(11, 11, 11.0)] * 10 + [(11, 3, 3.0), (3, 3, 3.0)], trace
 
 
-def test_a_virtual_clusters_count_is_read_from_kube_state_metrics_never_lowered_from_the_gpus_seen(
+def test_a_virtual_clusters_count_is_read_from_kube_state_metrics_never_from_the_gpus_seen(
         http_peer) -> None:
     """serving's pods hold 11 GPUs, as kube-state-metrics shows. After a restart without history the first cycle
     sees 4 of them (dcgm-exporter in part scraped) and no forecast, the next the 4 forecast, idle, then all 11:
     the cluster starts from the 11 read (never published 4; 4 of 11 GPUs with a forecast hold the count) and
-    scales down a full window after its first decision. Without kube-state-metrics' answer it is never
-    recommended fewer GPUs than its pods are seen to hold."""
+    scales down a full window after its first decision. Without kube-state-metrics' answer its count is never
+    read, and nothing is published for it: not the GPUs its pods are seen to hold."""
     forecasts: dict[str, float] = {}
     gpus = ELEVEN[:4]
-    for ksm, expected in (({"serving": 11}, [None] + [11] * 8 + [3] * 4), ({}, [4] + [11] * 12)):
+    for ksm, expected in (({"serving": 11}, [None] + [11] * 8 + [3] * 4), ({}, [None] * 13)):
         forecasts.clear()
         gpus[:] = ELEVEN[:4]
         with http_peer(_cluster_reply(forecasts, gpus, replicas={}, vc_gpus=ksm)) as url:
@@ -921,8 +921,7 @@ def test_a_virtual_clusters_count_is_read_from_kube_state_metrics_never_lowered_
                 trace.append(_published(scaler).get("serving"))
                 forecasts.update({p: 0.1 for p in ELEVEN})
                 gpus[:] = ELEVEN
-        # kube-state-metrics: from its 11 at t = 0 to ceil(1.1 / 0.5) = 3 at t = 300; without it, never below the
-        # GPUs seen (the 4 of t = 30 were all that was seen then)
+        # kube-state-metrics: from its 11 at t = 0 to ceil(1.1 / 0.5) = 3 at t = 300; without it, not known
         assert trace == expected, (ksm, trace)
 
 

@@ -175,7 +175,8 @@ def test_sharing_section_in_a_config_file(tmp_path: Path) -> None:
 # the service and its metrics ------------------------------------------------------------------------
 def _prometheus(memory: dict[str, float], util: dict[str, float], totals: dict[str, float] | None = None):
     """A Prometheus API for one namespace (``serving``, also the virtual cluster): per pod the utilisation and
-    memory forecasts (at horizons 60 and 300 s; the 300 s one is ``memory``, the 60 s one 1 GB less)."""
+    memory forecasts (at horizons 60 and 300 s; the 300 s one is ``memory``, the 60 s one 1 GB less), and the
+    cluster's GPUs as kube-state-metrics shows them (one per pod)."""
     def reply(path: str) -> tuple[int, str, float]:
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query).get("query", [""])[0]
         rows: list[tuple[dict, float]] = []
@@ -190,6 +191,8 @@ def _prometheus(memory: dict[str, float], util: dict[str, float], totals: dict[s
             rows = [({**base, "pod": p, "target": f"serving/{p}"}, v) for p, v in (totals or {}).items()]
         elif "DCGM" in query:
             rows = [({**base, "pod": p}, 1) for p in sorted({*memory, *util})]
+        elif "kube_pod_container_resource_requests" in query:  # the virtual cluster's GPUs (kube-state-metrics)
+            rows = [(base, len({*memory, *util}))]
         return 200, json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
             {"metric": m, "value": [0, repr(float(v)).replace("nan", "NaN")]} for m, v in rows]}}), 0.0
     return reply

@@ -46,7 +46,7 @@ def dcgm_text() -> str:
 
 def kube_state_text(available: int) -> str:
     """kube-state-metrics' series: the Deployment llm (spec 2, ``available`` of them available) and its pods'
-    owners, a StatefulSet, and a pod of team-c waiting for 3 GPUs."""
+    owners, a StatefulSet, a pod of team-c waiting for 3 GPUs and one of team-a running on 2."""
     rows = [
         ("kube_deployment_spec_replicas", 'namespace="serving",deployment="llm"', 2),
         ("kube_deployment_status_replicas_available", 'namespace="serving",deployment="llm"', available),
@@ -55,6 +55,10 @@ def kube_state_text(available: int) -> str:
         ("kube_pod_container_resource_requests", 'namespace="team-c",pod="queued-0",container="main",'
                                                  'resource="nvidia_com_gpu",unit="integer"', 3),
         ("kube_pod_status_phase", 'namespace="team-c",pod="queued-0",phase="Pending"', 1),
+        # team-a's training pod, running on 2 GPUs: where its virtual cluster's count starts
+        ("kube_pod_container_resource_requests", 'namespace="team-a",pod="train-0",container="main",'
+                                                 'resource="nvidia_com_gpu",unit="integer"', 2),
+        ("kube_pod_status_phase", 'namespace="team-a",pod="train-0",phase="Running"', 1),
         # who owns the replicas: their ReplicaSet, and the Deployment that owns it
         *(("kube_pod_owner", f'namespace="serving",pod="llm-7d9f8c6b5d-{s}",owner_kind="ReplicaSet",'
                              'owner_name="llm-7d9f8c6b5d",owner_is_controller="true"', 1) for s in ("aaaaa", "bbbbb")),

@@ -38,14 +38,16 @@ def dcgm_text() -> str:
     return "\n".join(lines) + "\n" + KUBE_STATE
 
 
-# kube-state-metrics' series of two pods: one running in team-a, one of team-c not scheduled (no sidecar yet); and
+# kube-state-metrics' series of three pods: one running in team-a, a new one in team-b (no samples yet), one of
+# team-c not scheduled (no sidecar yet); and
 # the replicas of serving's Deployments (where their counts start: the scaler takes none from the pods it sees)
 KUBE_STATE = "".join(
     f'kube_pod_container_resource_requests{{namespace="{ns}",pod="{pod}",container="main",node="n1",'
     f'resource="nvidia_com_gpu",unit="integer"}} {gpus}\n'
     + "".join(f'kube_pod_status_phase{{namespace="{ns}",pod="{pod}",phase="{phase}"}} {int(phase == now)}\n'
               for phase in ("Pending", "Running"))
-    for ns, pod, gpus, now in (("team-a", "train-0", 2, "Running"), ("team-c", "queued-0", 3, "Pending"))) + (
+    for ns, pod, gpus, now in (("team-a", "train-0", 2, "Running"), ("team-b", "trainer-new-0", 1, "Running"),
+                               ("team-c", "queued-0", 3, "Pending"))) + (
     'kube_deployment_spec_replicas{namespace="serving",deployment="llm"} 2\n'
     'kube_deployment_spec_replicas{namespace="serving",deployment="idle"} 0\n')
 

@@ -95,7 +95,8 @@ class RecommendActuator(Actuator):
     (as KEDA does when it scales on ``dprobe_recommended_replicas``); after a restart, from the last one
     Prometheus (or the Lease) kept; else from the workload's replicas as kube-state-metrics shows them, else, with
     ``scales`` (a kubeconfig, or in a cluster), its scale where RBAC allows a read; else it is not known. A
-    virtual cluster: its GPUs as kube-state-metrics shows them, else never below the GPUs its pods hold."""
+    virtual cluster: its GPUs as kube-state-metrics shows them (0 for one its answer leaves out), else it is not
+    known."""
 
     mode = "recommend"
 

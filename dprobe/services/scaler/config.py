@@ -214,8 +214,8 @@ class VcOptions:
     gpus_query: str = option(VC_GPUS_QUERY, "PromQL giving the GPUs each virtual cluster's pods hold, by its "
                                             "vc_label label (kube-state-metrics: what its running pods request): "
                                             "where a cluster's count starts when no earlier recommendation is kept "
-                                            "('' = none: from its last recommendation, else never below the GPUs "
-                                            "its pods hold)")
+                                            "('' = none: from its last recommendation, else not known: nothing "
+                                            "published for it)")
     pending_query: str = option("", "PromQL giving the GPUs waiting in each virtual cluster, by its vc_label "
                                     "label (pending pods, queued jobs: no sidecar forecasts them), added to "
                                     "the cluster's demand ('' = none)")

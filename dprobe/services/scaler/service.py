@@ -396,15 +396,16 @@ class Scaler:
 
     def _decide_vc(self, now: float, vc: str, demand: Demand | None, quota: int | None) -> Decision:
         """``demand``: None for a cluster absent from this cycle's answer (held). A count read by nothing (no quota,
-        no earlier recommendation, not in kube-state-metrics' answer) starts from the GPUs its pods hold, and the
-        decision is never below them: no scale-down starts from what is seen alone."""
+        no earlier recommendation, and kube-state-metrics not answering; a cluster its answer leaves out runs no
+        GPU pod: 0) is not known: nothing is published for the cluster until one is (never a count from the GPUs
+        its pods are seen to hold)."""
         silent, demand = demand is None, demand or Demand()
         current = self.vcs.start(vc) if quota is None else quota
         read = quota is not None or (current is not None and self.vcs.read(vc))
-        if current is None and not self.vcs.restore_answered:
-            return self.vcs.unknown(None)  # the last run's recommendation may yet be read
+        if current is None and self.vcs.counted:  # kube-state-metrics answered: none of its running pods here
+            current, read = 0, True
         if current is None:
-            current = demand.gpus
+            return self.vcs.unknown(None if silent else demand.total)
         covered = demand.gpus - demand.missing_gpus
         at, held = self.vcs.held.get(vc, (-math.inf, 0))
         expected = max(demand.gpus, self.vcs.counted.get(vc, 0),
