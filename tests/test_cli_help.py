@@ -38,7 +38,8 @@ def test_the_command_is_the_first_word_that_is_not_an_option():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", [(), ("predict",), ("graph",), ("evaluate",), ("simulate",), ("profiles",)])
+@pytest.mark.parametrize("command", [(), ("predict",), ("graph",), ("evaluate",), ("simulate",), ("profiles",), ("sidecar",),
+                                     ("scaler",)])
 def test_help_imports_only_its_command(command):
     modules = _imported_by_help(*command)
     assert not [m for m in modules if m.split(".")[0] in HEAVY], modules

@@ -74,8 +74,9 @@ def test_config_precedence_file_env_flags(tmp_path: Path) -> None:
     ({"DPROBE_SIDECAR_SOURCE": "prometheus", "DPROBE_SIDECAR_PROMETHEUS_URL": "prometheus:9090"}, "prometheus_url"),
     ({"DPROBE_SIDECAR_SOURCE": "dcgm", "DPROBE_SIDECAR_DCGM_URL": "http:///metrics"}, "dcgm_url"),
     # nonsense that was accepted, and only showed later (or never)
-    ({"DPROBE_SIDECAR_MAX_TARGETS": "0"}, "max_targets must be at least 1"),
-    ({"DPROBE_SIDECAR_MAX_TARGETS": "-3"}, "max_targets must be at least 1"),
+    ({"DPROBE_SIDECAR_MAX_TARGETS": "-3"}, "max_targets must be positive, or 0 for as many as the memory limit"),
+    ({"DPROBE_SIDECAR_MEMORY_LIMIT_MIB": "-512"}, "memory_limit_mib must be positive, or 0"),
+    ({"DPROBE_SIDECAR_JOB_RSS_LIMIT_MIB": "nan"}, "job_rss_limit_mib must be positive, or 0"),
     ({"DPROBE_SIDECAR_MIN_POINTS": "0"}, "min_points must be at least 1"),
     ({"DPROBE_SIDECAR_HORIZONS": "5,60"}, "horizons must be at least step_seconds"),
     ({"DPROBE_SIDECAR_HORIZONS": "60,inf"}, "option horizons: item 'inf' of the list: expected a whole number"),
@@ -175,8 +176,8 @@ def test_window_memory_is_bounded_and_rows_reused() -> None:
         store.add([Sample(f"gen{round_}/pod{i}", t0, 1.0, 0.5) for i in range(50)])
         store.drop_older_than(t0 - 1)
     assert len(store.targets()) == 50 and store._bins.shape[0] <= 100
-    store.add([Sample(f"extra{i}", 2000.0, 1.0, 0.5) for i in range(80)])
-    assert len(store.targets()) == 100 and store.rejected_targets == 30
+    store.add([Sample(f"extra{i}", 2000.0, 1.0, 0.5) for i in range(80)])  # 50 rows free, then 30 shed
+    assert len(store.targets()) == 100 and store.shed_total == {"least_recent": 30, "full": 0}
 
 
 # forecast engine -------------------------------------------------------------------------------

@@ -18,37 +18,46 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Generic, TypeVar
 
-from dprobe.core.options import positive
+from dprobe.core.options import positive, zero_means
+from dprobe.services.sidecar.memory import MIB, MemoryLimit, rss_bytes
 
 # why a child's work was not done: the task failed, or the child ran past a limit or was killed
 FAILURES = ("error", "timeout", "cpu", "memory", "killed")
 MEMORY_EXIT = 3  # the child's exit status when it ran out of its address space
+WATCH_SECONDS = 0.05  # how often a child's resident memory is read (the margin is what it may grow between two reads)
 # what a child may run (module:function); the request names one of these, never code
 TASKS = {"job": "dprobe.services.sidecar.jobs:predict_fields",
          "graph": "dprobe.services.sidecar.graphs:summarise"}
-# the child: reads its request (one JSON line), imports as the sidecar does (its sys.path), runs child_main
-CHILD = ("import json, sys; request = json.loads(sys.stdin.readline()); sys.path[:] = request['path']; "
-         "from dprobe.services.sidecar.child import child_main; sys.exit(child_main(request))")
+# the child: reads its request (one JSON line), imports as the sidecar does (its sys.path), runs child_main and
+# exits without tearing PyTorch down (which raised a child's peak RSS by about 130 MB)
+CHILD = ("import json, os, sys; request = json.loads(sys.stdin.readline()); sys.path[:] = request['path']; "
+         "from dprobe.services.sidecar.child import child_main; status = child_main(request); "
+         "sys.stdout.flush(); sys.stderr.flush(); os._exit(status)")
+RSS_DERIVED = "what the container's memory limit leaves the child"  # job_rss_limit_mib 0
 
 
 @dataclass(frozen=True)
 class JobLimits:
-    """What one child may take: wall seconds, CPU seconds (``RLIMIT_CPU``) and GiB of address space
-    (``RLIMIT_AS``; PyTorch's CUDA build maps about 3 GiB when imported). The options are named after jobs,
-    and bound the model graphs' children too."""
+    """What one child may take: wall seconds, CPU seconds (``RLIMIT_CPU``), GiB of address space (``RLIMIT_AS``;
+    PyTorch's CUDA build maps about 3 GiB when imported) and MiB of resident memory (``rss_mib``, watched by
+    the parent; 0: what the container's memory limit leaves, :meth:`MemoryLimit.child_budget`). The options
+    are named after jobs, and bound the model graphs' children too."""
 
     timeout_s: float = 120.0
     cpu_s: float = 120.0
     memory_gib: float = 8.0
+    rss_mib: float = 0.0
 
     def __post_init__(self) -> None:
         for name, value in (("job_timeout", self.timeout_s), ("job_cpu_limit", self.cpu_s),
                             ("job_memory_limit", self.memory_gib)):
             positive(name, value)
+        zero_means(RSS_DERIVED)("job_rss_limit_mib", self.rss_mib)
 
 
 class ChildFailed(Exception):
@@ -86,6 +95,14 @@ def _out_of_memory(exc: BaseException | None) -> bool:
     return False
 
 
+def _peak_of(out: str) -> int:
+    """The peak resident bytes a child reported beside its answer (0 where it did not)."""
+    try:
+        return int(json.loads(out).get("peak_rss_bytes", 0))
+    except (ValueError, AttributeError, TypeError):
+        return 0
+
+
 def _set_limit(kind: int, soft: int, hard: int) -> None:
     """``setrlimit`` within the hard limit the process already has (it may only be lowered)."""
     _, now = resource.getrlimit(kind)
@@ -119,6 +136,7 @@ def child_main(request: Mapping[str, Any]) -> int:
     except BaseException as exc:  # noqa: BLE001 - the parent reads the reason from the status and stderr
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return MEMORY_EXIT if _out_of_memory(exc) else 1
+    answer["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     json.dump(answer, out)
     out.flush()
     return 0
@@ -126,14 +144,25 @@ def child_main(request: Mapping[str, Any]) -> int:
 
 class ChildRunner:
     """Runs tasks in child processes within ``limits``, one child at a time (callers in several threads wait
-    their turn); :meth:`stop` kills the child under way and refuses further tasks."""
+    their turn); :meth:`stop` kills the child under way and refuses further tasks. A child's resident memory is
+    read every :data:`WATCH_SECONDS` and the child killed past ``limits.rss_mib``, or without it past what
+    ``memory`` (the container's limit) leaves it beside this process; ``peak_rss_bytes``: the last child's peak."""
 
-    def __init__(self, limits: JobLimits | None = None) -> None:
+    def __init__(self, limits: JobLimits | None = None, memory: MemoryLimit | None = None) -> None:
         self.limits = limits or JobLimits()
+        self.memory = memory or MemoryLimit(None, "no memory limit known")
         self._turn = threading.Lock()  # one child at a time: each may hold a PyTorch of its own
         self._lock = threading.Lock()
         self._child: subprocess.Popen | None = None
         self.stopping = False
+        self.peak_rss_bytes = 0
+
+    def rss_budget(self) -> tuple[int | None, str]:
+        """The resident bytes a child may take now (None: not watched), and where that comes from."""
+        if self.limits.rss_mib:
+            return int(self.limits.rss_mib * MIB), "job_rss_limit_mib"
+        own = rss_bytes() or 0
+        return self.memory.child_budget(own), f"{self.memory} less the sidecar's {own / MIB:.0f} MiB and a margin"
 
     def run(self, task: str, args: Mapping[str, Any]) -> Any:
         """The answer of ``task`` (a key of :data:`TASKS`) called with ``args`` in a child; a
@@ -147,16 +176,45 @@ class ChildRunner:
                     [sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
             try:
-                out, err = child.communicate(request + "\n", timeout=self.limits.timeout_s)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.communicate()
-                raise ChildFailed("timeout", f"still running after {self.limits.timeout_s:g} s (job_timeout), "
-                                             "killed") from None
+                out, err = self._watch(child, request + "\n")
             finally:
                 with self._lock:
                     self._child = None
         return self._answer(child.returncode, out, err)
+
+    def _watch(self, child: subprocess.Popen, request: str) -> tuple[str, str]:
+        """Hand ``request`` to ``child`` and wait for its output, killing it past ``job_timeout`` or its
+        resident memory budget (:meth:`rss_budget`, read every :data:`WATCH_SECONDS`)."""
+        deadline = time.monotonic() + self.limits.timeout_s
+        pending: str | None = request
+        self.peak_rss_bytes = 0
+        while True:
+            budget, why = self.rss_budget()
+            wait = deadline - time.monotonic()
+            if budget is not None:
+                wait = min(wait, WATCH_SECONDS)
+            try:
+                out, err = child.communicate(pending, timeout=max(0.0, wait))
+            except subprocess.TimeoutExpired:
+                pending = None  # handed over: communicate() goes on where it stopped
+            else:
+                self.peak_rss_bytes = max(self.peak_rss_bytes, _peak_of(out))
+                return out, err
+            rss = rss_bytes(child.pid) or 0
+            self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
+            if budget is not None and rss > budget:
+                self._kill(child)
+                raise ChildFailed("memory", f"{rss / MIB:.0f} MiB resident, over its budget of "
+                                            f"{max(0, budget) / MIB:.0f} MiB ({why}), killed")
+            if time.monotonic() >= deadline:
+                self._kill(child)
+                raise ChildFailed("timeout", f"still running after {self.limits.timeout_s:g} s (job_timeout), "
+                                             "killed")
+
+    @staticmethod
+    def _kill(child: subprocess.Popen) -> None:
+        child.kill()
+        child.communicate()
 
     def _answer(self, status: int, out: str, err: str) -> Any:
         if status == 0:

@@ -111,6 +111,7 @@ class SidecarCollector(StateCollector):
         self.state, self.clock = state, clock
         self._prepared: tuple[ForecastSnapshot | None, dict[str, dict[str, str]]] = (None, {})
         self._lock = threading.Lock()
+        self._label_texts: dict[str, tuple[Mapping[str, str], str]] = {}  # target -> (its labels, their text)
 
     def _fresh(self, now: float) -> tuple[dict[str, Latest], set[str]]:
         latest = self.state.latest_samples()
@@ -227,12 +228,19 @@ class SidecarCollector(StateCollector):
         out: list[str] = []
         out.append(_header(*AGE))
         obs = {m: [_header(*OBSERVED[m])] for m in OBSERVED}
+        texts, known = {}, self._label_texts  # each target's label text, escaped again only when its labels change
         for target, s in latest.items():
-            t = _label_text(_identity(target, s.labels))
+            cached = known.get(target)
+            if cached is not None and (cached[0] is s.labels or cached[0] == s.labels):
+                t = cached[1]
+            else:
+                t = _label_text(_identity(target, s.labels))
+            texts[target] = (s.labels, t)
             out.append(f'{AGE[0]}{{{t}}} {floatToGoString(max(0.0, now - s.ts))}\n')
             if target in fresh:
                 for key, value in _readings(s):
                     obs[key].append(f'{OBSERVED[key][0]}{{{t}}} {floatToGoString(value)}\n')
+        self._label_texts = texts  # the targets of this scrape only: the cache never outgrows them
         for lines in obs.values():
             out.extend(lines)
         snap = self._live_snapshot(now)

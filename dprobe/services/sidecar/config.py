@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dprobe.core.names import BASELINES
 from dprobe.core.options import (
     OptionSet,
     at_least,
@@ -27,9 +28,10 @@ from dprobe.core.options import (
     settings,
     zero_means,
 )
-from dprobe.forecaster.baselines import BASELINES
 from dprobe.forecaster.loading import SHIPPED
 from dprobe.services.exporter.options import WebOptions
+from dprobe.services.sidecar.child import RSS_DERIVED
+from dprobe.services.sidecar.memory import DEFAULT_MAX_TARGETS
 from dprobe.services.sources.dcgm import DcgmOptions
 from dprobe.services.sources.http import HttpAuth
 from dprobe.services.sources.nvml import NvmlOptions
@@ -59,7 +61,10 @@ class ForecastOptions:
     stale_after: float = option(30.0, "a target whose last sample is older than this is stale: no forecast shown",
                                 check=positive)  # NaN too: a NaN stale_after hides everything
     drop_after: float = option(300.0, "a target without samples for this long is forgotten", check=positive)
-    max_targets: int = option(5000, "at most this many targets are tracked (bounds memory)", check=at_least(1))
+    max_targets: int = option(0, "at most this many targets are tracked (bounds memory): past it the least recently "
+                                 "sampled is shed (dprobe_targets_shed_total); 0 = as many as the memory limit "
+                                 f"holds, at most {DEFAULT_MAX_TARGETS} ({DEFAULT_MAX_TARGETS} without a limit)",
+                              check=zero_means("as many as the memory limit holds"))
     checkpoint: str | None = option(None, "your trained forecaster (dprobe.onnx or dprobe.pt of python train.py); "
                                           "unset: --model")
     model: str = option("dprobe", "forecaster used without --checkpoint: dprobe (the one shipped with dprobe, "
@@ -114,6 +119,10 @@ class WorkloadOptions:
     job_cpu_limit: float = option(120.0, "CPU seconds of that child (RLIMIT_CPU)", check=positive)
     job_memory_limit: float = option(8.0, "GiB of address space of that child (RLIMIT_AS; PyTorch's CUDA build "
                                           "maps about 3 GiB when imported)", check=positive)
+    job_rss_limit_mib: float = option(0.0, "MiB of resident memory of that child (read every 50 ms, killed past "
+                                           "it); 0 = what the memory limit leaves: the limit less the sidecar's "
+                                           "own resident memory and a 64 MiB margin (unwatched without a limit)",
+                                      check=zero_means(RSS_DERIVED))
     job: str = option("", "training job of the targets without a jobs entry, as 'MODEL batch=N [precision=P] "
                           "[optimizer=O] [image=N] [seq=N] [gpu=NAME]': its cold-start profile is exported "
                           "(dprobe_job_*)")
@@ -132,6 +141,10 @@ class SidecarConfig:
     forecast: ForecastOptions = group(ForecastOptions, "forecasts", prefix="")
     sources: SourceOptions = group(SourceOptions, "sources", prefix="")
     workload: WorkloadOptions = group(WorkloadOptions, "model graphs and job profiles", prefix="")
+    memory_limit_mib: float = option(0.0, "MiB of memory the sidecar and its child processes may use, from which "
+                                          "max_targets and job_rss_limit_mib are derived; 0 = the container's "
+                                          "memory limit (cgroup memory.max or memory.limit_in_bytes)",
+                                     check=zero_means("the container's memory limit"))
     log_level: str = option("info", "debug, info, warning or error")
 
     def validate(self) -> SidecarConfig:

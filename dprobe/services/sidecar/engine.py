@@ -1,4 +1,5 @@
-"""The forecast cycle: all fresh targets in one batch per metric, published as one snapshot."""
+"""The forecast cycle: all fresh targets, in batches of :data:`BATCH_TARGETS` per metric, published as one
+snapshot."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from dprobe.services.sidecar.window import WindowStore
 
 log = logging.getLogger(__name__)
 BOUNDS = {"gpu_memory_bytes": (0.0, np.inf), "gpu_utilization_ratio": (0.0, 1.0)}
+# targets forecast in one batch: a cycle's memory is that of this many targets, however many are tracked (2,000
+# targets in one batch took the sidecar's peak RSS 200 MiB higher: docs/sidecar.md, Memory)
+BATCH_TARGETS = 256
 
 
 class ForecastEngine:
@@ -47,6 +51,9 @@ class ForecastEngine:
             if self.graphs is not None:
                 self.graphs.forget(target)
             log.debug("target %s dropped: no sample for %g s", target, self.drop_after)
+        for target in self.store.take_shed():  # max_targets were tracked: shed for newer ones
+            if self.graphs is not None:
+                self.graphs.forget(target)
         latest = self.store.snapshot_latest()
         targets = sorted(t for t, s in latest.items() if now - s.ts <= self.stale_after)
         snap = self._forecast(targets, latest, now) if targets else None
@@ -77,7 +84,22 @@ class ForecastEngine:
         return snap
 
     def _forecast(self, targets: list[str], latest: dict, now: float) -> ForecastSnapshot | None:
-        windows = self.store.windows(targets)
+        parts = [part for i in range(0, len(targets), BATCH_TARGETS)
+                 if (part := self._forecast_batch(targets[i:i + BATCH_TARGETS], latest, now)) is not None]
+        if not parts:
+            return None
+        kept = [t for part_targets, _ in parts for t in part_targets]
+        quantiles = {metric: np.concatenate([q[metric] for _, q in parts]) for metric in SIDECAR_METRICS}
+        return ForecastSnapshot(
+            made_at=now, targets=tuple(kept), input_ts=np.array([latest[t].ts for t in kept]),
+            horizons=self.horizons, levels=tuple(QUANTILES), quantiles=quantiles,
+            labels=tuple(latest[t].labels for t in kept),
+        )
+
+    def _forecast_batch(self, targets: list[str], latest: dict, now: float
+                        ) -> tuple[list[str], dict[str, np.ndarray]] | None:
+        """The targets of ``targets`` with enough history, and their quantiles by metric (one batch each)."""
+        windows = self.store.windows(targets)  # all NaN for a target shed since the cycle began
         enough = np.zeros(len(targets), dtype=bool)
         for metric in self.metrics:
             enough |= np.sum(~np.isnan(windows[metric]), axis=1) >= self.min_points
@@ -109,8 +131,4 @@ class ForecastEngine:
                 lo, hi = BOUNDS[metric]
                 out[rows] = np.sort(np.clip(q, lo, hi), axis=-1)
             quantiles[metric] = out
-        return ForecastSnapshot(
-            made_at=now, targets=tuple(kept), input_ts=np.array([latest[t].ts for t in kept]),
-            horizons=self.horizons, levels=tuple(QUANTILES), quantiles=quantiles,
-            labels=tuple(latest[t].labels for t in kept),
-        )
+        return kept, quantiles

@@ -279,8 +279,10 @@ class GraphResolver(ChildQueue[GraphRequest]):
             reason = exc.reason if isinstance(exc, ChildFailed) and exc.reason in GRAPH_FAILURES else "error"
             self._failed(str(req), reason, str(exc) if isinstance(exc, ChildFailed) else f"{type(exc).__name__}: {exc}")
         else:
-            log.info("model graph %s: %d nodes, %.3g GFLOP, %.3g M parameters", req, summary.num_nodes,
-                     summary.flops / 1e9, summary.num_params / 1e6)
+            peak = self.runner.peak_rss_bytes
+            log.info("model graph %s: %d nodes, %.3g GFLOP, %.3g M parameters%s", req, summary.num_nodes,
+                     summary.flops / 1e9, summary.num_params / 1e6,
+                     f" (its child peaked at {peak / 2**20:.0f} MiB resident)" if peak else "")
         with self._lock:
             self.builds_total += 1
             self._graphs[req] = summary
@@ -313,7 +315,8 @@ class GraphResolver(ChildQueue[GraphRequest]):
     def collect(self) -> Iterator[CounterMetricFamily]:
         fam = CounterMetricFamily("dprobe_graph_errors", "Model graphs not built, by reason: too_large (a graph "
                                   "JSON over graph_max_mib), error (it cannot be read or built), timeout, cpu, "
-                                  "memory (past a limit of its child process), killed.", labels=["reason"])
+                                  "memory (past a limit of its child process: address space or resident memory), "
+                                  "killed.", labels=["reason"])
         with self._lock:
             for reason, count in self.failures_total.items():
                 fam.add_metric([reason], count)

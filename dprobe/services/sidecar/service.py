@@ -21,6 +21,7 @@ from dprobe.services.sidecar.config import ForecastOptions, SidecarConfig
 from dprobe.services.sidecar.engine import ForecastEngine
 from dprobe.services.sidecar.graphs import GraphResolver
 from dprobe.services.sidecar.jobs import JobLimits, JobProfiles
+from dprobe.services.sidecar.memory import MemoryLimit
 from dprobe.services.sidecar.poller import SourcePoller
 from dprobe.services.sidecar.state import ForecastSnapshot, JobRow, Latest, SourceStatus
 from dprobe.services.sidecar.window import WindowStore
@@ -100,13 +101,19 @@ class Sidecar:
             raise ValueError(f"min_points {fc.min_points} is more than the window holds "
                              f"({fc.window_length} steps of {fc.step_seconds:g} s): nothing would be forecast")
         self.sources = build_sources(config) if sources is None else sources
+        self.memory = MemoryLimit.find(config.memory_limit_mib)
+        log.info("memory: %s", self.memory)
+        if not fc.max_targets:  # as many as the memory limit holds, beside what the sidecar takes now
+            fc.max_targets, why = self.memory.max_targets(fc.window_length)
+            log.info("max_targets: %d (%s)", fc.max_targets, why)
         self.store = WindowStore(fc.step_seconds, fc.window_length, fc.max_targets)
         self.registry = CollectorRegistry(auto_describe=False)
         self.forecast_seconds = Histogram(FORECAST_SECONDS, "Duration of a forecast cycle (all targets).",
                                           buckets=LATENCY_BUCKETS, registry=self.registry)
         self.annotation_policy = AnnotationPolicy(work.graph_dir, work.allow_code_annotations)
         # graphs and jobs are built in child processes within these limits, one child at a time
-        self.children = ChildRunner(JobLimits(work.job_timeout, work.job_cpu_limit, work.job_memory_limit))
+        self.children = ChildRunner(JobLimits(work.job_timeout, work.job_cpu_limit, work.job_memory_limit,
+                                              work.job_rss_limit_mib), self.memory)
         self.graphs = GraphResolver(work.graphs, work.graph_file, work.annotations_file, self.annotation_policy,
                                     max_mib=work.graph_max_mib, runner=self.children)
         self.jobs = JobProfiles(work.jobs, work.job, work.annotations_file, own_target=src.nvml.pod_name,
@@ -127,6 +134,7 @@ class Sidecar:
         self.registry.register(self.annotation_policy)  # dprobe_annotations_refused_total
         self.registry.register(self.jobs)  # dprobe_job_profile_errors_total
         self.registry.register(self.graphs)  # dprobe_graph_errors_total
+        self.registry.register(self.store)  # dprobe_targets_shed_total
         self.engine.on_publish = self.collector.prepare
         self.stale_after = fc.stale_after
         self.forecast_max_age = max(fc.stale_after, 3 * fc.forecast_interval)
@@ -215,7 +223,7 @@ class Sidecar:
             self.server = ExporterServer(self.registry, self, **self.config.web.server_kwargs(),
                                          fast=lambda _reg: self.collector.render_text(
                                              [self.forecast_seconds, self.annotation_policy, self.jobs,
-                                              self.graphs]))
+                                              self.graphs, self.store]))
             self.server.start()
             model = self.model.kind + (f" from {self.model.checkpoint}" if self.model.checkpoint else "")
             log.info("serving http://%s:%d/metrics (model %s, source %s)", self.config.web.listen_address,

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 
 import numpy as np
+from prometheus_client.metrics_core import CounterMetricFamily
 
 from dprobe.core.names import SIDECAR_METRICS
+from dprobe.services.sidecar.memory import DEFAULT_MAX_TARGETS, WINDOW_BYTES_PER_STEP
 from dprobe.services.sidecar.state import Latest
 from dprobe.services.sources.base import Sample
 
 NO_EXTRA: Mapping[str, float] = MappingProxyType({})
+SHED_REASONS = ("least_recent", "full")  # why a target was shed (dprobe_targets_shed_total{reason})
+PREALLOCATE_BYTES = 2**30  # windows of max_targets made at once up to this size (memory only as rows are used)
 
 
 def usable_extra(extra: Mapping[str, float]) -> Mapping[str, float]:
@@ -28,40 +33,58 @@ class WindowStore:
 
     Storage is a fixed ring of bins per target (rows of ``(capacity, length)``
     arrays, rows reused after a target is dropped), so memory is bounded by
-    ``max_targets * length``. Thread-safe.
+    ``max_targets * length``. The arrays are made for ``max_targets`` at once where they take at most
+    :data:`PREALLOCATE_BYTES` (left uninitialised, a row takes memory once a target uses it: no copies as
+    targets come), else they double as targets come. With ``max_targets`` tracked, a new target takes the place of the least
+    recently sampled one when that one has gone a step without a sample (it is shed); otherwise the new
+    target's sample is not taken in. ``shed_total`` counts both, by reason (:data:`SHED_REASONS`). Thread-safe.
     """
 
-    def __init__(self, step: float, length: int, max_targets: int = 5000, initial_capacity: int = 64):
+    def __init__(self, step: float, length: int, max_targets: int = DEFAULT_MAX_TARGETS,
+                 initial_capacity: int = 64):
         if step <= 0 or length < 2:
             raise ValueError(f"window needs step > 0 and length >= 2, got step={step}, length={length}")
+        if max_targets < 1:
+            raise ValueError(f"max_targets must be at least 1, got {max_targets}")
         self.step, self.length, self.max_targets = float(step), int(length), int(max_targets)
         self._lock = threading.Lock()
-        self._rows: dict[str, int] = {}
+        self._rows: OrderedDict[str, int] = OrderedDict()  # least recently sampled first
         self._free: list[int] = []
         self.latest: dict[str, Latest] = {}
-        self.rejected_targets = 0
-        self._alloc(min(initial_capacity, self.max_targets))
+        self.shed_total = dict.fromkeys(SHED_REASONS, 0)  # by reason: fixed keys, read by scrapes
+        self._shed: list[str] = []  # tracked targets shed since take_shed()
+        whole = self.max_targets * WINDOW_BYTES_PER_STEP * self.length <= PREALLOCATE_BYTES
+        self._alloc(self.max_targets if whole else min(initial_capacity, self.max_targets))
 
     def _alloc(self, capacity: int) -> None:
+        """Arrays of ``capacity`` rows, those in use copied over; a row is initialised when a target takes it
+        (:meth:`_row`), and a bin when a sample first falls in it."""
         old = getattr(self, "_bins", None)
         n_old = 0 if old is None else old.shape[0]
-        bins = np.full((capacity, self.length), -1, dtype=np.int64)
-        sums = np.zeros((len(SIDECAR_METRICS), capacity, self.length))
-        counts = np.zeros((len(SIDECAR_METRICS), capacity, self.length), dtype=np.int32)
-        last = np.full(capacity, -1, dtype=np.int64)
+        bins = np.empty((capacity, self.length), dtype=np.int64)
+        sums = np.empty((len(SIDECAR_METRICS), capacity, self.length))
+        counts = np.empty((len(SIDECAR_METRICS), capacity, self.length), dtype=np.int32)
+        last = np.empty(capacity, dtype=np.int64)
         if old is not None:
             bins[:n_old], sums[:, :n_old], counts[:, :n_old], last[:n_old] = (
                 self._bins, self._sums, self._counts, self._last)
         self._bins, self._sums, self._counts, self._last = bins, sums, counts, last
         self._free.extend(range(capacity - 1, n_old - 1, -1))
 
-    def _row(self, target: str) -> int | None:
+    def _row(self, target: str, ts: float) -> int | None:
         row = self._rows.get(target)
         if row is not None:
+            self._rows.move_to_end(target)
             return row
         if len(self._rows) >= self.max_targets:
-            self.rejected_targets += 1
-            return None
+            oldest = next(iter(self._rows))
+            if self.latest[oldest].ts > ts - self.step:  # sampled within a step of the newcomer: it stays
+                self.shed_total["full"] += 1
+                return None
+            self.shed_total["least_recent"] += 1
+            self._forget(oldest)
+            if len(self._shed) < self.max_targets:  # read each forecast cycle; bounded should none read it
+                self._shed.append(oldest)
         if not self._free:
             self._alloc(min(self.max_targets, 2 * self._bins.shape[0]))
         row = self._free.pop()
@@ -70,6 +93,10 @@ class WindowStore:
         self._rows[target] = row
         return row
 
+    def _forget(self, target: str) -> None:
+        del self.latest[target]
+        self._free.append(self._rows.pop(target))
+
     def add(self, samples: list[Sample], source: str = "") -> None:
         """Bin ``samples`` (any order; older than the window or non-finite values are ignored).
 
@@ -77,11 +104,12 @@ class WindowStore:
         sample, hence its freshness, is its newest one with a finite reading.
         """
         with self._lock:
-            for s in samples:
+            # the targets tracked first: a new target of this poll never sheds one the same poll samples
+            for s in sorted(samples, key=lambda s: s.target not in self._rows):
                 readings = (s.memory_bytes, s.utilization_ratio)
                 if not math.isfinite(s.ts) or not any(v is not None and math.isfinite(v) for v in readings):
                     continue
-                row = self._row(s.target)
+                row = self._row(s.target, s.ts)
                 if row is None:
                     continue
                 b = math.floor(s.ts / self.step)
@@ -109,9 +137,23 @@ class WindowStore:
         with self._lock:
             gone = [t for t, lat in self.latest.items() if lat.ts < cutoff]
             for t in gone:
-                del self.latest[t]
-                self._free.append(self._rows.pop(t))
+                self._forget(t)
             return gone
+
+    def take_shed(self) -> list[str]:
+        """The tracked targets shed since the last call (to forget what else is kept of them)."""
+        with self._lock:
+            shed, self._shed = self._shed, []
+            return shed
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        fam = CounterMetricFamily("dprobe_targets_shed", "Targets shed because max_targets were tracked, by reason: "
+                                  "least_recent (the least recently sampled target, forgotten for a new one), full "
+                                  "(a new target's sample not taken in: every tracked target was sampled within a "
+                                  "step).", labels=["reason"])
+        for reason, count in self.shed_total.items():
+            fam.add_metric([reason], count)
+        yield fam
 
     def targets(self) -> list[str]:
         with self._lock:
@@ -122,15 +164,18 @@ class WindowStore:
             return dict(self.latest)
 
     def windows(self, targets: list[str]) -> dict[str, np.ndarray]:
-        """``{metric: (len(targets), length)}`` oldest first, NaN where a bin had no sample.
+        """``{metric: (len(targets), length)}`` oldest first, NaN where a bin had no sample (all NaN for a target
+        not tracked: shed or dropped).
 
         Each target's window ends at its own latest bin.
         """
         with self._lock:
-            rows = np.array([self._rows[t] for t in targets], dtype=np.int64)
+            rows = np.array([self._rows.get(t, -1) for t in targets], dtype=np.int64)
+            tracked = rows >= 0
+            rows[~tracked] = 0
             ids = self._last[rows, None] - np.arange(self.length - 1, -1, -1)[None, :]
             slots = ids % self.length
-            valid = np.take_along_axis(self._bins[rows], slots, axis=1) == ids
+            valid = (np.take_along_axis(self._bins[rows], slots, axis=1) == ids) & tracked[:, None]
             out = {}
             for k, metric in enumerate(SIDECAR_METRICS):
                 sums = np.take_along_axis(self._sums[k, rows], slots, axis=1)
