@@ -502,6 +502,7 @@ def test_apply_mode_reads_and_patches_the_scale_subresource(http_peer, tmp_path:
         assert all("/gone/" not in p[0] for p in api.patches)
 
 
+@pytest.mark.slow
 def test_apply_mode_scales_from_zero_on_the_activation_query_and_leaves_paused_workloads(http_peer,
                                                                                         tmp_path: Path) -> None:
     """A workload with min_replicas 0 rests at zero (its missing forecasts are no failure, so no fallback),

@@ -224,6 +224,7 @@ def _run(config: ScalerConfig, until: int, change, crash_at: int, **b_clocks) ->
 
 
 @pytest.mark.parametrize("wall_step", [0, 3600])
+@pytest.mark.slow
 def test_a_replica_taking_over_mid_window_goes_on_with_the_same_window(http_peer, wall_step: int) -> None:
     """serving/llm at 8 replicas (8 GPUs) until its demand falls at t = 60 (desired 2): a scale-down window of
     300 s, from the 8 last asked for at t = 30. The leader crashes at t = 150, mid-window; the other replica takes
