@@ -325,7 +325,7 @@ def interval_ratio(groups: dict[str, np.ndarray], level: float = INTERVAL_LEVEL)
     for s, v in groups.items():
         others = [x for t, x in groups.items() if t != s]
         left_out = pooled_quantile(others, 1 - level) if others else None
-        per[s] = {"jobs": len(v), "coverage_left_out": float(np.mean(v >= left_out)) if left_out else None,
+        per[s] = {"jobs": len(v), "coverage_left_out": float(np.mean(v >= left_out)) if left_out is not None else None,
                   "ratio_left_out": left_out, "coverage": float(np.mean(v >= ratio))}
     return {"ratio": ratio, "level": level, "sources": per}
 
