@@ -8,7 +8,9 @@ model families never seen, from a meta replay and the GPU's spec sheet: timm's o
 Two cross-validations, each through :func:`dprobe.profiling.coldstart.inference.crossval` (the path
 ``predict_inference_step`` takes): each GPU left out (all its stacks), and each fifth of the timm
 modules (families) left out. Each fold prints, for the raw roofline, the rule (roofline x the fitting rows'
-median measured / roofline) and the learned model: MAPE, median predicted / measured, Spearman and the
+median measured / roofline), the GPU's own factor, the nearest measured GPU's factor (its p90 from the spread
+between GPUs; ``benchmarks/gpu_calibrate.py`` sets it beside the current method per GPU left out) and the
+learned model: MAPE, median predicted / measured, Spearman and the
 p90's coverage (the roofline's p90 is itself), with the mean and the spread over folds and the target
 beside them. ``--roofline``: the replay roofline the features are computed on (default the shipped
 model's, ``kernel-model``; ``plain`` for the rule without the kernel model; ``benchmarks/kernel_roofline.py``
@@ -38,7 +40,7 @@ from dprobe.profiling.coldstart.inference import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-KINDS = ("roofline", "rule", "gpu_factor", "model")  # model: the learned correction
+KINDS = ("roofline", "rule", "gpu_factor", "nearest", "model")  # model: the learned correction
 MAPE_TARGET, RHO_TARGET, COVER = 12.0, 0.95, (0.80, 0.95)
 
 
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         results = folds[by] = crossval(runs, ests, by, args.roofline)
         summary = summarise(results)
         report[by] = {"folds": [asdict(r) for r in results], "summary": summary}
-        verdicts = {kind: verdict(results, kind) for kind in ("rule", "model")} if by == "gpu" else {}
+        verdicts = {kind: verdict(results, kind) for kind in ("rule", "nearest", "model")} if by == "gpu" else {}
         met.update({kind: ok for kind, (ok, _) in verdicts.items()})
         if args.json:
             continue
@@ -146,9 +148,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"covering {100 * COVER[0]:.0f}-{100 * COVER[1]:.0f} % on every GPU left out"
                   + (f" ({why})" if why else ""))
     method, seen_method = choose(folds)
-    shipped = "model" if method == "learned" else "rule"
+    shipped = {"learned": "model", "rule": "rule", "nearest-factor": "nearest"}[method]
     line = (f"ship: on a GPU never seen {method} (the learned correction "
-            f"{'beat' if method == 'learned' else 'did not beat'} the rule on every GPU left out); on a GPU with "
+            f"{'beat' if method == 'learned' else 'did not beat'} the rule on every GPU left out; the nearest "
+            f"measured GPU's factor {'beat' if method == 'nearest-factor' else 'did not beat'} that on every GPU "
+            "left out); on a GPU with "
             f"rows {seen_method} (the learned correction {'beat' if seen_method == 'learned' else 'did not beat'} "
             f"the GPU's own factor on every fifth of the families left out); {time.time() - t0:.0f} s in all")
     if args.json:

@@ -16,6 +16,10 @@ GPUs) checks the fit beyond the 4 nodes it saw. ``--unseen-clusters`` also holds
 (its links at nominal bandwidth times the others' efficiency, :func:`~dprobe.profiling.dataparallel.model.
 unseen_cluster`). ``--window-blend`` scores another trust in the traced window (0: every model 0.5, 1: the
 traced window; shipped 0.5); ``--models`` a subset of the models (each held out from the others given).
+The ``sync models`` table scores, each model left out, the bucket model (DDP's 25 MB buckets overlapped with
+the backward left, :mod:`dprobe.profiling.dataparallel.buckets`), the visible-median baseline, the
+exponential model (``dprobe`` above) and the default ``dprobe predict --gpus`` runs (``--sync-model auto``),
+with each one's p90 coverage per model, and where each would ship.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import time
 import numpy as np
 import pandas as pd
 
+from dprobe.profiling.dataparallel import bucket_fit
 from dprobe.profiling.dataparallel.data import load_all, load_steps
 from dprobe.profiling.dataparallel.fit import (
     LEVELS,
@@ -120,6 +125,56 @@ def evaluate(steps: pd.DataFrame, scored: pd.DataFrame, far: pd.DataFrame | None
             "p90_coverage_nested_per_model": {k: {m: round(x, 3) for m, x in v.items()} for k, v in cover.items()}}
 
 
+SYNC_METHODS = {"dprobe default": "default", "bucket model": "buckets", "visible-median baseline": "baseline",
+                "current (exponential)": "exponential"}
+
+
+def sync_models(steps: pd.DataFrame, scored: pd.DataFrame) -> dict:
+    """The bucket model, the visible-median baseline, the current (exponential) model and the shipped default
+    (``--sync-model auto`` through :func:`~dprobe.profiling.dataparallel.predict.predict_data_parallel`, its
+    choice per cluster and side made on the other models' left-out scores), each model left out: per model
+    step MAPE, sync MAPE (all rows, across nodes), and each method's p90 coverage (factor from the other
+    models' left-out residuals only)."""
+    held = bucket_fit.leave_one_model_out(steps)
+    held["pred_sync_exponential"] = scored.pred_sync.to_numpy()
+    held["pred_sync_default"], held["ran"] = np.nan, ""
+    for group in sorted(held.group.unique()):
+        on = (held.group == group).to_numpy()
+        sync, ran = bucket_fit.predict_default(held[on], bucket_fit.held_out_values(held, group),
+                                               scored.attrs["fits"][group])
+        held.loc[on, "pred_sync_default"], held.loc[on, "ran"] = sync, ran
+    rows, coverage_of = [], {}
+    for label, key in SYNC_METHODS.items():
+        frame = held.assign(pred_sync=held[f"pred_sync_{key}"],
+                            pred_step=held.single_step + held[f"pred_sync_{key}"])
+        factors = p90_factors(frame)
+        coverage_of[label] = {kind: coverage(frame, factors[f"{kind}_level"])[kind] for kind in ("step", "sync")}
+        coverage_of[label]["factors"] = {k: round(v, 4) for k, v in factors.items()}
+        for group in sorted(held.group.unique()):
+            part = frame[frame.group == group]
+            ran = part.ran.value_counts()
+            rows.append({"model": group, "method": label, "rows": len(part), **scores(part, part.pred_sync.to_numpy()),
+                         "p90_step_coverage": coverage_of[label]["step"].get(group, float("nan")),
+                         "p90_sync_coverage": coverage_of[label]["sync"].get(group, float("nan")),
+                         "ran": ", ".join(f"{k} {v}" for k, v in ran.items()) if key == "default" else key})
+    gate = bucket_fit.choose_methods(held)
+    return {"per_model": rows, "p90": {k: v["factors"] for k, v in coverage_of.items()}, "shipped_choice": gate}
+
+
+def print_sync_models(result: dict) -> None:
+    """The sync-model table: each left-out model, each method."""
+    pct = lambda v: "     -" if v != v else f"{100 * v:5.1f}%"  # noqa: E731
+    print("\nsync models, each model left out (step / sync MAPE; sync across nodes; p90 coverage of step / sync):")
+    print(f"{'model':12s} {'method':24s} {'rows':>5s} {'step':>6s} {'sync':>7s} {'nodes':>7s} {'p90 step':>8s} "
+          f"{'p90 sync':>8s}  ran")
+    for r in result["per_model"]:
+        print(f"{r['model']:12s} {r['method']:24s} {r['rows']:5d} {pct(r['step_mape'])} {pct(r['sync_mape']):>7s} "
+              f"{pct(r['sync_mape_nodes']):>7s} {pct(r['p90_step_coverage']):>8s} {pct(r['p90_sync_coverage']):>8s}  "
+              f"{r['ran']}")
+    for key, choice in result["shipped_choice"].items():
+        print(f"default on {key}: {choice['method']} ({choice['why']})")
+
+
 def unseen_clusters(steps: pd.DataFrame, window_blend: float) -> list[dict]:
     """Each measured cluster held out: fitted on the others, predicted from its links' nominal bandwidths."""
     out = []
@@ -179,6 +234,7 @@ def main() -> int:
         far = far[far.group.isin(wanted)].reset_index(drop=True) if far is not None else None
     scored = leave_one_model_out(steps, args.window_blend)
     result = evaluate(steps, scored, far)
+    result["sync_models"] = sync_models(steps, scored)
     if args.unseen_clusters:
         result["unseen_clusters"] = unseen_clusters(steps, args.window_blend)
     result["window_blend"] = args.window_blend
@@ -208,6 +264,7 @@ def main() -> int:
         print(f"p90 {kind} = p50 x {f[kind]:.3f} (quantile {f[f'{kind}_level']} of {LEVELS}): each model's p90 from "
               f"the other models' held-out residuals covers {100 * result['p90_coverage_nested'][kind]:.0f} % of its "
               f"rows on average ({', '.join(f'{m} {100 * v:.0f}' for m, v in per.items())} %)")
+    print_sync_models(result["sync_models"])
     if args.unseen_clusters:
         print(f"{'cluster':12s} {'method':32s} {'rows':>5s} {'step MAPE':>9s} {'ratio':>6s} {'sync MAPE':>9s}")
         for r in result["unseen_clusters"]:

@@ -32,21 +32,31 @@ from dprobe.services.scaler.demand import forecast_query, pod_forecasts, pod_gpu
 from dprobe.services.scaler.service import Scaler
 
 
-def answers(n_pods: int, per_workload: int, generation: int = 0) -> dict[str, bytes]:
-    """The two query answers (forecasts, GPU counts) as a Prometheus server would give them; each
-    ``generation`` replaces a tenth of the Deployments by new ones."""
+def fleet(n_pods: int, per_workload: int, generation: int = 0, namespaces: int = 20
+          ) -> list[tuple[str, str, str, float, int]]:
+    """``n_pods`` pods in Deployments of ``per_workload`` replicas across ``namespaces`` namespaces (virtual
+    clusters): ``(namespace, deployment, pod, p90 utilisation forecast, GPUs)`` each, the same every call. Each
+    ``generation`` replaces a tenth of the Deployments by new ones (new names)."""
     rng = np.random.default_rng(0)
-    forecasts, gpus, replicas = [], [], {}
+    out = []
     for i in range(n_pods):
         k = i // per_workload
         renamed = max(0, generation - (generation - k) % 10)  # the last generation that replaced workload k
-        ns, w = f"team-{k % 20}", f"svc-{k}-g{renamed}"
-        pod = f"{w}-7d9f8c6b5d-{i:05d}"
+        ns, w = f"team-{k % namespaces}", f"svc-{k}-g{renamed}"
+        out.append((ns, w, f"{w}-7d9f8c6b5d-{i:05d}", float(f"{rng.uniform(0.1, 1.0):.4f}"), 1 + i % 2))
+    return out
+
+
+def answers(n_pods: int, per_workload: int, generation: int = 0) -> dict[str, bytes]:
+    """The two query answers (forecasts, GPU counts) as a Prometheus server would give them; each
+    ``generation`` replaces a tenth of the Deployments by new ones."""
+    forecasts, gpus, replicas = [], [], {}
+    for ns, w, pod, value, n_gpus in fleet(n_pods, per_workload, generation):
         labels = {"__name__": "dprobe_predicted_gpu_utilization_ratio", "target": f"{ns}/{pod}", "namespace": ns,
                   "pod": pod, "container": "main", "UUID": "", "gpu": "", "horizon_seconds": "300",
                   "quantile": "0.9", "instance": "10.0.0.1:9477", "job": "dprobe"}
-        forecasts.append({"metric": labels, "value": [time.time(), f"{rng.uniform(0.1, 1.0):.4f}"]})
-        gpus.append({"metric": {"namespace": ns, "pod": pod}, "value": [time.time(), str(1 + i % 2)]})
+        forecasts.append({"metric": labels, "value": [time.time(), f"{value:.4f}"]})
+        gpus.append({"metric": {"namespace": ns, "pod": pod}, "value": [time.time(), str(n_gpus)]})
         replicas[ns, w] = replicas.get((ns, w), 0) + 1
 
     def doc(result: list) -> bytes:

@@ -27,6 +27,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "scaler": ("dprobe.services.scaler.cli", "run the scaler (forecasts -> scaling recommendations)"),
     "simulate": ("dprobe.sim.cli", "simulate GPU clusters on traces: quotas, a fixed-size cluster, GPU sharing"),
     "profiles": ("dprobe.data.cli", "list or grow a profiles data set (runs measured on a GPU)"),
+    "gpu": ("dprobe.profiling.calibrate.cli", "GPU figures: calibrate measures this GPU's throughput into a "
+            "--gpu-spec file"),
 }
 
 LONG_RUNNING = {"sidecar", "scaler"}

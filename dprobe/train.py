@@ -4,13 +4,17 @@ dprobe is installed. Both run :func:`main`, the Hydra app over ``conf/train.yaml
 (``+exp=gnn trainer.max_epochs=1``, ``-m`` for a sweep, ``--cfg job``, ``--help``).
 
 This module is imported for ``dprobe --help`` and by the services' slim install, so it imports Hydra, torch and
-Lightning only when a run starts."""
+Lightning only when a run starts. Where the data sets are not there (dprobe installed from the package, run outside
+its repository), ``dprobe train`` says in one line where it looks for them (:func:`check_data_dir`), before Hydra;
+a run whose data a stage cannot read (:func:`dprobe.training.check_data`) stops with that one line too."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -18,16 +22,76 @@ if TYPE_CHECKING:
 
 # the command line this process was started with, while dprobe train hands Hydra only its overrides
 _STARTED_WITH: list[str] | None = None
+# Hydra's flags that print and exit (help, the config, completion): they need no data; and those that compose
+# another config, whose data only the composed config says (dprobe.training.check_data checks it)
+INFO_FLAGS = frozenset({"--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--resolve", "--version",
+                        "--shell-completion", "-sc"})
+OTHER_CONFIG_FLAGS = frozenset({"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd"})
+
+
+def _override(text: str) -> tuple[str, str] | None:
+    """``(key, value)`` of a Hydra override ``[+|++|~]key=value``, None for a flag or a group choice's removal."""
+    key, sep, value = text.lstrip("+~").partition("=")
+    return (key, value) if sep and not text.startswith("-") else None
+
+
+def default_data_dir(overrides: Sequence[str]) -> Path | None:
+    """The directory ``paths.data_dir`` resolves to for these overrides, as conf/paths/default.yaml says:
+    ``paths.data_dir=``, else ``$DPROBE_DATA_DIR``, else ``paths.root_dir`` (the checkout, or where dprobe is
+    installed from a wheel the current directory) plus ``datasets``. None where an override names the data of a
+    stage itself (``data.datasets=``, ``coldstart.data_dir=``, ...): :func:`dprobe.training.check_data` checks
+    those once the config is composed."""
+    given = dict(kv for kv in map(_override, overrides) if kv is not None)
+    if any(k != "paths.data_dir" and (k.endswith(".data_dir") or k.endswith(".datasets") or k == "data.datasets")
+           for k in given):
+        return None
+    if any("," in given.get(k, "") or "${" in given.get(k, "") for k in ("paths.data_dir", "paths.root_dir")):
+        return None  # a sweep over data directories, or an interpolation: the composed config says
+    if given.get("paths.data_dir"):
+        return Path(given["paths.data_dir"]).expanduser()
+    if os.environ.get("DPROBE_DATA_DIR"):
+        return Path(os.environ["DPROBE_DATA_DIR"]).expanduser()
+    if given.get("paths.root_dir"):
+        return Path(given["paths.root_dir"]).expanduser() / "datasets"
+    return project_root() / "datasets"
+
+
+def project_root() -> Path:
+    """:func:`dprobe.config.project_root` (``paths.root_dir``), without importing OmegaConf: the checkout dprobe is
+    imported from, else (installed from a wheel) the current directory."""
+    checkout = Path(__file__).resolve().parent.parent
+    return checkout if (checkout / "conf" / "train.yaml").is_file() else Path.cwd()
+
+
+def check_data_dir(overrides: Sequence[str]) -> None:
+    """Refuse, in one line (a :class:`dprobe.data.DatasetError` that ``dprobe`` prints), a run whose data
+    directory is not there: before Hydra, torch or any training starts, and in the services' install too. Flags
+    that only print (``--help``, ``--cfg``) or compose another config (``--config-name``) pass."""
+    if any(word in INFO_FLAGS | OTHER_CONFIG_FLAGS or word.startswith(("--cfg", "--config-")) for word in overrides):
+        return
+    data_dir = default_data_dir(overrides)
+    if data_dir is not None and not data_dir.is_dir():
+        from dprobe.data.common import DatasetError
+        from dprobe.data.registry import WHERE_DATA_GOES
+
+        raise DatasetError(f"no training data: {data_dir} is not a directory; {WHERE_DATA_GOES}")
 
 
 def task(cfg: DictConfig) -> float | None:
     """One run: what a sweep minimises, the forecaster's validation pinball loss (``val_pinball`` of
-    :func:`dprobe.training.run`)."""
+    :func:`dprobe.training.run`). Data a stage cannot read (a :class:`dprobe.data.DatasetError`: a missing
+    directory, a malformed file) ends the process with that one line (exit status 2), not Hydra's traceback."""
+    from dprobe.data.common import DatasetError
     from dprobe.training import run
 
+    prog = "dprobe train" if _STARTED_WITH is not None else Path(sys.argv[0]).name
     if _STARTED_WITH is not None:  # Lightning's DDP launcher starts the other processes with sys.argv again
         sys.argv = _STARTED_WITH
-    return run(cfg)["val_pinball"]
+    try:
+        return run(cfg)["val_pinball"]
+    except DatasetError as exc:  # Hydra reports an Exception with its traceback; SystemExit passes through it
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
 
 
 def hydra_app() -> Callable[..., Any]:
@@ -50,6 +114,7 @@ def main(cfg: DictConfig | None = None) -> float | None:
 def command(overrides: Sequence[str]) -> None:
     """``dprobe train OVERRIDES``: :func:`main` with Hydra's command line made of OVERRIDES alone."""
     global _STARTED_WITH
+    check_data_dir(overrides)
     _STARTED_WITH, sys.argv = sys.argv, [f"{sys.argv[0]} train", *overrides]
     try:
         main()

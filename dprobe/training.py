@@ -85,6 +85,7 @@ def stage(section: DictConfig) -> Callable[..., Any]:
     ``conf/coldstart``, ``conf/jobscale``: ``_target_``, ``_partial_: true``) less ``enabled``, which is
     :func:`run`'s switch, not an argument."""
     node = OmegaConf.to_container(section, resolve=True)
+    assert isinstance(node, dict), f"a stage's config group is a mapping, got {type(node).__name__}"
     node.pop("enabled")
     return instantiate(node, _convert_="all")
 
@@ -92,7 +93,7 @@ def stage(section: DictConfig) -> Callable[..., Any]:
 def best_val_pinball(trainer: pl.Trainer) -> float | None:
     """The validation pinball loss of the epoch kept (the best checkpoint's on ``val/pinball``), or of the
     last validation where none is kept (``fast_dev_run``); None without a validation."""
-    callback = trainer.checkpoint_callback
+    callback: Any = trainer.checkpoint_callback  # a ModelCheckpoint where one is configured
     score = callback.best_model_score if callback is not None and callback.monitor == "val/pinball" else None
     if score is None:
         score = trainer.callback_metrics.get("val/pinball")
@@ -185,7 +186,7 @@ def evaluate_checkpoint(checkpoint: Path, out_dir: Path, datasets: list[str], ca
     from dprobe.evaluation.report import markdown_table, plot_forecasts
     from dprobe.forecaster.loading import load_forecaster
 
-    forecaster = load_forecaster(str(checkpoint))
+    forecaster: Any = load_forecaster(str(checkpoint))  # a trained network's: it records its split
     reports, tables, plots = [], [], {}
     for directory in datasets:
         ds = load_series_dataset(directory)
@@ -213,6 +214,31 @@ class _DropTips(logging.Filter):
 
 
 _DROP_TIPS = _DropTips()
+
+
+def data_dirs(cfg: DictConfig) -> dict[str, list[str]]:
+    """The data directories of the enabled stages that :func:`check_profiles` does not load, by the config key
+    that names them (``data.datasets``, ``kernel_gnn.data_dir``)."""
+    dirs: dict[str, list[str]] = {}
+    if cfg.forecaster_enabled:
+        dirs["data.datasets"] = [str(d) for d in cfg.data.datasets]
+    kernel_gnn = cfg.get("kernel_gnn")
+    if kernel_gnn is not None and kernel_gnn.enabled and kernel_gnn.get("data_dir"):
+        dirs["kernel_gnn.data_dir"] = [str(kernel_gnn.data_dir)]
+    return dirs
+
+
+def check_data(cfg: DictConfig) -> None:
+    """Refuse, in one line (:class:`dprobe.data.DatasetError`), a run whose enabled stages read a data directory
+    that is not there, naming the first such and where the data sets are looked for: at the start, before anything
+    trains."""
+    from dprobe.data.common import DatasetError
+    from dprobe.data.registry import WHERE_DATA_GOES
+
+    for key, dirs in data_dirs(cfg).items():
+        for directory in dirs:
+            if not Path(directory).is_dir():
+                raise DatasetError(f"no training data: {directory} ({key}) is not a directory; {WHERE_DATA_GOES}")
 
 
 def check_profiles(cfg: DictConfig) -> None:
@@ -334,6 +360,7 @@ def run(cfg: DictConfig) -> dict:
     least two cores) the latter train in a second process from the start (:func:`side_by_side`)."""
     warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # a library-internal deprecation, once a step
     logging.getLogger("pytorch_lightning.utilities.rank_zero").addFilter(_DROP_TIPS)  # once: same object
+    check_data(cfg)
     pl.seed_everything(cfg.seed, workers=True)
     out_dir = Path(cfg.paths.output_dir)
     summary: dict = {"output_dir": str(out_dir), "val_pinball": None}

@@ -251,13 +251,13 @@ def test_cli_predict_takes_and_prints_the_stack(capsys) -> None:
 
 
 @pytest.mark.slow
-def test_nhwc_is_recorded_and_said_to_be_predicted_as_nchw(capsys) -> None:
+def test_channels_last_training_is_replayed_channels_last_and_says_so(capsys) -> None:
     from dprobe.cli import main
 
-    assert main(["predict", "torchvision:resnet18", "--batch", "2", "--image", "32", "--memory-format", "nhwc",
-                 "--json"]) == 0
+    assert main(["predict", "torchvision:resnet18", "--batch", "2", "--image", "32", "--memory-format",
+                 "channels-last", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["stack"]["memory_format"] == "nhwc" and "memory format nhwc" in out["note"]
+    assert out["stack"]["memory_format"] == "nhwc" and "memory format channels-last: replayed channels-last" in out["note"]
 
 
 def _synthetic_runs(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

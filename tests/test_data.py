@@ -574,3 +574,53 @@ def test_helios_quota_must_be_numeric(tmp_path, small_helios_dir):
     (d / "Earth_gpu_number.csv").write_text("\n".join(text) + "\n")
     with pytest.raises(DatasetError, match=r"Earth_gpu_number.csv: column .* must be numeric; row 3"):
         load_helios(d)
+
+
+# --- where bundled data sets are found; the sample that ships in the package --------------------------------
+
+SAMPLE = Path(__file__).resolve().parents[1] / "dprobe" / "data" / "samples" / "alibaba-genai-2026"
+
+
+@pytest.fixture
+def no_data_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """As where dprobe is installed from the package: no $DPROBE_DATA_DIR, no ./datasets, no checkout."""
+    from dprobe.data import registry
+
+    monkeypatch.delenv("DPROBE_DATA_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(registry, "CHECKOUT_DATASETS", tmp_path / "no-checkout" / "datasets")
+    return tmp_path
+
+
+def test_data_sets_are_found_in_order_and_the_sample_only_where_asked(no_data_here: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from dprobe.data.registry import bundled_dir, find_data_dir
+
+    with pytest.raises(FileNotFoundError, match=r"bundled data set alibaba-genai-2026 not found \(looked in "
+                                                r".*datasets/alibaba-genai-2026.*\); set DPROBE_DATA_DIR or pass"):
+        bundled_dir("alibaba-genai-2026")
+    assert find_data_dir("alibaba-genai-2026", sample=True) == (SAMPLE, True)
+    with pytest.raises(FileNotFoundError, match="helios-earth-vc not found"):  # no sample of it ships
+        find_data_dir("helios-earth-vc", sample=True)
+    (no_data_here / "datasets" / "alibaba-genai-2026").mkdir(parents=True)
+    assert find_data_dir("alibaba-genai-2026", sample=True) == (no_data_here / "datasets" / "alibaba-genai-2026",
+                                                                 False)
+    monkeypatch.setenv("DPROBE_DATA_DIR", str(DATASETS))  # first, before ./datasets
+    assert bundled_dir("alibaba-genai-2026") == ALIBABA
+
+
+def test_the_packaged_sample_is_a_small_licensed_cut_of_the_bundled_data_set() -> None:
+    """A few whole pods of alibaba-genai-2026, their rows as in the full data set, under 1 MB, with the data set's
+    licence (CC BY 4.0) and a note saying where it comes from and what was cut."""
+    size = sum(p.stat().st_size for p in SAMPLE.iterdir())
+    assert size < 1_000_000, f"{SAMPLE}: {size} bytes"
+    assert (SAMPLE / "LICENSE").read_bytes() == (ALIBABA / "LICENSE").read_bytes()
+    notice = (SAMPLE / "NOTICE.md").read_text()
+    assert "CC BY 4.0" in notice and "Alibaba" in notice and "Changes" in notice
+    pods = sorted(load_alibaba(SAMPLE).frame["unique_id"].unique())
+    assert 3 <= len(pods) <= 20
+    for stem in ALIBABA_FILES[:2]:
+        cut, whole = pd.read_csv(SAMPLE / f"{stem}.csv.gz"), pd.read_csv(ALIBABA / f"{stem}.csv.gz")
+        kept = whole[whole["container_ip"].isin(pods)].reset_index(drop=True)
+        pd.testing.assert_frame_equal(cut, kept)
+        assert whole["container_ip"].nunique() > len(pods)

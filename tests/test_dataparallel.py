@@ -268,6 +268,12 @@ def test_benchmark_ablations_and_model_subsets(small_pollux, script, monkeypatch
     traced = run("--models", "bert,ncf", "--window-blend", "1")
     assert both["per_model"][0]["sync_mape"] != traced["per_model"][0]["sync_mape"]
     assert set(both["p90_coverage_nested_per_model"]["step"]) == {"bert", "ncf"}
+    # the sync models beside the visible-median baseline, each model left out, and where each would ship
+    sync = both["sync_models"]
+    assert {r["method"] for r in sync["per_model"]} == {"dprobe default", "bucket model", "visible-median baseline",
+                                                       "current (exponential)"}
+    assert all(0 <= r["p90_step_coverage"] <= 1 for r in sync["per_model"])
+    assert {c["method"] for c in sync["shipped_choice"].values()} <= {"buckets", "exponential", "baseline"}
     monkeypatch.setattr("sys.argv", ["dataparallel.py", "--data", str(small_pollux), "--no-gavel", "--models",
                                      "bert,yolo"])
     with pytest.raises(SystemExit):
@@ -423,8 +429,10 @@ def test_the_p90_carries_the_model_and_a_predicted_single_step():
     """A cold-start one-GPU step (p90 above p50) widens the step and sync p90s beyond the measured step's;
     neither collapses onto the p50."""
     where, links = Placement((4, 4)), resolve_interconnect(None, "t4")
-    measured = predict_data_parallel((0.2, 0.2), 1e8, 64, where, 4, "--step-time", "--params", interconnect=links)
-    predicted = predict_data_parallel((0.2, 0.3), 1e8, 64, where, 4, "cold start", "graph", interconnect=links)
+    measured = predict_data_parallel((0.2, 0.2), 1e8, 64, where, 4, "--step-time", "--params", interconnect=links,
+                                     sync_model="exponential")
+    predicted = predict_data_parallel((0.2, 0.3), 1e8, 64, where, 4, "cold start", "graph", interconnect=links,
+                                      sync_model="exponential")
     step50, sync50 = measured.step_time_seconds[0], measured.sync_time_seconds[0]
     assert predicted.step_time_seconds[0] == pytest.approx(step50)
     assert measured.step_time_seconds[1] == pytest.approx(step50 * FITTED["p90_step_factor"])
@@ -492,9 +500,30 @@ def test_predict_gpus_text(capsys):
     out = capsys.readouterr().out
     assert "links             pcie3 / ethernet-50g (default for t4)" in out
     assert "fitted on the measured cluster pollux-t4" in out
+    assert "  sync model        " in out and "pollux-t4, several nodes: " in out  # which ran, and why
     assert "on 16 GPU(s), 4 node(s) (placement 4444), 16 per GPU" in out and "400.0 MB  (replay)" in out
     assert "backward window       0.50     (uniform" in out  # no graph: gradients assumed spread evenly
     assert "drops under 50 % of one GPU's beyond" in out and "allocator peak 2.00 GiB" in out
+
+
+def test_sync_model_option_picks_the_model_and_is_echoed(capsys):
+    """--sync-model: the default (auto) says which ran and why; each model can be asked for; without --gpus it
+    is refused; baseline on a cluster never measured is refused by name."""
+    cold = _Cold()
+    run_data_parallel(_args(gpus=8, nodes=2, gpu="t4"), cold)
+    auto = json.loads(capsys.readouterr().out)["data_parallel"]["sync_model"]
+    assert auto["model"] in ("buckets", "baseline", "exponential") and "pollux-t4, several nodes" in auto["why"]
+    seen = {}
+    for model in ("buckets", "baseline", "exponential"):
+        run_data_parallel(_args(gpus=8, nodes=2, gpu="t4", sync_model=model), cold)
+        dp = json.loads(capsys.readouterr().out)["data_parallel"]
+        assert dp["sync_model"] == {"model": model, "why": f"--sync-model {model}"}
+        seen[model] = dp["sync_time_seconds"]["p50"]
+    assert len(set(seen.values())) == 3
+    with pytest.raises(ValueError, match="--sync-model baseline needs a measured cluster"):
+        run_data_parallel(_args(gpus=8, nodes=2, sync_model="baseline"), cold)  # h200: never measured
+    with pytest.raises(ValueError, match="--sync-model is read with --gpus"):
+        refuse_without_gpus(_args(sync_model="buckets"))
 
 
 def test_untraceable_model_with_step_time_and_params(capsys):

@@ -30,7 +30,8 @@ def test_manifests_parse() -> None:
 
 def test_dockerfile_targets_copy_what_exists() -> None:
     """Without a Docker engine here: both targets are there, every file they copy exists in the repository,
-    the services target installs dprobe's base requirements and the full one its train extra, both with
+    the services target installs dprobe's base requirements and the scaler extra, the full one also the train
+    extra, both with
     requirements.lock as pip's constraints (what pyproject.toml's lists hold: tests/test_services_install.py)."""
     text = (DEPLOY / "Dockerfile").read_text()
     stages = re.findall(r"^FROM \S+ AS (\w+)$", text, re.M)
@@ -43,9 +44,9 @@ def test_dockerfile_targets_copy_what_exists() -> None:
     for stage in (services, full):
         assert re.search(r"^COPY .*\brequirements\.lock\b", stage, re.M), stage
     installs = [re.findall(r"^RUN pip install (.+)$", stage, re.M) for stage in (services, full)]
-    assert installs[0] == ["-c requirements.lock ."], installs  # the base requirements: no torch
+    assert installs[0] == ["-c requirements.lock '.[scaler]'"], installs  # the base and the scaler's: no torch
     assert len(installs[1]) == 1 and installs[1][0].startswith("-c requirements.lock ") \
-        and installs[1][0].endswith(" '.[train]'"), installs
+        and installs[1][0].endswith(" '.[train,scaler]'"), installs
     assert "--no-deps" not in text
     for stage in (services, full):  # the dependencies in a layer before the source, from pyproject.toml's lists
         deps = stage.index("-r /tmp/requirements.txt")
@@ -54,13 +55,14 @@ def test_dockerfile_targets_copy_what_exists() -> None:
 
 def test_dockerfile_dependency_layers_install_pyproject_lists(tmp_path) -> None:
     """The two RUN lines that write /tmp/requirements.txt, run here against pyproject.toml, list exactly the
-    base requirements (services) and the base plus the train extra (full)."""
+    base requirements and the scaler extra (services), and those plus the train extra (full)."""
     import tomllib
 
     text = (DEPLOY / "Dockerfile").read_text().replace("\\\n", "")
     project = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())["project"]
-    want = {"services": project["dependencies"],
-            "full": project["dependencies"] + project["optional-dependencies"]["train"]}
+    extras = project["optional-dependencies"]
+    want = {"services": project["dependencies"] + extras["scaler"],
+            "full": project["dependencies"] + extras["train"] + extras["scaler"]}
     for stage, code in zip(("services", "full"), re.findall(r'RUN python -c "(.+?)"\s*> /tmp/requirements.txt', text),
                            strict=True):
         got = subprocess.run([sys.executable, "-c", code], cwd=DEPLOY.parent, capture_output=True, text=True, check=True)
@@ -77,6 +79,16 @@ def test_prometheus_rules_pass_promtool() -> None:
     test = subprocess.run(["promtool", "test", "rules", RULES.with_suffix(".test.yaml").name],
                           capture_output=True, text=True, cwd=RULES.parent)
     assert test.returncode == 0 and "SUCCESS" in test.stdout, test.stdout + test.stderr
+
+
+def test_the_rules_record_the_series_the_scaler_reads() -> None:
+    """recorded_series reads what the rules' group dprobe-scaler-workloads records, each name there once."""
+    from dprobe.services.scaler.demand import RECORDED_NAMESPACE, RECORDED_REQUESTED_GPUS, RECORDED_WORKLOAD
+
+    groups = {g["name"]: g for g in yaml.safe_load(RULES.read_text())["groups"]}
+    recorded = [r["record"] for r in groups["dprobe-scaler-workloads"]["rules"] if "record" in r]
+    assert {*RECORDED_WORKLOAD.values(), *RECORDED_NAMESPACE.values(), RECORDED_REQUESTED_GPUS} <= set(recorded)
+    assert len(recorded) == len(set(recorded))
 
 
 def _objects(path: Path) -> dict[str, dict]:

@@ -320,7 +320,8 @@ def test_the_checkpoint_records_the_split_it_was_fitted_with(small_helios_dir, t
     module = ForecasterModule(n_tasks=1, context_length=32, d_model=16, n_heads=2, n_layers=1)
     obj = build_checkpoint(module, dm)
     assert list(obj) == ["kind", "format", "dprobe_version", "hparams", "tasks", "point_sources", "quantile_shifts",
-                         "regimes", "workloads_trained", "short_lead_exponents", "split", "state_dict"]
+                         "regimes", "workloads_trained", "workload_tasks", "short_lead_exponents", "split",
+                         "state_dict"]
     assert obj["split"] == {"validation_start": 0.5, "test_start": 0.8}
     assert len(obj["quantile_shifts"]) == len(obj["short_lead_exponents"]) == 1
     pt = save_checkpoint(obj, tmp_path / "dprobe.pt")

@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+import yaml
 
 from dprobe.core.gpus import (
     GPUS,
@@ -124,3 +125,50 @@ def test_cli_refuses_a_bad_gpu_spec_before_replaying(tmp_path, capsys) -> None:
     good.write_text(json.dumps(RTX4090))
     assert main(["predict", "torchvision:resnet18", "--batch", "8", "--gpu-spec", str(good), "--gpu", "a100"]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+MEASURED = {"fp32_tflops": 70.1, "tf32_tflops": 75.0, "fp16_tflops": 150.2, "bf16_tflops": 149.8,
+            "fp16_acc16_tflops": 290.0, "bandwidth_gbps": 912.5, "launch_overhead_us": 4.2,
+            "conv": {"3x3 c256 56px b64": 101.5}, "attention": {"b32 h12 s1024 d64": 120.0},
+            "fraction_of_peak": {"fp16": 0.909}, "torch": "2.9.1", "cuda": "12.8", "date": "2026-12-07T21:00:00Z",
+            "device": "NVIDIA GeForce RTX 4090", "seconds": 41.5}
+
+
+def test_a_measured_block_is_read_as_the_gpus_calibration(tmp_path) -> None:
+    """``dprobe gpu calibrate``'s block: the measured peaks replace the spec sheet's on the roofline it is put on
+    (measured_spec), the spec sheet stays what the file says, and the block survives the prediction's JSON."""
+    from dprobe.core.gpus import fractions_of_peak, measured_spec
+
+    path = tmp_path / "gpu.yaml"
+    path.write_text(yaml.safe_dump({**RTX4090, "measured": MEASURED}))
+    spec = load_gpu_spec(path)
+    cal = spec.calibration
+    assert spec.peak_half("fp16") == 165.2e12 and cal is not None
+    assert cal.flops_fp16 == pytest.approx(150.2e12) and cal.bandwidth == pytest.approx(912.5e9)
+    assert cal.launch_overhead_s == pytest.approx(4.2e-6) and dict(cal.conv)["3x3 c256 56px b64"] == pytest.approx(101.5e12)
+    assert dict(cal.software) == {"device": "NVIDIA GeForce RTX 4090", "torch": "2.9.1", "cuda": "12.8",
+                                  "date": "2026-12-07T21:00:00Z", "seconds": "41.5"}
+    m = measured_spec(spec)
+    assert (m.peak_half("fp16"), m.peak_flops_bf16, m.peak_flops_tf32, m.peak_flops_fp32, m.bandwidth) == pytest.approx(
+        (150.2e12, 149.8e12, 75e12, 70.1e12, 912.5e9))
+    assert m.memory_bytes == spec.memory_bytes and measured_spec(GPUS["h200"]) == GPUS["h200"]
+    assert fractions_of_peak(spec, cal)["fp16"] == pytest.approx(150.2 / 165.2, rel=1e-4)
+    again = gpu_spec_from_dict(spec_as_dict(spec))  # the prediction's gpu_spec reads back, measured block and all
+    assert again == spec
+    # only the required figures: the others keep the spec sheet's on the measured roofline
+    partial = gpu_spec_from_dict({**RTX4090, "measured": {"fp32_tflops": 70, "fp16_tflops": 150, "bandwidth_gbps": 900}})
+    assert measured_spec(partial).peak_flops_tf32 == 82.6e12 and partial.calibration.conv == ()
+
+
+@pytest.mark.parametrize(("measured", "message"), [
+    ({"fp16_tflops": 150, "bandwidth_gbps": 900}, "field 'measured.fp32_tflops' missing"),
+    ({**MEASURED, "bandwidth_gbps": 0}, "field 'measured.bandwidth_gbps' = 0 is implausible"),
+    ({**MEASURED, "fp16_tflops": "fast"}, "field 'measured.fp16_tflops' must be a number"),
+    ({**MEASURED, "hbm_gbps": 3}, "unknown field 'measured.hbm_gbps'"),
+    ({**MEASURED, "conv": [1, 2]}, "field 'measured.conv' is a mapping"),
+    ({**MEASURED, "conv": {"a": -1}}, "field 'measured.conv.a' = -1 is implausible"),
+    ([1, 2], "field 'measured' is a mapping"),
+])
+def test_a_bad_measured_block_is_refused_naming_the_field(measured, message) -> None:
+    with pytest.raises(GPUSpecError, match=message):
+        gpu_spec_from_dict({**RTX4090, "measured": measured})

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from dprobe.core.gpus import GPUS
-from dprobe.profiling.coldstart.features import roofline_seconds
+from dprobe.profiling.coldstart.features import roofline_seconds as features_roofline
 from dprobe.profiling.coldstart.inference import (
     DEFAULT_MODEL,
     FEATURES,
@@ -34,6 +34,13 @@ from dprobe.profiling.coldstart.replay import ReplayEstimate
 from dprobe.profiling.coldstart.timm_infer import cv_folds
 
 GPU_KEYS = ("rtx3090", "rtx4090", "rtx5090")
+
+
+def roofline_seconds(*args: object, **kwargs: object) -> dict[str, float]:
+    """The inference model's roofline (grouped convolutions where ``inference.GROUPED_TENSOR`` puts them)."""
+    from dprobe.profiling.coldstart.inference import GROUPED_TENSOR
+
+    return features_roofline(*args, grouped_tensor=GROUPED_TENSOR, **kwargs)
 
 
 def synthetic_est(rng: np.random.Generator, scale: float) -> ReplayEstimate:
@@ -249,3 +256,20 @@ def test_the_shipped_model_predicts_a_real_replay() -> None:
     assert p50 < 0.05  # a batch of 8 at 224 px on a 4090: milliseconds, not seconds
     with pytest.raises(ValueError, match="no kernels"):
         predict_inference_step(replace(est, ops=[]), "fp16", GPUS["rtx4090"])
+
+
+def test_depthwise_convolutions_run_on_the_vector_units_in_the_inference_roofline() -> None:
+    from dprobe.profiling.coldstart.features import op_peaks
+    from dprobe.profiling.coldstart.memtrack import OP_CLASSES
+    from dprobe.profiling.coldstart.replay import ReplayEstimate
+
+    gpu = GPUS["rtx3090"]
+    grouped, dense = OP_CLASSES.index("conv_grouped"), OP_CLASSES.index("conv")
+    ops = np.array([[0, grouped, 1, 1e12, 1e6], [0, dense, 1, 1e12, 1e6]], dtype=float)
+    assert np.allclose(op_peaks(ops, "fp16", gpu), gpu.peak_half("fp16"))  # the training profiler's, as before
+    assert np.allclose(op_peaks(ops, "fp16", gpu, grouped_tensor=False), [gpu.peak_flops_fp32, gpu.peak_half("fp16")])
+    est = ReplayEstimate(1e9, 1e9, 2e9, 1e6, 0, 1e6, 1e8, 2e12, 2e12, 2e6, 2, 0, forward_only=1.0,
+                         ops=[tuple(o) for o in ops])
+    x = inference_features(est, "fp16", gpu)
+    # the depthwise kernel's FLOPs at the fp32 vector peak: its time is 1e12 / fp32 peak
+    assert math.exp(x["log_t_compute"]) == pytest.approx(1e12 / gpu.peak_flops_fp32 + 1e12 / gpu.peak_half("fp16"))

@@ -251,7 +251,14 @@ def test_exp_jobs_trains_on_job_series_and_reports_them(tmp_path, small_alibaba_
     out = capsys.readouterr().out
     assert "| jobscale |" in out and "memory plateau over the next 10 s" in out
     assert bench.main([*args, "--check"]) == (1 if "MISSED" in out else 0)
-    assert bench.main(["--checkpoint", str(ROOT / "dprobe" / "default_forecaster.onnx")]) == 2  # no job tasks
+    from dprobe.forecaster.checkpoint import export_checkpoint
+    from dprobe.forecaster.module import ForecasterModule
+    from dprobe.forecaster.tasks import TaskSpec
+
+    series_only = export_checkpoint(ForecasterModule(n_tasks=1, context_length=32, d_model=16, n_heads=2, n_layers=1),
+                                    [TaskSpec("gpu_memory_bytes", "alibaba-genai-2026", (5, 15, 30), 57.0, (), 1e9)],
+                                    tmp_path / "series.pt")
+    assert bench.main(["--checkpoint", str(series_only)]) == 2  # no job tasks
 
 
 def test_a_forecaster_without_job_tasks_is_refused_on_jobs(jobs) -> None:

@@ -99,3 +99,73 @@ def test_a_precision_the_step_model_never_saw_is_noted() -> None:
     fp16 = predict_job("torchvision:resnet18", 256, "fp16", image=64, gpu="rtx3090", mode="inference")
     assert "learnt from fp16 autocast runs only" in fp32.note and "learnt from fp16" not in fp16.note
     assert fp32.analytical.gpu_seconds_per_step > fp16.analytical.gpu_seconds_per_step  # fp32 peaks are lower
+
+
+def test_the_nearest_measured_gpu_is_of_the_same_architecture_first_then_of_the_nearest_figures() -> None:
+    from dataclasses import replace
+
+    from dprobe.profiling.coldstart.inference import default_model
+
+    model = default_model()
+    pro = replace(GPUS["rtx5090"], name="RTX PRO 6000 Blackwell", peak_flops_fp16=503.8e12)
+    a6000 = replace(GPUS["rtx3090"], name="RTX A6000", bandwidth=768e9, peak_flops_fp16=154.8e12)
+    assert model.nearest(pro.name, pro.bandwidth, pro.peak_half("fp16")) == "GeForce RTX 5090"
+    assert model.nearest(a6000.name, a6000.bandwidth, a6000.peak_half("fp16")) == "GeForce RTX 3090"
+    # no Hopper was measured: the nearest bandwidth and tensor-core peak (the 5090's, of the three)
+    h200 = GPUS["h200"]
+    assert model.nearest(h200.name, h200.bandwidth, h200.peak_half("fp16")) == "GeForce RTX 5090"
+    assert model.nearest("GeForce RTX 4090", 1008e9, 165.2e12) is None  # a GPU with rows has its own
+
+
+def test_a_spec_sheet_gpu_takes_the_nearest_factor_only_where_it_beat_the_current_method_everywhere() -> None:
+    from dataclasses import replace
+
+    from dprobe.profiling.coldstart.features import analytical_for
+    from dprobe.profiling.coldstart.inference import FoldResult, Scores, choose, default_model, feature_frame
+
+    def fold(model: float, rule: float, nearest: float) -> FoldResult:
+        def sc(m: float) -> Scores:
+            return Scores(m, 1.0, 0.9, 0.9)
+        return FoldResult("f", 10, ("x",), sc(20), sc(rule), sc(model), sc(rule), sc(nearest))
+
+    family = [fold(9, 12, 12)]
+    assert choose({"gpu": [fold(10, 12, 9), fold(11, 12, 10)], "family": family})[0] == "nearest-factor"
+    assert choose({"gpu": [fold(10, 12, 9), fold(11, 12, 12)], "family": family})[0] == "learned"
+    assert choose({"gpu": [fold(13, 12, 11), fold(13, 12, 11.5)], "family": family})[0] == "nearest-factor"
+    assert choose({"gpu": [fold(13, 12, 11), fold(13, 12, 12.5)], "family": family})[0] == "rule"
+
+    shipped = default_model()
+    h100 = GPUS["h100"]
+    method, why = shipped.explain(h100)
+    folds = shipped.cv["folds"]["gpu"]
+    assert method == shipped.method == "learned" and shipped.nearest_p90_factor > 1  # what the table decided
+    assert not all(f["nearest"] < f["model"] for f in folds) and "did not beat it on every GPU left out" in why
+    nearest = replace(shipped, method="nearest-factor")
+    est = analytical_for("timm:resnet18", 64, "fp16", "none", image=96, mode="inference")
+    p50, p90 = predict_inference_step(est, "fp16", h100, model=nearest)
+    roof = float(feature_frame([est], "fp16", h100, shipped.roofline)["roof"].iloc[0])
+    assert p50 == pytest.approx(roof * shipped.gpu_factors["GeForce RTX 5090"], rel=1e-9)
+    assert p90 == pytest.approx(p50 * shipped.nearest_p90_factor, rel=1e-9)
+    assert nearest.explain(h100)[0] == "nearest-factor" and "GeForce RTX 5090" in nearest.explain(h100)[1]
+
+
+def test_the_nearest_factors_p90_comes_from_each_gpu_predicted_by_the_others() -> None:
+    """Three GPUs whose steps sit at 1.0, 1.2 and 1.5 times their roofline: each left out is predicted by its
+    nearest other GPU's factor, and those errors (not its own) set the widening."""
+    import numpy as np
+    import pandas as pd
+
+    from dprobe.profiling.coldstart.inference import _nearest_log_ratios, p90_factor
+
+    names = [GPUS[k].name for k in ("rtx3090", "rtx4090", "rtx5090")]
+    factors = dict(zip(names, (1.0, 1.2, 1.5), strict=True))
+    rows = [(n, GPUS[k].bandwidth, GPUS[k].peak_half("fp16")) for n, k in zip(names, ("rtx3090", "rtx4090", "rtx5090"),
+                                                                              strict=True) for _ in range(4)]
+    x = pd.DataFrame(rows, columns=["gpu_name", "gpu_bandwidth", "gpu_peak"])
+    x["roof"] = 1e-3
+    y = x["roof"].to_numpy() * np.array([factors[n] for n in x["gpu_name"]])
+    ratios = _nearest_log_ratios(x, y, 1.1)
+    # 3090 <- 4090 (the nearer bandwidth and peak), 4090 <- 5090, 5090 <- 4090
+    assert [float(np.exp(r[0])) for r in ratios] == pytest.approx([1.0 / 1.2, 1.2 / 1.5, 1.5 / 1.2])
+    assert p90_factor(ratios) == pytest.approx(1.25)
+    assert _nearest_log_ratios(x[x["gpu_name"] == names[0]], y[:4], 1.1) == []  # one GPU: no spread to learn

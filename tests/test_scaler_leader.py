@@ -106,6 +106,28 @@ def test_the_lease_passes_to_another_replica_only_after_its_holder_stopped_leadi
         LeaderElector(store, "d", lease_seconds=10, renew_seconds=10, retry_seconds=2)
 
 
+def test_a_replica_may_read_the_lease_without_taking_it() -> None:
+    """take=False (sharding: a replica within its share reads the shards it does not hold): the holder renews as
+    always; another replica only reads the Lease, and sees it expire lease_seconds after the last renewal it saw,
+    on its own clock, without taking it, free or expired."""
+    now = [0.0]
+    store = _Store()
+    a, b = (LeaderElector(store, who, 15, 10, 2, clock=lambda: now[0]) for who in "ab")
+    assert not b.try_acquire_or_renew(take=False) and store.record is None and b.holder == ""  # free: not taken
+    assert a.try_acquire_or_renew(take=False) is False and store.record is None  # nobody takes it this way
+    assert a.try_acquire_or_renew()
+    now[0] = 2.0
+    assert a.try_acquire_or_renew(take=False) and store.writes == 2  # the holder renews
+    assert not b.try_acquire_or_renew(take=False) and b.holder == "a" and not b.expired()
+    assert b.seen_renewing(1) and not b.seen_renewing(0)
+    now[0] = 16.9  # a is gone since its renewal at 2, which b first saw at 2
+    assert not b.try_acquire_or_renew(take=False) and not b.expired()
+    now[0] = 17.0
+    assert not b.try_acquire_or_renew(take=False) and b.expired() and not a.is_leader()
+    assert store.record.holder == "a" and store.writes == 2  # read, never written
+    assert b.try_acquire_or_renew() and b.holder == "b" and not b.expired()
+
+
 def test_lease_times_are_written_as_the_api_server_reads_them() -> None:
     """A Lease's times are metav1.MicroTime: six fractional digits always (a whole second included, where
     isoformat() would drop them and the API server refuse the write)."""

@@ -1,5 +1,6 @@
 """The services without the full install: ``pip install dprobe`` (the base requirements) and the Dockerfile's
-``services`` target install dprobe without torch and the training stack (the train extra). These tests run the
+``services`` target install dprobe without torch and the training stack (the train extra); the base install also
+leaves out the scaler's Kubernetes client (the scaler extra). These tests run the
 real ``dprobe sidecar`` and ``dprobe scaler`` in processes where those packages cannot be imported (as if not
 installed), check that they serve what they should, and that every distribution they load is one the base
 requirements bring; and that pyproject.toml's lists and requirements.lock (the exact versions CI installs)
@@ -15,6 +16,7 @@ import sys
 import time
 import tomllib
 import urllib.request
+from collections.abc import Iterable
 from importlib.metadata import PackageNotFoundError, requires
 from pathlib import Path
 
@@ -23,7 +25,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from dprobe.core.lazy import FULL_INSTALL
+from dprobe.core.lazy import FULL_INSTALL, SCALER_INSTALL, missing_package
 
 REPO = Path(__file__).resolve().parent.parent
 PYPROJECT = REPO / "pyproject.toml"
@@ -63,8 +65,8 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
-def _command(*args: str) -> list[str]:
-    return [sys.executable, "-c", WITHOUT_FULL_INSTALL, json.dumps(sorted(FULL_INSTALL)), *args]
+def _command(*args: str, absent: Iterable[str] = FULL_INSTALL) -> list[str]:
+    return [sys.executable, "-c", WITHOUT_FULL_INSTALL, json.dumps(sorted(absent)), *args]
 
 
 def _base(texts: list[str]) -> list[Requirement]:
@@ -167,6 +169,33 @@ def test_what_needs_the_full_install_is_refused_clearly(args: list[str], says: s
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("args, needs", [
+    (["--leader-election"], "--leader-election"),
+    (["--mode", "apply"], "--mode apply"),
+])
+@pytest.mark.slow
+def test_the_scaler_without_the_kubernetes_client_says_which_extra_in_one_line(args: list[str], needs: str,
+                                                                               free_port) -> None:
+    """The base install leaves the kubernetes client out: what needs it is refused at the start, in one line
+    naming the scaler extra; the scaler reading Prometheus only runs without it (above)."""
+    r = subprocess.run(_command("scaler", "--prometheus-url", f"http://127.0.0.1:{free_port()}", *args,
+                                absent=[*FULL_INSTALL, *SCALER_INSTALL]),
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    errors = [line for line in r.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and errors[0].startswith(f"dprobe scaler: error: {needs} needs the Kubernetes client"), \
+        r.stderr
+    assert "pip install 'dprobe[scaler]'" in errors[0] and "Traceback" not in r.stderr
+
+
+def test_a_missing_kubernetes_client_is_told_as_the_scaler_extra() -> None:
+    """Wherever else the scaler imports the client (dprobe.services.scaler.kube, .leader), dprobe's one-line
+    error names the scaler extra."""
+    message = missing_package(ModuleNotFoundError("No module named 'kubernetes.client'", name="kubernetes.client"))
+    assert message is not None and "pip install 'dprobe[scaler]'" in message
+    assert missing_package(ModuleNotFoundError("No module named 'nothing_of_ours'", name="nothing_of_ours")) is None
+
+
 # -- pyproject.toml's lists and requirements.lock ------------------------------------------------------------
 
 
@@ -226,6 +255,16 @@ def test_the_base_requirements_leave_the_training_stack_out() -> None:
         "training stack: reinstall it (pip install -c requirements.lock -e '.[test]')"
     assert "onnxruntime" in {canonicalize_name(r.name) for r in groups[""]}  # the sidecar's ONNX forecasts
     assert _full([Requirement("torch==2.14.1")]) == {"torch"}  # the check itself
+
+
+def test_the_scaler_extra_brings_the_kubernetes_client_and_the_base_leaves_it_out() -> None:
+    """``pip install dprobe`` (the sidecar, the scaler reading Prometheus) without the kubernetes client, 126 MB
+    of its own; ``pip install 'dprobe[scaler]'`` brings it (SCALER_INSTALL), and the test extra pulls it in."""
+    groups = _project()
+    scaler = {canonicalize_name(d) for d in SCALER_INSTALL.values()}
+    assert not scaler & {canonicalize_name(r.name) for r in groups[""]}, "the base requirements bring kubernetes"
+    assert scaler <= {canonicalize_name(r.name) for r in groups["scaler"]}
+    assert "dprobe[scaler]" in {str(r) for r in groups["test"]}
 
 
 def test_the_train_extra_brings_the_full_install() -> None:

@@ -168,18 +168,29 @@ def test_a_graph_file_within_the_limit_is_read_in_a_child(tmp_path: Path) -> Non
 
 
 def test_a_forecaster_that_reads_no_graph_gets_none_built(annotate, tmp_path: Path) -> None:
-    """The shipped forecaster (not conditioned on workloads) and the baselines do not read graphs: none is
-    built for them, whatever the annotation names."""
+    """The baselines do not read graphs: none is built for them, whatever the annotation names. The shipped
+    forecaster does (its workload token: the graph encoder's embedding and the vector), and its graphs'
+    children embed them with the encoder its metadata records."""
     ann = tmp_path / "annotations"
     annotate(ann, **{MODEL_GRAPH: "torchvision:resnet18 batch=2"})
-    for model in (open_forecaster(None, "dprobe"), open_forecaster(None, "last_value")):
-        sc = Sidecar(SidecarConfig(listen_address="127.0.0.1", port=0, annotations_file=str(ann)), sources=[],
-                     model=model)
-        assert not sc.reads_graphs and sc.engine.graphs is None
-        assert sc.graphs.reference("ml/a") == "torchvision:resnet18 batch=2"
+    sc = Sidecar(SidecarConfig(listen_address="127.0.0.1", port=0, annotations_file=str(ann)), sources=[],
+                 model=open_forecaster(None, "last_value"))
+    assert not sc.reads_graphs and sc.engine.graphs is None
+    assert sc.graphs.reference("ml/a") == "torchvision:resnet18 batch=2"
     sc = Sidecar(SidecarConfig(listen_address="127.0.0.1", port=0, annotations_file=str(ann)), sources=[],
                  model=_reader())
     assert sc.reads_graphs and sc.engine.graphs is sc.graphs
+    assert sc.graphs.encoder is None  # a forecaster without a graph encoder: summaries without embeddings
+    # the shipped forecaster reads a graph where its task trained with one: the job tasks' 0.1 s step, not
+    # the GenAI pods' tasks that serve a scrape every 10 s
+    shipped = open_forecaster(None, "dprobe")
+    sc = Sidecar(SidecarConfig(listen_address="127.0.0.1", port=0, annotations_file=str(ann)), sources=[],
+                 model=shipped)
+    assert not sc.reads_graphs and sc.engine.graphs is None
+    sc = Sidecar(SidecarConfig(listen_address="127.0.0.1", port=0, annotations_file=str(ann), step_seconds=0.1,
+                               horizons=[1, 5], sample_interval=0.1, stale_after=5.0, max_backoff=1.0),
+                 sources=[], model=shipped)
+    assert sc.reads_graphs and sc.engine.graphs is sc.graphs and sc.graphs.encoder["mode"] == "graph"
 
 
 SLOW_MODELS = """

@@ -526,3 +526,28 @@ def test_a_dripping_source_fails_the_poll_at_the_deadline_and_the_sidecar_recove
             assert sidecar.pollers[0].up
         finally:
             sidecar.stop()
+
+
+def test_replay_without_the_data_set_replays_the_packaged_sample_and_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Installed from the package (no $DPROBE_DATA_DIR, no ./datasets, no checkout), the replay reads the sample
+    of alibaba-genai-2026 that ships in the package and logs it; with the data set in reach, the data set."""
+    from dprobe.data import registry as data_registry
+
+    monkeypatch.delenv("DPROBE_DATA_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(data_registry, "CHECKOUT_DATASETS", tmp_path / "no-checkout")
+    with caplog.at_level("INFO", logger="dprobe.services.sources.replay"):
+        src = ReplaySource("alibaba", clock=lambda: 0.0)
+    assert src.path == data_registry.SAMPLES_DIR / "alibaba-genai-2026"
+    assert 3 <= len(src.trace.t) <= 20 and src.poll()
+    assert "the sample in the package" in caplog.text and str(src.path) in caplog.text
+    with pytest.raises(FileNotFoundError, match=r"h200-profiles not found .* set DPROBE_DATA_DIR or the replay "
+                                                r"path \(--replay-path\)"):
+        ReplaySource("h200")
+    caplog.clear()
+    monkeypatch.setenv("DPROBE_DATA_DIR", str(Path(__file__).resolve().parents[1] / "datasets"))
+    with caplog.at_level("INFO", logger="dprobe.services.sources.replay"):
+        src = ReplaySource("alibaba", max_targets=3, clock=lambda: 0.0)
+    assert src.path.parent.name == "datasets" and len(src.trace.t) == 3
+    assert "the sample in the package" not in caplog.text and "(3 targets)" in caplog.text

@@ -24,14 +24,14 @@ def family_folds(families: Sequence[str], folds: int, seed: int) -> np.ndarray |
     return np.array([group[f] for f in families])
 
 
-def held_out_groups(families: Sequence[str], folds: int | None, seed: int) -> list[np.ndarray]:
+def held_out_groups(families: Sequence[str] | np.ndarray, folds: int | None, seed: int) -> list[np.ndarray]:
     """Leave-family-out test sets (run indices): one per family, or with ``folds`` the families dealt at
     random into that many groups (:func:`family_folds`; one per family where there are fewer)."""
     if folds is not None and folds < 2:
         raise ValueError(f"folds must be at least 2, not {folds}")
     fams = np.asarray(families)
     fold = family_folds(list(fams), folds, seed) if folds is not None else None
-    if fold is None:
+    if folds is None or fold is None:
         return [np.flatnonzero(fams == f) for f in sorted(set(fams))]
     return [np.flatnonzero(fold == k) for k in range(folds)]
 

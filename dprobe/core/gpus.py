@@ -1,5 +1,6 @@
 """The GPUs dprobe has figures for, as features: memory, peak FLOP/s per precision, bandwidth, SMs, L2,
-clocks; how NVML names them; and a spec file (``--gpu-spec``) for any other GPU.
+clocks; how NVML names them; and a spec file (``--gpu-spec``) for any other GPU, optionally with a
+``measured:`` block (``dprobe gpu calibrate`` writes one: what the GPU reached in microbenchmarks).
 
 Plain data without torch, so that a sidecar installed without it (`pip install dprobe`, the services)
 still checks the ``gpu=`` of a job.
@@ -36,10 +37,34 @@ class GPUSpec:
     l2_bytes: float = 0.0
     boost_clock_mhz: float = 0.0
     name: str = ""
+    calibration: GPUCalibration | None = None  # measured throughput (``dprobe gpu calibrate``); None: spec sheet only
 
     def peak_half(self, precision: str) -> float:
         """Tensor-core peak of an autocast precision: fp16's own where given, else bf16's."""
         return self.peak_flops_fp16 if precision == "fp16" and self.peak_flops_fp16 > 0 else self.peak_flops_bf16
+
+
+@dataclass(frozen=True)
+class GPUCalibration:
+    """What a GPU reached in ``dprobe gpu calibrate``'s microbenchmarks (SI units; 0: not measured).
+
+    ``flops_*``: dense GEMM FLOP/s per precision (``fp32`` with TF32 off, ``tf32`` with it on, ``fp16`` and
+    ``bf16`` with fp32 accumulation, as autocast runs them; ``fp16_acc16`` with reduced-precision reductions
+    allowed); ``bandwidth``: a large device-to-device copy (bytes read plus written per second);
+    ``launch_overhead_s``: one empty kernel launch, host side; ``conv`` / ``attention``: FLOP/s of a few
+    convolution and ``scaled_dot_product_attention`` shapes (name, FLOP/s); ``software``: torch and CUDA
+    versions, device name, date, seconds the run took (name, text)."""
+
+    flops_fp32: float = 0.0
+    flops_tf32: float = 0.0
+    flops_fp16: float = 0.0
+    flops_bf16: float = 0.0
+    flops_fp16_acc16: float = 0.0
+    bandwidth: float = 0.0
+    launch_overhead_s: float = 0.0
+    conv: tuple[tuple[str, float], ...] = ()
+    attention: tuple[tuple[str, float], ...] = ()
+    software: tuple[tuple[str, str], ...] = ()
 
 
 # Vendor data sheets (dense tensor FLOP/s, boost clock). Memory as NVML reports it where known (the measured
@@ -89,6 +114,22 @@ SPEC_FIELDS: dict[str, tuple[str, float, tuple[float, float], bool]] = {
 }
 
 
+# the measured: block: field -> (GPUCalibration's attribute, unit factor, plausible range, required); a measured
+# figure may be far below a spec sheet's (a throttled card, a CPU in tests), so the lower bounds only refuse 0
+MEASURED_FIELDS: dict[str, tuple[str, float, tuple[float, float], bool]] = {
+    "fp32_tflops": ("flops_fp32", 1e12, (1e-6, 1000), True),
+    "tf32_tflops": ("flops_tf32", 1e12, (1e-6, 5000), False),
+    "fp16_tflops": ("flops_fp16", 1e12, (1e-6, 20000), True),
+    "bf16_tflops": ("flops_bf16", 1e12, (1e-6, 20000), False),
+    "fp16_acc16_tflops": ("flops_fp16_acc16", 1e12, (1e-6, 40000), False),
+    "bandwidth_gbps": ("bandwidth", 1e9, (1e-3, 100000), True),
+    "launch_overhead_us": ("launch_overhead_s", 1e-6, (0.1, 10000), False),
+}
+MEASURED_TABLES = ("conv", "attention")  # name -> TFLOP/s each
+MEASURED_TEXT = ("device", "torch", "cuda", "date", "seconds")  # recorded as given (text)
+MEASURED_INFO = ("fraction_of_peak",)  # derived (measured / spec sheet): written for people, not read
+
+
 class GPUSpecError(ValueError):
     """A GPU spec file that is missing a field, has an unknown one, or one out of the plausible range."""
 
@@ -124,13 +165,14 @@ def gpu_spec_from_dict(data: Any, where: str = "GPU spec") -> GPUSpec:
     if not isinstance(data, dict):
         raise GPUSpecError(f"{where}: a GPU spec is a mapping of fields ({', '.join(SPEC_FIELDS)}), "
                            f"not {type(data).__name__}")
-    unknown = sorted(set(data) - set(SPEC_FIELDS) - {"name"})
+    unknown = sorted(set(data) - set(SPEC_FIELDS) - {"name", "measured"})
     if unknown:
-        raise GPUSpecError(f"{where}: unknown field {unknown[0]!r} (fields: name, {', '.join(SPEC_FIELDS)})")
+        raise GPUSpecError(f"{where}: unknown field {unknown[0]!r} (fields: name, {', '.join(SPEC_FIELDS)}, "
+                           "measured)")
     name = data.get("name")
     if not isinstance(name, str) or not name.strip():
         raise GPUSpecError(f"{where}: field 'name' missing or empty (the GPU's name, e.g. 'RTX 4090')")
-    values: dict[str, float] = {}
+    values: dict[str, Any] = {}
     for key, (attr, unit, (low, high), required) in SPEC_FIELDS.items():
         if key not in data:
             if required:
@@ -148,7 +190,83 @@ def gpu_spec_from_dict(data: Any, where: str = "GPU spec") -> GPUSpec:
         raise GPUSpecError(f"{where}: field 'fp16_tflops' ({data['fp16_tflops']:g}) is below 'fp32_tflops' "
                            f"({data['fp32_tflops']:g}): give the tensor-core figure")
     values["sm_count"] = int(values["sm_count"])
-    return GPUSpec(**values, name=name.strip())
+    calibration = calibration_from_dict(data["measured"], where) if "measured" in data else None
+    return GPUSpec(**values, name=name.strip(), calibration=calibration)
+
+
+def _number(v: Any, field: str, low: float, high: float, where: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise GPUSpecError(f"{where}: field {field!r} must be a number, not {v!r}")
+    if not low <= v <= high:
+        raise GPUSpecError(f"{where}: field {field!r} = {v:g} is implausible (expected {low:g} to {high:g})")
+    return float(v)
+
+
+def calibration_from_dict(data: Any, where: str = "GPU spec") -> GPUCalibration:
+    """The ``measured:`` block of a spec file (``dprobe gpu calibrate``'s output) as a :class:`GPUCalibration`;
+    a :class:`GPUSpecError` names a missing, unknown or implausible field (``measured.FIELD``)."""
+    if not isinstance(data, dict):
+        raise GPUSpecError(f"{where}: field 'measured' is a mapping of measured figures "
+                           f"({', '.join(MEASURED_FIELDS)}), not {type(data).__name__}")
+    known = set(MEASURED_FIELDS) | set(MEASURED_TABLES) | set(MEASURED_TEXT) | set(MEASURED_INFO)
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise GPUSpecError(f"{where}: unknown field 'measured.{unknown[0]}' (fields: {', '.join(sorted(known))})")
+    values: dict[str, Any] = {}
+    for key, (attr, unit, (low, high), required) in MEASURED_FIELDS.items():
+        if key not in data:
+            if required:
+                raise GPUSpecError(f"{where}: field 'measured.{key}' missing")
+            continue
+        values[attr] = _number(data[key], f"measured.{key}", low, high, where) * unit
+    for key in MEASURED_TABLES:
+        table = data.get(key) or {}
+        if not isinstance(table, dict):
+            raise GPUSpecError(f"{where}: field 'measured.{key}' is a mapping of shape -> TFLOP/s")
+        values[key] = tuple((str(k), _number(v, f"measured.{key}.{k}", 0.0, 40000, where) * 1e12)
+                            for k, v in table.items())
+    for key in MEASURED_INFO:
+        if key in data and not isinstance(data[key], dict):
+            raise GPUSpecError(f"{where}: field 'measured.{key}' is a mapping of figure -> share")
+    values["software"] = tuple((k, str(data[k])) for k in MEASURED_TEXT if data.get(k) is not None)
+    return GPUCalibration(**values)
+
+
+def calibration_as_dict(cal: GPUCalibration) -> dict[str, Any]:
+    """A calibration as the ``measured:`` block writes it (the file's units; what
+    :func:`calibration_from_dict` reads back)."""
+    out: dict[str, Any] = {}
+    for key, (attr, unit, _, _) in MEASURED_FIELDS.items():
+        v = getattr(cal, attr)
+        if v > 0:
+            out[key] = float(f"{v / unit:.5g}")
+    for key in MEASURED_TABLES:
+        if getattr(cal, key):
+            out[key] = {k: float(f"{v / 1e12:.5g}") for k, v in getattr(cal, key)}
+    out.update(dict(cal.software))
+    return out
+
+
+def measured_spec(spec: GPUSpec) -> GPUSpec:
+    """``spec`` with its peaks replaced by what its calibration measured (the roofline of a calibrated GPU):
+    GEMM FLOP/s per precision and the copy's bandwidth; a figure not measured keeps the spec sheet's. The
+    spec itself where there is no calibration."""
+    cal = spec.calibration
+    if cal is None:
+        return spec
+    half = cal.flops_fp16 or spec.peak_half("fp16")
+    return replace(spec, peak_flops_fp32=cal.flops_fp32 or spec.peak_flops_fp32,
+                   peak_flops_tf32=cal.flops_tf32 or spec.peak_flops_tf32,
+                   peak_flops_bf16=cal.flops_bf16 or spec.peak_flops_bf16, peak_flops_fp16=half,
+                   bandwidth=cal.bandwidth or spec.bandwidth)
+
+
+def fractions_of_peak(spec: GPUSpec, cal: GPUCalibration) -> dict[str, float]:
+    """Measured over the spec sheet's figure, per figure measured (what ``measured.fraction_of_peak`` says)."""
+    pairs = {"fp32": (cal.flops_fp32, spec.peak_flops_fp32), "tf32": (cal.flops_tf32, spec.peak_flops_tf32),
+             "fp16": (cal.flops_fp16, spec.peak_half("fp16")), "bf16": (cal.flops_bf16, spec.peak_flops_bf16),
+             "bandwidth": (cal.bandwidth, spec.bandwidth)}
+    return {k: round(m / s, 4) for k, (m, s) in pairs.items() if m > 0 and s > 0}
 
 
 def spec_as_dict(spec: GPUSpec) -> dict[str, Any]:
@@ -157,6 +275,8 @@ def spec_as_dict(spec: GPUSpec) -> dict[str, Any]:
     for key, (attr, unit, _, _) in SPEC_FIELDS.items():
         v = getattr(spec, attr) if attr != "peak_flops_fp16" else spec.peak_half("fp16")
         out[key] = round(v / unit, 3)
+    if spec.calibration is not None:
+        out["measured"] = calibration_as_dict(spec.calibration)
     return out
 
 
@@ -209,5 +329,6 @@ def generation(name: str) -> str:
     return "unknown"
 
 
-__all__ = ["GENERATIONS", "GPUS", "GPUSpec", "GPUSpecError", "generation", "gpu_key", "gpu_spec",
-           "gpu_spec_from_dict", "load_gpu_spec", "spec_as_dict"]
+__all__ = ["GENERATIONS", "GPUS", "MEASURED_FIELDS", "GPUCalibration", "GPUSpec", "GPUSpecError",
+           "calibration_as_dict", "calibration_from_dict", "fractions_of_peak", "generation", "gpu_key",
+           "gpu_spec", "gpu_spec_from_dict", "load_gpu_spec", "measured_spec", "spec_as_dict"]

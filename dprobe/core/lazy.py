@@ -30,6 +30,12 @@ FULL_INSTALL = {"torch": "torch", "torchvision": "torchvision", "torch_geometric
                 "matplotlib": "matplotlib", "tensorboard": "tensorboard", "scipy": "scipy", "pyarrow": "pyarrow"}
 
 
+# the packages of the scaler extra (`pip install 'dprobe[scaler]'`): the scaler's Kubernetes client, which the
+# base install leaves out (the sidecar and a scaler reading only Prometheus run without it)
+SCALER_INSTALL = {"kubernetes": "kubernetes"}
+SCALER_EXTRA = "pip install 'dprobe[scaler]'"
+
+
 def installed(package: str) -> bool:
     """Whether ``package`` can be imported here (without importing it)."""
     try:
@@ -39,9 +45,13 @@ def installed(package: str) -> bool:
 
 
 def missing_package(exc: ModuleNotFoundError) -> str | None:
-    """What to tell a user whose command needs a package of the full install that is not installed
-    (None when ``exc`` is about something else)."""
+    """What to tell a user whose command needs a package of the full install (or of the scaler extra) that is
+    not installed (None when ``exc`` is about something else)."""
     top = (exc.name or "").split(".")[0]
+    if top in SCALER_INSTALL:
+        return (f"this needs the Python package {SCALER_INSTALL[top]}, the scaler's Kubernetes client, which is not "
+                f"installed here: install it with `{SCALER_EXTRA}` (`pip install '.[scaler]'` in dprobe's "
+                "repository), or use one of dprobe's images")
     if top not in FULL_INSTALL:
         return None
     return (f"this needs the Python package {FULL_INSTALL[top]}, which is not installed here (the services-only "

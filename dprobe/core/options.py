@@ -47,7 +47,7 @@ def option(default: Any, help: str, *, check: Callable[[str, Any], None] | None 
     if name is not None:
         meta["name"] = name
     if isinstance(default, list | dict):
-        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+        return field(default_factory=functools.partial(type(default), default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
@@ -160,9 +160,18 @@ class Leaf:
     when: tuple[tuple[str, ...], ...] = ()
 
 
-@functools.cache
+_LEAVES: dict[type, tuple[Leaf, ...]] = {}  # leaves() of each settings class met
+
+
 def leaves(cls: type) -> tuple[Leaf, ...]:
     """Every option of settings class ``cls``, those of its groups in their place (depth first)."""
+    found = _LEAVES.get(cls)
+    if found is None:
+        found = _LEAVES[cls] = _find_leaves(cls)
+    return found
+
+
+def _find_leaves(cls: type) -> tuple[Leaf, ...]:
     out: list[Leaf] = []
 
     def walk(c: type, prefix: str, path: tuple[str, ...], title: str, when: tuple[tuple[str, ...], ...]) -> None:
@@ -214,7 +223,10 @@ def _nest(cls: type, given: Mapping[str, Any], paths: Mapping[str, tuple[str, ..
         else:
             raise TypeError(f"{cls.__name__}() got an unexpected keyword argument {key!r}")
     for name, values in deeper.items():
-        out[name] = _with(own[name].default_factory, out.get(name), values)
+        make = own[name].default_factory
+        if make is dataclasses.MISSING:  # group() always gives a factory
+            raise TypeError(f"{cls.__name__}.{name} is an option group without a default_factory")
+        out[name] = _with(make, out.get(name), values)
     return out
 
 
@@ -240,12 +252,12 @@ def settings(cls: type) -> type:
     gives its options by their flat names, as flags, variables and files name them: ``SidecarConfig(port=0,
     dcgm_url=...)``, ``config.dcgm_url``, ``config.dcgm_url = ...`` reach ``config.sources.dcgm.url``. Its
     ``validate()``, unless it has its own, runs :func:`check_options`."""
-    cls = dataclass(cls)
-    paths = {leaf.name: leaf.path for leaf in leaves(cls)}
-    init = cls.__init__
+    made: Any = dataclass(cls)  # Any: the methods set on it below are more than its type can say
+    paths = {leaf.name: leaf.path for leaf in leaves(made)}
+    init = made.__init__
 
     def __init__(self: Any, **kw: Any) -> None:  # noqa: N807
-        init(self, **_nest(cls, kw, paths))
+        init(self, **_nest(made, kw, paths))
 
     def __getattr__(self: Any, name: str) -> Any:  # noqa: N807 (only for what is not an attribute)
         path = paths.get(name)
@@ -266,11 +278,11 @@ def settings(cls: type) -> type:
         return self
 
     __init__.__doc__ = init.__doc__
-    cls.__init__, cls.__getattr__, cls.__setattr__ = __init__, __getattr__, __setattr__
-    if "validate" not in cls.__dict__:  # a service's own validate() runs check_options() and its cross checks
-        cls.validate = validate
-    cls.OPTION_PATHS = paths
-    return cls
+    made.__init__, made.__getattr__, made.__setattr__ = __init__, __getattr__, __setattr__
+    if "validate" not in made.__dict__:  # a service's own validate() runs check_options() and its cross checks
+        made.validate = validate
+    made.OPTION_PATHS = paths
+    return made
 
 
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")

@@ -59,9 +59,10 @@ def load_alibaba(directory: str | Path) -> SeriesDataset:
     timestamp cannot hold are a :class:`DatasetError` naming the file, the column and the row.
     """
     directory = Path(directory)
-    files = {target: _optional_file(directory, stem) for target, stem in
+    found = {target: _optional_file(directory, stem) for target, stem in
              (("gpu_duty_cycle_pct", DUTY_FILE), ("gpu_memory_bytes", MEMORY_FILE))}
-    targets = [t for t, path in files.items() if path is not None]
+    files = {t: path for t, path in found.items() if path is not None}
+    targets = list(files)
     if not targets:
         raise DatasetError(f"{directory}: missing both {DUTY_FILE}.csv.gz and {MEMORY_FILE}.csv.gz (or .csv)")
     metrics = pd.concat([_read_metric(files[t], t) for t in targets], ignore_index=True)

@@ -127,7 +127,9 @@ def read_session(source: str | Path) -> Session:
     for name in ("runs.jsonl", "samples.csv", "steps.csv", "env.json"):
         if not (source / name).is_file():
             raise DatasetError(f"{source}: missing {name}; is this a folder written by tools/collect_gpu_profiles.py?")
-    runs, lines, seen = [], [], {}
+    runs: list[dict[str, Any]] = []
+    lines: list[int] = []
+    seen: dict[str, int] = {}
     for n, line in enumerate((source / "runs.jsonl").read_text().splitlines(), start=1):
         if not line.strip():
             continue
@@ -234,6 +236,15 @@ def _read_table(path: Path, fields: list[str]) -> pd.DataFrame:
     return frame[fields]
 
 
+def _tenant(run_id: str) -> str:
+    """The tenant letter of a pair's run id (``p00a``: ``a``; ``""`` for any other run); a DatasetError for an
+    id unlike r000, s00 or p00a."""
+    m = RUN_ID.match(run_id)
+    if m is None:
+        raise DatasetError(f"run id {run_id!r} is not like r000, s00 or p00a")
+    return m["tenant"]
+
+
 def renumber(run_ids: list[str], taken: list[str]) -> dict[str, str]:
     """New ids for ``run_ids`` that follow ``taken`` per prefix (r, s, p); a pair's tenants follow their pair."""
     last: dict[str, int] = {}
@@ -266,7 +277,7 @@ def _cell(value: Any) -> str:
 
 def run_row(rec: dict[str, Any], collection: int, run_id: str, samples: pd.DataFrame) -> dict[str, str]:
     """One ``runs.csv`` row of a collector record; NVML columns from the run's ``samples`` (its label's)."""
-    tenant = bool(RUN_ID.match(str(rec["run_id"]))["tenant"])
+    tenant = bool(_tenant(str(rec["run_id"])))
     row = {f: _cell(rec.get(f)) for f in RUNS_FIELDS}
     row.update(collection=str(collection), run_id=run_id, kind="colocated" if tenant else _cell(rec.get("kind")),
                optimizer=_cell(rec.get("optimizer") or (rec.get("optim") if rec.get("kind") == "train" else None)))
@@ -358,7 +369,7 @@ def _add_collection(source: str | Path, data_dir: Path, note: str, dry_run: bool
     runs_out = []
     for rec in session.runs:
         rid = str(rec["run_id"])
-        tenant = RUN_ID.match(rid)["tenant"]
+        tenant = _tenant(rid)
         label = rid[: -len(tenant)] if tenant else rid  # a pair's tenants share their pair's samples
         runs_out.append(run_row(rec, collection, mapping[rid], by_label.get(label, session.samples.iloc[:0])))
     lines = session.run_lines or list(range(1, len(session.runs) + 1))
@@ -442,11 +453,11 @@ def _swap_in(staging: Path, names: list[str], data_dir: Path) -> None:
         if not target.exists():
             before[name] = None
             continue
-        before[name] = staging / f"{name}.before"
+        before[name] = kept = staging / f"{name}.before"
         try:
-            os.link(target, before[name])
+            os.link(target, kept)
         except OSError:  # a file system without hard links
-            shutil.copy2(target, before[name])
+            shutil.copy2(target, kept)
     done: list[str] = []
     try:
         for name in names:

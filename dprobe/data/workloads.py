@@ -15,6 +15,12 @@ torch, so the sidecar computes the same vector online from the graph it was give
 are optional. Series without a row are unknown. An h200-profiles directory needs none: its runs.csv
 names the model of every run, whose series are its training runs
 (:func:`dprobe.data.h200.run_workloads`).
+
+The *workload token* (:data:`TOKENS`) is what the forecaster is given of a known workload: ``vector``, the
+vector alone; ``graph``, the pooled output of the pretrained graph encoder (a GNN over the model graph,
+:class:`dprobe.graph.embed.WorkloadEmbedder`) followed by the vector, so nothing the vector knows is lost;
+``graph_no_mp`` and ``graph_shuffled``, ablations of the latter (no message passing; the graph's edges
+randomly rewired).
 """
 
 from __future__ import annotations
@@ -37,11 +43,54 @@ REQUIRED = ("series", "model", "batch")
 MAX_SIZE = 2**31 - 1  # the largest batch, image side or sequence length a row may give (an int32)
 SIZE_FEATURES = ["log_params", "log_param_bytes", "log_flops", "log_saved_bytes", "log_activation_bytes",
                  "log_nodes", "log_batch", "unknown_share"]
+# workload token -> how its graph embedding is made (dprobe.graph.embed.EMBED_MODES; None: no embedding)
+TOKENS: dict[str, str | None] = {"vector": None, "graph": "graph", "graph_no_mp": "no_message_passing",
+                                 "graph_shuffled": "shuffled_edges"}
 
 
 def workload_dim() -> int:
     """Length of a workload vector: the size features, then the share of nodes of each op kind."""
     return len(SIZE_FEATURES) + len(KINDS)
+
+
+def check_token(token: str) -> str | None:
+    """The embedding mode of a workload token (None for ``vector``); a ValueError naming the choices."""
+    if token not in TOKENS:
+        raise ValueError(f"workload_token must be one of {', '.join(TOKENS)}, got {token!r}")
+    return TOKENS[token]
+
+
+def encoder_dim(encoder: str | Path | None = None) -> int:
+    """The embedding length of a graph encoder checkpoint (None: the shipped one), read without building it."""
+    import torch
+
+    from dprobe.graph.identity import resolve_encoder_path
+
+    path = resolve_encoder_path(str(encoder) if encoder else None)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no graph encoder here (model.graph_encoder; null: the shipped one)")
+    return int(torch.load(path, map_location="cpu", weights_only=True)["hparams"]["out_dim"])
+
+
+def token_dim(token: str = "vector", encoder: str | Path | None = None) -> int:
+    """Length of a workload token: the vector's, after the graph encoder's embedding where the token has one."""
+    return workload_dim() + (encoder_dim(encoder) if check_token(token) else 0)
+
+
+def token_vector(graph: Any, token: str = "vector", embedder: Any = None) -> np.ndarray | None:
+    """The workload token of a graph: a ``ModelGraph``, or anything with its sizes and kind counts and an
+    ``embedding`` (the sidecar's summaries). For a token with an embedding: the graph's ``embedding`` where it
+    has one, else ``embedder``'s (a :class:`~dprobe.graph.embed.WorkloadEmbedder`) where the graph has nodes;
+    None where there is neither (the workload is then forecast as unknown)."""
+    vec = graph_vector(graph)
+    if not check_token(token):
+        return vec
+    z = getattr(graph, "embedding", None)
+    if z is None and embedder is not None and hasattr(graph, "edges"):
+        z = embedder.embed(graph)
+    if z is None:
+        return None
+    return np.concatenate([np.asarray(z, dtype=np.float32), vec])
 
 
 def graph_vector(graph: Any) -> np.ndarray:
@@ -132,13 +181,34 @@ def workload_graphs(directory: str | Path, series_ids: list[str] | None = None,
     return graphs
 
 
-def workload_vectors(directory: str | Path, series_ids: list[str],
-                     cache_dir: str | Path | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """``(S, D)`` workload vectors and ``(S,)`` known flags for ``series_ids`` (zeros / False: unknown)."""
-    vectors = np.zeros((len(series_ids), workload_dim()), dtype=np.float32)
-    known = np.zeros(len(series_ids), dtype=bool)
+def make_embedder(token: str, encoder: str | Path | None = None, cache_dir: str | Path | None = None) -> Any:
+    """The :class:`~dprobe.graph.embed.WorkloadEmbedder` a token needs (None for ``vector``); ``cache_dir``: where
+    its embeddings are kept between runs (beside the model graphs)."""
+    mode = check_token(token)
+    if mode is None:
+        return None
+    from dprobe.graph.embed import WorkloadEmbedder
+
+    return WorkloadEmbedder(encoder, mode, cache_dir=cache_dir)
+
+
+def workload_vectors(directory: str | Path, series_ids: list[str], cache_dir: str | Path | None = None,
+                     token: str = "vector", encoder: str | Path | None = None, embedder: Any = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """``(S, D)`` workload tokens (:func:`token_vector`) and ``(S,)`` known flags for ``series_ids`` (zeros /
+    False: unknown). ``encoder``: the graph encoder of a token with an embedding (None: the shipped one), or
+    an ``embedder`` already made (its cache shared between calls)."""
     graphs = workload_graphs(directory, series_ids, cache_dir)
+    if embedder is None:
+        embedder = make_embedder(token, encoder, cache_dir)
+    vectors = np.zeros((len(series_ids), workload_dim() + (embedder.dim if embedder is not None else 0)),
+                       dtype=np.float32)
+    known = np.zeros(len(series_ids), dtype=bool)
+    if embedder is not None and graphs:  # every graph at once, in batches: the series then read the cache
+        embedder.embed_many(list(graphs.values()))
     for i, sid in enumerate(series_ids):
         if sid in graphs:
-            vectors[i], known[i] = graph_vector(graphs[sid]), True
+            vec = token_vector(graphs[sid], token, embedder)
+            if vec is not None:
+                vectors[i], known[i] = vec, True
     return vectors, known

@@ -67,9 +67,10 @@ def run(args: argparse.Namespace) -> int:
 
         checkpoint = checkpoint_path(args.checkpoint) or SHIPPED_FORECASTER
         models["dprobe"] = load_forecaster(checkpoint)
+        trained: Split | None = getattr(models["dprobe"], "split", None)  # the split its checkpoint records
         overlap = train_overlap(models["dprobe"], split)
-        if overlap and not args.allow_train_overlap:
-            raise ValueError(f"{checkpoint} {overlap}: pass --test-fraction {models['dprobe'].split.test_fraction:g} "
+        if overlap and trained is not None and not args.allow_train_overlap:
+            raise ValueError(f"{checkpoint} {overlap}: pass --test-fraction {trained.test_fraction:g} "
                              "or less to score it on what it has not seen, or --allow-train-overlap to score it "
                              "there anyway")
         if checkpoint == SHIPPED_FORECASTER:

@@ -39,11 +39,17 @@ JOBSCALE_TARGETS = {"gpu_memory_bytes": (0, 1.0), "gpu_duty_cycle_pct": (1, 100.
 PLATEAU_SECONDS = 10.0
 
 
-def held_out_runs(ds: SeriesDataset, split: Split) -> list[str]:
-    """The runs of the families ``split`` leaves for testing."""
+def _families(ds: SeriesDataset) -> dict[str, str]:
+    """Each run's family (``ds.groups``); a ValueError for a data set split in time."""
     if ds.groups is None:
         raise ValueError(f"{ds.name} is split in time, not by family: score it with evaluate_dataset")
-    return [u for u in ds.series_ids if split.group_role(ds.groups.get(u, u)) == "test"]
+    return ds.groups
+
+
+def held_out_runs(ds: SeriesDataset, split: Split) -> list[str]:
+    """The runs of the families ``split`` leaves for testing."""
+    groups = _families(ds)
+    return [u for u in ds.series_ids if split.group_role(groups.get(u, u)) == "test"]
 
 
 def _origins(y: np.ndarray, first: int, lead: int) -> np.ndarray:
@@ -54,7 +60,8 @@ def persistence_offsets(ds: SeriesDataset, target: str, split: Split) -> np.ndar
     """``(H, Q)``: quantiles of ``y[t + h] - y[t]`` over the training families' runs, per lead: what the
     last value plus them gives as persistence's quantiles."""
     series = ds.arrays(target)
-    train = [u for u in series if split.group_role(ds.groups.get(u, u)) == "train"]
+    groups = _families(ds)
+    train = [u for u in series if split.group_role(groups.get(u, u)) == "train"]
     out = np.zeros((len(ds.lead_steps), len(QUANTILES)))
     for j, h in enumerate(ds.lead_steps):
         diffs = []
@@ -113,10 +120,11 @@ def evaluate_jobs(ds: SeriesDataset, models: dict[str, Forecaster] | None = None
             methods[name] = (model, True)
             if getattr(model, "conditioned", False):
                 methods[name + UNKNOWN_SUFFIX] = (model, False)
-        for method, (model, with_graph) in methods.items():
+        for method, (forecaster, with_graph) in methods.items():
             t0 = time.perf_counter()
-            per = {u: _persist(y, origins[u], offsets) if model is None else
-                   _model_forecasts(model, ds, target, y, origins[u], (graphs or {}).get(u) if with_graph else None)
+            per = {u: _persist(y, origins[u], offsets) if forecaster is None else
+                   _model_forecasts(forecaster, ds, target, y, origins[u],
+                                    (graphs or {}).get(u) if with_graph else None)
                    for u, y in series.items()}
             elapsed = time.perf_counter() - t0
             result.record(method, target, ds, per, series, starts, elapsed)
@@ -179,7 +187,11 @@ def first_second_rows(result: EvalResult, ds: SeriesDataset,
                     if first + h < len(y) and np.isfinite(y[first + h]):
                         act.append(y[first + h])
                         pt.append(per[u].point[0, j])
-                        qs.append(per[u].quantiles[0, j])
+                        quantiles = per[u].quantiles
+                        if quantiles is None:
+                            raise ValueError(f"{method} gave no quantiles of {u} to score its pinball loss "
+                                             "with")
+                        qs.append(quantiles[0, j])
                 if act:
                     a, q = np.asarray(act), np.asarray(qs)
                     rows.append({"method": method, "target": target, "lead_seconds": h * ds.freq.total_seconds(),

@@ -108,9 +108,9 @@ def against_baselines(rows: list[dict], method: str = "dprobe") -> list[dict]:
             return None if value is None or not best else value / best
 
         out.append({"target": key[0], "lead_steps": key[1],
-                    "mae_ratio": ratio(mine["mae"], by_mae and by_mae["mae"]),
+                    "mae_ratio": ratio(mine["mae"], by_mae["mae"] if by_mae else None),
                     "best_mae": by_mae["method"] if by_mae else None,
-                    "pinball_ratio": ratio(mine["pinball"], by_pin and by_pin["pinball"]),
+                    "pinball_ratio": ratio(mine["pinball"], by_pin["pinball"] if by_pin else None),
                     "best_pinball": by_pin["method"] if by_pin else None,
                     "coverage_p90": mine.get("coverage_p90"), "coverage_p99": mine.get("coverage_p99")})
     return out

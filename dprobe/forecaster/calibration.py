@@ -22,6 +22,8 @@ from dprobe.forecaster.features import REGIMES, last_observed
 from dprobe.forecaster.runtime import TrainedForecaster
 
 log = logging.getLogger(__name__)
+# a lead's point forecast source: one name, or a name per regime (REGIMES)
+PointSource = str | list[str]
 
 
 @torch.no_grad()
@@ -46,8 +48,9 @@ def validation_outputs(module, datamodule) -> dict[int, dict[str, np.ndarray]]:
 
 def select_point_sources(module, datamodule, confidence: float = 0.9, n_boot: int = 500,
                          seed: int = 0, min_regime: int = 200,
-                         outputs: dict[int, dict[str, np.ndarray]] | None = None) -> list[list[list[str]]]:
-    """For each task and lead, the point forecast to serve, chosen on the validation windows.
+                         outputs: dict[int, dict[str, np.ndarray]] | None = None) -> list[list[PointSource]]:
+    """For each task and lead, the point forecast to serve, chosen on the validation windows: a name per
+    regime, or ``model`` for each lead of a task without validation windows.
 
     Candidates: the model's p50 held within the simple forecasts, as served (``model``: within all of
     them; ``model_recent``: within the recent ones; :func:`~dprobe.forecaster.features.within_candidates`),
@@ -71,10 +74,10 @@ def select_point_sources(module, datamodule, confidence: float = 0.9, n_boot: in
     names = list(POINT_CANDIDATES)
     outputs = validation_outputs(module, datamodule) if outputs is None else outputs
     rng = np.random.default_rng(seed)
-    choice = []
+    choice: list[list[PointSource]] = []
     for k in range(len(datamodule.tasks)):
         if k not in outputs:
-            choice.append(["model"] * module.hparams.n_leads)
+            choice.append(["model" for _ in range(module.hparams.n_leads)])
             continue
         w = outputs[k]
         p50, cands, series, regime = w["q"][..., 0], w["p"], w["series"], w["r"]  # (N, H), (N, C), (N,), (N,)
@@ -272,7 +275,7 @@ def build_checkpoint(module, datamodule, select_point: bool = True, calibrate_qu
         log.info("workload conditioning: %d training series with a known workload%s", known,
                  "" if known else " (no workloads.csv: graphs given at inference will be ignored)")
     choices = dict(point_sources=sources, quantile_shifts=shifts, workloads_trained=known > 0,
-                   split=datamodule.split)
+                   workload_tasks=[bool(t.known.any()) for t in datamodule.tasks], split=datamodule.split)
     # how the quantiles widen below the first lead, chosen with the forecaster as it will serve
     serving = ModelForecaster(checkpoint_dict(module, datamodule.task_specs, **choices))
     exponents = select_short_lead_exponents(serving, datamodule)

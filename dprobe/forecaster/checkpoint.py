@@ -7,8 +7,10 @@ A plain dict (tensors, numbers, strings) that loads with ``torch.load(path, weig
      "hparams": {...ForecasterModule arguments...}, "tasks": [TaskSpec dicts],
      "point_sources": [per task [per lead [per regime]]],
      "quantile_shifts": [per task [per regime [per lead [per quantile]]]],
-     "regimes": ["moved", "recent", "held"], "workloads_trained": bool, "short_lead_exponents": [per task],
+     "regimes": ["moved", "recent", "held"], "workloads_trained": bool, "workload_tasks": [per task: bool],
+     "short_lead_exponents": [per task],
      "split": {"validation_start": 0.6, "test_start": 0.7},
+     "graph_encoder": {"path", "sha256", "mode", "dim", "version"},   # a workload token with a GNN embedding
      "state_dict": {...}}
 
 ``split`` (:class:`~dprobe.core.split.Split`) is where each series' validation and test spans started in
@@ -34,7 +36,8 @@ from dprobe.forecaster.tasks import TaskSpec
 
 def checkpoint_dict(module, tasks: list[TaskSpec], point_sources: list[list] | None = None,
                     quantile_shifts: list | None = None, workloads_trained: bool = False,
-                    short_lead_exponents: list[float] | None = None, split: Split | None = None) -> dict:
+                    short_lead_exponents: list[float] | None = None, split: Split | None = None,
+                    workload_tasks: list[bool] | None = None) -> dict:
     """What inference needs (no optimizer state, no pickled classes), as ``dprobe.pt`` holds it.
 
     ``point_sources``: per task and lead a name, or a name per regime
@@ -45,6 +48,8 @@ def checkpoint_dict(module, tasks: list[TaskSpec], point_sources: list[list] | N
     (:func:`~dprobe.forecaster.calibration.select_short_lead_exponents`; linearly when not given).
     ``workloads_trained``: some training series had a known workload, so the model's
     known-workload path was trained; without it, forecasts ignore any graph they are given.
+    ``workload_tasks``: per task, whether its training series had a known workload; a task without (the
+    anonymous series') forecasts with the unknown token whatever graph it is given (all, when not given).
     ``split``: the time split the module was fitted with (the default when not given).
     """
     hparams = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dict(module.hparams).items()}
@@ -58,11 +63,40 @@ def checkpoint_dict(module, tasks: list[TaskSpec], point_sources: list[list] | N
         "quantile_shifts": quantile_shifts or [],
         "regimes": list(REGIMES),  # what the per-regime entries above are of
         "workloads_trained": bool(workloads_trained),
+        "workload_tasks": [bool(v) for v in workload_tasks] if workload_tasks is not None
+        else [bool(workloads_trained)] * len(tasks),
         "short_lead_exponents": [float(e) for e in short_lead_exponents or [1.0] * len(tasks)],
         "split": (split or Split()).to_dict(),
         "state_dict": {k: v.detach().cpu() for k, v in module.state_dict().items()},
     }
+    encoder = encoder_record(hparams)
+    if encoder is not None:
+        obj["graph_encoder"] = encoder
     return obj
+
+
+def encoder_record(hparams: dict) -> dict | None:
+    """What a checkpoint records of the graph encoder its workload token reads (None for a token without
+    one): its path (:data:`~dprobe.graph.embed.DEFAULT_ENCODER` for the shipped one), SHA-256, embedding
+    mode and length, so that inference embeds graphs as training did, or refuses another encoder."""
+    from dprobe.data.workloads import TOKENS
+
+    mode = TOKENS.get(hparams.get("workload_token") or "vector")
+    if not hparams.get("use_graph") or mode is None:
+        return None
+    from dprobe.graph.embed import CHECKPOINT_VERSION
+    from dprobe.graph.identity import DEFAULT_ENCODER, file_digest, resolve_encoder_path
+
+    given = hparams.get("graph_encoder")
+    path = resolve_encoder_path(given)
+    return {"path": str(given) if given else DEFAULT_ENCODER, "sha256": file_digest(path), "mode": mode,
+            "dim": int(hparams["d_graph"]) - _vector_dim(), "version": CHECKPOINT_VERSION}
+
+
+def _vector_dim() -> int:
+    from dprobe.data.workloads import workload_dim
+
+    return workload_dim()
 
 
 def save_checkpoint(obj: dict, path: str | Path) -> Path:

@@ -37,18 +37,27 @@ def pinball_loss(pred: Tensor, target: Tensor, levels: Tensor, weight: Tensor | 
 class ForecasterModule(pl.LightningModule):
     """Trains one global forecaster over every task (metric of a data set) in the data module."""
 
+    levels: Tensor  # the quantile levels (a buffer, not saved)
+
     def __init__(self, n_tasks: int, n_leads: int = 3, context_length: int = 128, patch_len: int = 16,
                  stride: int = 8, d_model: int = 64, n_heads: int = 4, n_layers: int = 2, dropout: float = 0.1,
                  lr: float = 1e-3, weight_decay: float = 1e-4, quantiles: tuple[float, ...] = QUANTILES,
-                 use_graph: bool = False, d_graph: int = 0, optimizer: Callable[..., Optimizer] | None = None,
+                 use_graph: bool = False, d_graph: int = 0, workload_token: str = "vector",
+                 graph_encoder: str | None = None, optimizer: Callable[..., Optimizer] | None = None,
                  scheduler: Callable[..., LRScheduler] | None = None) -> None:
         """``optimizer``: called with the parameters, ``scheduler`` with the optimizer and ``T_max`` (partials
-        from ``conf/model/forecaster.yaml``; not needed to load a checkpoint, and not in its hyperparameters)."""
+        from ``conf/model/forecaster.yaml``; not needed to load a checkpoint, and not in its hyperparameters).
+        ``workload_token``: what a known workload is given (:data:`dprobe.data.workloads.TOKENS`), with
+        ``use_graph``; ``graph_encoder``: the pretrained graph encoder of a token with an embedding (None:
+        the shipped one), recorded in the checkpoint."""
         super().__init__()
-        if use_graph and not d_graph:  # the checkpoint records the workload vector's length
-            from dprobe.data.workloads import workload_dim
+        from dprobe.data.workloads import check_token
 
-            d_graph = workload_dim()
+        check_token(workload_token)
+        if use_graph and not d_graph:  # the checkpoint records the workload token's length
+            from dprobe.data.workloads import token_dim
+
+            d_graph = token_dim(workload_token, graph_encoder)
         self.save_hyperparameters(ignore=["optimizer", "scheduler"])
         self.make_optimizer = optimizer
         self.make_scheduler = scheduler

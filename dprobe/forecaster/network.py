@@ -2,9 +2,10 @@
 
 Per sample: a window of one metric (``(L, F)`` features from
 :mod:`dprobe.forecaster.features`), the task (which metric / data set) and, with
-``use_graph``, the workload: a summary of its model graph where the series'
-model is known (:mod:`dprobe.data.workloads`), a learned "unknown workload"
-embedding where not. The window is
+``use_graph``, the workload: its token where the series' model is known (a
+hand-made summary of its model graph, after the pooled output of a pretrained
+GNN over the graph with ``workload_token: graph``: :mod:`dprobe.data.workloads`),
+a learned "unknown workload" embedding where not. The window is
 cut into overlapping patches, embedded, and read by a transformer encoder
 together with a conditioning token; each task has its own quantile head.
 """
@@ -59,6 +60,8 @@ class PatchForecaster(nn.Module):
 
     def workload_token(self, b: int, cond: Tensor | None, known: Tensor | None) -> Tensor:
         """``[B, d]``: the projected workload vector where ``known``, else the unknown-workload embedding."""
+        if self.unknown_workload is None or self.cond_proj is None:
+            raise ValueError("this network takes no workload (built with d_cond=0): it has no workload token")
         unknown = self.unknown_workload.expand(b, -1)
         if cond is None:
             return unknown
@@ -87,7 +90,8 @@ def build_network(n_tasks: int, n_leads: int = 3, context_length: int = 128, pat
                   d_model: int = 64, n_heads: int = 4, n_layers: int = 2, dropout: float = 0.1,
                   quantiles: tuple[float, ...] = (0.5, 0.9, 0.99), use_graph: bool = False, d_graph: int = 0,
                   **_training_only: object) -> PatchForecaster:
-    """The network of a ``ForecasterModule`` from its hyperparameters (training-only ones are ignored)."""
+    """The network of a ``ForecasterModule`` from its hyperparameters (training-only ones are ignored; the
+    workload token's length is ``d_graph``, the vector's when not given)."""
     from dprobe.data.workloads import workload_dim
     from dprobe.forecaster.features import N_COVARIATES, N_STATS
 

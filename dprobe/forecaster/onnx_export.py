@@ -19,7 +19,8 @@ from dprobe.forecaster.checkpoint import network_from_checkpoint
 
 # the checkpoint's entries the export's metadata holds (all but the weights), in this order
 METADATA_KEYS = ("kind", "format", "dprobe_version", "hparams", "tasks", "point_sources", "quantile_shifts",
-                 "regimes", "workloads_trained", "short_lead_exponents", "split")
+                 "regimes", "workloads_trained", "workload_tasks", "short_lead_exponents", "split",
+                 "graph_encoder")
 
 
 def export_onnx(obj: dict, path: str | Path) -> Path:
@@ -30,19 +31,20 @@ def export_onnx(obj: dict, path: str | Path) -> Path:
     hp = obj["hparams"]
     from dprobe.forecaster.features import N_COVARIATES, N_STATS
 
-    example = (torch.zeros(2, hp["context_length"], 2 + N_COVARIATES), torch.zeros(2, N_STATS),
-               torch.zeros(2, dtype=torch.long))
+    example: tuple[torch.Tensor, ...] = (torch.zeros(2, hp["context_length"], 2 + N_COVARIATES),
+                                         torch.zeros(2, N_STATS), torch.zeros(2, dtype=torch.long))
     names = ["x", "stats", "task"]
-    if hp.get("use_graph"):  # workload inputs: vectors (B, D) and known flags (B,) as 0 / 1
+    if hp.get("use_graph"):  # workload inputs: tokens (B, D) and known flags (B,) as 0 / 1
         from dprobe.data.workloads import workload_dim
 
-        example = (*example, torch.zeros(2, workload_dim()), torch.tensor([1.0, 0.0]))
+        example = (*example, torch.zeros(2, int(hp.get("d_graph") or workload_dim())), torch.tensor([1.0, 0.0]))
         names += ["cond", "known"]
     buf = io.BytesIO()
     batch_axis = {0: "batch"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporter's notes on its own deprecation and on index ops
-        torch.onnx.export(net, example, buf, dynamo=False, input_names=names,
+        # torch annotates f as a path, but its TorchScript exporter (dynamo=False) writes to a file object too
+        torch.onnx.export(net, example, buf, dynamo=False, input_names=names,  # type: ignore[arg-type]
                           output_names=["quantiles"], opset_version=17,
                           dynamic_axes={**{n: batch_axis for n in names}, "quantiles": batch_axis})
     model = onnx.load_from_string(buf.getvalue())

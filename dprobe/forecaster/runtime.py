@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,6 +25,9 @@ from dprobe.forecaster.features import (
     window_regime,
 )
 from dprobe.forecaster.tasks import TaskSpec
+
+if TYPE_CHECKING:
+    from dprobe.graph.embed import WorkloadEmbedder
 
 KIND = "dprobe-forecaster"
 # metric asked for -> (task it can be served by, factor from the metric's units to the task's)
@@ -55,25 +59,93 @@ class TrainedForecaster:
         self.context_length = int(hp["context_length"])
         self.quantile_levels = tuple(hp.get("quantiles", (0.5, 0.9, 0.99)))
         self.version = meta.get("dprobe_version", "?")
-        self.workload_inputs = bool(hp.get("use_graph"))  # the network takes workload vectors
+        self.workload_inputs = bool(hp.get("use_graph"))  # the network takes workload tokens
         # ... and they mean something: its known-workload path saw training series with a known workload
         self.conditioned = self.workload_inputs and bool(meta.get("workloads_trained"))
+        self.workload_token = str(hp.get("workload_token") or "vector")  # dprobe.data.workloads.TOKENS
+        self.token_length = int(hp.get("d_graph") or 0)  # 0: the vector's (older checkpoints)
+        # per task: its training series had a known workload (older checkpoints: every task), so a graph given
+        # for a window of another task is left out: that task's token was never trained with one
+        tasks_trained = meta.get("workload_tasks")
+        self.workload_tasks = ([bool(v) for v in tasks_trained] if tasks_trained is not None
+                               else [True] * len(self.tasks))
+        # the graph encoder of a token with an embedding: {path, sha256, mode, dim, version}
+        self.graph_encoder: dict[str, Any] | None = meta.get("graph_encoder") if self.conditioned else None
+        if self.graph_encoder is not None:
+            self._check_encoder(self.graph_encoder)
+        self._embedder: WorkloadEmbedder | None = None
+
+    def _check_encoder(self, enc: dict[str, Any]) -> None:
+        """Refuse a checkpoint whose graph encoder ``enc`` (its record) is not there, or is not the file it was
+        trained with."""
+        from dprobe.graph.identity import file_digest, resolve_encoder_path
+
+        path = resolve_encoder_path(enc.get("path"))
+        if not path.is_file():
+            raise ValueError(f"its workload token reads the graph encoder {enc.get('path')}, which is not there")
+        if file_digest(path) != enc.get("sha256"):
+            raise ValueError(f"its workload token reads the graph encoder {path}, and that file is not the one it "
+                             "was trained with (SHA-256 differs): train it again, or give it that encoder")
+        self.encoder_path = path
+
+    @property
+    def embeds_graphs(self) -> bool:
+        """Whether a known workload's token includes a graph encoder's embedding (``graph_encoder``)."""
+        return self.graph_encoder is not None
+
+    def token_of(self, graph: object | None, metric: str | None = None, step_seconds: float | None = None) -> str:
+        """Which workload token a forecast given ``graph`` uses (of ``metric`` at ``step_seconds``, when given):
+        ``graph`` (a GNN embedding and the vector), ``vector`` (the vector alone) or ``unknown`` (the
+        unknown-workload embedding: no graph, a forecaster that reads none, a task never trained with a known
+        workload, or a graph whose embedding is not there)."""
+        if graph is None or not self.conditioned:
+            return "unknown"
+        if metric is not None and not self.workload_tasks[self.task_for(metric, step_seconds)[0]]:
+            return "unknown"
+        if not self.embeds_graphs:
+            return "vector"
+        return "graph" if getattr(graph, "embedding", None) is not None or hasattr(graph, "edges") else "unknown"
+
+    def embedder(self) -> WorkloadEmbedder:
+        """The :class:`~dprobe.graph.embed.WorkloadEmbedder` that embeds graphs given whole (imports torch)."""
+        if self._embedder is None:
+            from dprobe.graph.embed import WorkloadEmbedder
+
+            if self.graph_encoder is None:
+                raise ValueError("this forecaster's workload token has no graph embedding: it embeds no graphs")
+            self._embedder = WorkloadEmbedder(self.encoder_path, self.graph_encoder["mode"])
+        return self._embedder
 
     def _network(self, x: np.ndarray, stats: np.ndarray, task: np.ndarray, cond: np.ndarray | None = None,
                  known: np.ndarray | None = None) -> np.ndarray:
         raise NotImplementedError
 
+    def _token_length(self) -> int:
+        if not self.token_length:
+            from dprobe.data.workloads import workload_dim
+
+            self.token_length = workload_dim()
+        return self.token_length
+
     def _workloads(self, graphs: list | None, n: int) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """Workload vectors ``(B, D)`` and known flags ``(B,)`` (float) from the per-row graphs, if any."""
+        """Workload tokens ``(B, D)`` and known flags ``(B,)`` (float) from the per-row graphs, if any: a
+        ``ModelGraph`` (embedded here where the token has an embedding) or a summary with its ``embedding``
+        (the sidecar's); a row whose token cannot be made (:meth:`token_of` ``unknown``) is unknown."""
         if not self.conditioned or not graphs or all(g is None for g in graphs):
             return None, None
-        from dprobe.data.workloads import graph_vector, workload_dim
+        from dprobe.data.workloads import token_vector
 
-        cond = np.zeros((n, workload_dim()), dtype=np.float32)
+        cond = np.zeros((n, self._token_length()), dtype=np.float32)
         known = np.zeros(n, dtype=np.float32)
+        tokens: dict[int, np.ndarray | None] = {}  # by graph object: a job's windows share its graph
         for i, g in enumerate(graphs):
-            if g is not None:
-                cond[i], known[i] = graph_vector(g), 1.0
+            if g is None or self.token_of(g) == "unknown":
+                continue
+            if id(g) not in tokens:
+                embedder = self.embedder() if self.embeds_graphs and getattr(g, "embedding", None) is None else None
+                tokens[id(g)] = token_vector(g, self.workload_token, embedder)
+            if tokens[id(g)] is not None:
+                cond[i], known[i] = tokens[id(g)], 1.0
         return cond, known
 
     def task_for(self, metric: str, step_seconds: float | None = None) -> tuple[int, TaskSpec, float]:
@@ -157,7 +229,8 @@ class TrainedForecaster:
             raise ValueError(f"{batch.metric}: trained for leads up to {max(spec.leads)} steps of "
                              f"{spec.step_seconds:g} s ({max(spec.leads) * spec.step_seconds:g} s); asked for "
                              f"{batch.leads[int(np.argmax(too_far))] * batch.step_seconds:g} s")
-        q = self.predict_task(k, spec, values, cov, *self._workloads(batch.graphs, len(values)))
+        graphs = batch.graphs if self.workload_tasks[k] else None  # a task never trained with a known workload
+        q = self.predict_task(k, spec, values, cov, *self._workloads(graphs, len(values)))
 
         out = interpolate_leads(last_observed(values), q, spec.leads, leads, self.short_lead_exponents[k]) / factor
         return Forecast(point=out[..., 0], quantiles=out, leads=batch.leads, quantile_levels=self.quantile_levels)
@@ -186,9 +259,7 @@ class OnnxForecaster(TrainedForecaster):
                  known: np.ndarray | None = None) -> np.ndarray:
         feed = {"x": x, "stats": stats, "task": task}
         if self.workload_inputs:  # an export with workload inputs: zeros and known = 0 for unknown workloads
-            from dprobe.data.workloads import workload_dim
-
-            feed["cond"] = cond if cond is not None else np.zeros((len(x), workload_dim()), dtype=np.float32)
+            feed["cond"] = cond if cond is not None else np.zeros((len(x), self._token_length()), dtype=np.float32)
             feed["known"] = known if known is not None else np.zeros(len(x), dtype=np.float32)
         return self.session.run(None, feed)[0]
 

@@ -12,8 +12,10 @@ validation family's validates, and the test families are left for ``dprobe evalu
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, cast
 
 import numpy as np
 import pytorch_lightning as pl
@@ -21,8 +23,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
 
 from dprobe.core.split import Split
+from dprobe.data.common import SeriesDataset
 from dprobe.data.registry import load_series_dataset
-from dprobe.data.workloads import workload_vectors
+from dprobe.data.workloads import check_token, make_embedder, workload_vectors
 from dprobe.forecaster.features import (
     candidate_points,
     change_factor,
@@ -156,6 +159,28 @@ class WindowCollate:
         )
 
 
+class _DataSettings(Protocol):
+    """:class:`SeriesDataModule`'s arguments as its ``hparams`` hold them (``save_hyperparameters``)."""
+
+    datasets: Sequence[str]
+    context_length: int
+    batch_size: int
+    samples_per_epoch: int
+    val_samples: int
+    val_start: float
+    test_start: float
+    min_history: int
+    num_workers: int
+    seed: int
+    workload_cache: str | None
+    covariate_dropout: float
+    calm_weight: float | None
+    workload_dropout: float
+    job_share: float
+    workload_token: str
+    graph_encoder: str | None
+
+
 class SeriesDataModule(pl.LightningDataModule):
     """Windows of every metric of the given series data sets (alibaba-genai-2026, helios-earth-vc layouts).
 
@@ -167,8 +192,13 @@ class SeriesDataModule(pl.LightningDataModule):
                  val_start: float = Split.validation_start, test_start: float = Split.test_start,
                  min_history: int = 16, num_workers: int = 0, seed: int = 0,
                  workload_cache: str | None = None, covariate_dropout: float = 0.0,
-                 calm_weight: float | None = None, workload_dropout: float = 0.0, job_share: float = 0.2) -> None:
+                 calm_weight: float | None = None, workload_dropout: float = 0.0, job_share: float = 0.2,
+                 workload_token: str = "vector", graph_encoder: str | None = None) -> None:
+        """``workload_token``, ``graph_encoder``: what a known workload's series are given
+        (:data:`dprobe.data.workloads.TOKENS`; the graph encoder of a token with an embedding, None: the
+        shipped one); the model's ``workload_token`` and ``graph_encoder`` must be the same."""
         super().__init__()
+        check_token(workload_token)
         if not 0 < job_share < 1:
             raise ValueError(f"job_share must be between 0 and 1 (the share of training windows drawn from data "
                              f"sets of whole jobs, when there are both kinds), got {job_share!r}")
@@ -182,9 +212,23 @@ class SeriesDataModule(pl.LightningDataModule):
         self.split = Split(validation_start=val_start, test_start=test_start)
         self.tasks: list[TaskSeries] = []
         self.job_tasks: list[bool] = []  # per task: from a data set of whole jobs (split by family)
-        self._train_rows = self._val_rows = None
+        self._train_rows: np.ndarray | None = None  # (N, 3) (task, series, origin), by setup()
+        self._val_rows: np.ndarray | None = None
+        self._calibration_rows: np.ndarray | None = None
         self.task_weights: list[float] = []
-        self.change_weighting: tuple[list[float], list[float], float] | None = None
+        self.change_weighting: ChangeWeighting | None = None
+
+    @property
+    def _settings(self) -> _DataSettings:
+        """The module's arguments (its ``hparams``, which ``save_hyperparameters`` made of them)."""
+        return cast(_DataSettings, self.hparams)
+
+    @staticmethod
+    def _set_up(rows: np.ndarray | None) -> np.ndarray:
+        """``rows`` made by :meth:`setup`; a RuntimeError before it ran."""
+        if rows is None:
+            raise RuntimeError("the data module has no windows yet: call setup() first")
+        return rows
 
     @property
     def task_specs(self) -> list[TaskSpec]:
@@ -193,8 +237,10 @@ class SeriesDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.tasks:
             return
-        hp = self.hparams
-        train_rows, val_rows = [], []
+        hp = self._settings
+        train_rows: list[np.ndarray] = []
+        val_rows: list[np.ndarray] = []
+        embedder = make_embedder(hp.workload_token, hp.graph_encoder, hp.workload_cache)  # one for every directory
         for directory in hp.datasets:
             ds = load_series_dataset(Path(directory))
             covs = ds.covariate_arrays()
@@ -221,7 +267,8 @@ class SeriesDataModule(pl.LightningDataModule):
                                 step_seconds=ds.freq.total_seconds(), covariates=tuple(ds.covariates),
                                 scale_floor=floor)
                 if workload_ids != ids:  # the same series for every target of a data set: computed once
-                    workload, known = workload_vectors(directory, [str(u) for u in ids], hp.workload_cache)
+                    workload, known = workload_vectors(directory, [str(u) for u in ids], hp.workload_cache,
+                                                       hp.workload_token, embedder=embedder)
                     workload_ids = ids
                 k = len(self.tasks)
                 self.tasks.append(TaskSeries(spec=spec, values=values, covariates=cov, lengths=lengths,
@@ -242,13 +289,14 @@ class SeriesDataModule(pl.LightningDataModule):
                     train_rows.append(np.stack([np.full(len(tr), k), np.full(len(tr), i), tr], axis=1))
                     val_rows.append(np.stack([np.full(len(va), k), np.full(len(va), i), va], axis=1))
                 if roles and sum(len(v) for v in val_rows) == validated_before:
-                    families = len({ds.groups.get(str(u), str(u)) for u in ids})
+                    groups = ds.groups or {}  # there are roles: the data set has groups
+                    families = len({groups.get(str(u), str(u)) for u in ids})
                     raise ValueError(
                         f"{directory}: none of its {families} model families falls into the validation share "
                         f"({self.split.validation_start:g}-{self.split.test_start:g} of families, by name), so "
                         "nothing would validate its runs: give it more families or a wider validation share "
                         "(data.val_start, data.test_start)")
-        self._train_rows = np.concatenate(train_rows).astype(np.int64)
+        train = self._train_rows = np.concatenate(train_rows).astype(np.int64)
         val = np.concatenate(val_rows).astype(np.int64)
         self._calibration_rows = val  # every validation window: point choice and quantile calibration
         rng = np.random.default_rng(hp.seed)
@@ -256,10 +304,10 @@ class SeriesDataModule(pl.LightningDataModule):
             val = val[rng.choice(len(val), hp.val_samples, replace=False)]
         self._val_rows = val
         self.task_weights, self.change_weighting = self._balance_tasks(rng)
-        if not len(self._train_rows):
+        if not len(train):
             raise ValueError(f"no training windows in {hp.datasets}: series too short for the lead times")
 
-    def _roles(self, ds, ids: list) -> dict[str, str] | None:
+    def _roles(self, ds: SeriesDataset, ids: list[str]) -> dict[str, str] | None:
         """Series id -> ``"train"`` / ``"validation"`` / ``"test"`` for a data set of whole jobs (split by
         its groups, the model families); None for one split in time."""
         if ds.groups is None:
@@ -277,10 +325,12 @@ class SeriesDataModule(pl.LightningDataModule):
         errors in window units grow with how busy it is, so busy windows would drown out the calm
         ones, where the last value is hard to beat; ``calm_weight`` evens that out.
         """
-        rows = self._train_rows
-        calm = self.hparams.calm_weight
-        collate = WindowCollate(self.tasks, self.hparams.context_length, [1.0] * len(self.tasks))
-        weights, typical, mean = [], [], []
+        rows = self._set_up(self._train_rows)
+        calm = self._settings.calm_weight
+        collate = WindowCollate(self.tasks, self._settings.context_length, [1.0] * len(self.tasks))
+        weights: list[float] = []
+        typical: list[float] = []
+        mean: list[float] = []
         for k in range(len(self.tasks)):
             sel = rows[rows[:, 0] == k]
             sel = sel[rng.choice(len(sel), min(n, len(sel)), replace=False)]
@@ -296,8 +346,9 @@ class SeriesDataModule(pl.LightningDataModule):
         total = float(np.mean(weights))
         return [w / total for w in weights], (ChangeWeighting(typical, mean, float(calm)) if calm is not None else None)
 
-    def _loader(self, rows: np.ndarray, sampler=None, shuffle: bool = False, train: bool = False) -> DataLoader:
-        hp = self.hparams
+    def _loader(self, rows: np.ndarray, sampler: WeightedRandomSampler | None = None, shuffle: bool = False,
+                train: bool = False) -> DataLoader:
+        hp = self._settings
         collate = WindowCollate(self.tasks, hp.context_length, self.task_weights,
                                 hp.covariate_dropout if train else 0.0, hp.seed,
                                 self.change_weighting if train else None,
@@ -306,29 +357,32 @@ class SeriesDataModule(pl.LightningDataModule):
                           collate_fn=collate, num_workers=hp.num_workers, persistent_workers=hp.num_workers > 0)
 
     def train_dataloader(self) -> DataLoader:
-        rows = self._train_rows
+        hp = self._settings
+        rows = self._set_up(self._train_rows)
         counts = np.bincount(rows[:, 0], minlength=len(self.tasks)).astype(float)
         jobs = np.asarray(self.job_tasks, dtype=bool)
         # every task drawn equally often; where there are series and job tasks, the job tasks share job_share
         share = np.ones(len(self.tasks))
         if jobs.any() and not jobs.all():
-            share = np.where(jobs, self.hparams.job_share / jobs.sum(), (1 - self.hparams.job_share) / (~jobs).sum())
+            share = np.where(jobs, hp.job_share / jobs.sum(), (1 - hp.job_share) / (~jobs).sum())
         weights = share[rows[:, 0]] / np.maximum(counts[rows[:, 0]], 1)
-        n = min(self.hparams.samples_per_epoch, len(rows) * 4)
-        gen = torch.Generator().manual_seed(self.hparams.seed)
-        sampler = WeightedRandomSampler(torch.as_tensor(weights), num_samples=n, replacement=True, generator=gen)
+        n = min(hp.samples_per_epoch, len(rows) * 4)
+        gen = torch.Generator().manual_seed(hp.seed)
+        # torch annotates weights as Sequence[float], but takes a tensor (it calls torch.as_tensor on them)
+        sampler = WeightedRandomSampler(torch.as_tensor(weights),  # type: ignore[arg-type]
+                                        num_samples=n, replacement=True, generator=gen)
         return self._loader(rows, sampler=sampler, train=True)
 
     def val_dataloader(self) -> DataLoader:
         """``val_samples`` windows drawn from the validation span, for early stopping each epoch."""
-        return self._loader(self._val_rows)
+        return self._loader(self._set_up(self._val_rows))
 
     @property
     def calibration_rows(self) -> np.ndarray:
         """``(N, 3)`` (task, series, origin) of every window of the validation span."""
-        return self._calibration_rows
+        return self._set_up(self._calibration_rows)
 
     def calibration_dataloader(self) -> DataLoader:
         """Every window of the validation span, for choosing the point forecast and calibrating the
         quantiles after training (one pass, so it can afford more windows than each epoch's check)."""
-        return self._loader(self._calibration_rows)
+        return self._loader(self._set_up(self._calibration_rows))

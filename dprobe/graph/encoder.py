@@ -54,7 +54,10 @@ def _conv(conv: str, hidden: int, heads: int) -> nn.Module:
 
 class GraphEncoder(nn.Module):
     """Message passing over op nodes (GINE, or GATv2 with ``conv="gatv2"``), then mean + max + log-sum pooling
-    to a graph embedding."""
+    to a graph embedding: a PyG ``Batch`` in, ``[graphs, out_dim]`` out.
+
+    ``message_passing=False`` (an ablation) pools the embedded node features as they are, without a layer of
+    message passing: what the graph's structure adds is the difference."""
 
     def __init__(self, hidden: int = 64, out_dim: int = 64, layers: int = 3, conv: str = "gine",
                  heads: int = 4) -> None:
@@ -65,12 +68,27 @@ class GraphEncoder(nn.Module):
         self.norms = nn.ModuleList(nn.LayerNorm(hidden) for _ in range(layers))
         self.out = nn.Linear(3 * hidden, out_dim)
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch, message_passing: bool = True) -> torch.Tensor:
         h = self.kind_emb(batch.kind) + self.inp(batch.x)
-        for conv, norm in zip(self.convs, self.norms, strict=True):
-            h = h + torch.relu(norm(conv(h, batch.edge_index, batch.edge_attr)))
-        idx = batch.batch if batch.batch is not None else torch.zeros(h.shape[0], dtype=torch.long)
-        size = int(idx.max()) + 1 if idx.numel() else 1
-        pooled = torch.cat([global_mean_pool(h, idx, size), global_max_pool(h, idx, size),
-                            torch.log1p(global_add_pool(h.abs(), idx, size))], dim=1)
-        return self.out(pooled)
+        if message_passing:
+            for conv, norm in zip(self.convs, self.norms, strict=True):
+                h = h + torch.relu(norm(conv(h, batch.edge_index, batch.edge_attr)))
+        return self.out(pool_nodes(h, batch))
+
+
+def pool_nodes(h: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """Per graph of ``batch``: the mean, max and log of the summed magnitude of its node states ``h``
+    ``[nodes, d]`` -> ``[graphs, 3 d]``."""
+    idx = batch.batch if batch.batch is not None else torch.zeros(h.shape[0], dtype=torch.long)
+    size = int(idx.max()) + 1 if idx.numel() else 1
+    return torch.cat([global_mean_pool(h, idx, size), global_max_pool(h, idx, size),
+                      torch.log1p(global_add_pool(h.abs(), idx, size))], dim=1)
+
+
+def rewire_edges(data: Data, seed: int) -> Data:
+    """A copy of ``data`` whose edges join random nodes (as many edges, each keeping its features): the
+    graph's topology shuffled, its nodes as they were (an ablation of what the structure tells)."""
+    gen = torch.Generator().manual_seed(int(seed) % 2**63)
+    n, m = int(data.num_nodes), int(data.edge_index.shape[1])
+    edge_index = torch.randint(0, max(n, 1), (2, m), generator=gen, dtype=torch.long)
+    return Data(x=data.x, kind=data.kind, edge_index=edge_index, edge_attr=data.edge_attr, num_nodes=n)

@@ -112,7 +112,7 @@ def call_on_meta(func: Any, args: tuple, kwargs: dict) -> Any:
     known = _seen.get(key, False)
     if known is None:
         return func(*args, **kwargs)
-    if known is not False:
+    if isinstance(known, tuple):  # seen before (False: not yet)
         _stats["hits"] += 1
         made, spec = known
         return tree_unflatten([_EMPTY(v[1], v[2], dtype=v[0], device="meta") if tensor else v

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dprobe.graph.ops import dtype_size, normalise_op
 from dprobe.graph.schema import GraphError, GraphNode, ModelGraph
+
+if TYPE_CHECKING:
+    import onnx
 
 log = logging.getLogger(__name__)
 SAVES_INPUT = {"conv", "conv_transpose", "linear", "matmul", "batchnorm", "layernorm", "norm", "attention"}
@@ -42,7 +46,7 @@ def _has_unknown_dims(graph: object) -> bool:
     return False
 
 
-def _runtime_shapes(model: object, batch: int, seq: int, path: Path) -> dict[str, list[int]]:
+def _runtime_shapes(model: onnx.ModelProto, batch: int, seq: int, path: Path) -> dict[str, list[int]]:
     """Every node output's shape at ``batch``, from running the model (onnxruntime, CPU) at batch 1 and 2:
     a dim that grows with the batch grows linearly ({} with a warning where the model does not run)."""
     import numpy as np
@@ -50,7 +54,7 @@ def _runtime_shapes(model: object, batch: int, seq: int, path: Path) -> dict[str
     import onnxruntime as ort
 
     m = onnx.ModelProto()
-    m.CopyFrom(model)  # type: ignore[arg-type]
+    m.CopyFrom(model)
     listed = {o.name for o in m.graph.output}
     m.graph.output.extend(onnx.ValueInfoProto(name=x) for n in m.graph.node for x in n.output
                           if x and x not in listed)
@@ -84,7 +88,7 @@ def _numel(shape: list[int]) -> int:
     return n
 
 
-def _flops(kind: str, node: object, in_shapes: list[list[int]], out_shapes: list[list[int]],
+def _flops(kind: str, node: onnx.NodeProto, in_shapes: list[list[int]], out_shapes: list[list[int]],
            weight_shapes: dict[str, list[int]]) -> float:
     out = _numel(out_shapes[0]) if out_shapes and out_shapes[0] else 0
     if kind in ("conv", "conv_transpose") and len(in_shapes) > 1 and len(in_shapes[1]) >= 3:
@@ -92,8 +96,8 @@ def _flops(kind: str, node: object, in_shapes: list[list[int]], out_shapes: list
         return 2.0 * out * _numel(w[1:])
     if kind in ("linear", "matmul") and len(in_shapes) > 1 and in_shapes[0]:
         k = in_shapes[0][-1]
-        if getattr(node, "op_type", "") == "Gemm":
-            trans_a = any(a.name == "transA" and a.i for a in node.attribute)  # type: ignore[attr-defined]
+        if node.op_type == "Gemm":
+            trans_a = any(a.name == "transA" and a.i for a in node.attribute)
             k = in_shapes[0][0] if trans_a else in_shapes[0][-1]
         return 2.0 * out * k
     return float(out)

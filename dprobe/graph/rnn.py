@@ -94,7 +94,7 @@ class FusedRecurrence(torch.autograd.Function):
 
 def _fused_forward(module: nn.RNNBase, original: Any) -> Any:
     def forward(self: nn.RNNBase, input: Any, hx: Any = None) -> Any:
-        if isinstance(input, PackedSequence) or getattr(self, "proj_size", 0) or input.dim() != 3:
+        if isinstance(input, PackedSequence) or self.proj_size or input.dim() != 3:
             return original(input, hx)
         x = input.transpose(0, 1) if self.batch_first else input  # [T, B, in]
         per_cell = 4 if self.bias else 2

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.utils.module_tracker import ModuleTracker
 
+from dprobe.core.patch import replaced
 from dprobe.graph.ops import normalise_op
 from dprobe.graph.recorder import OpEvent, OpRecorder, tensors_of
 from dprobe.graph.schema import GraphError, GraphNode, ModelGraph
@@ -151,14 +152,12 @@ def _single_sample_batchnorm(model: nn.Module) -> Iterator[None]:
 
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     kept = [(m.running_mean, m.running_var) for m in norms]
-    check = F._verify_batch_size
-    F._verify_batch_size = lambda size: None
     for m in norms:
         m.running_mean = m.running_var = None
     try:
-        yield
+        with replaced(F, "_verify_batch_size", lambda size: None):  # a private function: not in F's types
+            yield
     finally:
-        F._verify_batch_size = check
         for m, (mean, var) in zip(norms, kept, strict=True):
             m.running_mean, m.running_var = mean, var
 

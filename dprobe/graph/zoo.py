@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from dprobe.core.patch import replaced
 from dprobe.graph.schema import GraphError
 
 T = TypeVar("T")
@@ -139,11 +140,12 @@ def check_config_kwargs(spec: ModelSpec) -> tuple[type, type]:
     kernel choices and the special token ids)."""
     import transformers
 
-    config_cls = getattr(transformers, spec.config, None)
-    if config_cls is None or not isinstance(config_cls, type):
+    found = getattr(transformers, spec.config, None)
+    if not isinstance(found, type):
         raise GraphError(f"transformers has no config class {spec.config!r}")
+    config_cls: type[Any] = found
     arch_cls = getattr(transformers, spec.arch, None)
-    if arch_cls is None or not isinstance(arch_cls, type):
+    if not isinstance(arch_cls, type):
         raise GraphError(f"transformers has no model class {spec.arch!r}")
     known = (set(config_cls().to_dict()) | set(inspect.signature(config_cls.__init__).parameters)
              | set(inspect.signature(transformers.PretrainedConfig.__init__).parameters)
@@ -249,20 +251,11 @@ def transformers_values_assumed() -> Iterator[None]:
         return
     from torch.fx.experimental import _config as fx_config
 
-    original = getattr(masking, "is_tracing", None)
-    warn = getattr(PreTrainedModel, "warn_if_padding_and_no_attention_mask", None)
-    if original is not None:
-        masking.is_tracing = lambda tensor=None: True
-    if warn is not None:
-        PreTrainedModel.warn_if_padding_and_no_attention_mask = lambda self, *args, **kwargs: None
-    try:
-        with fx_config.patch(meta_nonzero_assume_all_nonzero=True):
-            yield
-    finally:
-        if original is not None:
-            masking.is_tracing = original
-        if warn is not None:
-            PreTrainedModel.warn_if_padding_and_no_attention_mask = warn
+    with (replaced(masking, "is_tracing", lambda tensor=None: True),
+          replaced(PreTrainedModel, "warn_if_padding_and_no_attention_mask", lambda self, *args, **kwargs: None),
+          # patch() is added to the module at its import (install_config_module), which its types do not say
+          fx_config.patch(meta_nonzero_assume_all_nonzero=True)):  # type: ignore[attr-defined]
+        yield
 
 
 def reads_values(exc: BaseException) -> bool:
@@ -340,7 +333,7 @@ def _on(device: str, value: Any) -> Any:
 def _transformers_inputs(spec: ModelSpec, model: nn.Module, batch: int, image: int | None, seq: int | None,
                          labels: bool, device: str) -> ExampleInputs:
     """Token ids, pixel values or audio by the model's ``main_input_name``, and labels for its own loss."""
-    config = model.config
+    config: Any = model.config  # the model's transformers config (nn.Module types attributes as tensors)
     main = getattr(model, "main_input_name", "input_ids")
     params = inspect.signature(model.forward).parameters
     # token ids: the text input, or the labels / decoder input of a model whose main input is not text;

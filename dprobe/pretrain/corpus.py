@@ -203,7 +203,7 @@ def labels_of(graph: ModelGraph, replays: dict[str, Any], batch: int) -> dict[st
     ops = np.asarray(fp32.ops, dtype=np.float64).reshape(-1, 5)
     flops_by = np.bincount(ops[:, 1].astype(int), weights=ops[:, 3], minlength=len(OP_CLASSES))
     moved_by = np.bincount(ops[:, 1].astype(int), weights=ops[:, 4], minlength=len(OP_CLASSES))
-    out = {f"peak_per_sample_{p}": float(replays[p].peak_bytes) / batch for p in PRECISIONS}
+    out: dict[str, Any] = {f"peak_per_sample_{p}": float(replays[p].peak_bytes) / batch for p in PRECISIONS}
     out.update(saved_per_sample=float(graph.saved_bytes) / batch, flops_per_sample=float(fp32.flops) / batch,
                bytes_moved_per_sample=float(fp32.bytes_moved) / batch, kernels=float(fp32.kernels),
                param_bytes=float(fp32.param_bytes), activation_per_sample_fp32=float(fp32.activation_bytes) / batch,

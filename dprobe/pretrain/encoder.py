@@ -255,7 +255,8 @@ def _pretrain(out_dir: str | Path, corpus_dir: str | Path, convs: Any, hidden: i
         raise ValueError(f"{corpus_dir}: {len(items)} architectures of {len(families)} families is too few to "
                          f"pretrain on in {folds} folds (trace more: python -m dprobe.pretrain.corpus --out {corpus_dir})")
     hparams = {"hidden": hidden, "out_dim": out_dim, "layers": layers, "heads": heads}
-    train_kw = {"epochs": epochs, "batch_size": batch_size, "precision": precision, "lr": lr, "device": device}
+    train_kw: dict[str, Any] = {"epochs": epochs, "batch_size": batch_size, "precision": precision, "lr": lr,
+                                "device": device}
     results = []
     for conv in convs:
         log.info("pretraining %s on %d architectures, leave-family-out in %d folds", conv, len(items), folds)

@@ -52,6 +52,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "(tensor, dense), bandwidth_gbps, sm_count, l2_mib, boost_clock_mhz, and optionally "
                    "tf32_tflops and bf16_tflops (default: fp32's); replaces --gpu")
     add_stack_args(p)  # --stack, --cudnn-benchmark, --attention, --memory-format, --torch
+    p.add_argument("--reparameterize", action="store_true",
+                   help="--mode inference: the model fused for inference first (timm's reparameterize_model, or "
+                   "the model's own fuse/reparameterize: RepVGG-style branches and batch norms folded into "
+                   "convolutions); refused for a model with nothing to fuse")
+    p.add_argument("--compile", action="store_true",
+                   help="--mode inference: the model runs under torch.compile (default mode); its kernels cannot "
+                   "be replayed on the CPU, so the step is the eager prediction times a calibrated factor with "
+                   "a wider p90 (method and note say so)")
     p.add_argument("--host-stall", type=float, default=0.0, metavar="SECONDS",
                    help="seconds per step, on average, the GPU waits on the host: data loading, evaluation, "
                    "checkpointing (e.g. 0.25 s every 25 steps = 0.01); lowers utilisation (default 0)")
@@ -100,7 +108,13 @@ def predict_from_args(args: argparse.Namespace) -> JobPrediction:
                                 host_stall_s=args.host_stall, host_factor=args.host_factor,
                                 grad_checkpointing=args.grad_checkpointing,
                                 search_batch=getattr(args, "search_batch", False),
-                                stack=stack_choice(args))
+                                stack=stack_choice(args), **_settings(args))
+
+
+def _settings(args: argparse.Namespace) -> dict[str, bool]:
+    """``--reparameterize`` and ``--compile`` where given (predict_job's ``reparameterize``, ``compiled``)."""
+    return {k: True for k, flag in (("reparameterize", "reparameterize"), ("compiled", "compile"))
+            if getattr(args, flag, False)}
 
 
 def _gpu(args: argparse.Namespace) -> object:

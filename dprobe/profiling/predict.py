@@ -49,6 +49,8 @@ def predict_with_samples(model: str, batch: int, samples: Any = None, jobscale_c
     checkpoint = jobscale_checkpoint or DEFAULT_CHECKPOINT
     loaded = load_jobscale(checkpoint)
     cold = predict_job(model, batch, **job)
+    if cold.graph is None:
+        raise ValueError(f"no model graph of {model} to predict its first second from")
     job_scale = predict_next(checkpoint, samples, cold.batch, cold.precision, cold.optimizer,
                              ColdStartInputs.from_prediction(cold), host_stall_s=cold.host_stall_s,
                              graph=graph_to_data(cold.graph), loaded=loaded)

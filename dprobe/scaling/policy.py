@@ -262,14 +262,16 @@ class Recommender:
         """The furthest count the rate policies allow from ``current`` (None: no limit)."""
         if rules.select == "disabled":
             return current
-        bounds = []
+        bounds: list[int] = []
         for p in rules.policies:
             moved = sum(c for t, c in self._changes if now - t < p.period_seconds and (c > 0) == up)
             start = current - moved  # the count at the period's start
             # a percent of 0 would never raise a count from 0: up, it is a percent of at least 1
             step = p.value if p.type == "pods" else math.ceil(max(abs(start), 1) * p.value / 100.0) if up \
                 else math.floor(abs(start) * p.value / 100.0)
-            bounds.append(start + step if up else start - step)
+            # whole pods within the policy (a fractional pods value: up to the count below, down to the
+            # count above)
+            bounds.append(math.floor(start + step) if up else math.ceil(start - step))
         if not bounds:
             return None
         pick = max if (rules.select == "max") == up else min
@@ -323,8 +325,9 @@ class Recommender:
         target = desired
         if desired < current:  # the highest recent recommendation: no flapping down
             window = self._window(now, p.scale_down.stabilization_seconds)
-            if now - self._initial[0] < p.scale_down.stabilization_seconds:
-                window.append(self._initial[1])
+            initial = self._initial  # set by the first decision
+            if initial is not None and now - initial[0] < p.scale_down.stabilization_seconds:
+                window.append(initial[1])
             target = max(window)
             limit = self._limit(now, current, p.scale_down, up=False)
             if target < current and limit is not None and target < limit:

@@ -15,6 +15,7 @@ then the fuller node).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -205,7 +206,7 @@ def summary(result: ClusterResult, pods: Pods, checkpoints: tuple[float, ...] = 
     asked = np.cumsum(demand)
     placed = result.placed
     gpu_pods = demand > 0
-    row = {
+    row: dict[str, Any] = {
         "policy": result.policy,
         "pods": len(pods),
         "pods_placed": int(placed.sum()),

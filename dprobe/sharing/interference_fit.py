@@ -185,7 +185,8 @@ def cross_validate(jobs: GavelJobs, folds: list[tuple[str, np.ndarray, np.ndarra
     predictions (``rows``)."""
     measured = jobs.pairs[jobs.pairs["measured"]].reset_index(drop=True)
     folds = leave_model_type_out(measured) if folds is None else folds
-    per_fold, scored = [], []
+    per_fold: list[dict[str, Any]] = []
+    scored: list[pd.DataFrame] = []
     for name, train, held in folds:
         trees = fit(jobs, measured.iloc[train])
         predict = _predictors(trees, float(measured["speed"].iloc[train].mean()))

@@ -54,7 +54,14 @@ class Workload:
 
     @property
     def has_forecast(self) -> bool:
-        return self.memory_bytes is not None and math.isfinite(float(self.memory_bytes))
+        return self.forecast_bytes is not None
+
+    @property
+    def forecast_bytes(self) -> float | None:
+        """``memory_bytes`` as a float where it is a forecast (given and finite), else None."""
+        if self.memory_bytes is None or not math.isfinite(float(self.memory_bytes)):
+            return None
+        return float(self.memory_bytes)
 
 
 @dataclass(frozen=True)
@@ -226,10 +233,11 @@ def _demands(workloads: list[Workload], memory_per_gpu: float,
         if w.slowdown_limit is not None and not 0 <= w.slowdown_limit <= 1:
             raise ValueError(f"workload {w.name}: slowdown_limit must be between 0 and 1, got {w.slowdown_limit!r}")
         util = float(w.utilization) if w.utilization is not None else 0.0
-        if w.has_forecast:
-            if float(w.memory_bytes) < 0:
+        forecast = w.forecast_bytes
+        if forecast is not None:
+            if forecast < 0:
                 raise ValueError(f"workload {w.name}: memory_bytes must be >= 0, got {w.memory_bytes!r}")
-            out.append((float(w.memory_bytes) * (1 + settings.memory_margin), util, 0, ""))
+            out.append((forecast * (1 + settings.memory_margin), util, 0, ""))
         elif w.request_gpus < 1:
             share = float(w.request_gpus)
             out.append((share * memory_per_gpu, max(util, share), 0,
@@ -266,8 +274,11 @@ def _rank(cand: np.ndarray, mem_left: np.ndarray, mem: float, policy: str, table
 def _slowdowns_ok(workloads: list[Workload], members: list[int], need: list, model: InterferenceModel) -> bool:
     u = np.array([need[j][1] for j in members])
     slow = model.slowdowns(np.clip(u, 0, 1))
-    return all(workloads[j].slowdown_limit is None or slow[k] <= workloads[j].slowdown_limit + 1e-9
-               for k, j in enumerate(members))
+    for k, j in enumerate(members):
+        limit = workloads[j].slowdown_limit
+        if limit is not None and not slow[k] <= limit + 1e-9:
+            return False
+    return True
 
 
 def plan_mig(workloads: list[Workload], model: GpuModel, gpus: int | None = None,
@@ -284,8 +295,9 @@ def plan_mig(workloads: list[Workload], model: GpuModel, gpus: int | None = None
         if w.mig_profile:
             profiles.append((model.profile(w.mig_profile), ""))
             continue
-        if w.has_forecast:
-            mem = float(w.memory_bytes) * (1 + settings.memory_margin)
+        forecast = w.forecast_bytes
+        if forecast is not None:
+            mem = forecast * (1 + settings.memory_margin)
             why = ""
         else:
             mem = min(w.request_gpus, 1.0) * model.memory_bytes
@@ -295,8 +307,12 @@ def plan_mig(workloads: list[Workload], model: GpuModel, gpus: int | None = None
     n_gpus = len(workloads) if gpus is None else int(gpus)
     layouts = [MigLayout(model) for _ in range(n_gpus)]
     placements: list[Placement | None] = [None] * len(workloads)
-    order = sorted(range(len(workloads)), key=lambda i: (-(profiles[i][0].memory_slices if profiles[i][0] else 99),
-                                                          i))
+
+    def biggest_first(i: int) -> tuple[int, int]:
+        profile = profiles[i][0]
+        return -(profile.memory_slices if profile else 99), i
+
+    order = sorted(range(len(workloads)), key=biggest_first)
     # GPUs grouped by their layout's state (a few dozen states however many GPUs): whether a profile fits is
     # asked once per state, and each state keeps its GPUs in a heap, lowest index first (a GPU that has
     # moved on to another state is dropped when it reaches the top: states only fill up, never return)

@@ -35,7 +35,7 @@ class SimulateParser(argparse.ArgumentParser):
     def parse_known_args(self, args=None, namespace=None):
         args = self.new_spelling(list(sys.argv[1:] if args is None else args))
         parsed, extras = super().parse_known_args(args, namespace)
-        name = getattr(parsed, "simulator", None)
+        name: str = parsed.simulator  # a required sub-command: argparse exits without one
         for extra in extras:
             option = extra.split("=", 1)[0]
             if option in OLD_FLAGS:

@@ -110,7 +110,7 @@ def derive_jobs(directory: str | Path) -> tuple[pd.DataFrame, DeriveStats]:
     if not files:
         raise DatasetError(f"{directory}: no vc*.csv.gz files to derive jobs from")
     stats = DeriveStats()
-    rows = []
+    rows: list[tuple[str, float, float, int]] = []
     for path in files:
         frame = _read(path)
         vc = path.name.removesuffix(".csv.gz")

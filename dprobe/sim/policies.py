@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from dprobe.forecaster.base import QUANTILES, Forecaster, ForecastInput
+from dprobe.forecaster.tasks import TaskSpec
 from dprobe.scaling.policy import (
     DEFAULT_POLICY,
     DEFAULT_SCALE_DOWN,
@@ -148,6 +151,7 @@ class ForecastQuota(RecommenderQuota):
     """Demand is a quantile of the forecast ``lead`` history steps ahead, all VCs in one batch."""
 
     name = "forecast"
+    history_step: float  # always set
 
     def __init__(self, max_gpus: np.ndarray, settings: ScalerSettings, forecaster: Forecaster,
                  history_step: float, lead: int, quantile: float, context_steps: int,
@@ -174,6 +178,17 @@ class ForecastQuota(RecommenderQuota):
         return np.clip(forecast.quantiles[:, 0, k], 0.0, None)
 
 
+@runtime_checkable
+class TaskForecaster(Protocol):
+    """A trained forecaster: its tasks' steps, windows and leads (those of a checkpoint)."""
+
+    def task_for(self, metric: str, step_seconds: float | None = None) -> tuple[int, TaskSpec, float]: ...
+
+    def window_seconds(self, metric: str) -> float: ...
+
+    def max_horizon_seconds(self, metric: str) -> float: ...
+
+
 @dataclass
 class ForecastSetup:
     """A forecaster and the sampling it needs: history step, lead, context and covariates."""
@@ -186,16 +201,22 @@ class ForecastSetup:
     covariates: tuple[str, ...]
 
 
-def forecast_setup(checkpoint: str | None, interval: float, horizon: float, quantile: float) -> ForecastSetup:
+def forecast_setup(checkpoint: str | Path | None, interval: float, horizon: float,
+                   quantile: float) -> ForecastSetup:
     """The checkpoint's ``gpu_demand`` forecaster sampled at its own step (or the decision interval,
     if finer), or without a checkpoint the last-value baseline with conformal quantiles."""
     from dprobe.forecaster.baselines import make_baseline
     from dprobe.forecaster.loading import open_forecaster
 
     levels = QUANTILES
+    residual_window = 0  # the baseline's
+    model: Forecaster
     if checkpoint:
         loaded = open_forecaster(checkpoint, metrics=("gpu_demand",))
         model = loaded.forecaster
+        if not isinstance(model, TaskForecaster):
+            raise ValueError(f"checkpoint {checkpoint}: a {loaded.kind} model, which has no tasks to sample "
+                             "gpu_demand at")
         _, spec, _ = model.task_for("gpu_demand")
         levels = tuple(getattr(model, "quantile_levels", QUANTILES))
         step = min(interval, spec.step_seconds)
@@ -206,9 +227,11 @@ def forecast_setup(checkpoint: str | None, interval: float, horizon: float, quan
         context = int(math.ceil(model.window_seconds("gpu_demand") / step))
         name, covariates = f"{loaded.kind} ({checkpoint})", tuple(spec.covariates)
     else:
-        model = make_baseline(BASELINE_NAME)
+        baseline = make_baseline(BASELINE_NAME)
         step = interval
-        model.residual_window = max(10, int(round(BASELINE_RESIDUAL_DAYS * 86400 / step)))
+        residual_window = max(10, int(round(BASELINE_RESIDUAL_DAYS * 86400 / step)))
+        baseline.residual_window = residual_window
+        model = baseline
         context = 0  # set below, once the lead is known
         name, covariates = f"baseline:{BASELINE_NAME} (conformal quantiles)", ()
     if not any(math.isclose(quantile, q) for q in levels):
@@ -216,5 +239,5 @@ def forecast_setup(checkpoint: str | None, interval: float, horizon: float, quan
                          f"got {quantile:g}")
     lead = max(1, int(math.ceil(horizon / step - 1e-9)))
     if not checkpoint:
-        context = model.residual_window + lead
+        context = residual_window + lead
     return ForecastSetup(model, name, step, lead, context, covariates)

@@ -62,13 +62,13 @@ class AutocastEmulation(TorchFunctionMode):
 
         self._saved_sdpa = F.scaled_dot_product_attention
         # functions that call attention internally (e.g. multi-head attention) look it up as a module global
-        F.scaled_dot_product_attention = lambda *a, **k: self._attention(a, k)  # type: ignore[assignment]
+        F.scaled_dot_product_attention = lambda *a, **k: self._attention(a, k)
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:
         import torch.nn.functional as F
 
-        F.scaled_dot_product_attention = self._saved_sdpa  # type: ignore[assignment]
+        F.scaled_dot_product_attention = self._saved_sdpa
         super().__exit__(*exc)
 
     def _cast(self, value: Any, dtype: torch.dtype) -> Any:

@@ -230,8 +230,9 @@ def concat_datasets(parts: list[ProfileDataset]) -> ProfileDataset:
         raise ValueError("the training sets share run ids")
     arrays = ("feats", "base", "y", "y_fit", "valid", "stall", "batch")
     lists = ("graphs", "families", "run_ids", "models", "gpus", "machines", "skipped")
-    return ProfileDataset(**{k: np.concatenate([getattr(p, k) for p in parts]) for k in arrays},
-                          **{k: [v for p in parts for v in getattr(p, k)] for k in lists})
+    fields: dict[str, Any] = {k: np.concatenate([getattr(p, k) for p in parts]) for k in arrays}
+    fields.update({k: [v for p in parts for v in getattr(p, k)] for k in lists})
+    return ProfileDataset(**fields)
 
 
 def load_benchmark_dataset(directory: str | Path, memory_format: str = "nchw",

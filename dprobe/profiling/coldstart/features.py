@@ -50,28 +50,34 @@ MEMORY_FEATURES = ["log_peak", "log_reserved", "log_params", "log_state", "log_a
                    "share_conv", "share_conv_grouped", "share_matmul"]
 
 
-def op_peaks(ops: np.ndarray, precision: str, gpu: GPUSpec, tf32: bool = True) -> np.ndarray:
+def op_peaks(ops: np.ndarray, precision: str, gpu: GPUSpec, tf32: bool = True,
+             grouped_tensor: bool = True) -> np.ndarray:
     """The peak FLOP/s each replayed kernel (rows of :class:`ReplayOp`) runs at: bf16 / fp16 matmuls and
-    convolutions at the tensor-core peak, fp32 ones at TF32's when ``tf32``, everything else at fp32's."""
+    convolutions at the tensor-core peak, fp32 ones at TF32's when ``tf32``, everything else at fp32's.
+    ``grouped_tensor=False``: grouped and depthwise convolutions at the fp32 vector peak too (cuDNN runs
+    depthwise convolutions on the CUDA cores: a 9x9 depthwise kernel is compute-bound there, not on
+    tensor cores); the inference step model's roofline takes it, the training profiler's keeps True."""
     cls, low = ops[:, 1], ops[:, 2]
     tensor = np.isin(cls, TENSOR_CORE_CLASSES)
+    if not grouped_tensor:
+        tensor &= cls != OP_CLASSES.index("conv_grouped")
     fp32_mm = gpu.peak_flops_tf32 if tf32 else gpu.peak_flops_fp32
     return np.where(tensor, np.where(low > 0, gpu.peak_half(precision), fp32_mm), gpu.peak_flops_fp32)
 
 
 def op_seconds(ops: np.ndarray, precision: str, gpu: GPUSpec, tf32: bool = True,
-               roofline: str = "plain") -> np.ndarray:
+               roofline: str = "plain", grouped_tensor: bool = True) -> np.ndarray:
     """GPU time of each replayed kernel (rows of :class:`ReplayOp`), launch cost not included, by
     ``roofline`` (:data:`ROOFLINES`): ``plain``, max(FLOPs / peak, bytes / bandwidth) at the kernel's peak
     (:func:`op_peaks`); ``kernel-model``, the kernels on the vector units (what NeuSight measured, fp32)
     at their fp32 roofline times the shape-free kernel model's efficiency
     (:func:`~dprobe.profiling.kernels.model.replay_efficiency`), tensor-core kernels on the plain roofline
     (the model never saw one); ``kernel-model-all``, that fp32-learnt efficiency on the tensor-core
-    roofline too."""
+    roofline too. ``grouped_tensor``: as :func:`op_peaks`'."""
     if roofline not in ROOFLINES:
         raise ValueError(f"unknown roofline {roofline!r} ({', '.join(ROOFLINES)})")
     ops = np.asarray(ops, dtype=np.float64).reshape(-1, 5)
-    plain = np.maximum(ops[:, 3] / op_peaks(ops, precision, gpu, tf32), ops[:, 4] / gpu.bandwidth)
+    plain = np.maximum(ops[:, 3] / op_peaks(ops, precision, gpu, tf32, grouped_tensor), ops[:, 4] / gpu.bandwidth)
     if roofline == "plain" or not len(ops):
         return plain
     from dprobe.profiling.kernels.model import replay_efficiency
@@ -84,7 +90,8 @@ def op_seconds(ops: np.ndarray, precision: str, gpu: GPUSpec, tf32: bool = True,
 
 
 def roofline_seconds(est: ReplayEstimate, precision: str, gpu: GPUSpec, tf32: bool = True,
-                     roofline: str = "plain", per_op: np.ndarray | None = None) -> dict[str, float]:
+                     roofline: str = "plain", per_op: np.ndarray | None = None,
+                     grouped_tensor: bool = True) -> dict[str, float]:
     """Per-kernel roofline of one step: GPU busy time, host issue time, and the step (the larger of the two).
 
     Each kernel takes max(FLOPs / peak, bytes / bandwidth) plus a launch cost; bf16 / fp16 kernels run at
@@ -92,10 +99,11 @@ def roofline_seconds(est: ReplayEstimate, precision: str, gpu: GPUSpec, tf32: bo
     ``torch.backends.cuda.matmul.allow_tf32``), everything else at the fp32 vector peak. ``roofline``: what
     a kernel's time is (:func:`op_seconds`; ``per_op``: those times computed already). ``compute`` and
     ``memory`` are the plain sums of FLOPs over peaks and bytes over the bandwidth whatever ``roofline``.
+    ``grouped_tensor``: as :func:`op_peaks`'.
     """
     ops = np.asarray(est.ops, dtype=np.float64).reshape(-1, 5)
     phase, cls, low, flops, moved = ops.T
-    peak = op_peaks(ops, precision, gpu, tf32)
+    peak = op_peaks(ops, precision, gpu, tf32, grouped_tensor)
     fp32_mm = gpu.peak_flops_tf32 if tf32 else gpu.peak_flops_fp32
     half = gpu.peak_half(precision)
     # fused attention kernels do not dispatch on meta: forward + backward ~ 3.5 forwards (an inference
@@ -105,7 +113,7 @@ def roofline_seconds(est: ReplayEstimate, precision: str, gpu: GPUSpec, tf32: bo
     t_compute = float(np.sum(flops / peak)) + t_attention
     t_memory = float(np.sum(moved / gpu.bandwidth))
     if per_op is None:
-        per_op = op_seconds(ops, precision, gpu, tf32, roofline)
+        per_op = op_seconds(ops, precision, gpu, tf32, roofline, grouped_tensor)
     elif len(per_op) != len(ops):
         raise ValueError(f"{len(per_op)} kernel times for {len(ops)} kernels")
     per_op = per_op + LAUNCH_S
@@ -148,25 +156,34 @@ def with_host_factor(feats: np.ndarray, log_factor: np.ndarray | float) -> np.nd
 def analytical_for(model: str, batch: int, precision: str, optimizer: str, image: int | None = None,
                    seq: int | None = None, config_kwargs: dict | str | None = None,
                    cache_dir: str | Path | None = None, grad_checkpointing: bool = False,
-                   attention: str = "fused", mode: str = "train") -> ReplayEstimate:
+                   attention: str = "fused", mode: str = "train", memory_format: str = "nchw",
+                   reparameterize: bool = False) -> ReplayEstimate:
     """The replay estimate, cached as JSON under ``cache_dir`` keyed by the job's spec hash (``attention``:
     the stack's attention kernels, :func:`~dprobe.profiling.coldstart.replay.replay_training_step`).
     ``mode``: ``train`` (a training step) or ``inference`` (the forward alone, eval mode, no autograd:
-    :func:`~dprobe.profiling.coldstart.replay.replay_inference_step`; ``optimizer`` is not used)."""
+    :func:`~dprobe.profiling.coldstart.replay.replay_inference_step`; ``optimizer`` is not used).
+    ``memory_format``: ``nchw``, or ``nhwc`` for the model and its images in ``torch.channels_last``;
+    ``reparameterize``: an inference step of the model fused for inference
+    (:func:`~dprobe.profiling.coldstart.replay.reparameterized`)."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r} ({', '.join(MODES)})")
     if mode == "inference" and grad_checkpointing:
         raise ValueError("gradient checkpointing is a training setting: an inference step keeps no activations")
+    if reparameterize and mode != "inference":
+        raise ValueError("re-parameterisation fuses a model for inference: it needs mode='inference'")
     spec = parse_spec(model, config_kwargs)
     path = replay_cache_path(model, batch, precision, optimizer, image, seq, config_kwargs, cache_dir,
-                             grad_checkpointing, attention, mode)
+                             grad_checkpointing, attention, mode, memory_format, reparameterize)
+    channels_last = memory_format == "nhwc"
     if path is not None and path.is_file():
         return ReplayEstimate.from_dict(json.loads(path.read_text()))
     if mode == "inference":
-        est = replay_inference_step(spec, batch, precision, image=image, seq=seq, attention=attention)
+        est = replay_inference_step(spec, batch, precision, image=image, seq=seq, attention=attention,
+                                    channels_last=channels_last, reparameterize=reparameterize)
     else:
         est = replay_training_step(spec, batch, precision, optimizer, image=image, seq=seq,
-                                   grad_checkpointing=grad_checkpointing, attention=attention)
+                                   grad_checkpointing=grad_checkpointing, attention=attention,
+                                   channels_last=channels_last)
     if path is not None:
         write_atomically(path, json.dumps(est.to_dict()))
     return est
@@ -175,15 +192,30 @@ def analytical_for(model: str, batch: int, precision: str, optimizer: str, image
 def replay_cache_path(model: str, batch: int, precision: str, optimizer: str, image: int | None = None,
                       seq: int | None = None, config_kwargs: dict | str | None = None,
                       cache_dir: str | Path | None = None, grad_checkpointing: bool = False,
-                      attention: str = "fused", mode: str = "train") -> Path | None:
+                      attention: str = "fused", mode: str = "train", memory_format: str = "nchw",
+                      reparameterize: bool = False) -> Path | None:
     """Where :func:`analytical_for` caches the job's replay (None without a ``cache_dir``)."""
     if not cache_dir:
         return None
+    name = replay_cache_key(model, batch, precision, optimizer, image, seq, config_kwargs, grad_checkpointing,
+                            attention, mode, memory_format, reparameterize)
+    return Path(cache_dir) / f"{name}.json"
+
+
+def replay_cache_key(model: str, batch: int, precision: str, optimizer: str, image: int | None = None,
+                     seq: int | None = None, config_kwargs: dict | str | None = None,
+                     grad_checkpointing: bool = False, attention: str = "fused", mode: str = "train",
+                     memory_format: str = "nchw", reparameterize: bool = False) -> str:
+    """The name of the job's replay in the cache (:func:`replay_cache_path`, without ``.json``): it changes
+    when the replay does (a channels-last or re-parameterised replay ends in ``-nhwc`` / ``-reparam``)."""
+    if memory_format not in ("nchw", "nhwc"):
+        raise ValueError(f"unknown memory format {memory_format!r} (nchw, nhwc)")
+    tail = ("" if memory_format == "nchw" else "-nhwc") + ("-reparam" if reparameterize else "")
     spec = parse_spec(model, config_kwargs)
     job = {"model": model, "kw": spec.config_kwargs, "batch": batch, "precision": precision, "optimizer": optimizer,
            "image": image, "seq": seq}
     if mode == "inference":  # no optimizer; its own replay version
         job = {k: v for k, v in job.items() if k != "optimizer"}
-        return Path(cache_dir) / f"infer-{spec_key(job, extra='infer-v1')}{'' if attention == 'fused' else '-' + attention}.json"
+        return f"infer-{spec_key(job, extra='infer-v1')}{'' if attention == 'fused' else '-' + attention}{tail}"
     key = spec_key({**job, "grad_checkpointing": True} if grad_checkpointing else job, extra="replay-v6")
-    return Path(cache_dir) / f"replay-{key}{'' if attention == 'fused' else '-' + attention}.json"
+    return f"replay-{key}{'' if attention == 'fused' else '-' + attention}{tail}"

@@ -30,6 +30,14 @@ by the spread between the measured GPUs' factors (``sibling-factor``): no fold h
 nothing validates the learned correction there, and the simple rule anchored to the nearest measured GPU
 runs. The figures are recorded in it, and a prediction says which ran.
 
+Two more predictors anchor a GPU of no row to the **nearest measured GPU** (:meth:`InferenceStepModel.nearest`:
+the same architecture first, then the nearest bandwidth and tensor-core peak): ``nearest-factor``, the roofline
+on the spec sheet times that GPU's factor, its p90 widened by the spread between GPUs (left-one-GPU-out over
+the fitting GPUs, each predicted by its nearest among the others: ``nearest_p90_factor``), which runs on a
+spec-sheet GPU only where it beat the current ``method`` on every GPU left out (:func:`choose`); and
+``calibrated``, for a GPU whose spec carries ``dprobe gpu calibrate``'s measured figures: the roofline on the
+measured peaks (:func:`roofline_spec`) times the nearest measured GPU's factor.
+
 :func:`predict_inference_step` is the one entry point; :func:`crossval` and
 ``benchmarks/coldstart_inference.py`` call it. ``python -m dprobe.profiling.coldstart.inference DIR``
 refits and writes the shipped model.
@@ -48,7 +56,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dprobe.core.gpus import GPUS, GPUSpec, generation
+from dprobe.core.gpus import GPUS, GPUSpec, fractions_of_peak, generation, measured_spec
 from dprobe.profiling.coldstart.features import LAUNCH_S, ROOFLINES, op_peaks, op_seconds, roofline_seconds
 from dprobe.profiling.coldstart.memtrack import TENSOR_CORE_CLASSES
 from dprobe.profiling.coldstart.replay import ReplayEstimate
@@ -58,11 +66,16 @@ DEFAULT_MODEL = Path(__file__).with_name("default_inference.json")
 # MAPE over GPUs left out (13.6 % against 14.9 %) with families even (11.5 % against 11.4 %)
 SHIPPED_ROOFLINE = "kernel-model"
 FORMAT = "dprobe-inference/1"
-METHODS = ("learned", "rule", "gpu-factor", "sibling-factor")
+METHODS = ("learned", "rule", "gpu-factor", "sibling-factor", "nearest-factor", "calibrated")
+UNSEEN_METHODS = ("learned", "rule", "nearest-factor")  # what ``method`` may be: a spec-sheet GPU of no row
 SIBLING_BANDWIDTH = 1.5  # a measured GPU of the same architecture within this ratio of bandwidth: the same memory system
 SHARE_CLASSES = ("elementwise", "norm", "matmul", "conv", "conv_grouped")
 TILE_FLOPS = 2.0 * 128 * 128 * 64  # one 128x128 output tile over a K of 64: a tensor-core kernel's unit of work
 SMALL_KERNEL = 4.0  # a kernel whose roofline time is under this many launch costs leaves SMs idle
+# grouped and depthwise convolutions on the tensor cores' peak (False: the fp32 vector peak, as cuDNN runs
+# depthwise kernels on the CUDA cores; features.op_peaks). False beat True on families left out (GPU factor
+# 13.7 -> 13.0 % mean MAPE) and on GPUs left out: docs/graph-and-coldstart.md, "Far-off families"
+GROUPED_TENSOR = False
 FEATURES = [
     "log_t_compute", "log_t_memory", "log_t_gpu", "log_t_host", "log_t_roof",
     "log_compute_over_memory", "log_host_over_gpu", "log_launch_share", "log_kernels",
@@ -75,6 +88,18 @@ BOOST_ROUNDS = 300
 PARAMS = {"objective": "huber", "alpha": 0.15, "learning_rate": 0.03, "num_leaves": 15, "min_data_in_leaf": 40,
           "feature_fraction": 0.8, "bagging_fraction": 0.8, "bagging_freq": 1, "lambda_l2": 1.0,
           "verbose": -1, "num_threads": 1, "seed": 0, "deterministic": True}
+FACTOR_METHODS = ("gpu-factor", "sibling-factor", "nearest-factor", "calibrated")  # roofline x a measured GPU's factor
+METHOD_NOTES = {  # why each method ran (InferenceStepModel.explain adds the anchor GPU where there is one)
+    "gpu-factor": "step time: the roofline times this GPU's own measured factor (on model families left out, the "
+                  "learned correction did not beat it in every fold)",
+    "sibling-factor": "step time: the roofline times the factor measured on a GPU of the same architecture, its "
+                      "p90 widened by the spread between measured GPUs (no fold validates anything else for a GPU "
+                      "whose sibling was measured)",
+    "learned": "step time: the learned correction on the roofline (it beat the simple rule on every left-out fold "
+               "of its kind)",
+    "rule": "step time: the roofline times one factor (on GPUs left out, the learned correction did not beat it in "
+            "every fold)",
+}
 TARGETS = {"gpu": "MAPE <= 12 %, Spearman >= 0.95, p90 covering 80-95 % on every GPU left out",
            "family": "reported (no target)"}
 
@@ -96,10 +121,10 @@ def inference_features(est: ReplayEstimate, precision: str, gpu: GPUSpec, roofli
     ``per_op``: those times computed already)."""
     ops = np.asarray(est.ops, dtype=np.float64).reshape(-1, 5)
     if per_op is None:
-        per_op = op_seconds(ops, precision, gpu, roofline=roofline)
-    t = roofline_seconds(est, precision, gpu, per_op=per_op)
+        per_op = op_seconds(ops, precision, gpu, roofline=roofline, grouped_tensor=GROUPED_TENSOR)
+    t = roofline_seconds(est, precision, gpu, per_op=per_op, grouped_tensor=GROUPED_TENSOR)
     cls, flops, moved = ops[:, 1], ops[:, 3], ops[:, 4]
-    peak = op_peaks(ops, precision, gpu)
+    peak = op_peaks(ops, precision, gpu, grouped_tensor=GROUPED_TENSOR)
     t_flops, t_bytes = flops / peak, moved / gpu.bandwidth
     n = max(len(ops), 1)
     w = per_op / per_op.sum() if per_op.sum() > 0 else np.full(len(ops), 1.0 / n)
@@ -155,7 +180,8 @@ def _batched_op_seconds(jobs: list[tuple[ReplayEstimate, str, GPUSpec]], rooflin
     for members in groups.values():
         _, p, g = jobs[members[0]]
         ops = [np.asarray(jobs[i][0].ops, dtype=np.float64).reshape(-1, 5) for i in members]
-        times = op_seconds(np.concatenate(ops) if ops else np.zeros((0, 5)), p, g, roofline=roofline)
+        times = op_seconds(np.concatenate(ops) if ops else np.zeros((0, 5)), p, g, roofline=roofline,
+                           grouped_tensor=GROUPED_TENSOR)
         for i, part in zip(members, np.split(times, np.cumsum([len(o) for o in ops])[:-1]), strict=True):
             out[i] = part
     return out  # type: ignore[return-value]
@@ -183,6 +209,8 @@ def feature_frame(ests: list[ReplayEstimate], precision: str | list[str],
     frame = pd.DataFrame([cache[k] for k in keys], columns=[*FEATURES, "roof"])
     frame["gpu_name"] = [g.name for g in specs]  # which GPU factor a row takes (not features)
     frame["gpu_bandwidth"] = [g.bandwidth for g in specs]
+    frame["gpu_peak"] = [g.peak_half("fp16") for g in specs]
+    frame["gpu_calibrated"] = [g.calibration is not None for g in specs]
     frame.attrs["roofline"] = roofline  # predict_frame checks it against the model's
     return frame
 
@@ -209,12 +237,23 @@ class InferenceStepModel:
     gpu_factors: dict[str, float] = field(default_factory=dict)  # per GPU (spec name): median measured / roofline
     gpu_p90_factor: float = 1.0
     seen_method: str = ""
+    # p90 / p50 of the nearest measured GPU's factor on a GPU of no row, from leaving each fitting GPU out
+    # (0: not fitted; the GPU factor's p90 times the spread between the GPUs' factors stands in)
+    nearest_p90_factor: float = 0.0
+    # per measured GPU (spec name): its calibration's measured / spec-sheet figures (``fractions_of_peak``),
+    # where one was calibrated; a calibrated GPU's peaks are divided by its nearest GPU's here
+    reference_fractions: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.roofline not in ROOFLINES:
             raise InferenceModelError(f"unknown roofline {self.roofline!r} ({', '.join(ROOFLINES)})")
-        if self.method not in ("learned", "rule"):
-            raise InferenceModelError(f"unknown method {self.method!r} (learned, rule)")
+        if self.method not in UNSEEN_METHODS:
+            raise InferenceModelError(f"unknown method {self.method!r} ({', '.join(UNSEEN_METHODS)})")
+        if self.method == "nearest-factor" and not self.gpu_factors:
+            raise InferenceModelError("a nearest-factor model needs its GPUs' factors")
+        if not (isinstance(self.nearest_p90_factor, int | float) and math.isfinite(self.nearest_p90_factor)
+                and self.nearest_p90_factor >= 0):
+            raise InferenceModelError(f"nearest_p90_factor must be a number >= 0, not {self.nearest_p90_factor!r}")
         if self.seen_method not in ("", "learned", "gpu-factor"):
             raise InferenceModelError(f"unknown seen_method {self.seen_method!r} (learned, gpu-factor)")
         if self.seen_method == "gpu-factor" and not self.gpu_factors:
@@ -254,35 +293,139 @@ class InferenceStepModel:
         near = {g: d for g, d in near.items() if d <= math.log(SIBLING_BANDWIDTH)}
         return min(near, key=near.__getitem__) if near else None
 
-    def method_for(self, gpu_name: str, bandwidth: float = 0.0) -> str:
+    def nearest(self, gpu_name: str, bandwidth: float = 0.0, peak: float = 0.0) -> str | None:
+        """The measured GPU (of ``gpu_factors``, with figures in :data:`~dprobe.core.gpus.GPUS`) nearest to a
+        GPU of this name, bandwidth and fp16 tensor-core peak (bytes/s, FLOP/s): one of the same
+        architecture (:func:`~dprobe.core.gpus.generation`) first, then the least distance between the logs of
+        the bandwidths and of the peaks (a figure not given, 0, is left out). None for a GPU of this model's
+        own rows or a model without GPU factors."""
+        known = {s.name: s for s in GPUS.values()}
+        measured = [g for g in self.gpu_factors if g in known]
+        if not measured or gpu_name in self.gpu_factors:
+            return None
+        arch = generation(gpu_name)
+
+        def distance(g: str) -> tuple[bool, float]:
+            s = known[g]
+            d = (math.log(s.bandwidth / bandwidth) ** 2 if bandwidth > 0 else 0.0) + \
+                (math.log(s.peak_half("fp16") / peak) ** 2 if peak > 0 else 0.0)
+            return (arch == "unknown" or generation(g) != arch, d)
+
+        return min(sorted(measured), key=distance)
+
+    def method_for(self, gpu_name: str, bandwidth: float = 0.0, peak: float = 0.0, calibrated: bool = False) -> str:
         """The method that predicts a step on the GPU of this spec name: ``seen_method`` on a GPU of its
-        rows; ``sibling-factor`` (a measured GPU of the same architecture's factor) where the GPU factor runs
-        on seen GPUs and the GPU has such a sibling; else ``method``."""
+        rows; ``calibrated`` on a GPU whose spec carries measured figures (``dprobe gpu calibrate``) where
+        there are measured GPUs' factors; ``sibling-factor`` (a measured GPU of the same architecture's
+        factor) where the GPU factor runs on seen GPUs and the GPU has such a sibling; else ``method``
+        (``learned``, ``rule`` or ``nearest-factor``)."""
         if self.seen_method and gpu_name in self.gpu_factors:
             return self.seen_method
+        if calibrated and self.nearest(gpu_name, bandwidth, peak):
+            return "calibrated"
         if self.seen_method == "gpu-factor" and self.sibling(gpu_name, bandwidth):
             return "sibling-factor"
         return self.method
 
+    def method_for_spec(self, spec: GPUSpec) -> str:
+        """:meth:`method_for` of a GPU spec."""
+        return self.method_for(spec.name, spec.bandwidth, spec.peak_half("fp16"), spec.calibration is not None)
+
+    def anchor(self, gpu_name: str, bandwidth: float = 0.0, peak: float = 0.0, calibrated: bool = False) -> str:
+        """The measured GPU whose factor a GPU's step takes (its own, a sibling's or the nearest's), "" where
+        none does (the rule or the learned correction)."""
+        method = self.method_for(gpu_name, bandwidth, peak, calibrated)
+        if method == "gpu-factor":
+            return gpu_name if gpu_name in self.gpu_factors else ""
+        if method == "sibling-factor":
+            return self.sibling(gpu_name, bandwidth) or ""
+        if method in ("nearest-factor", "calibrated"):
+            return self.nearest(gpu_name, bandwidth, peak) or ""
+        return ""
+
     def log_factor(self, x: pd.DataFrame) -> np.ndarray:
         """log(step / roofline) of each row of :func:`feature_frame`."""
         gpus = _gpus(x)
-        methods = np.array([self.method_for(g, b) for g, b in gpus])
+        methods = np.array([self.method_for(*g) for g in gpus])
         out = np.full(len(x), math.log(self.rule_factor))
         if (methods == "learned").any():
+            if self._booster is None:
+                raise InferenceModelError("a learned method needs the model's booster")
             learned = np.asarray(self._booster.predict(x[FEATURES]), dtype=float)
             out = np.where(methods == "learned", learned, out)
-        if np.isin(methods, ("gpu-factor", "sibling-factor")).any():
-            own = [self.gpu_factors.get(self.sibling(g, b) or g, self.rule_factor) for g, b in gpus]
-            out = np.where(np.isin(methods, ("gpu-factor", "sibling-factor")), np.log(own), out)
+        anchored = np.isin(methods, FACTOR_METHODS)
+        if anchored.any():
+            own = [self.gpu_factors.get(self.anchor(*g), self.rule_factor) for g in gpus]
+            out = np.where(anchored, np.log(own), out)
         return out
 
     def p90_factors(self, x: pd.DataFrame) -> np.ndarray:
         """The p90 / p50 factor of each row: the GPU factor's own on a GPU with one, widened by the spread
-        between the measured GPUs' factors on a sibling, else ``p90_factor``."""
+        between the measured GPUs' factors on a sibling, by the nearest GPU's left-one-GPU-out spread
+        (:attr:`nearest_p90_factor`) where the nearest GPU's factor runs, else ``p90_factor``."""
         spread = self.between_gpu_spread()
-        widen = {"gpu-factor": self.gpu_p90_factor, "sibling-factor": self.gpu_p90_factor * spread}
-        return np.array([widen.get(self.method_for(g, b), self.p90_factor) for g, b in _gpus(x)])
+        nearest = self.nearest_p90_factor or self.gpu_p90_factor * spread
+        widen = {"gpu-factor": self.gpu_p90_factor, "sibling-factor": self.gpu_p90_factor * spread,
+                 "nearest-factor": nearest, "calibrated": nearest}
+        return np.array([widen.get(self.method_for(*g), self.p90_factor) for g in _gpus(x)])
+
+    def roofline_spec(self, spec: GPUSpec) -> GPUSpec:
+        """The figures a GPU's roofline is put on: its spec sheet's, or for a calibrated GPU (of no row of
+        this model) its measured peaks (:func:`~dprobe.core.gpus.measured_spec`) divided by the share of
+        its spec sheet the nearest measured GPU reached in its own calibration
+        (:attr:`reference_fractions`), so that the nearest GPU's factor, learnt against its spec-sheet
+        roofline, applies. Where the nearest GPU has no calibration, that share is taken as this GPU's own
+        median share (its figures' balance is the measurement's, its overall level the spec sheet's)."""
+        if spec.calibration is None or self.method_for_spec(spec) != "calibrated":
+            return spec
+        own = fractions_of_peak(spec, spec.calibration)
+        anchor = self.anchor(spec.name, spec.bandwidth, spec.peak_half("fp16"), True)
+        ref = self.reference_fractions.get(anchor) or {}
+        typical = float(np.median(list((ref or own).values()))) if (ref or own) else 1.0
+        m = measured_spec(spec)
+
+        def scaled(value: float, key: str) -> float:  # a figure not measured keeps the spec sheet's
+            return value / ref.get(key, typical) if key in own else value
+
+        half = scaled(m.peak_half("fp16"), "fp16")
+        return replace(m, peak_flops_fp32=scaled(m.peak_flops_fp32, "fp32"),
+                       peak_flops_tf32=scaled(m.peak_flops_tf32, "tf32"),
+                       peak_flops_bf16=scaled(m.peak_flops_bf16, "bf16"), peak_flops_fp16=half,
+                       bandwidth=scaled(m.bandwidth, "bandwidth"))
+
+    def explain(self, spec: GPUSpec) -> tuple[str, str]:
+        """``(method, why)`` of a step on ``spec``'s GPU: the method :meth:`method_for` picks and one
+        sentence saying why (which measured GPU anchors it, and the figures its choice was made on)."""
+        method = self.method_for_spec(spec)
+        anchor = self.anchor(spec.name, spec.bandwidth, spec.peak_half("fp16"), spec.calibration is not None)
+        factor = self.gpu_factors.get(anchor, self.rule_factor)
+        if method == "calibrated":
+            ref = "its own calibration" if anchor in self.reference_fractions else (
+                "this GPU's median share of its spec sheet (no calibration of it ships)")
+            why = (f"step time: the roofline on this GPU's measured peaks (dprobe gpu calibrate) times the factor of "
+                   f"the nearest measured GPU, {anchor} (x{factor:.2f}), whose share of its spec sheet is taken from "
+                   f"{ref}; p90 widened by the spread between GPUs (x{self._nearest_p90():.2f}, not yet validated "
+                   "on a calibrated GPU)")
+        elif method == "nearest-factor":
+            why = (f"step time: the roofline times the factor of the nearest measured GPU, {anchor} (x{factor:.2f}), "
+                   f"its p90 widened by the spread between GPUs left out in turn (x{self._nearest_p90():.2f}); it "
+                   "beat the learned correction and the rule on every GPU left out")
+        elif method == "learned" and not (self.seen_method and spec.name in self.gpu_factors):
+            folds = (self.cv.get("folds") or {}).get("gpu") or []
+            versus = ""
+            if folds and all("nearest" in f for f in folds):
+                near = " / ".join(f"{f['nearest']:.1f}" for f in folds)
+                learned = " / ".join(f"{f['model']:.1f}" for f in folds)
+                versus = (f"; the nearest measured GPU's factor did not beat it on every GPU left out (MAPE {near} % "
+                          f"against {learned} %)")
+            why = (f"{METHOD_NOTES['learned']}{versus}; calibrating the GPU (dprobe gpu calibrate) anchors it to "
+                   "measured figures")
+        else:
+            why = METHOD_NOTES[method]
+        return method, why
+
+    def _nearest_p90(self) -> float:
+        return self.nearest_p90_factor or self.gpu_p90_factor * self.between_gpu_spread()
 
     def between_gpu_spread(self) -> float:
         """How far one measured GPU's factor lies from the others' (geometric) mean, at most, as a factor:
@@ -304,6 +447,11 @@ class InferenceStepModel:
     def as_learned(self) -> InferenceStepModel:
         """The same fit scored as the learned correction on every GPU."""
         return replace(self, method="learned", seen_method="")
+
+    def as_nearest(self) -> InferenceStepModel:
+        """The same fit scored as the nearest measured GPU's factor on a GPU of no row (each GPU's own factor
+        on its rows)."""
+        return replace(self, method="nearest-factor", seen_method="gpu-factor", booster_text=None)
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "features": FEATURES, **asdict(self)}
@@ -334,7 +482,10 @@ class InferenceStepModel:
             return cls(**{k: data[k] for k in keys}, cv=dict(data.get("cv") or {}),
                        roofline=str(data.get("roofline", "plain")),
                        gpu_factors={str(k): v for k, v in dict(data.get("gpu_factors") or {}).items()},
-                       gpu_p90_factor=data.get("gpu_p90_factor", 1.0), seen_method=str(data.get("seen_method", "")))
+                       gpu_p90_factor=data.get("gpu_p90_factor", 1.0), seen_method=str(data.get("seen_method", "")),
+                       nearest_p90_factor=data.get("nearest_p90_factor", 0.0),
+                       reference_fractions={str(k): {str(f): float(v) for f, v in dict(d).items()}
+                                            for k, d in dict(data.get("reference_fractions") or {}).items()})
         except InferenceModelError as exc:
             raise InferenceModelError(f"{path}: {exc}") from exc
 
@@ -359,10 +510,13 @@ def _gpu_names(x: pd.DataFrame) -> list[str]:
     return list(x["gpu_name"]) if "gpu_name" in x else [""] * len(x)
 
 
-def _gpus(x: pd.DataFrame) -> list[tuple[str, float]]:
-    """Each row's GPU: its spec's name and memory bandwidth."""
-    bandwidth = list(x["gpu_bandwidth"]) if "gpu_bandwidth" in x else [0.0] * len(x)
-    return list(zip(_gpu_names(x), bandwidth, strict=True))
+def _gpus(x: pd.DataFrame) -> list[tuple[str, float, float, bool]]:
+    """Each row's GPU: its spec's name, memory bandwidth, fp16 tensor-core peak and whether it is calibrated."""
+    def col(name: str, default: Any) -> list[Any]:
+        return list(x[name]) if name in x else [default] * len(x)
+
+    return list(zip(_gpu_names(x), col("gpu_bandwidth", 0.0), col("gpu_peak", 0.0),
+                    [bool(c) for c in col("gpu_calibrated", False)], strict=True))
 
 
 def _predict(model: InferenceStepModel, x: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -373,12 +527,13 @@ def _predict(model: InferenceStepModel, x: pd.DataFrame) -> tuple[np.ndarray, np
 def predict_inference_step(est: ReplayEstimate, precision: str, gpu: GPUSpec, *,
                            model: InferenceStepModel | None = None) -> tuple[float, float]:
     """p50 and p90 (seconds) of one inference step (the forward of ``est``'s batch, eval mode, autocast at
-    ``precision``) on ``gpu``, from the replay and the GPU's spec sheet. ``model``: None for the shipped
-    one; its features are put on the replay roofline it was fitted on (``model.roofline``)."""
+    ``precision``) on ``gpu``, from the replay and the GPU's spec sheet (a calibrated GPU's: its measured
+    peaks, :meth:`InferenceStepModel.roofline_spec`). ``model``: None for the shipped one; its features are
+    put on the replay roofline it was fitted on (``model.roofline``)."""
     if not est.ops:
         raise ValueError("the replay holds no kernels (an estimate from an older dprobe, without ops?)")
     model = model or default_model()
-    p50, p90 = predict_frame(feature_frame([est], precision, gpu, model.roofline), model=model)
+    p50, p90 = predict_frame(feature_frame([est], precision, model.roofline_spec(gpu), model.roofline), model=model)
     return float(p50[0]), float(p90[0])
 
 
@@ -419,14 +574,14 @@ def _fit_core(runs: pd.DataFrame, x: pd.DataFrame) -> tuple[float, str, dict[str
     return float(np.median(np.exp(y))), booster.model_to_string(), per_gpu
 
 
-def _p90_factor(log_ratios: list[np.ndarray]) -> float:
+def p90_factor(log_ratios: list[np.ndarray]) -> float:
     """The 90th percentile of held-out log(measured / p50), each left-out group weighed alike, as a
     factor (at least 1)."""
     values = np.concatenate(log_ratios)
     weights = np.concatenate([np.full(len(r), 1.0 / len(r)) for r in log_ratios])
     order = np.argsort(values)
     cum = np.cumsum(weights[order]) / weights.sum()
-    return float(np.exp(max(values[order][min(np.searchsorted(cum, 0.9), len(values) - 1)], 0.0)))
+    return float(np.exp(max(values[order][min(int(np.searchsorted(cum, 0.9)), len(values) - 1)], 0.0)))
 
 
 def _inner_groups(runs: pd.DataFrame) -> list[np.ndarray]:
@@ -452,6 +607,7 @@ def _fit(runs: pd.DataFrame, x: pd.DataFrame, roofline: str = "plain") -> Infere
         inner = InferenceStepModel(f, 1.0, 1.0, b, "learned", [], len(train))
         learned_lr.append(np.log(y_all[test] / _predict(inner, x.iloc[test])[0]))
         rule_lr.append(np.log(y_all[test] / _predict(inner.as_rule(), x.iloc[test])[0]))
+    nearest_lr = _nearest_log_ratios(x, y_all, rule_factor)
     gpu_lr = []  # the GPU factor's spread on families it never saw, on GPUs it has
     for _, train, test in cv_folds(runs, by="family") if runs["family"].nunique() > 1 else []:
         names = np.array(_gpu_names(x))
@@ -459,11 +615,33 @@ def _fit(runs: pd.DataFrame, x: pd.DataFrame, roofline: str = "plain") -> Infere
                    for g in set(names[train])}
         pred = x["roof"].to_numpy()[test] * np.array([factors.get(g, rule_factor) for g in names[test]])
         gpu_lr.append(np.log(y_all[test] / pred))
-    learned_p90 = _p90_factor(learned_lr) if learned_lr else 1.0
-    rule_p90 = _p90_factor(rule_lr) if rule_lr else 1.0
+    learned_p90 = p90_factor(learned_lr) if learned_lr else 1.0
+    rule_p90 = p90_factor(rule_lr) if rule_lr else 1.0
     return InferenceStepModel(rule_factor, learned_p90, rule_p90, booster, "learned",
                               sorted(runs["gpu"].unique()), len(runs), roofline=roofline, gpu_factors=per_gpu,
-                              gpu_p90_factor=_p90_factor(gpu_lr) if gpu_lr else 1.0)
+                              gpu_p90_factor=p90_factor(gpu_lr) if gpu_lr else 1.0,
+                              nearest_p90_factor=p90_factor(nearest_lr) if nearest_lr else 0.0)
+
+
+def _nearest_log_ratios(x: pd.DataFrame, y: np.ndarray, rule_factor: float) -> list[np.ndarray]:
+    """log(measured / p50) of each fitting GPU's rows predicted by the nearest *other* fitting GPU's factor
+    (:meth:`InferenceStepModel.nearest`), one array per GPU: the spread between GPUs that a GPU of no row
+    risks (empty with fewer than two GPUs)."""
+    names = np.array(_gpu_names(x))
+    roof = x["roof"].to_numpy(dtype=float)
+    gpus = sorted(g for g in set(names) if g)
+    factors = {g: float(np.median(y[names == g] / roof[names == g])) for g in gpus}
+    out = []
+    for g in gpus if len(gpus) > 1 else []:
+        others = InferenceStepModel(rule_factor, 1.0, 1.0, None, "nearest-factor", [], 0,
+                                    gpu_factors={o: f for o, f in factors.items() if o != g}, seen_method="gpu-factor")
+        mine = names == g
+        first = int(np.flatnonzero(mine)[0])
+        near = others.nearest(g, float(x["gpu_bandwidth"].iloc[first]), float(x["gpu_peak"].iloc[first]))
+        if near is None:
+            continue
+        out.append(np.log(y[mine] / (roof[mine] * factors[near])))
+    return out
 
 
 def fit(runs: pd.DataFrame, ests: list[ReplayEstimate], roofline: str = "plain") -> InferenceStepModel:
@@ -498,6 +676,8 @@ class FoldResult:
     rule: Scores
     model: Scores
     gpu_factor: Scores
+    nearest: Scores | None = None  # the nearest measured GPU's factor, p90 widened by the spread between GPUs
+    nearest_sibling: Scores | None = None  # the same p50, p90 widened as the sibling rule widens it
 
 
 def scores(measured: np.ndarray, p50: np.ndarray, p90: np.ndarray) -> Scores:
@@ -515,8 +695,11 @@ def held_out_predictions(runs: pd.DataFrame, ests: list[ReplayEstimate], by: str
     and the rule fitted on the other rows only (their p90 factors from an inner cross-validation of those
     rows), through :func:`predict_frame` (:func:`predict_inference_step`'s path). Columns ``fold``,
     ``measured``, ``roofline``, ``rule_p50``, ``rule_p90``, ``model_p50``, ``model_p90``, ``gpu_factor_p50``,
-    ``gpu_factor_p90`` (the GPU's own factor; the rule's on a GPU left out), in ``runs``' order; ``model`` is
-    the learned correction on every GPU.
+    ``gpu_factor_p90`` (the GPU's own factor; the rule's on a GPU left out), ``nearest_p50``, ``nearest_p90``
+    (the nearest measured GPU's factor on a GPU left out, its p90 from the spread between the fitting GPUs
+    left out in turn; the GPU's own factor on a GPU with rows), ``nearest_sibling_p90`` (that p50 with the
+    sibling rule's widening: the GPU factor's p90 times the spread between factors) and ``nearest_gpu`` (the
+    GPU whose factor it took), in ``runs``' order; ``model`` is the learned correction on every GPU.
     ``roofline``: the replay roofline the features (and the column ``roofline``) are computed on."""
     from dprobe.profiling.coldstart.timm_infer import cv_folds
 
@@ -524,14 +707,21 @@ def held_out_predictions(runs: pd.DataFrame, ests: list[ReplayEstimate], by: str
     x = _frame(runs, ests, roofline)
     out = pd.DataFrame({"fold": "", "measured": runs["step_time_s"].to_numpy(dtype=float),
                         "roofline": x["roof"].to_numpy(dtype=float)})
-    for col in ("rule_p50", "rule_p90", "model_p50", "model_p90", "gpu_factor_p50", "gpu_factor_p90"):
+    for col in ("rule_p50", "rule_p90", "model_p50", "model_p90", "gpu_factor_p50", "gpu_factor_p90",
+                "nearest_p50", "nearest_p90", "nearest_sibling_p90"):
         out[col] = np.nan
+    out["nearest_gpu"] = ""
     for name, train, test in cv_folds(runs, by=by):
         model = _fit(runs.iloc[train], x.iloc[train], roofline)
         out.loc[test, "fold"] = name
-        for kind, m in (("rule", model.as_rule()), ("model", model.as_learned()), ("gpu_factor", model.as_gpu_factor())):
+        for kind, m in (("rule", model.as_rule()), ("model", model.as_learned()), ("gpu_factor", model.as_gpu_factor()),
+                        ("nearest", model.as_nearest())):
             p50, p90 = predict_frame(x.iloc[test], model=m)
             out.loc[test, f"{kind}_p50"], out.loc[test, f"{kind}_p90"] = p50, p90
+        # the same p50 with the sibling rule's widening (the GPU factor's p90 times the spread between factors)
+        sibling = replace(model.as_nearest(), nearest_p90_factor=0.0)
+        out.loc[test, "nearest_sibling_p90"] = predict_frame(x.iloc[test], model=sibling)[1]
+        out.loc[test, "nearest_gpu"] = [model.anchor(*g) for g in _gpus(x.iloc[test])]
     return out
 
 
@@ -550,14 +740,18 @@ def crossval(runs: pd.DataFrame, ests: list[ReplayEstimate], by: str, roofline: 
                               scores(y, t["roofline"].to_numpy(), t["roofline"].to_numpy()),
                               scores(y, t["rule_p50"].to_numpy(), t["rule_p90"].to_numpy()),
                               scores(y, t["model_p50"].to_numpy(), t["model_p90"].to_numpy()),
-                              scores(y, t["gpu_factor_p50"].to_numpy(), t["gpu_factor_p90"].to_numpy())))
+                              scores(y, t["gpu_factor_p50"].to_numpy(), t["gpu_factor_p90"].to_numpy()),
+                              scores(y, t["nearest_p50"].to_numpy(), t["nearest_p90"].to_numpy()),
+                              scores(y, t["nearest_p50"].to_numpy(), t["nearest_sibling_p90"].to_numpy())))
     return out
 
 
 def summarise(results: list[FoldResult]) -> dict[str, dict[str, dict[str, float]]]:
     """Mean, min and max over folds of each predictor's scores."""
     out: dict[str, dict[str, dict[str, float]]] = {}
-    for kind in ("roofline", "rule", "model", "gpu_factor"):
+    for kind in ("roofline", "rule", "model", "gpu_factor", "nearest", "nearest_sibling"):
+        if any(getattr(r, kind) is None for r in results):
+            continue
         vals = [asdict(getattr(r, kind)) for r in results]
         out[kind] = {k: {"mean": float(np.mean([v[k] for v in vals])), "min": float(np.min([v[k] for v in vals])),
                          "max": float(np.max([v[k] for v in vals]))} for k in vals[0]}
@@ -579,9 +773,13 @@ def load_rows(directory: str | Path) -> tuple[pd.DataFrame, list[ReplayEstimate]
 
 def choose(folds: dict[str, list[FoldResult]]) -> tuple[str, str]:
     """``(method, seen_method)``: on a GPU never seen the learned correction where its MAPE beat the rule's
-    on every GPU left out, else the rule; on a GPU with rows the learned correction where it beat the GPU
+    on every GPU left out, else the rule; that one replaced by the nearest measured GPU's factor where its
+    MAPE beat it on every GPU left out too; on a GPU with rows the learned correction where it beat the GPU
     factor's on every fifth of the families left out, else the GPU factor."""
     unseen = "learned" if all(f.model.mape < f.rule.mape for f in folds["gpu"]) else "rule"
+    current = {"learned": "model", "rule": "rule"}[unseen]
+    if folds["gpu"] and all(f.nearest is not None and f.nearest.mape < getattr(f, current).mape for f in folds["gpu"]):
+        unseen = "nearest-factor"
     seen = "learned" if all(f.model.mape < f.gpu_factor.mape for f in folds["family"]) else "gpu-factor"
     return unseen, seen
 
@@ -598,7 +796,8 @@ def fit_shipped(directory: str | Path, roofline: str = SHIPPED_ROOFLINE) -> Infe
                     p90_factor=model.p90_factor if method == "learned" else model.rule_p90_factor)
     model.cv = {"data": Path(directory).name, **{by: summarise(f) for by, f in folds.items()},
                 "folds": {by: [{"fold": r.fold, **{k: asdict(getattr(r, k))["mape"] for k in
-                                                   ("roofline", "rule", "model", "gpu_factor")}} for r in f]
+                                                   ("roofline", "rule", "model", "gpu_factor", "nearest")
+                                                   if getattr(r, k) is not None}} for r in f]
                           for by, f in folds.items()}}
     return model
 

@@ -37,13 +37,15 @@ def job_inputs(model: str, batch: int, precision: str = "fp32", optimizer: str =
     """The job's replay under ``stack`` (its attention kernels; cached under ``cache_dir``; ``est``: one
     already made, e.g. a benchmark's cached replay or an ONNX graph's estimate), its features on ``gpu``'s
     roofline with the stack's ``cudnn.benchmark``, on a host ``host_factor`` times as slow as the typical
-    one, and the analytical estimate. The memory format is not a feature (the corrections know NCHW).
+    one, and the analytical estimate. The memory format is replayed (channels-last: the model and its images
+    in ``torch.channels_last``), not a feature (the corrections know NCHW).
     ``roofline``: the replay roofline of the features and the estimate
     (:func:`~dprobe.profiling.coldstart.features.op_seconds`; the shipped profiler learnt on ``plain``)."""
     if est is None:
         est = analytical_for(model, batch, precision, optimizer, image=image, seq=seq, config_kwargs=config_kwargs,
-                             cache_dir=cache_dir, grad_checkpointing=grad_checkpointing, attention=stack.attention)
-    feats = job_features(est, batch, precision, optimizer, gpu, cudnn_benchmark=stack.cudnn_benchmark,
-                         roofline=roofline)
-    feats = with_host_factor(np.array(feats), math.log(host_factor))
+                             cache_dir=cache_dir, grad_checkpointing=grad_checkpointing, attention=stack.attention,
+                             memory_format=stack.memory_format)
+    row = job_features(est, batch, precision, optimizer, gpu, cudnn_benchmark=stack.cudnn_benchmark,
+                       roofline=roofline)
+    feats = with_host_factor(np.array(row), math.log(host_factor))
     return JobInputs(est=est, feats=feats, base=baseline(est, feats), gpu=gpu, stack=stack)

@@ -100,6 +100,12 @@ def kernel_graph(est: Any, precision: str, gpu: str | GPUSpec, y: float | None =
     training step's fused attention is two nodes, its forward and its backward (:func:`training_graph`)."""
     spec = _gpu(gpu)
     ops = np.asarray(est.ops, dtype=np.float64).reshape(-1, 5)
+    flops: np.ndarray  # per node (float; cls and phase: int)
+    moved: np.ndarray
+    roof: np.ndarray
+    count: np.ndarray
+    cls: np.ndarray
+    phase: np.ndarray
     if len(ops):
         peak = op_peaks(ops, precision, spec)
         roof = np.maximum(ops[:, 3] / peak, ops[:, 4] / spec.bandwidth) + LAUNCH_S
@@ -205,10 +211,11 @@ class KernelGNN(nn.Module):
             GINConv(nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, hidden)))
             for _ in range(layers))
         self.norms = nn.ModuleList(nn.LayerNorm(hidden) for _ in range(layers))
+        out = nn.Linear(hidden, 1)
         self.head = nn.Sequential(nn.Linear(2 * hidden + node_features + CONTEXT, hidden), nn.ReLU(),
-                                  nn.Dropout(dropout), nn.Linear(hidden, 1))
-        nn.init.zeros_(self.head[-1].weight)
-        nn.init.zeros_(self.head[-1].bias)
+                                  nn.Dropout(dropout), out)
+        nn.init.zeros_(out.weight)
+        nn.init.zeros_(out.bias)
         self.log_factor = nn.Parameter(torch.zeros(()))  # b: the rule's log factor
         self.log_host = nn.Parameter(torch.tensor(math.log(1e-6)))  # host seconds per kernel
 
@@ -298,7 +305,7 @@ def predict_kernel_gnn(fitted: FittedKernelGNN | KernelGNN, graphs: Sequence[Dat
     return out[index]
 
 
-def _grouped(graphs: Sequence[Data], y: Sequence[float] | None
+def _grouped(graphs: Sequence[Data], y: Sequence[float] | np.ndarray | None
              ) -> tuple[list[Data], np.ndarray, np.ndarray, np.ndarray]:
     """The distinct graph objects, each row's index among them, and per distinct graph the mean log of its
     rows' targets and their count (a step measured on two stacks of one GPU: one graph, two targets)."""
@@ -317,14 +324,15 @@ def _grouped(graphs: Sequence[Data], y: Sequence[float] | None
     return uniq, index, mean_log, count
 
 
-def _targets(graphs: Sequence[Data], y: Sequence[float] | None) -> np.ndarray:
+def _targets(graphs: Sequence[Data], y: Sequence[float] | np.ndarray | None) -> np.ndarray:
     if y is not None:
         return np.asarray(y, dtype=np.float64)
     return np.array([float(g.y) for g in graphs])
 
 
-def fit_kernel_gnn(graphs: Sequence[Data], y: Sequence[float] | None = None,
-                   val_graphs: Sequence[Data] | None = None, val_y: Sequence[float] | None = None,
+def fit_kernel_gnn(graphs: Sequence[Data], y: Sequence[float] | np.ndarray | None = None,
+                   val_graphs: Sequence[Data] | None = None,
+                   val_y: Sequence[float] | np.ndarray | None = None,
                    epochs: int = 20, batch_size: int = 32, lr: float = 3e-3, hidden: int = 32, layers: int = 3,
                    spec_features: bool = True, dropout: float = 0.1, seed: int = 0,
                    max_seconds: float | None = None, weight_decay: float = 1e-4,
@@ -342,13 +350,13 @@ def fit_kernel_gnn(graphs: Sequence[Data], y: Sequence[float] | None = None,
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     model = KernelGNN(hidden, layers, spec_features, dropout, node_features=int(graphs[0].x.shape[1]))
-    y = _targets(graphs, y)
-    uniq, index, mean_log, count = _grouped(graphs, y)
+    measured = _targets(graphs, y)
+    uniq, index, mean_log, count = _grouped(graphs, measured)
     roof = np.array([float(g.roof.sum()) for g in uniq])
     with torch.no_grad():
-        model.log_factor.fill_(float(np.mean(np.log(y) - np.log(roof[index]))))
+        model.log_factor.fill_(float(np.mean(np.log(measured) - np.log(roof[index]))))
     target, weight = torch.tensor(mean_log), torch.tensor(count)
-    val_y = _targets(val_graphs, val_y) if val_graphs else None
+    val_steps = _targets(val_graphs, val_y) if val_graphs else np.zeros(0)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     steps = epochs * math.ceil(len(uniq) / batch_size)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=max(steps, 1), pct_start=0.1)
@@ -373,7 +381,7 @@ def fit_kernel_gnn(graphs: Sequence[Data], y: Sequence[float] | None = None,
         rec = {"epoch": epoch, "train": total / float(weight.sum()), "seconds": time.perf_counter() - t0}
         if val_graphs and keep_best:
             pred = predict_kernel_gnn(model, val_graphs)
-            rec["val"] = float(np.mean((np.log(pred) - np.log(val_y)) ** 2))
+            rec["val"] = float(np.mean((np.log(pred) - np.log(val_steps)) ** 2))
             if rec["val"] < best:
                 best, best_state = rec["val"], copy.deepcopy(model.state_dict())
         fitted.history.append(rec)
@@ -382,7 +390,7 @@ def fit_kernel_gnn(graphs: Sequence[Data], y: Sequence[float] | None = None,
     if best_state is not None:
         model.load_state_dict(best_state)
     model.eval()
-    ref, ref_y = (val_graphs, val_y) if val_graphs else (graphs, y)
+    ref, ref_y = (val_graphs, val_steps) if val_graphs else (graphs, measured)
     fitted.p90_factor = float(np.quantile(ref_y / predict_kernel_gnn(model, ref), 0.9))
     fitted.seconds = time.perf_counter() - t0
     return fitted

@@ -189,10 +189,10 @@ def crossval_training_gnn(ds: Any, graphs: list, folds: int | None = 20, seed: i
     y = ds.y[:, TARGETS.index("step_time_seconds")]
     plans, tests = [], []
     for test in held_out_groups(fams, folds, seed):
-        train = np.isin(fams, sorted(set(fams) - set(fams[test])))
+        others = np.isin(fams, sorted(set(fams) - set(fams[test])))
         if trainable is not None:
-            train &= trainable
-        train = np.flatnonzero(train & np.isfinite(y) & (y > 0))
+            others &= trainable
+        train = np.flatnonzero(others & np.isfinite(y) & (y > 0))
         factors = host_factors(ds, train)
         scale = np.exp([factors.get(m, 0.0) for m in ds.machines])
         test = test[scored[test]]

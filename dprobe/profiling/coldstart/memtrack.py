@@ -66,6 +66,19 @@ def conv_workspace_bytes(func: Any, args: tuple) -> int:
     return int(sum(t.numel() * t.element_size() for t in operands if isinstance(t, torch.Tensor)))
 
 
+def conv_output_format(func: Any, args: tuple, out: Any) -> Any:
+    """A convolution's output in the memory format CUDA gives it: channels-last where its input or weight is
+    (cuDNN's ``cudnn_conv_suggest_memory_format``). PyTorch's meta kernel leaves every output contiguous,
+    which would make a channels-last model's replay channels-first after its first convolution."""
+    if func._overloadpacket is not torch.ops.aten.convolution or not isinstance(out, torch.Tensor) or out.dim() != 4:
+        return out
+    operands = [a for a in args[:2] if isinstance(a, torch.Tensor) and a.dim() == 4]
+    if not any(a.is_contiguous(memory_format=torch.channels_last) and not a.is_contiguous() for a in operands):
+        return out
+    n, c, h, w = out.shape
+    return torch.empty_strided(out.shape, (h * w * c, 1, w * c, c), dtype=out.dtype, device=out.device)
+
+
 def round_alloc(nbytes: int) -> int:
     """CUDA caching allocator request rounding (multiples of 512 bytes)."""
     return max(ALIGN, (int(nbytes) + ALIGN - 1) // ALIGN * ALIGN) if nbytes > 0 else 0
@@ -141,7 +154,7 @@ class MemoryTracker(RememberingMode):
         kwargs = kwargs or {}
         workspace = conv_workspace_bytes(func, args)
         scratch = self._alloc(workspace) if workspace else None
-        out = call_on_meta(func, args, kwargs)
+        out = conv_output_format(func, args, call_on_meta(func, args, kwargs))
         outs = tensors_of(out)
         for t in outs:
             self.track(t)

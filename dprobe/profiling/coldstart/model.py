@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -30,13 +30,21 @@ def standardise(feats: torch.Tensor, mu: torch.Tensor, sd: torch.Tensor) -> torc
     return torch.where(sd > SD_FLOOR, (feats - mu) / sd, torch.zeros_like(feats))
 
 
-def constant_features(mu_sd_holder: nn.Module) -> list[int]:
+class Standardised(Protocol):
+    """A network holding its training features' spread (its ``sd`` buffer)."""
+
+    sd: torch.Tensor
+
+
+def constant_features(mu_sd_holder: Standardised) -> list[int]:
     """Indices of the features that were constant over a model's training runs (see :func:`standardise`)."""
     return torch.nonzero(mu_sd_holder.sd <= SD_FLOOR).flatten().tolist()
 
 
 class ResidualHead(nn.Module):
     """MLP + linear path from a subset of the features to ``[n, k, 2]`` raw residual outputs of k targets."""
+
+    features: torch.Tensor  # a buffer: the indices of the features it sees
 
     def __init__(self, features: list[int], n_targets: int, hidden: int, graph_dim: int, dropout: float) -> None:
         super().__init__()
@@ -58,6 +66,9 @@ class ColdStartModel(nn.Module):
     targets has a head of its own that sees only its features (``groups``: (target indices, feature
     indices) pairs; default one head for all), so that e.g. timing features cannot bend memory residuals.
     """
+
+    mu: torch.Tensor  # buffers: the training features' mean and spread (standardise)
+    sd: torch.Tensor
 
     def __init__(self, n_features: int, hidden: int = 32, graph_dim: int = 8, layers: int = 2,
                  dropout: float = 0.1, groups: list[tuple[list[int], list[int]]] | None = None) -> None:
@@ -92,6 +103,8 @@ class ColdStartEnsemble(nn.Module):
     as much as on the data; the average of a handful is steadier on new families.
     """
 
+    p90_shift: torch.Tensor  # a buffer
+
     def __init__(self, members: list[ColdStartModel]) -> None:
         super().__init__()
         self.members = nn.ModuleList(members)
@@ -119,8 +132,5 @@ def build_member(hp: dict[str, Any], n_features: int) -> ColdStartModel:
 
 
 def pinball(pred: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    loss = 0.0
-    for i, q in enumerate(QUANTILES):
-        err = target - pred[..., i]
-        loss = loss + (pinball_terms(err, q) * weights).mean()
-    return loss
+    return torch.stack([(pinball_terms(target - pred[..., i], q) * weights).mean()
+                        for i, q in enumerate(QUANTILES)]).sum()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -30,8 +30,6 @@ DEFAULT_CHECKPOINT = Path(__file__).with_name("default_coldstart.pt")
 ONNX_NOTE = ("ONNX file: the step is estimated from the graph's nodes, not replayed; an export for inference "
              "(batch norms folded, no dropout) comes out low on memory: export with "
              "training=torch.onnx.TrainingMode.TRAINING (docs/graph-and-coldstart.md)")
-NHWC_NOTE = ("memory format nhwc: the learned corrections know NCHW runs only, so the step is predicted as in "
-             "NCHW (timm's RTX 3090 benchmark: channels-last steps took 0.71-2.2 times the NCHW step, median 0.91)")
 
 
 @dataclass(frozen=True)
@@ -40,6 +38,27 @@ class Band:
 
     p50: float
     p90: float
+
+
+class Bands(TypedDict):
+    """The four targets' bands, keyed as :class:`JobPrediction`'s fields (``**bands`` fills them)."""
+
+    peak_memory_bytes: Band
+    device_memory_bytes: Band
+    gpu_utilization: Band
+    step_time_seconds: Band
+
+
+class _JobSettings(TypedDict):
+    """The keyword arguments of :func:`~dprobe.profiling.coldstart.job.job_inputs` that a job's replays
+    share."""
+
+    image: int | None
+    seq: int | None
+    config_kwargs: dict | str | None
+    gpu: GPUSpec
+    stack: SoftwareStack
+    host_factor: float
 
 
 @dataclass(frozen=True)
@@ -141,7 +160,8 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
                 image: int | None = None, seq: int | None = None, config_kwargs: dict | str | None = None,
                 checkpoint: str | Path | None = None, gpu: str | GPUSpec = "h200", host_stall_s: float = 0.0,
                 host_factor: float = 1.0, grad_checkpointing: bool = False,
-                search_batch: bool = False, stack: StackChoice = None, mode: str = "train") -> JobPrediction:
+                search_batch: bool = False, stack: StackChoice = None, mode: str = "train",
+                reparameterize: bool = False, compiled: bool = False) -> JobPrediction:
     """Predict peak allocator bytes, NVML bytes, GPU utilisation and step time (p50 and p90 each).
 
     The one entry point of a cold-start prediction: ``dprobe predict``, the sidecar and the benchmarks call
@@ -163,6 +183,8 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
     ``cudnn.benchmark`` is a feature; the prediction's ``stack`` says what was assumed.
     ``mode``: ``train`` (a training step) or ``inference`` (one forward pass in eval mode under
     ``torch.no_grad()``, as a serving process runs the batch: :func:`predict_inference_job`).
+    ``reparameterize`` and ``compiled`` (``--reparameterize``, ``--compile``): inference settings
+    (:func:`predict_inference_job`), refused for a training step.
     """
     from dprobe.graph.build import build_model_graph
     from dprobe.graph.schema import GraphError
@@ -172,19 +194,24 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r} ({', '.join(MODES)})")
     software = check_job(batch, image, seq, host_stall_s, host_factor, gpu, stack, mode)
+    if mode != "inference" and (reparameterize or compiled):
+        raise ValueError(f"{'--reparameterize' if reparameterize else '--compile'} is predicted for --mode inference "
+                         "only (no training table measured it)")
     if mode == "inference":
         if grad_checkpointing:
             raise ValueError("--grad-checkpointing is a training setting: --mode inference keeps no activations "
                              "for a backward pass")
         return predict_inference_job(model, batch, precision, image=image, seq=seq, config_kwargs=config_kwargs,
                                      gpu=gpu, host_stall_s=host_stall_s, host_factor=host_factor,
-                                     search_batch=search_batch, stack=software)
+                                     search_batch=search_batch, stack=software, reparameterize=reparameterize,
+                                     compiled=compiled)
     coldstart = _coldstart_checkpoint(checkpoint)
     spec, gpu = (gpu, gpu.name) if isinstance(gpu, GPUSpec) else (GPUS[gpu], gpu)
     parsed = parse_spec(model, config_kwargs)
-    notes = [NHWC_NOTE] if software.memory_format == "nhwc" and parsed.lib != "transformers" else []
-    job = {"image": image, "seq": seq, "config_kwargs": config_kwargs, "gpu": spec, "stack": software,
-           "host_factor": host_factor}
+    channels_last = software.memory_format == "nhwc" and parsed.lib != "transformers"
+    notes: list[str] = []
+    job = _JobSettings(image=image, seq=seq, config_kwargs=config_kwargs, gpu=spec, stack=software,
+                       host_factor=host_factor)
     if parsed.lib == "onnx":  # a graph, no module to replay: estimate from its nodes
         if grad_checkpointing:
             raise ValueError("--grad-checkpointing needs the model as a transformers or timm module, not an ONNX file")
@@ -210,6 +237,8 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
     graph = build_model_graph(model, batch=batch, image=image, seq=seq, config_kwargs=config_kwargs)
     result = _predict(model, batch, precision, optimizer, graph, inputs, gpu, coldstart, host_stall_s, host_factor,
                       notes=notes)
+    if channels_last:
+        _with_layout(result)
     if inputs.est.values_assumed:
         result.add_note(f"replayed with {VALUES_ASSUMED_NOTE}")
     if search_batch:
@@ -226,18 +255,25 @@ def predict_job(model: str, batch: int, precision: str = "fp32", optimizer: str 
 def predict_inference_job(model: str, batch: int, precision: str = "fp32", *, image: int | None = None,
                           seq: int | None = None, config_kwargs: dict | str | None = None,
                           gpu: str | GPUSpec = "h200", host_stall_s: float = 0.0, host_factor: float = 1.0,
-                          search_batch: bool = False, stack: StackChoice = None) -> JobPrediction:
+                          search_batch: bool = False, stack: StackChoice = None, reparameterize: bool = False,
+                          compiled: bool = False) -> JobPrediction:
     """:func:`predict_job` of an inference step: the forward pass replayed in eval mode under
     ``torch.no_grad()`` (:func:`~dprobe.profiling.coldstart.replay.replay_inference_step`); the step time is
     the inference model's (:func:`~dprobe.profiling.coldstart.inference.predict_inference_step`, fitted on
     timm's inference benchmarks); memory and utilisation are the replay's own (no inference run measured
-    them). A host slower than the typical one (``host_factor``) bounds the step from below by its issue time."""
+    them). A host slower than the typical one (``host_factor``) bounds the step from below by its issue time.
+    The stack's memory format is replayed (channels-last: :func:`~dprobe.profiling.coldstart.replay.to_channels_last`)
+    and its step corrected by timm's channels-last table; ``reparameterize``: the model fused for inference
+    first (timm's ``reparameterize_model``); ``compiled``: ``torch.compile`` (default mode), the eager
+    prediction times a calibrated factor (:mod:`~dprobe.profiling.coldstart.settings`). ``method`` says
+    which ran (e.g. ``gpu-factor+layout-rule``)."""
     from dprobe.graph.build import build_model_graph
     from dprobe.graph.schema import GraphError
     from dprobe.graph.zoo import remedy
     from dprobe.profiling.coldstart.inference import DEFAULT_MODEL as INFERENCE_MODEL
-    from dprobe.profiling.coldstart.inference import load_inference_model, predict_inference_step
+    from dprobe.profiling.coldstart.inference import load_inference_model
     from dprobe.profiling.coldstart.residual import apply_stall, baseline, with_stall
+    from dprobe.profiling.coldstart.settings import default_settings, predict_setting_step
 
     software = check_job(batch, image, seq, host_stall_s, host_factor, gpu, stack, mode="inference")
     spec, gpu = (gpu, gpu.name) if isinstance(gpu, GPUSpec) else (GPUS[gpu], gpu)
@@ -246,7 +282,8 @@ def predict_inference_job(model: str, batch: int, precision: str = "fp32", *, im
                          "timm or transformers name (an ONNX file is estimated for training only)")
     try:
         est = analytical_for(model, batch, precision, "none", image=image, seq=seq, config_kwargs=config_kwargs,
-                             attention=software.attention, mode="inference")
+                             attention=software.attention, mode="inference", memory_format=software.memory_format,
+                             reparameterize=reparameterize)
     except GraphError:
         raise
     except Exception as exc:  # noqa: BLE001 - a model's forward can fail in any way; name it, no traceback
@@ -256,7 +293,16 @@ def predict_inference_job(model: str, batch: int, precision: str = "fp32", *, im
     feats = with_host_factor(np.array(job_features(est, batch, precision, "none", spec)), math.log(host_factor))
     base = baseline(est, feats)
     steps = load_inference_model()
-    step50, step90 = predict_inference_step(est, precision, spec, model=steps)
+    timed, rep_note = est, ""
+    if reparameterize and not default_settings().reparameterized_step():  # the plain replay's step ships
+        timed = analytical_for(model, batch, precision, "none", image=image, seq=seq, config_kwargs=config_kwargs,
+                               attention=software.attention, mode="inference",
+                               memory_format=software.memory_format)
+        rep_note = ("; step time from the model as built (the fused replay's did not beat it on every family of "
+                    "timm's fused tables: docs/graph-and-coldstart.md, Settings)")
+    setting = predict_setting_step(timed, precision, spec, memory_format=software.memory_format, compiled=compiled,
+                                   model=steps)
+    step50, step90 = setting.p50, setting.p90
     host = math.exp(feats[FEATURES.index("log_t_host")])  # on this host: the step is at least its issue time
     step50, step90 = max(step50, host), max(step90, host)
     busy = float(np.clip(math.exp(feats[FEATURES.index("log_t_gpu")]) / step50, 0.05, 0.95))
@@ -266,13 +312,18 @@ def predict_inference_job(model: str, batch: int, precision: str = "fp32", *, im
     calibration = (_unseen_memory(p50, p90, memory_notes) if gpu not in MEMORY_MEASURED_GPUS
                    else {"source": "measured", "gpu": gpu, "p50_factor": 1.0, "p90_factor": 1.0})
     apply_stall(p50, p90, np.float64(host_stall_s))
-    bands = {t: _band(t, p50[i], p90[i]) for i, t in enumerate(TARGETS)}
+    bands = _bands(p50, p90)
     graph = build_model_graph(model, batch=batch, image=image, seq=seq, config_kwargs=config_kwargs)
     seen = gpu in steps.trained_on
     notes = [] if seen else [f"gpu_seen_in_training: false: the inference step model learnt from "
                              f"{', '.join(steps.trained_on)} only, its p90 from GPUs held out in turn"]
-    step_method = steps.method_for(spec.name, spec.bandwidth)
-    notes.append(_STEP_METHOD_NOTES[step_method])
+    _, step_why = steps.explain(spec)  # which predictor ran and why (a calibrated GPU: its measured peaks)
+    notes.append(step_why)
+    notes.extend(setting.notes)
+    if reparameterize:
+        notes.append("re-parameterised: replayed after timm's reparameterize_model (branches and batch norms fused "
+                     "into convolutions), as timm's PyTorch 2.9 inference benchmark runs such models; memory and "
+                     f"kernels the fused model's{rep_note}")
     if precision != "fp16":
         notes.append(f"{precision}: the inference step model learnt from fp16 autocast runs only; the roofline "
                      f"puts the step at {precision}'s peaks and the fp16 runs' corrections are applied")
@@ -287,7 +338,8 @@ def predict_inference_job(model: str, batch: int, precision: str = "fp32", *, im
     result = JobPrediction(
         model=model, batch=batch, precision=precision, optimizer="none", gpu=gpu, host_stall_s=host_stall_s,
         host_factor=host_factor, unknown_nodes=graph.unknown_nodes, graph_nodes=len(graph.nodes),
-        method=step_method, checkpoint=str(INFERENCE_MODEL), **bands, gpu_memory_bytes=int(spec.memory_bytes),
+        method=setting.method + ("" if not reparameterize else "+reparam-fused" if timed is est else "+reparam-proxy"),
+        checkpoint=str(INFERENCE_MODEL), **bands, gpu_memory_bytes=int(spec.memory_bytes),
         fits=fits_on_gpu(bands["peak_memory_bytes"].p50, bands["device_memory_bytes"].p90, spec.memory_bytes),
         analytical=analytical, gpu_seen_in_training=seen, gpu_spec=spec_as_dict(spec),
         stack=software.as_dict(), mode="inference", roofline=steps.roofline, notes=notes, note_after="graph_nodes",
@@ -298,19 +350,6 @@ def predict_inference_job(model: str, batch: int, precision: str = "fp32", *, im
         result.largest_batch = largest_fitting_batch(result, est, image=image, seq=seq, config_kwargs=config_kwargs,
                                                      stack=software)
     return result
-
-
-_STEP_METHOD_NOTES = {  # which of the inference step model's predictors ran, and why (inference.choose)
-    "gpu-factor": "step time: the roofline times this GPU's own measured factor (on model families left out, the "
-                  "learned correction did not beat it in every fold)",
-    "sibling-factor": "step time: the roofline times the factor measured on a GPU of the same architecture, its "
-                      "p90 widened by the spread between measured GPUs (no fold validates anything else for a GPU "
-                      "whose sibling was measured)",
-    "learned": "step time: the learned correction on the roofline (it beat the simple rule on every left-out fold "
-               "of its kind)",
-    "rule": "step time: the roofline times one factor (on GPUs left out, the learned correction did not beat it in "
-            "every fold)",
-}
 
 
 def check_job(batch: int, image: int | None = None, seq: int | None = None, host_stall_s: float = 0.0,
@@ -339,6 +378,19 @@ def _coldstart_checkpoint(checkpoint: str | Path | None) -> tuple[Path, Any, dic
 
     path = Path(checkpoint) if checkpoint else (DEFAULT_CHECKPOINT if DEFAULT_CHECKPOINT.is_file() else None)
     return None if path is None else (path, *load_checkpoint(path))
+
+
+def _with_layout(result: JobPrediction) -> None:
+    """A channels-last training job's step time: the checkpoint's times the layout factor where it ships
+    (:func:`~dprobe.profiling.coldstart.settings.train_layout_step`), with the method and a note."""
+    from dprobe.profiling.coldstart.settings import train_layout_step
+
+    band = result.step_time_seconds
+    p50, p90, suffix, note = train_layout_step(band.p50, band.p90)
+    result.step_time_seconds = Band(p50, p90)
+    if suffix:
+        result.method = f"{result.method}+{suffix}"
+    result.add_note(note)
 
 
 def _with_recompute_timing(result: JobPrediction, plain: JobPrediction) -> None:
@@ -403,6 +455,13 @@ def _band(target: str, p50: float, p90: float) -> Band:
     return Band(int(p50), int(hi))
 
 
+def _bands(p50: np.ndarray, p90: np.ndarray) -> Bands:
+    """:func:`_band` of each target (``TARGETS``' order in ``p50`` and ``p90``)."""
+    band = {t: _band(t, p50[i], p90[i]) for i, t in enumerate(TARGETS)}
+    return Bands(peak_memory_bytes=band["peak_memory_bytes"], device_memory_bytes=band["device_memory_bytes"],
+                 gpu_utilization=band["gpu_utilization"], step_time_seconds=band["step_time_seconds"])
+
+
 def _predict(model: str, batch: int, precision: str, optimizer: str, graph: ModelGraph, inputs: JobInputs,
              gpu: str, coldstart: tuple[Path, Any, dict[str, Any]] | None, host_stall_s: float,
              host_factor: float = 1.0, notes: list[str] | None = None) -> JobPrediction:
@@ -455,7 +514,7 @@ def _predict(model: str, batch: int, precision: str, optimizer: str, graph: Mode
                      f"{gpu}, whose corrections are those learnt across those GPUs" + (
                          f", p90 widened as a GPU held out in training needed ({', '.join(widened)})"
                          if widened else ""))
-    bands = {t: _band(t, p50[i], p90[i]) for i, t in enumerate(TARGETS)}
+    bands = _bands(p50, p90)
     analytical = AnalyticalEstimate(
         peak_memory_bytes=int(base[0]), device_memory_bytes=int(base[1]),
         gpu_utilization=round(float(with_stall(base[2], base[3], host_stall_s)), 4), step_time_seconds=float(base[3]),

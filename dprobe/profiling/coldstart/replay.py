@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dprobe.core.names import OPTIMIZERS, PRECISIONS
+from dprobe.core.patch import replaced
 from dprobe.graph.rnn import fused_recurrent_layers
 from dprobe.graph.schema import GraphError
 from dprobe.graph.zoo import (
@@ -115,7 +116,8 @@ def _check_replay(precision: str, attention: str) -> bool:
 
 def replay_training_step(spec: ModelSpec, batch: int, precision: str = "fp32", optimizer: str = "adamw",
                          image: int | None = None, seq: int | None = None,
-                         grad_checkpointing: bool = False, attention: str = "fused") -> ReplayEstimate:
+                         grad_checkpointing: bool = False, attention: str = "fused",
+                         channels_last: bool = False) -> ReplayEstimate:
     """Run two training steps on meta tensors and measure the second (optimizer states exist by then).
 
     ``grad_checkpointing``: with the model's activation checkpointing on (``transformers`` and timm; see
@@ -123,12 +125,14 @@ def replay_training_step(spec: ModelSpec, batch: int, precision: str = "fp32", o
     in backward. ``attention``: ``fused`` (the kernel CUDA's ``scaled_dot_product_attention`` picks) or
     ``unfused`` (matrix products and a softmax: timm's own switch off, every other caller of
     ``scaled_dot_product_attention`` as an eager implementation computes it), as a stack before PyTorch
-    2.0 ran attention."""
+    2.0 ran attention. ``channels_last``: the model and its image inputs in ``torch.channels_last``
+    (:func:`to_channels_last`)."""
     fused = _check_replay(precision, attention)
     # e.g. BART reads its mask's values, DeBERTa-v2 its labels', which meta tensors cannot answer
     with timm_fused_attention(fused, spec):
         est, retried = with_values_assumed_if_needed(
-            spec, lambda: _replay(spec, batch, precision, optimizer, image, seq, grad_checkpointing, fused))
+            spec, lambda: _replay(spec, batch, precision, optimizer, image, seq, grad_checkpointing, fused,
+                                  channels_last))
     est.values_assumed = float(retried)
     return est
 
@@ -164,15 +168,16 @@ def enable_grad_checkpointing(model: nn.Module, spec: ModelSpec,
     ``torch.utils.checkpoint.checkpoint`` up at each call, so the returned context, entered around the
     training steps, gives it them."""
     kwargs = {"use_reentrant": False, "context_fn": context_fn}
+    library_model: Any = model  # the switches below are transformers' and timm's methods, not nn.Module's
     if getattr(model, "supports_gradient_checkpointing", False):
         if callable(getattr(model, "activation_checkpointing_enable", None)):  # its name since transformers 5.x
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+            library_model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+            library_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         return contextlib.nullcontext()
     if callable(getattr(model, "set_grad_checkpointing", None)):
         try:
-            model.set_grad_checkpointing(True)
+            library_model.set_grad_checkpointing(True)
         except (AssertionError, NotImplementedError) as exc:
             raise GraphError(f"{spec.text}: timm has no gradient checkpointing for it ({exc})") from exc
         return _checkpoint_arguments(kwargs)
@@ -190,19 +195,18 @@ def _checkpoint_arguments(kwargs: dict) -> Iterator[None]:
     def checkpoint(function: Callable, *args: Any, **given: Any) -> Any:
         return original(function, *args, **{**given, **kwargs})
 
-    ckpt.checkpoint = checkpoint
-    try:
+    with replaced(ckpt, "checkpoint", checkpoint):
         yield
-    finally:
-        ckpt.checkpoint = original
 
 
 def _replay(spec: ModelSpec, batch: int, precision: str, optimizer: str, image: int | None,
-            seq: int | None, grad_checkpointing: bool = False, fused: bool = True) -> ReplayEstimate:
+            seq: int | None, grad_checkpointing: bool = False, fused: bool = True,
+            channels_last: bool = False) -> ReplayEstimate:
     model = build_module(spec)
     config = getattr(model, "config", None)
-    if getattr(config, "apply_spec_augment", False):  # wav2vec2, HuBERT, ...: random masks of the audio
-        config.apply_spec_augment = False  # features, drawn on the host; they change no tensor's size
+    # wav2vec2, HuBERT, ...: random masks of the audio features, drawn on the host; they change no tensor's size
+    if config is not None and getattr(config, "apply_spec_augment", False):
+        config.apply_spec_augment = False
     recomputed: list[AutocastEmulation] = []  # one emulation per block recomputed in backward
     checkpointing: contextlib.AbstractContextManager = contextlib.nullcontext()
     if grad_checkpointing:
@@ -212,6 +216,8 @@ def _replay(spec: ModelSpec, batch: int, precision: str, optimizer: str, image: 
 
         checkpointing = enable_grad_checkpointing(model, spec, contexts)
     ex = example_inputs(spec, model, batch, image=image, seq=seq, labels=True)
+    if channels_last:
+        model, ex = to_channels_last(model, ex)
     if precision in WEIGHT_DTYPES:  # the model and its floating inputs in that dtype, as model.to(dtype) leaves them
         dtype = WEIGHT_DTYPES[precision]
         model.to(dtype)
@@ -261,24 +267,29 @@ def _replay(spec: ModelSpec, batch: int, precision: str, optimizer: str, image: 
 
 
 def replay_inference_step(spec: ModelSpec, batch: int, precision: str = "fp32", image: int | None = None,
-                          seq: int | None = None, attention: str = "fused") -> ReplayEstimate:
+                          seq: int | None = None, attention: str = "fused", channels_last: bool = False,
+                          reparameterize: bool = False) -> ReplayEstimate:
     """Replay one inference step on meta tensors: the model in eval mode, its forward under
     ``torch.no_grad()`` (each activation freed once the next op has read it), as a serving process or
     timm's inference benchmark runs it. No optimizer: ``state_bytes`` is 0 and every op is a forward op.
-    ``attention`` as in :func:`replay_training_step`."""
+    ``attention`` as in :func:`replay_training_step`. ``channels_last``: the model and its image inputs in
+    ``torch.channels_last`` (:func:`to_channels_last`). ``reparameterize``: the model fused for inference
+    first (:func:`reparameterized`; a GraphError where it has nothing to fuse)."""
     fused = _check_replay(precision, attention)
     with timm_fused_attention(fused, spec):
         est, retried = with_values_assumed_if_needed(
-            spec, lambda: _replay_forward(spec, batch, precision, image, seq, fused))
+            spec, lambda: _replay_forward(spec, batch, precision, image, seq, fused, channels_last, reparameterize))
     est.values_assumed = float(retried)
     return est
 
 
 def _replay_forward(spec: ModelSpec, batch: int, precision: str, image: int | None, seq: int | None,
-                    fused: bool) -> ReplayEstimate:
-    model = build_module(spec)
+                    fused: bool, channels_last: bool = False, reparameterize: bool = False) -> ReplayEstimate:
+    model = reparameterized(spec) if reparameterize else build_module(spec)
     model.eval()
     ex = example_inputs(spec, model, batch, image=image, seq=seq, labels=False)
+    if channels_last:
+        model, ex = to_channels_last(model, ex)
     if precision in WEIGHT_DTYPES:
         dtype = WEIGHT_DTYPES[precision]
         model.to(dtype)
@@ -312,4 +323,64 @@ def _replay_forward(spec: ModelSpec, batch: int, precision: str, image: int | No
     )
 
 
-__all__ = ["CUDA_CONTEXT_BYTES", "ReplayEstimate", "replay_inference_step", "replay_training_step", "round_alloc"]
+def to_channels_last(model: nn.Module, ex: ExampleInputs) -> tuple[nn.Module, ExampleInputs]:
+    """The model and its 4-D floating inputs in ``torch.channels_last`` (NHWC), as a job that calls
+    ``model.to(memory_format=torch.channels_last)`` and feeds channels-last images runs: its convolutions
+    then take and give NHWC tensors, and the copies its reshapes need are recorded as kernels."""
+    def cl(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.dim() == 4 and value.is_floating_point():
+            return value.contiguous(memory_format=torch.channels_last)
+        return value
+
+    model = model.to(memory_format=torch.channels_last)
+    return model, ExampleInputs(tuple(cl(a) for a in ex.args), {k: cl(v) for k, v in ex.kwargs.items()},
+                                ex.loss, ex.meta)
+
+
+REPARAMETERIZE_METHODS = ("fuse", "reparameterize", "switch_to_deploy")  # what timm's reparameterize_model calls
+
+
+def reparameterized(spec: ModelSpec) -> nn.Module:
+    """The model fused for inference, on meta: timm's ``reparameterize_model`` (each submodule's ``fuse()``,
+    ``reparameterize()`` or ``switch_to_deploy()``: conv + batch-norm folding, RepVGG-style branches merged)
+    for a model with such a submodule, or the model's own ``fuse()`` / ``reparameterize()``. Fusing reads
+    the weights' values, so a model whose fusion cannot run on meta tensors is built on the CPU, fused and
+    moved to meta. A GraphError for a model with nothing to fuse (it runs as it is)."""
+    model = build_module(spec)
+    if not any(hasattr(m, n) for m in model.modules() for n in REPARAMETERIZE_METHODS):
+        raise GraphError(f"{spec.text}: nothing to re-parameterise (no submodule has fuse, reparameterize or "
+                         "switch_to_deploy); leave --reparameterize out, the model runs as it is")
+    for device in ("meta", "cpu"):
+        try:
+            built = model if device == "meta" else build_module(spec, device="cpu")
+            return _fuse(built.eval()).to("meta")
+        except (NotImplementedError, RuntimeError):
+            if device == "cpu":
+                raise
+    raise AssertionError("unreachable")
+
+
+def _fuse(model: nn.Module) -> nn.Module:
+    """``model`` fused in place: timm's ``reparameterize_model`` where timm is installed, else each
+    submodule's method as it does."""
+    try:
+        from timm.models._manipulate import reparameterize_model
+    except ImportError:
+        pass
+    else:
+        return reparameterize_model(model, inplace=True)
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            fuse, reparam = getattr(child, "fuse", None), getattr(child, "reparameterize", None)
+            deploy = getattr(child, "switch_to_deploy", None)
+            if callable(fuse):
+                setattr(parent, name, fuse())
+            elif callable(reparam):
+                reparam()
+            elif callable(deploy):
+                deploy()
+    return model
+
+
+__all__ = ["CUDA_CONTEXT_BYTES", "ReplayEstimate", "reparameterized", "replay_inference_step", "replay_training_step", "round_alloc",
+           "to_channels_last"]

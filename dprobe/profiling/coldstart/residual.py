@@ -41,12 +41,14 @@ def busy_utilisation(util: np.ndarray, step: np.ndarray, stall: np.ndarray) -> n
     return np.clip(util * (step + stall) / step, 0.01, 0.99)
 
 
-def with_stall(busy: np.ndarray, step: np.ndarray, stall: np.ndarray) -> np.ndarray:
-    """Utilisation over steps and host stalls (``stall`` seconds per step, GPU idle) from the busy share."""
+def with_stall(busy: np.ndarray | float, step: np.ndarray | float,
+               stall: np.ndarray | float) -> np.ndarray | float:
+    """Utilisation over steps and host stalls (``stall`` seconds per step, GPU idle) from the busy share
+    (arrays of jobs, or one job's figures)."""
     return busy * step / (step + stall)
 
 
-def apply_stall(p50: np.ndarray, p90: np.ndarray, stall: np.ndarray) -> None:
+def apply_stall(p50: np.ndarray, p90: np.ndarray, stall: np.ndarray | float) -> None:
     """In place: turn predicted busy utilisation into utilisation with stalls (both with the p50 step)."""
     ui, si = TARGETS.index("gpu_utilization"), TARGETS.index("step_time_seconds")
     step = p50[..., si].copy()

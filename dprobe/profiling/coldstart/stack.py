@@ -14,6 +14,8 @@ from typing import Any
 
 ATTENTION = ("fused", "unfused")  # fused: scaled_dot_product_attention's kernels; unfused: matmuls and a softmax
 MEMORY_FORMATS = ("nchw", "nhwc")
+# what --memory-format also takes: PyTorch's names (torch.contiguous_format / torch.channels_last)
+MEMORY_FORMAT_ALIASES = {"channels-first": "nchw", "channels-last": "nhwc"}
 SETTINGS = ("torch", "cudnn_benchmark", "attention", "memory_format")  # what a stack fixes
 
 
@@ -97,6 +99,8 @@ def resolve_stack(gpu: str, choice: StackChoice = None, mode: str = "train") -> 
         raise ValueError(f"unknown stack {name!r} ({', '.join(STACKS)})")
     base = STACKS[name] if name is not None else default_stack(gpu, mode)
     given = {k: v for k, v in given.items() if v is not None}
+    if "memory_format" in given:
+        given["memory_format"] = MEMORY_FORMAT_ALIASES.get(given["memory_format"], given["memory_format"])
     if "torch" in given:
         given["torch"] = torch_version(given["torch"])
         given.setdefault("attention", "fused" if has_sdpa(given["torch"]) else "unfused")
@@ -149,9 +153,11 @@ def add_stack_args(parser: Any) -> None:
     parser.add_argument("--attention", choices=ATTENTION, default=None,
                         help="fused: scaled_dot_product_attention's kernels (PyTorch 2.0 on); unfused: matmuls "
                         "and a softmax (timm's and transformers' eager path, and any PyTorch before 2.0)")
-    parser.add_argument("--memory-format", choices=MEMORY_FORMATS, default=None,
-                        help="image models' memory format (nhwc: channels_last); the learned corrections know "
-                        "NCHW runs only, so nhwc is predicted as nchw, with a note")
+    parser.add_argument("--memory-format", choices=[*MEMORY_FORMAT_ALIASES, *MEMORY_FORMATS], default=None,
+                        help="image models' memory format: channels-first (nchw, the default) or channels-last "
+                        "(nhwc: model.to(memory_format=torch.channels_last) and channels-last images), replayed "
+                        "so; --mode inference corrects the step time by timm's channels-last table, training "
+                        "predicts its step time as channels-first, with a note")
     parser.add_argument("--torch", default=None, metavar="VERSION",
                         help="the job's PyTorch (e.g. 2.4, 1.12); before 2.0 attention is unfused")
 

@@ -133,10 +133,10 @@ def fused_attention(stack: dict[str, Any]) -> bool:
 
 def replay_key(model: str, batch: int, image: int, precision: str, optimizer: str, fused: bool = True) -> str:
     """The cache key of a replay (the replay cache's own: it changes when the replay does)."""
-    from dprobe.profiling.coldstart.features import replay_cache_path
+    from dprobe.profiling.coldstart.features import replay_cache_key
 
-    return replay_cache_path(f"timm:{model}", batch, precision, optimizer, image, None, None, ".",
-                             attention="fused" if fused else "unfused").stem
+    return replay_cache_key(f"timm:{model}", batch, precision, optimizer, image, None, None,
+                            attention="fused" if fused else "unfused")
 
 
 def read_replays(path: str | Path) -> dict[str, dict[str, Any]]:

@@ -87,10 +87,9 @@ def load_timm_infer(directory: str | Path, memory_format: str | None = "nchw") -
 
 def replay_key(model: str, batch: int, image: int, precision: str) -> str:
     """The cache key of one inference replay (the replay cache's own: it changes when the replay does)."""
-    from dprobe.profiling.coldstart.features import replay_cache_path
+    from dprobe.profiling.coldstart.features import replay_cache_key
 
-    return replay_cache_path(f"timm:{model}", batch, precision, "none", image, None, None, ".",
-                             mode="inference").stem
+    return replay_cache_key(f"timm:{model}", batch, precision, "none", image, None, None, mode="inference")
 
 
 def read_replays(path: str | Path) -> dict[str, dict[str, Any]]:

@@ -2,7 +2,9 @@
 datasets/gavel-colocation; written by ``python -m dprobe.profiling.dataparallel.fit --write``
 (do not edit)."""
 
-FITTED = {'clusters': {'gavel-k80': {'inter_bandwidth': 777338000.0,
+from typing import Any
+
+FITTED: dict[str, Any] = {'clusters': {'gavel-k80': {'inter_bandwidth': 777338000.0,
                             'intra_bandwidth': 1169300000.0,
                             'straggler': 0.042944,
                             'straggler_intra': 0.191377,

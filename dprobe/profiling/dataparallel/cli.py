@@ -8,9 +8,13 @@ import copy
 import json
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dprobe.profiling.dataparallel.placement import DEFAULT_GPUS_PER_NODE
+
+if TYPE_CHECKING:
+    from dprobe.profiling.dataparallel.interconnect import Interconnect
+    from dprobe.profiling.dataparallel.placement import Placement
 
 GRAD_BYTES = {"bf16-pure": 2}  # bytes per gradient by --precision; 4 (fp32 weights) otherwise
 
@@ -42,9 +46,15 @@ def add_data_parallel_args(p: argparse.ArgumentParser) -> None:
                    "numbers of Gb/s, or a measured cluster (pollux-t4, gavel-k80, gavel-p100, gavel-v100, or one you "
                    "refitted); default "
                    "per --gpu (h200: nvlink4,infiniband-ndr; t4: the measured Pollux cluster, pcie3,ethernet-50g)")
+    g.add_argument("--sync-model", default=None, choices=("auto", "buckets", "baseline", "exponential"),
+                   help="the gradient all-reduce's model: buckets (DDP's 25 MB buckets, each overlapped with the "
+                   "backward left), baseline (the measured models' median sync per gradient byte at the placement), "
+                   "exponential (the earlier smooth model); default auto: on a measured cluster the bucket model "
+                   "only where it beat the baseline on every left-out model, else the baseline; on another "
+                   "cluster the bucket model. The JSON's data_parallel.sync_model says which ran and why")
 
 
-def _check(args: argparse.Namespace) -> tuple[Any, Any]:
+def _check(args: argparse.Namespace) -> tuple[Placement, Interconnect]:
     """The placement and links, before any replay; ValueErrors name the option."""
     from dprobe.profiling.dataparallel._fitted import FITTED
     from dprobe.profiling.dataparallel.interconnect import resolve_interconnect
@@ -65,7 +75,8 @@ def _check(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def refuse_without_gpus(args: argparse.Namespace) -> None:
     """A ValueError naming a data-parallel option given without ``--gpus``."""
-    for flag in ("nodes", "placement", "gpus_per_node", "step_time", "params", "min_efficiency", "interconnect"):
+    for flag in ("nodes", "placement", "gpus_per_node", "step_time", "params", "min_efficiency", "interconnect",
+                 "sync_model"):
         if getattr(args, flag, None) is not None and getattr(args, "gpus", None) is None:
             raise ValueError(f"--{flag.replace('_', '-')} is read with --gpus only")
 
@@ -89,6 +100,8 @@ def run_data_parallel(args: argparse.Namespace, predict: Callable[[argparse.Name
     bytes_each = GRAD_BYTES.get(args.precision, 4)
     if args.params is not None:
         grad_bytes, grad_from = float(args.params * bytes_each), "--params"
+    elif cold is None:  # the replay's failure is raised above unless --params and --step-time stand in
+        raise ValueError(f"no cold-start prediction and no --params: {failure}")
     elif cold.graph is not None and cold.graph.num_params:
         grad_bytes, grad_from = float(cold.graph.num_params * bytes_each), "graph"
     else:
@@ -97,12 +110,15 @@ def run_data_parallel(args: argparse.Namespace, predict: Callable[[argparse.Name
     window = backward_window(graph) if graph is not None else None
     if args.step_time is not None:
         single, single_from = (args.step_time, args.step_time), "--step-time"
+    elif cold is None:
+        raise ValueError(f"no cold-start prediction and no --step-time: {failure}")
     else:
         single, single_from = (cold.step_time_seconds.p50, cold.step_time_seconds.p90), "cold start"
     dp = predict_data_parallel(single, grad_bytes, args.batch, where,
                                args.gpus_per_node or DEFAULT_GPUS_PER_NODE, single_from, grad_from,
                                args.min_efficiency if args.min_efficiency is not None else DEFAULT_MIN_EFFICIENCY,
-                               window=window, interconnect=links)
+                               window=window, interconnect=links,
+                               sync_model=getattr(args, "sync_model", None) or "auto")
     if args.json:
         head = cold.as_dict() if cold is not None else {
             "model": args.model, "batch": local.batch, "precision": args.precision,
@@ -125,6 +141,7 @@ def run_data_parallel(args: argparse.Namespace, predict: Callable[[argparse.Name
           f"hide a gradient byte; {dp.window_used:.2f} used)")
     print(f"  step time         {1000 * dp.step_time_seconds[0]:8.1f} ms  (p90 {1000 * dp.step_time_seconds[1]:.1f})")
     print(f"  of which sync     {1000 * dp.sync_time_seconds[0]:8.1f} ms  (p90 {1000 * dp.sync_time_seconds[1]:.1f})")
+    print(f"  sync model        {dp.sync_model} ({dp.sync_model_why})")
     tp = d["throughput_samples_per_second"]
     print(f"  throughput        {tp['p50']:8.1f} samples/s (p90 step: {tp['p90']:.1f})")
     print(f"  scaling efficiency {100 * dp.scaling_efficiency:7.1f} %")
@@ -132,9 +149,11 @@ def run_data_parallel(args: argparse.Namespace, predict: Callable[[argparse.Name
     where_to = (f"beyond {limit} GPU(s)" if limit is not None else "not up to 1024 GPUs")
     print(f"  throughput per GPU drops under {100 * dp.min_efficiency:.0f} % of one GPU's {where_to} "
           f"(nodes of {dp.gpus_per_node}, per-GPU batch {local.batch})")
-    links, eff = dp.interconnect, d["interconnect"]["effective_bytes_per_second"]
+    eff = d["interconnect"]["effective_bytes_per_second"]  # of ``links``, the interconnect predicted on
     calibrated = (f"fitted on the measured cluster {links.measured}" if links.measured else
                   "nominal x the efficiency measured clusters reach")
+    if dp.sync_model == "baseline":
+        calibrated += "; the baseline that ran uses none of them: measured sync per gradient byte"
     print(f"  links             {links.intra.name} / {links.inter.name} ({links.source}): {eff['intra'] / 1e9:.2f} / "
           f"{eff['inter'] / 1e9:.2f} GB/s reached ({calibrated})")
     return 0

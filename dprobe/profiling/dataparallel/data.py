@@ -165,5 +165,5 @@ def load_all(root: str | Path | None = None, params: dict[str, int] | None = Non
     False, Gavel's data-parallel rows (``gavel``: a throughputs.csv, default the bundled one)."""
     frames = [load_steps(root, params)]
     if gavel is not False:
-        frames.append(load_gavel_steps(None if gavel in (None, True) else gavel))
+        frames.append(load_gavel_steps(None if gavel is None or gavel is True else gavel))
     return pd.concat(frames, ignore_index=True)

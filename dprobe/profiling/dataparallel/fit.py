@@ -122,7 +122,7 @@ def _quantile(values: np.ndarray, groups: np.ndarray, level: float) -> float:
     values, groups = values[order], groups[order]
     _, inverse, counts = np.unique(groups, return_inverse=True, return_counts=True)
     cum = np.cumsum(1.0 / counts[inverse])
-    return float(values[min(np.searchsorted(cum / cum[-1], level), len(values) - 1)])
+    return float(values[min(int(np.searchsorted(cum / cum[-1], level)), len(values) - 1)])
 
 
 def coverage(scored: pd.DataFrame, level: float) -> dict[str, dict[str, float]]:
@@ -173,7 +173,8 @@ def write_fitted(values: dict[str, Any], path: Path = FITTED_MODULE) -> None:
     path.write_text('"""Data-parallel parameters fitted on datasets/pollux-placements and the data-parallel rows of\n'
                     'datasets/gavel-colocation; written by ``python -m dprobe.profiling.dataparallel.fit --write``\n'
                     '(do not edit)."""\n\n'
-                    f"FITTED = {pprint.pformat(values, sort_dicts=True, width=110)}\n")
+                    "from typing import Any\n\n"
+                    f"FITTED: dict[str, Any] = {pprint.pformat(values, sort_dicts=True, width=110)}\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -53,16 +53,10 @@ SRC_VOCAB, TGT_VOCAB, MAX_TOKENS = 2911, 3149, 52  # Multi30k as preprocessed; 5
 WIKITEXT2_VOCAB = 33278
 
 
-def _torch() -> Any:
-    import torch
-    from torch import nn
-
-    return torch, nn
-
-
 def _modules() -> dict[str, type]:
     """The re-implementations (built on first use: torch is imported only here)."""
-    torch, nn = _torch()
+    import torch
+    from torch import nn
 
     class MultiHeadAttention(nn.Module):
         """Query, key and value projections of ``heads`` x ``d_k``, scaled dot products, an output projection

@@ -101,7 +101,7 @@ def unseen_cluster(fitted: Fitted) -> dict[str, float]:
     known = [c for c in fitted.clusters if c in MEASURED]
     if not known:
         raise ValueError("no measured cluster with known links to derive an unseen cluster from")
-    eff = {"intra": [], "inter": []}
+    eff: dict[str, list[float]] = {"intra": [], "inter": []}
     for c in known:
         intra, inter = measured_links(c)
         eff["intra"].append(fitted.clusters[c]["intra_bandwidth"] / intra.bandwidth)

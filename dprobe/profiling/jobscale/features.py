@@ -40,6 +40,39 @@ class JobScaleDataset:
     device_estimate: np.ndarray | None = None  # the cold-start replay's device memory (reserved + CUDA context)
     coldstart_util: np.ndarray | None = None  # the cold-start prediction of the job's utilisation
 
+    @property
+    def measured(self) -> np.ndarray:
+        """``y``; a ValueError for jobs without it (those of a prediction: fitting and scoring need it)."""
+        if self.y is None:
+            raise ValueError("the job-scale rows have no measured horizon (y): fitting and scoring need one")
+        return self.y
+
+    @property
+    def graph_list(self) -> list:
+        """``graphs``; a ValueError without them (:meth:`_no_graphs`)."""
+        if self.graphs is None:
+            raise self._no_graphs("graphs")
+        return self.graphs
+
+    @property
+    def graph_rows(self) -> np.ndarray:
+        """``graph_feats``; a ValueError without graphs."""
+        if self.graph_feats is None:
+            raise self._no_graphs("graph_feats")
+        return self.graph_feats
+
+    @property
+    def replayed_memory(self) -> np.ndarray:
+        """``device_estimate``; a ValueError without graphs."""
+        if self.device_estimate is None:
+            raise self._no_graphs("device_estimate")
+        return self.device_estimate
+
+    @staticmethod
+    def _no_graphs(name: str) -> ValueError:
+        return ValueError(f"the job-scale rows have no {name}: the graph variant needs the jobs' model "
+                          "graphs")
+
 
 @dataclass(frozen=True)
 class ColdStartInputs:

@@ -24,7 +24,7 @@ def persist(obs: np.ndarray) -> np.ndarray:
 
 def graph_anchor(ds: JobScaleDataset, idx: np.ndarray) -> np.ndarray:
     """Memory plateau from the graph: the larger of the memory seen so far and the replayed estimate."""
-    return np.maximum(persist(ds.obs[idx])[:, 0], ds.device_estimate[idx])
+    return np.maximum(persist(ds.obs[idx])[:, 0], ds.replayed_memory[idx])
 
 
 def anchors(ds: JobScaleDataset, idx: np.ndarray, variant: str) -> np.ndarray:
@@ -52,6 +52,9 @@ def from_residual(r: np.ndarray, anchor: np.ndarray) -> np.ndarray:
 class JobScaleNet(nn.Module):
     """Features ``[N, F]`` (+ graphs) -> ordered residual quantiles ``[N, 2, Q]``."""
 
+    mu: torch.Tensor  # buffers: the training features' mean and spread (standardise)
+    sd: torch.Tensor
+
     def __init__(self, n_features: int, hidden: int = 32, graph_dim: int = 0) -> None:
         super().__init__()
         self.encoder = GraphEncoder(hidden=hidden, out_dim=graph_dim, layers=2) if graph_dim else None
@@ -74,7 +77,7 @@ def model_inputs(ds: JobScaleDataset, idx: np.ndarray, variant: str) -> np.ndarr
     graph-derived features."""
     parts = [ds.obs[idx]]
     if variant == "graph":
-        parts.append(ds.graph_feats[idx])
+        parts.append(ds.graph_rows[idx])
     return np.concatenate(parts, axis=1)
 
 
@@ -82,7 +85,7 @@ def model_inputs(ds: JobScaleDataset, idx: np.ndarray, variant: str) -> np.ndarr
 def residual_quantiles(net: JobScaleNet, ds: JobScaleDataset, idx: np.ndarray, variant: str) -> np.ndarray:
     """The network's residual quantiles ``(N, 2, Q)`` (see :func:`to_residual`)."""
     x = torch.tensor(model_inputs(ds, idx, variant), dtype=torch.float32)
-    graphs = Batch.from_data_list([ds.graphs[i] for i in idx]) if net.encoder is not None else None
+    graphs = Batch.from_data_list([ds.graph_list[i] for i in idx]) if net.encoder is not None else None
     return net(x, graphs).numpy().astype(np.float64)
 
 

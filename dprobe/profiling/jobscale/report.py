@@ -30,9 +30,9 @@ def plot_cross_validation(ds: JobScaleDataset, preds: dict[str, np.ndarray], var
                             f"{len(set(ds.families))} families (what the next {HORIZON_SECONDS:g} s bring, "
                             f"after {FIRST_SECONDS:g} s of samples)")
     q, ref = preds[variant], preds["persist"]
-    predicted_vs_measured(axes[0], "memory plateau", ds.y[:, 0] / 2**30, q[:, 0, 0] / 2**30,
+    predicted_vs_measured(axes[0], "memory plateau", ds.measured[:, 0] / 2**30, q[:, 0, 0] / 2**30,
                           q[:, 0, 1] / 2**30, ref[:, 0, 0] / 2**30, variant, "persist", "GiB", log=True)
-    predicted_vs_measured(axes[1], "mean GPU utilisation", 100 * ds.y[:, 1], 100 * q[:, 1, 0],
+    predicted_vs_measured(axes[1], "mean GPU utilisation", 100 * ds.measured[:, 1], 100 * q[:, 1, 0],
                           100 * q[:, 1, 1], 100 * ref[:, 1, 0], variant, "persist", "%", log=False)
     return save_figure(fig, path)
 

@@ -41,9 +41,9 @@ def fit(ds: JobScaleDataset, idx: np.ndarray, variant: str, epochs: int = 300, s
         graph_dim: int = 0) -> JobScaleNet:
     torch.manual_seed(seed)
     x = torch.tensor(model_inputs(ds, idx, variant), dtype=torch.float32)
-    r = torch.tensor(to_residual(ds.y[idx], anchors(ds, idx, variant)), dtype=torch.float32)
+    r = torch.tensor(to_residual(ds.measured[idx], anchors(ds, idx, variant)), dtype=torch.float32)
     use_gnn = variant == "graph" and graph_dim > 0
-    graphs = Batch.from_data_list([ds.graphs[i] for i in idx]) if use_gnn else None
+    graphs = Batch.from_data_list([ds.graph_list[i] for i in idx]) if use_gnn else None
     net = JobScaleNet(x.shape[1], graph_dim=graph_dim if use_gnn else 0)
     mu, sd = fit_standardisation(x)
     net.mu.copy_(mu)
@@ -62,7 +62,7 @@ def fit(ds: JobScaleDataset, idx: np.ndarray, variant: str, epochs: int = 300, s
 
 def fit_memory_quantiles(ds: JobScaleDataset, idx: np.ndarray) -> np.ndarray:
     """Empirical quantiles (``LEVELS``) of log(plateau / graph anchor) over the runs ``idx``."""
-    r = np.log(ds.y[idx, 0] / graph_anchor(ds, idx))
+    r = np.log(ds.measured[idx, 0] / graph_anchor(ds, idx))
     return np.quantile(r, LEVELS)
 
 
@@ -81,7 +81,7 @@ def calibrate_upper(ds: JobScaleDataset, idx: np.ndarray, variant: str, epochs: 
     for g in range(folds):
         held = fold == g
         net = fit(ds, idx[~held], variant, epochs, seed, graph_dim=graph_dim)
-        r = to_residual(ds.y[idx[held]], anchors(ds, idx[held], variant))
+        r = to_residual(ds.measured[idx[held]], anchors(ds, idx[held], variant))
         found.append(r[:, :, None] - residual_quantiles(net, ds, idx[held], variant))
     s = np.concatenate(found)  # (N, 2, Q)
     for t in range(2):
@@ -132,7 +132,7 @@ def cross_validate_predictions(ds: JobScaleDataset, epochs: int = 300, seed: int
 def score_variants(ds: JobScaleDataset, preds: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
     """:func:`~dprobe.profiling.jobscale.report.scores` of each variant's predictions (``persist`` has no
     quantiles to cover with)."""
-    result = {v: scores(ds.y, q) for v, q in preds.items()}
+    result = {v: scores(ds.measured, q) for v, q in preds.items()}
     result["persist"].pop("p90_coverage", None)
     result["persist"].pop("p99_coverage", None)
     return result

@@ -155,7 +155,8 @@ class KernelModel:
         self._booster = lgb.Booster(model_str=self.booster_text)
 
     def log_efficiency(self, calls: pd.DataFrame, spec: GPUSpec, overhead_s: float) -> np.ndarray:
-        return self._booster.predict(features(calls, spec, overhead_s, self.shapes))
+        # a plain prediction is an array (lightgbm's type also covers its sparse and per-class results)
+        return np.asarray(self._booster.predict(features(calls, spec, overhead_s, self.shapes)))
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps({"format": "dprobe-kernels/1", "overhead_s": self.overhead_s,
@@ -190,7 +191,7 @@ def _weighted_p90(ratios: list[np.ndarray]) -> float:
     weights = np.concatenate([np.full(len(r), 1.0 / len(r)) for r in ratios])
     order = np.argsort(values)
     cum = np.cumsum(weights[order]) / weights.sum()
-    return float(np.exp(max(values[order][min(np.searchsorted(cum, 0.9), len(values) - 1)], 0.0)))
+    return float(np.exp(max(values[order][min(int(np.searchsorted(cum, 0.9)), len(values) - 1)], 0.0)))
 
 
 def fit(calls: pd.DataFrame, specs: dict[str, GPUSpec], p90_factor: float = 1.0, shapes: bool = True) -> KernelModel:

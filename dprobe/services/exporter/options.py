@@ -39,7 +39,7 @@ class WebOptions:
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             given = "tls_cert_file" if self.tls_cert_file else "tls_key_file"
             raise ValueError(f"HTTPS needs both tls_cert_file and tls_key_file, not {given} alone")
-        if self.tls_cert_file:
+        if self.tls_cert_file and self.tls_key_file:
             tls_context(self.tls_cert_file, self.tls_key_file)  # a ValueError naming the file that cannot serve
 
     def server_kwargs(self) -> dict[str, Any]:

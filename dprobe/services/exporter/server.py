@@ -105,7 +105,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def __init__(self, sock: socket.socket, address: tuple[str, int], server: _Server, head: bytes) -> None:
         self.head = head
-        self.timeout = server.request_timeout
+        # typeshed makes timeout a ClassVar; StreamRequestHandler.setup() reads it from the instance
+        self.timeout = server.request_timeout  # type: ignore[misc]
         super().__init__(sock, address, server)  # type: ignore[arg-type]
 
     def setup(self) -> None:

@@ -20,8 +20,14 @@ the environment, which wins over the file."""
 
 
 def run(config: ScalerConfig) -> int:
+    import os
+
+    from dprobe.services.scaler.kube import kubernetes_uses, require_kubernetes
     from dprobe.services.scaler.service import Scaler
 
+    # the Kubernetes client is the scaler extra: refused in one line, before anything starts, where it is needed
+    require_kubernetes(kubernetes_uses(config.apply, config.leader.enabled,
+                                       bool(os.environ.get("KUBERNETES_SERVICE_HOST"))))
     return Scaler(config).run()
 
 

@@ -124,6 +124,19 @@ class QueryOptions:
                                              "and owner_name labels (kube-state-metrics' kube_pod_owner, through "
                                              "kube_replicaset_owner): a workload's replicas are the pods its owner "
                                              "owns; a pod it does not list is grouped by name ('' = by name only)")
+    activations_query: str = option("", "PromQL giving every workload's activation value at once, by namespace and "
+                                        "workload labels (KEDA's activation, one query a cycle whatever the number "
+                                        "of workloads): a listed workload with min_replicas 0 and no activation_query "
+                                        "of its own is woken from zero while its value is above "
+                                        "activations_query_threshold ('' = none)")
+    activations_query_threshold: float = option(0.0, "the value of activations_query above which a workload is "
+                                                     "active")
+    recorded_series: bool = option(False, "read each workload's and namespace's forecast demand from the series "
+                                          "dprobe's recording rules record (deploy/prometheus/dprobe-rules.yaml, "
+                                          "group dprobe-scaler-workloads): O(workloads) series a cycle instead of "
+                                          "every pod's; pods grouped by owner only (kube-state-metrics), virtual "
+                                          "clusters by namespace; where the rules are not loaded, every pod's "
+                                          "forecasts are read (logged, counted)")
     restore_seconds: float = option(3600.0, "a (re)started scaler (or a new leader) starts what it only recommends "
                                             "from its own last recommendations Prometheus (or the Lease) kept this "
                                             "far back (0 = don't)",
@@ -186,7 +199,8 @@ class PolicyOptions:
         """The ``workloads:`` entries, each checked (a clear error naming the entry)."""
         if not isinstance(self.workloads, list) or not all(isinstance(e, Mapping) for e in self.workloads):
             raise ValueError(f"workloads must be a list of mappings, got {self.workloads!r}")
-        specs, seen = [], {}
+        specs: list[WorkloadSpec] = []
+        seen: dict[tuple[str, str], int] = {}
         for i, entry in enumerate(self.workloads):
             spec = WorkloadSpec.parse(entry, self.default_policy(), i)
             if spec.key in seen:
@@ -238,6 +252,7 @@ class ApplyOptions:
 
 LEASE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+MAX_SHARDS = 256  # each shard is a Lease every replica reads every leader_election_retry_seconds
 
 
 @dataclass
@@ -258,12 +273,24 @@ class LeaderOptions:
     renew_seconds: float = option(10.0, "the holder stops leading when it could not renew the Lease for this long "
                                         "(s; below lease_seconds)")
     retry_seconds: float = option(2.0, "how often the holder renews the Lease, and the others try to take it (s)")
+    shards: int = option(1, "spread the namespaces and virtual clusters over this many shards, each with its own "
+                            "Lease (<lease_name>-shard-<i>) held by one replica; the replicas share them out "
+                            "(needs leader_election; 1 = one Lease, lease_name, one leader)", name="shards",
+                         check=Check(f"must be a whole number from 1 to {MAX_SHARDS}",
+                                     lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_SHARDS))
 
     def check(self) -> None:
         if not 0 < self.retry_seconds < self.renew_seconds < self.lease_seconds:
             raise ValueError("need 0 < leader_election_retry_seconds < leader_election_renew_seconds < "
                              f"leader_election_lease_seconds, got {self.retry_seconds:g}, {self.renew_seconds:g}, "
                              f"{self.lease_seconds:g}")
+        if self.shards > 1 and not self.enabled:
+            raise ValueError(f"shards: {self.shards} needs leader_election: true (each shard is a Lease)")
+        longest = f"{self.lease_name}-shard-{self.shards - 1}" if self.shards > 1 else self.lease_name
+        for lease in (longest, f"{self.lease_name}-members") if self.shards > 1 else (longest,):
+            if not LEASE_NAME.fullmatch(lease):
+                raise ValueError(f"leader_election_lease_name {self.lease_name!r} makes the Lease name {lease!r}, "
+                                 "which is not a Kubernetes object name (at most 253 characters)")
 
 
 @settings
@@ -290,6 +317,8 @@ class ScalerConfig:
         self.queries.prometheus.check_access(self.queries.prometheus.url)
         if self.vc.pending_query.strip() and not self.vc.label:
             raise ValueError("vc_pending_query needs vc_label (the label that names each virtual cluster)")
+        if self.queries.recorded_series:
+            self.check_recorded()
         if self.vc.quota_name and self.vc.label != "namespace":
             raise ValueError("vc_quota_name needs vc_label: namespace (a ResourceQuota lives in a namespace), "
                              f"got vc_label {self.vc.label!r}")
@@ -305,6 +334,18 @@ class ScalerConfig:
         self.sharing_settings()  # checks the sharing options (None when sharing is off)
         self.workload_specs()  # checks every workload entry
         return self
+
+    def check_recorded(self) -> None:
+        """What ``recorded_series`` cannot do (a ValueError naming the option): the rules record per namespace,
+        from every sidecar's series, and sharing needs each pod's memory forecast."""
+        if self.vc.label not in ("namespace", ""):
+            raise ValueError(f"recorded_series needs vc_label: namespace (or ''): the rules record per namespace, "
+                             f"got vc_label {self.vc.label!r}")
+        if self.queries.forecast_selector.strip():
+            raise ValueError("recorded_series reads the recording rules' series, which forecast_selector does not "
+                             "select: put the matchers in the rules (deploy/prometheus/dprobe-rules.yaml) instead")
+        if self.sharing.enabled:
+            raise ValueError("sharing reads each pod's memory forecast: it needs recorded_series: false")
 
     def prometheus_auth(self) -> HttpAuth:
         """The credentials and TLS settings of the Prometheus server read."""
@@ -366,10 +407,8 @@ class WorkloadSpec:
         if kind not in KINDS:
             raise ValueError(f"{where}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
         owner = _owner(entry.get("owner", {}), kind, entry["name"], where)
-        default_pods = (rf"{re.escape(entry['name'])}-\d+" if kind == "StatefulSet"
-                        else rf"{re.escape(entry['name'])}-[a-z0-9]+-[a-z0-9]{{5}}")
         try:
-            pods = re.compile(str(entry.get("pods") or default_pods))
+            pods = re.compile(str(entry.get("pods") or default_pods(entry["name"], kind)))
             overrides = {k: entry[k] for k in POLICY_FIELDS if k in entry}
             for key, value in overrides.items():  # the checks of the options they override
                 check = POLICY_CHECKS.get(key)
@@ -383,6 +422,12 @@ class WorkloadSpec:
         except (re.error, TypeError, ValueError) as exc:
             raise ValueError(f"{where}: {exc}") from exc
         return WorkloadSpec(entry["namespace"], entry["name"], kind, pods, policy, query, threshold, owner)
+
+
+def default_pods(name: str, kind: str) -> str:
+    """The ``pods`` pattern of a workload that sets none: a StatefulSet's ``NAME-N``, else a Deployment's (or
+    Rollout's) ``NAME-HASH-XXXXX``."""
+    return rf"{re.escape(name)}-\d+" if kind == "StatefulSet" else rf"{re.escape(name)}-[a-z0-9]+-[a-z0-9]{{5}}"
 
 
 def _owner(doc: Any, kind: str, name: str, where: str) -> tuple[str, str]:
@@ -423,7 +468,7 @@ def _rules(doc: Any, defaults: ScalingRules) -> ScalingRules:
     policies = rate_policies(doc["policies"]) if "policies" in doc else defaults.policies
     tolerance = doc.get("tolerance", defaults.tolerance)
     return ScalingRules(float(doc.get("stabilization_seconds", defaults.stabilization_seconds)), policies,
-                        str(doc.get("select", defaults.select)), None if tolerance is None else float(tolerance))
+                        doc.get("select", defaults.select), None if tolerance is None else float(tolerance))
 
 
 def rate_policies(entries: Any) -> tuple[RatePolicy, ...]:
@@ -434,7 +479,7 @@ def rate_policies(entries: Any) -> tuple[RatePolicy, ...]:
     if unknown:
         raise ValueError(f"unknown rate policy key(s) {', '.join(unknown)}")
     try:
-        return tuple(RatePolicy(str(p.get("type", "percent")), float(p["value"]), float(p.get("period_seconds", 15)))
+        return tuple(RatePolicy(p.get("type", "percent"), float(p["value"]), float(p.get("period_seconds", 15)))
                      for p in entries)
     except TypeError as exc:
         raise ValueError(f"rate policy values must be numbers: {exc}") from exc

@@ -27,7 +27,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from dprobe.core.names import JOB_PREDICTED, PREDICTED, RECOMMENDED_GPUS, RECOMMENDED_REPLICAS
-from dprobe.services.scaler.config import QueryOptions, VcOptions, WorkloadSpec
+from dprobe.services.scaler.config import VC_GPUS_QUERY, QueryOptions, VcOptions, WorkloadSpec, default_pods
+from dprobe.services.sources.base import SourceError
 from dprobe.services.sources.prometheus import query_vector
 
 PREDICTED_UTILIZATION = PREDICTED["gpu_utilization_ratio"]
@@ -52,6 +53,18 @@ class Demand:
     pending: float = 0.0  # GPUs waiting, from vc_pending_query (virtual clusters; part of total)
     missing: list[str] = field(default_factory=list)  # pods seen holding GPUs, without a usable forecast
     missing_gpus: int = 0  # the GPUs those pods hold (virtual clusters)
+    counted: int = 0  # pods with a forecast known by their number only (recorded series), besides ``pods``
+    counted_missing: int = 0  # missing pods known by their number only, besides ``missing``
+
+    @property
+    def covered(self) -> int:
+        """Pods with a usable forecast (a virtual cluster's, from recorded series: GPUs)."""
+        return len(self.pods) + self.counted
+
+    @property
+    def n_missing(self) -> int:
+        """Pods expected to have a forecast without one."""
+        return len(self.missing) + self.counted_missing
 
 
 @dataclass
@@ -65,9 +78,17 @@ class DemandView:
 
 
 def _vector(queries: QueryOptions, query: str) -> list[tuple[dict[str, str], float]]:
-    """An instant ``query`` at the configured Prometheus, with its credentials (SourceError on failure)."""
+    """An instant ``query`` at the configured Prometheus, with its credentials (SourceError on failure); the
+    warnings of its answer (a partial response) are kept for :func:`answer_warnings`."""
     server = queries.prometheus
-    return query_vector(server.url, query, queries.http_timeout, server.auth())
+    return query_vector(server.url, query, queries.http_timeout, server.auth(), answer_warnings(queries))
+
+
+def answer_warnings(queries: QueryOptions) -> list[str]:
+    """The warnings Prometheus sent with its answers to ``queries`` since the list was last emptied: Thanos and
+    Mimir send one with a partial response (a store or an ingester not answering), Prometheus with some
+    queries. The reader counts, logs and empties it each cycle."""
+    return queries.__dict__.setdefault("_answer_warnings", [])
 
 
 def forecast_query(queries: QueryOptions) -> str:
@@ -82,6 +103,13 @@ def forecast_query(queries: QueryOptions) -> str:
     profile = "0.5" if queries.quantile <= 0.5 else "0.9"
     return f'{query} or on (namespace, pod) {JOB_UTILIZATION}{{quantile="{profile}",pod!=""{extra}}}'
 
+
+
+def exported_horizons(queries: QueryOptions) -> set[str]:
+    """The horizons (s) of the utilisation forecasts Prometheus holds (``forecast_selector`` applied)."""
+    extra = f",{queries.forecast_selector.strip().strip(',')}" if queries.forecast_selector.strip() else ""
+    query = f'count by (horizon_seconds) ({PREDICTED_UTILIZATION}{{pod!=""{extra}}})'
+    return {h for labels, _ in _vector(queries, query) if (h := labels.get("horizon_seconds", ""))}
 
 
 def forecast_problem(value: float) -> str:
@@ -195,11 +223,15 @@ def previous_vc_data(queries: QueryOptions) -> dict[str, tuple[int, float]]:
 
 def vc_gpus(queries: QueryOptions, vcs: VcOptions) -> dict[str, int]:
     """GPUs per virtual cluster from ``vc_gpus_query`` (kube-state-metrics: what its running pods request; empty
-    when it is not set), its samples summed by the ``vc_label`` label."""
+    when it is not set), its samples summed by the ``vc_label`` label. With ``recorded_series``, the default query
+    is read from what the rules record (:data:`RECORDED_REQUESTED_GPUS`)."""
     if not vcs.gpus_query.strip() or not vcs.label:
         return {}
+    query = vcs.gpus_query
+    if queries.recorded_series and query == VC_GPUS_QUERY:
+        query = f"max by (namespace) ({RECORDED_REQUESTED_GPUS})"
     out: dict[str, float] = defaultdict(float)
-    for labels, value in _vector(queries, vcs.gpus_query):
+    for labels, value in _vector(queries, query):
         vc = labels.get(vcs.label, "")
         if vc and math.isfinite(value) and value >= 0:
             out[vc] += value
@@ -232,6 +264,107 @@ def activation_value(queries: QueryOptions, query: str) -> float:
     return float(sum(v for _, v in rows if v == v))
 
 
+def workload_values(queries: QueryOptions, query: str) -> dict[tuple[str, str], float]:
+    """``(namespace, workload) -> value`` of ``query`` (``activations_query``), the samples of one workload summed
+    (NaN left out)."""
+    out: dict[tuple[str, str], float] = defaultdict(float)
+    for labels, value in _vector(queries, query):
+        key = labels.get("namespace", ""), labels.get("workload", "")
+        if key[1] and value == value:
+            out[key] += value
+    return dict(out)
+
+
+ACTIVATION_LABEL = "dprobe_activation"  # which query of a batch a sample answers
+# activation queries asked in one request: Prometheus (2.42) takes a time growing with the square of the parts of
+# one expression to run it (measured: 100 parts 0.03 s, 1,000 parts 3.5 s, 2,000 parts 13 s), so a batch is cut
+# at this many parts
+ACTIVATION_BATCH = 100
+
+
+def activation_batch(batch: list[str]) -> str:
+    """One PromQL expression answering every activation query of ``batch``: each one's samples summed (NaN
+    left out, as :func:`activation_value` does), labelled ``dprobe_activation="<its index>"``, the parts joined
+    by ``or`` as a balanced tree (a chain would cost Prometheus O(n^2) label-set comparisons). An empty part
+    answers nothing: 0."""
+    parts = [f'label_replace(sum(({q}) >= -Inf), "{ACTIVATION_LABEL}", "{i}", "", "")' for i, q in enumerate(batch)]
+    while len(parts) > 1:
+        parts = [f"({' or '.join(parts[i:i + 2])})" if i + 1 < len(parts) else parts[i]
+                 for i in range(0, len(parts), 2)]
+    return parts[0]
+
+
+def query_fault(exc: SourceError) -> bool:
+    """Whether a failed query was refused for what it asks (bad PromQL, a scalar where a vector is expected, a
+    query too heavy to run), rather than for the server (down, credentials, a timeout)."""
+    text = str(exc)
+    return any(m in text for m in ("HTTP 400", "HTTP 422", "query failed", "expected a vector"))
+
+
+def activation_values(queries: QueryOptions, batch: list[str]) -> tuple[dict[str, float], dict[str, SourceError]]:
+    """Each distinct activation query of ``batch``: its value (samples summed; none: 0), or why it failed. One
+    query to Prometheus for every :data:`ACTIVATION_BATCH` of them (:func:`activation_batch`); a batch Prometheus
+    refuses for what it asks is split in halves until the queries at fault are found (a bad query costs about
+    log2(n) more queries, the others are still answered); one it fails for the server fails its queries with that
+    error, and the batches after it are not asked (the same error)."""
+    values: dict[str, float] = {}
+    errors: dict[str, SourceError] = {}
+    distinct = list(dict.fromkeys(batch))
+    pending = [distinct[i:i + ACTIVATION_BATCH] for i in range(0, len(distinct), ACTIVATION_BATCH)][::-1]
+    while pending:
+        part = pending.pop()
+        try:
+            if len(part) == 1:
+                values[part[0]] = activation_value(queries, part[0])
+                continue
+            rows = _vector(queries, activation_batch(part))
+        except SourceError as exc:
+            if len(part) > 1 and query_fault(exc):
+                pending += [part[len(part) // 2:], part[:len(part) // 2]]
+            elif query_fault(exc):
+                errors[part[0]] = exc
+            else:  # the server: the rest would fail alike
+                errors.update(dict.fromkeys([q for rest in (part, *pending) for q in rest], exc))
+                break
+            continue
+        found = {part[int(i)]: v for lab, v in rows
+                 if (i := lab.get(ACTIVATION_LABEL, "")).isdigit() and int(i) < len(part)}
+        values.update({q: float(found.get(q, 0.0)) for q in part})
+    return values, errors
+
+
+class SpecIndex:
+    """The listed workloads indexed for the join of pods to workloads, so that grouping costs O(pods), not
+    O(pods x workloads): by ``(namespace, owner)``, and by the workload name a default ``pods`` pattern
+    implies (``NAME-HASH-XXXXX`` for a Deployment or Rollout, ``NAME-N`` for a StatefulSet). Only custom ``pods``
+    patterns are tried one by one (those of the pod's namespace). Where several specs match, the first listed
+    wins, as when each was tried in turn."""
+
+    def __init__(self, specs: list[WorkloadSpec]) -> None:
+        self.owners: dict[tuple[str, tuple[str, str]], tuple[int, WorkloadSpec]] = {}
+        self.names: dict[tuple[str, str], list[tuple[int, WorkloadSpec]]] = defaultdict(list)
+        self.custom: dict[str, list[tuple[int, WorkloadSpec]]] = defaultdict(list)
+        for i, spec in enumerate(specs):
+            self.owners.setdefault((spec.namespace, spec.owner_ref), (i, spec))
+            if spec.pods.pattern == default_pods(spec.name, spec.kind):
+                self.names[(spec.namespace, spec.name)].append((i, spec))
+            else:
+                self.custom[spec.namespace].append((i, spec))
+
+    def by_owner(self, namespace: str, owner: tuple[str, str]) -> WorkloadSpec | None:
+        """The first spec of ``namespace`` whose pods ``owner`` owns."""
+        found = self.owners.get((namespace, owner))
+        return found[1] if found else None
+
+    def by_name(self, namespace: str, pod: str) -> WorkloadSpec | None:
+        """The first spec of ``namespace`` whose ``pods`` pattern matches the pod's name."""
+        candidates = [c for prefix in (pod.rsplit("-", 2)[0], pod.rsplit("-", 1)[0])
+                      for c in self.names.get((namespace, prefix), ())]
+        candidates += self.custom.get(namespace, ())
+        return min(((i, s) for i, s in candidates if s.pods.fullmatch(pod)), key=lambda c: c[0],
+                   default=(0, None))[1]
+
+
 def group_demand(forecasts: dict[tuple[str, str], tuple[float, dict[str, str]]], specs: list[WorkloadSpec],
                  gpus: dict[tuple[str, str], tuple[int, dict[str, str]]], vc_label: str, discover: bool,
                  owners: dict[tuple[str, str], tuple[str, str]] | None = None) -> DemandView:
@@ -244,23 +377,25 @@ def group_demand(forecasts: dict[tuple[str, str], tuple[float, dict[str, str]]],
     discovered Deployment its name looks like."""
     owners = owners or {}
     workloads = {s.key: Demand() for s in specs}
+    index = SpecIndex(specs)
     discovered: dict[tuple[str, str], Demand] = defaultdict(Demand)
     vcs: dict[str, Demand] = defaultdict(Demand)
     grouped: Counter[str] = Counter()
-    pods = [(key, value, labels) for key, (value, labels) in forecasts.items()]
+    pods: list[tuple[tuple[str, str], float | None, dict[str, str]]] = [
+        (key, value, labels) for key, (value, labels) in forecasts.items()]
     pods += [(key, None, labels) for key, (_, labels) in gpus.items() if key not in forecasts]
     for (ns, pod), value, labels in sorted(pods, key=lambda row: row[0]):
         demand: Demand | None = None
         owner = owners.get((ns, pod))
         if owner is not None:
-            spec = next((s for s in specs if s.namespace == ns and s.owner_ref == owner), None)
+            spec = index.by_owner(ns, owner)
             if spec is not None:
                 demand = workloads[spec.key]
             elif discover and owner[0] in SCALABLE_OWNERS and (ns, owner[1]) not in workloads:
                 demand = discovered[(ns, owner[1])]
             method = "owner"
         else:
-            spec = next((s for s in specs if s.namespace == ns and s.pods.fullmatch(pod)), None)
+            spec = index.by_name(ns, pod)
             match = DEPLOYMENT_POD.fullmatch(pod) if spec is None and discover else None
             demand = workloads[spec.key] if spec else discovered[(ns, match["workload"])] if match else None
             method = "name"
@@ -282,3 +417,86 @@ def group_demand(forecasts: dict[tuple[str, str], tuple[float, dict[str, str]]],
                 vcs[vc].total += value * n
                 vcs[vc].pods.append(f"{ns}/{pod}")
     return DemandView(workloads, dict(discovered), dict(vcs), grouped)
+
+
+# the recording rules' series (deploy/prometheus/dprobe-rules.yaml, group dprobe-scaler-workloads)
+RECORDED_WORKLOAD = {
+    "demand": "dprobe:workload_gpu_utilization_forecast:sum", "covered": "dprobe:workload_forecast_pods:count",
+    "seen": "dprobe:workload_pods:count", "job_demand": "dprobe:workload_job_gpu_utilization:sum",
+    "job_pods": "dprobe:workload_job_pods:count"}
+RECORDED_NAMESPACE = {
+    "demand": "dprobe:namespace_gpu_demand_forecast:sum", "covered": "dprobe:namespace_forecast_gpus:sum",
+    "seen": "dprobe:namespace_pod_gpus:sum", "job_demand": "dprobe:namespace_job_gpu_demand:sum",
+    "job_pods": "dprobe:namespace_job_gpus:sum"}
+RECORDED_REQUESTED_GPUS = "dprobe:namespace_requested_gpus:sum"  # vc_gpus_query's default, recorded
+SERIES_LABEL = "dprobe_series"  # which recorded series a sample of the combined query is
+
+
+def recorded_query(queries: QueryOptions, series: dict[str, str], by: str) -> str:
+    """One query for the recorded ``series`` (:data:`RECORDED_WORKLOAD` or :data:`RECORDED_NAMESPACE`) at the
+    configured horizon and quantile, each labelled ``dprobe_series``; ``max by`` takes one of the copies that
+    Prometheus servers of an HA pair (un-deduplicated behind Thanos or Mimir) record alike."""
+    profile = "0.5" if queries.quantile <= 0.5 else "0.9"
+    selectors = {"demand": f'{{horizon_seconds="{queries.horizon_seconds}",quantile="{queries.quantile:g}"}}',
+                 "covered": f'{{horizon_seconds="{queries.horizon_seconds}",quantile="{queries.quantile:g}"}}',
+                 "seen": "", "job_demand": f'{{quantile="{profile}"}}', "job_pods": f'{{quantile="{profile}"}}'}
+    kinds = [k for k in series if queries.job_profiles or not k.startswith("job_")]
+    return " or ".join(f'label_replace(max by ({by}) ({series[k]}{selectors[k]}), "{SERIES_LABEL}", "{k}", "", "")'
+                       for k in kinds)
+
+
+def recorded_demand(queries: QueryOptions, specs: list[WorkloadSpec], vc_label: str, discover: bool
+                    ) -> DemandView | None:
+    """The demand view from the recording rules' series (``recorded_series``): two queries whatever the number of
+    pods and workloads. A workload's pods are those its owner owns (kube-state-metrics); missing pods are those
+    seen (holding a GPU, or with a forecast at any horizon) without a usable forecast at the configured horizon
+    and quantile (or a cold-start profile). None when Prometheus holds none of the series (the rules not loaded,
+    or nothing to record)."""
+    rows = _vector(queries, recorded_query(queries, RECORDED_WORKLOAD, "namespace, owner_kind, owner_name"))
+    per: dict[tuple[str, str, str], dict[str, float]] = defaultdict(dict)
+    for labels, value in rows:
+        if math.isfinite(value):
+            key = labels.get("namespace", ""), labels.get("owner_kind", ""), labels.get("owner_name", "")
+            per[key][labels.get(SERIES_LABEL, "")] = value
+    vc_rows = _vector(queries, recorded_query(queries, RECORDED_NAMESPACE, "namespace")) if vc_label else []
+    if not rows and not vc_rows:
+        return None
+    index = SpecIndex(specs)
+    workloads = {s.key: Demand() for s in specs}
+    discovered: dict[tuple[str, str], Demand] = {}
+    grouped: Counter[str] = Counter()
+    for (ns, kind, owner), values in sorted(per.items()):
+        spec = index.by_owner(ns, (kind, owner))
+        if spec is not None:
+            demand = workloads[spec.key]
+        elif discover and kind in SCALABLE_OWNERS and (ns, owner) not in workloads:
+            demand = discovered.setdefault((ns, owner), Demand())
+        else:
+            continue
+        covered = int(round(values.get("covered", 0) + values.get("job_pods", 0)))
+        demand.total += values.get("demand", 0.0) + values.get("job_demand", 0.0)
+        demand.counted += covered
+        demand.counted_missing += max(0, int(round(values.get("seen", 0))) - covered)
+        grouped["owner"] += demand.covered + demand.n_missing
+    per_vc: dict[str, dict[str, float]] = defaultdict(dict)
+    for labels, value in vc_rows:
+        if math.isfinite(value) and labels.get("namespace"):
+            per_vc[labels["namespace"]][labels.get(SERIES_LABEL, "")] = value
+    vcs: dict[str, Demand] = {}
+    for vc, values in per_vc.items():  # a virtual cluster's "pods" are GPUs here
+        covered = int(round(values.get("covered", 0) + values.get("job_pods", 0)))
+        gpus = max(covered, int(round(values.get("seen", 0))))
+        vcs[vc] = Demand(total=values.get("demand", 0.0) + values.get("job_demand", 0.0), gpus=gpus,
+                         missing_gpus=gpus - covered, counted=covered, counted_missing=gpus - covered)
+    return DemandView(workloads, discovered, vcs, grouped)
+
+
+def recorded_horizons(queries: QueryOptions) -> set[str]:
+    """The horizons (s) of the recorded per-workload forecasts Prometheus holds."""
+    query = f'count by (horizon_seconds) ({RECORDED_WORKLOAD["demand"]})'
+    return {h for labels, _ in _vector(queries, query) if (h := labels.get("horizon_seconds", ""))}
+
+
+def pods_forecast(queries: QueryOptions) -> bool:
+    """Whether Prometheus holds any pod's utilisation forecast (the sidecars are scraped)."""
+    return bool(_vector(queries, f'count({PREDICTED_UTILIZATION}{{pod!=""}})'))

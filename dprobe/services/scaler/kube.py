@@ -1,7 +1,8 @@
 """Apply mode: reading and setting a workload's replicas through the Kubernetes scale subresource, and a
 virtual cluster's GPUs through its ResourceQuota.
 
-The official ``kubernetes`` client; the scaler needs RBAC ``get`` and ``patch`` on
+The official ``kubernetes`` client (the scaler extra, ``pip install 'dprobe[scaler]'``: imported only where it is
+used, and :func:`kubernetes_uses` says at the start what needs it); the scaler needs RBAC ``get`` and ``patch`` on
 ``deployments/scale`` and ``statefulsets/scale`` (and ``rollouts/scale`` of ``argoproj.io`` for Argo Rollouts), and ``create`` on ``events`` for the Events it records
 on what it rescales, as the HPA does (``deploy/scaler/rbac.yaml``).
 """
@@ -53,6 +54,29 @@ ROLLOUTS = ("argoproj.io", "v1alpha1", "rollouts")  # Argo Rollouts: group, vers
 
 
 EVENT_SOURCE = "dprobe-scaler"
+
+
+def kubernetes_uses(apply: ApplyOptions, leader_election: bool, in_cluster: bool) -> list[str]:
+    """What of a scaler's configuration talks to the Kubernetes API, and so needs the ``kubernetes`` client:
+    apply mode, leader election, and reading the workloads' scales in recommend mode (with a kubeconfig, or in
+    a cluster)."""
+    uses = ["--mode apply"] if apply.mode == "apply" else []
+    if leader_election:
+        uses.append("--leader-election")
+    if apply.mode != "apply" and (apply.kubeconfig or in_cluster):
+        uses.append("--kubeconfig (reading workloads' scales)" if apply.kubeconfig
+                    else "reading workloads' scales in a cluster")
+    return uses
+
+
+def require_kubernetes(uses: list[str]) -> None:
+    """ValueError, in one line, where ``uses`` (:func:`kubernetes_uses`) need the ``kubernetes`` client and it is
+    not installed (the base install leaves it out)."""
+    from dprobe.core.lazy import SCALER_EXTRA, installed
+
+    if uses and not installed("kubernetes"):
+        raise ValueError(f"{', '.join(uses)} needs the Kubernetes client, which is not installed here: install it "
+                         f"with `{SCALER_EXTRA}`")
 
 
 def api_client(kubeconfig: str = "") -> Any:

@@ -11,6 +11,12 @@ may start. A holder that stops cleanly gives the Lease up, and another replica t
 Each write of the holder also sets the Lease's annotations its ``annotate`` callback gives (the scaler's decision
 state, :mod:`.state`), keeping the others; a replica that starts leading finds the annotations of the Lease it
 took, and how long ago they were written, in :meth:`LeaderElector.handover`.
+
+Not ``kubernetes.leaderelection`` (the official client's, 37.0): its ``LeaseLock`` writes the Lease's spec only
+(the annotations carrying the decision state are neither written nor read back), reports a conflict (409) as any
+other failure, and calls the client's global configuration; its ``LeaderElection`` blocks in ``run()`` on the wall
+clock (``time.time``), one Lease per process, with no clock a test can drive. Sharding (:mod:`.shards`) runs
+several of the electors here in one thread.
 """
 
 from __future__ import annotations
@@ -177,6 +183,7 @@ class LeaderElector:
         self._handover: tuple[Mapping[str, str], float, dt.datetime | None] | None = None  # (annotations, seen at)
         self._renewed_at: float | None = None  # own clock, when the last successful write of ours was sent
         self._observed: tuple[str, float] | None = None  # (version, own clock) of the last change seen
+        self._duration = float(lease_seconds)  # the Lease's duration as last read
         self._failure = ""
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -187,13 +194,31 @@ class LeaderElector:
         renewed = self._renewed_at
         return renewed is not None and self.clock() - renewed < self.renew_seconds
 
-    def try_acquire_or_renew(self) -> bool:
-        """One attempt: take the Lease when free or expired, renew it when ours. True when it is ours now."""
+    def expired(self) -> bool:
+        """Whether the Lease, as last read, is held by another replica that has not renewed it for its duration
+        (timed on this replica's clock from when it saw the last renewal): anyone may take it."""
+        observed = self._observed
+        return (bool(self.holder) and self.holder != self.identity and observed is not None
+                and self.clock() >= observed[1] + self._duration)
+
+    def seen_renewing(self, within: float) -> bool:
+        """Whether the Lease, as last read, changed (its holder renewed it) within ``within`` seconds of this
+        replica's clock."""
+        observed = self._observed
+        return observed is not None and self.clock() - observed[1] < within
+
+    def try_acquire_or_renew(self, take: bool = True) -> bool:
+        """One attempt: take the Lease when free or expired, renew it when ours. True when it is ours now.
+        ``take=False``: renew it when ours, else only read it (:attr:`holder`, :meth:`expired`)."""
         with self._lock:
             started = self.clock()
             now = dt.datetime.now(dt.UTC)
             try:
                 old = self.store.get()
+                if old is None and not take:
+                    self._answered()
+                    self.holder = ""
+                    return self._lost()
                 if old is None:
                     self.store.create(LeaseRecord(self.identity, self.lease_seconds, now, now, 0, "",
                                                   dict(self.annotate())))
@@ -202,8 +227,8 @@ class LeaderElector:
                     self._observed = (old.version, started)
                 self.holder = old.holder
                 mine = old.holder == self.identity
-                duration = old.lease_seconds or self.lease_seconds
-                if old.holder and not mine and started < self._observed[1] + duration:
+                self._duration = duration = old.lease_seconds or self.lease_seconds
+                if not mine and (not take or (old.holder and started < self._observed[1] + duration)):
                     self._answered()
                     return self._lost()
                 self.store.update(LeaseRecord(self.identity, self.lease_seconds, old.acquired if mine else now,
@@ -238,7 +263,7 @@ class LeaderElector:
 
     def _lost(self) -> bool:
         if self._renewed_at is not None:
-            log.warning("no longer leading: the Lease is held by %s", self.holder)
+            log.warning("no longer leading: the Lease is held by %s", self.holder or "nobody")
             self._renewed_at = None
         return False
 

@@ -8,6 +8,8 @@ Its parts: :class:`~dprobe.services.scaler.reader.DemandReader` (what Prometheus
 
 from __future__ import annotations
 
+import functools
+import gc
 import logging
 import math
 import os
@@ -30,13 +32,32 @@ from dprobe.services.scaler.kube import Cluster, KubernetesActuator, ScaleClient
 from dprobe.services.scaler.leader import KubernetesLease, LeaderElector, default_identity, default_namespace
 from dprobe.services.scaler.ledger import Ledger, name
 from dprobe.services.scaler.reader import DemandReader
+from dprobe.services.scaler.shards import ShardCollector, ShardedElector, ShardedScaling, make_sharded_elector
 from dprobe.services.scaler.sharing import SharePlan, ShareRecommender, previous_limits, read_pods
-from dprobe.services.scaler.state import annotations, encode, resume
+from dprobe.services.scaler.state import encode, lease_annotations, resume
 from dprobe.services.sources.base import SourceError
 from dprobe.services.sources.http import redact_url
 
 log = logging.getLogger(__name__)
 CYCLE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def _gc_paused(method: Callable[..., None]) -> Callable[..., None]:
+    """``method`` with Python's cyclic garbage collector paused while it runs. A cycle makes and drops a few
+    objects per pod (the answers' rows): with the collector on, its full collections, each through every object the
+    scaler keeps (per workload: a recommender, its windows, decisions), came several times a cycle, and took most of
+    a cycle at 5,000 workloads (its cost growing faster than the workloads). What a cycle frees is freed as it
+    goes (reference counts); reference cycles it leaves are collected once it is over."""
+    @functools.wraps(method)
+    def paused(*args: object, **kwargs: object) -> None:
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            method(*args, **kwargs)
+        finally:
+            if enabled:
+                gc.enable()
+    return paused
 
 
 def make_actuator(config: ScalerConfig, kube: Cluster | None, errors: Counter[str]) -> Actuator:
@@ -57,10 +78,15 @@ def make_actuator(config: ScalerConfig, kube: Cluster | None, errors: Counter[st
 
 
 def make_elector(leader: LeaderOptions, kubeconfig: str, timeout: float,
-                 errors: Counter[str]) -> LeaderElector | None:
-    """With ``leader_election``, the elector of this replica on the configured Lease (else None)."""
+                 errors: Counter[str]) -> LeaderElector | ShardedElector | None:
+    """With ``leader_election``, the elector of this replica on the configured Lease (else None); with ``shards``
+    above 1, on the shards' Leases (:mod:`.shards`)."""
     if not leader.enabled:
         return None
+    if leader.shards > 1:
+        return make_sharded_elector(leader.lease_name, leader.namespace or default_namespace(), leader.shards,
+                                    api_client(kubeconfig), timeout, default_identity(), leader.lease_seconds,
+                                    leader.renew_seconds, leader.retry_seconds, errors)
     store = KubernetesLease(leader.lease_name, leader.namespace or default_namespace(), api_client(kubeconfig),
                             timeout)
     return LeaderElector(store, default_identity(), leader.lease_seconds, leader.renew_seconds, leader.retry_seconds,
@@ -96,7 +122,7 @@ class Scaler:
     """
 
     def __init__(self, config: ScalerConfig, kube: Cluster | None = None,
-                 clock: Callable[[], float] = time.monotonic, elector: LeaderElector | None = None,
+                 clock: Callable[[], float] = time.monotonic, elector: LeaderElector | ShardedElector | None = None,
                  wall_clock: Callable[[], float] = time.time) -> None:
         self.config = config.validate()
         self.specs: list[WorkloadSpec] = config.workload_specs()
@@ -109,12 +135,17 @@ class Scaler:
         self._term = 0  # the elector's term the decision state below belongs to
         self.last_cycle_at: float | None = None  # wall clock (exported)
         self._fresh()
-        if self.elector is not None:
+        # sharding: the workloads and virtual clusters of the shards this replica holds (None: one Lease, or none)
+        self.sharding = ShardedScaling(self.elector, clock) if isinstance(self.elector, ShardedElector) else None
+        if self.elector is not None and self.sharding is None:
             self.elector.annotate = self._lease_annotations
         self.registry = CollectorRegistry(auto_describe=False)
         self.cycle_seconds = Histogram("dprobe_scaler_cycle_seconds", "Duration of a decision cycle.",
                                        buckets=CYCLE_BUCKETS, registry=self.registry)
-        self.registry.register(ScalerCollector(self))
+        self.collector = ScalerCollector(self)
+        self.registry.register(self.collector)
+        if self.sharding is not None:
+            self.registry.register(ShardCollector(self.sharding))
         self.stop_event = threading.Event()
         self.server: ExporterServer | None = None
         self._thread: threading.Thread | None = None
@@ -143,8 +174,13 @@ class Scaler:
     @property
     def publishing(self) -> bool:
         """Whether this replica decides and publishes: always without leader election, else while it leads with
-        the decision state of this term (a leader's state is made afresh before it publishes, :meth:`_lead`)."""
-        return self.elector is None or (self.elector.is_leader() and self.elector.term == self._term)
+        the decision state of this term (a leader's state is made afresh before it publishes, :meth:`_lead`); with
+        sharding, while it holds a shard with this term's state."""
+        if self.sharding is not None:
+            return self.sharding.publishing()
+        elector = self.elector  # one Lease (a ShardedElector always comes with self.sharding)
+        return elector is None or (not isinstance(elector, ShardedElector) and elector.is_leader()
+                                   and elector.term == self._term)
 
     def _lead(self) -> bool:
         """:attr:`publishing`; the decision state is made anew whenever this replica starts or stops leading: a
@@ -152,19 +188,27 @@ class Scaler:
         from the last recommendations Prometheus kept)."""
         if self.elector is None:
             return True
-        leading = self.elector.is_leader()
-        term = self.elector.term if leading else -1
+        if self.sharding is not None:  # per shard: forget those lost, take up those taken from their Leases
+            return self.sharding.sync(self)
+        elector = self.elector
+        if isinstance(elector, ShardedElector):
+            raise TypeError(f"a sharded elector needs its shards' scaling, got {elector!r} alone")
+        leading = elector.is_leader()
+        term = elector.term if leading else -1
         if term != self._term:
             self._fresh()
             self._term = term
             if leading:
-                resume(self.elector.handover(), self.workloads, self.vcs, self.clock(), self.wall_clock(),
+                resume(elector.handover(), self.workloads, self.vcs, self.clock(), self.wall_clock(),
                        self.config.queries.restore_seconds,
                        {"workloads": self.config.default_policy, "vcs": self.config.gpu_policy})
         return leading
 
     def _save(self, now: float) -> None:
         """The decision state the Lease carries to the next leader (with leader election), as of ``now``."""
+        if self.sharding is not None:  # each shard's in its own Lease
+            self.sharding.save(self.workloads, self.vcs, now)
+            return
         text, left_out = encode(self.workloads, self.vcs, now)
         if left_out and not self._left_out:
             log.warning("%d workloads and virtual clusters left out of the Lease's decision state (too large): "
@@ -177,18 +221,20 @@ class Scaler:
         state = self._state
         if state is None or not self.publishing:
             return {}
-        return annotations(state[0], self.clock() - state[1])
+        return lease_annotations(state[0], self.clock() - state[1])
 
     # what the collector reads -------------------------------------------------------------------------
     @property
     def decisions(self) -> dict[tuple[str, str], Decision]:
-        """The last cycle's decision per workload."""
-        return self.workloads.decisions
+        """The last cycle's decision per workload (with sharding, of the shards this replica holds now)."""
+        decisions = self.workloads.decisions
+        return decisions if self.sharding is None else self.sharding.filtered(decisions)
 
     @property
     def vc_decisions(self) -> dict[str, Decision]:
-        """The last cycle's decision per virtual cluster."""
-        return self.vcs.decisions
+        """The last cycle's decision per virtual cluster (with sharding, of the shards this replica holds now)."""
+        decisions = self.vcs.decisions
+        return decisions if self.sharding is None else self.sharding.filtered(decisions)
 
     @property
     def events_total(self) -> Counter[tuple[str, ...]]:
@@ -206,17 +252,27 @@ class Scaler:
     def activations(self) -> dict[tuple[str, str], tuple[float, bool]]:
         return self.reader.activations
 
+    @property
+    def answer_warnings_total(self) -> int:
+        return self.reader.warnings_total
+
+    @property
+    def horizon_missing_total(self) -> int:
+        return self.reader.horizon_missing_total
+
     # one cycle ------------------------------------------------------------------------------------
+    @_gc_paused
     def cycle(self) -> None:
         if not self._lead():  # a follower: the leader decides
             return
         started = time.perf_counter()
         now = self.clock()
         view = self.reader.read()
+        specs, view = (self.specs, view) if self.sharding is None else self.sharding.select(self.specs, view)
         if view is not None:
             self.actuator.prepare(self.reader, self.workloads, self.vcs, now)
         decisions: dict[tuple[str, str], Decision] = {}
-        for spec in self.specs:
+        for spec in specs:
             decision = self._guarded(self.workloads, spec.key, partial(self._decide_workload, now, spec, view))
             if decision is not None:
                 decisions[spec.key] = decision
@@ -227,7 +283,7 @@ class Scaler:
             self.grouped_pods = {m: view.grouped.get(m, 0) for m in GROUPING_METHODS}
             self.vc_pending_gpus = {vc: d.pending for vc, d in view.vcs.items() if self.config.vc.pending_query}
             # an answer without a usable forecast while pods expect some: the sidecars are gone or not scraped
-            self._no_data = not any(d.pods for d in (*view.workloads.values(), *view.discovered.values(),
+            self._no_data = not any(d.covered for d in (*view.workloads.values(), *view.discovered.values(),
                                                      *view.vcs.values())) and any(
                 d.demand is None and d.current > 0 for d in (*decisions.values(), *self.vcs.decisions.values()))
             if self.sharing is not None:
@@ -244,6 +300,7 @@ class Scaler:
         self.vc_last_data = {vc: (n, wall - (now - at)) for vc, (at, n) in self.vcs.held.items() if now - at <= keep}
         if self.elector is not None:
             self._save(now)
+        self.reader.take_warnings()  # of every answer of this cycle (partial responses)
         self.cycle_seconds.observe(time.perf_counter() - started)
 
     def _share(self, now: float, view: DemandView) -> None:
@@ -299,9 +356,9 @@ class Scaler:
         cluster, it was scaled to zero by hand and is left there, as the HPA leaves it. Pods expected
         (:meth:`_expected`) without a forecast are missing."""
         demand = view.workloads.get(spec.key) if view else None
-        total = demand.total if demand and demand.pods else None
-        covered = len(demand.pods) if demand else 0
-        seen = covered + (len(demand.missing) if demand else 0)
+        total = demand.total if demand and demand.covered else None
+        covered = demand.covered if demand else 0
+        seen = covered + (demand.n_missing if demand else 0)
         active = self.reader.active(spec, self.workloads.decisions.get(spec.key))
         try:
             current = self.actuator.replicas(spec)
@@ -354,9 +411,9 @@ class Scaler:
         return out
 
     def _decide_one_discovered(self, now: float, key: tuple[str, str], demand: Demand) -> Decision:
-        covered = len(demand.pods)
-        seen = covered + len(demand.missing)
-        total = demand.total if demand.pods else None
+        covered = demand.covered
+        seen = covered + demand.n_missing
+        total = demand.total if demand.covered else None
         current = self.workloads.start(key)
         if current is None:
             return self.workloads.unknown(total)
@@ -411,7 +468,7 @@ class Scaler:
         expected = max(demand.gpus, self.vcs.counted.get(vc, 0),
                        held if now - at <= self.config.queries.restore_seconds else 0)
         missing = expected - covered
-        total = None if silent or not (demand.pods or demand.pending or not missing) else demand.total
+        total = None if silent or not (demand.covered or demand.pending or not missing) else demand.total
         decision = self._decide(self.vcs, now, vc, total, current, partial(self.actuator.set_gpus, vc), "GPUs",
                                 missing=missing, covered=covered, read=read, floor=0 if read else demand.gpus)
         if decision.demand is not None:
@@ -441,6 +498,9 @@ class Scaler:
     def ready(self) -> tuple[bool, str]:
         if not self.publishing:  # ready to take over; a rolling update goes on
             assert self.elector is not None
+            if self.sharding is not None:
+                return True, (f"standing by: no shard held; the {self.sharding.elector.shards} shards are held by "
+                              f"{self.elector.holder}")
             return True, (f"follower, standing by: the Lease {self.config.leader.lease_name} is held by "
                           f"{self.elector.holder or 'nobody'}, who publishes the recommendations")
         if self.last_cycle_at is None:
@@ -456,27 +516,35 @@ class Scaler:
 
     def _loop(self) -> None:
         interval = self.config.interval
-        next_at = time.monotonic()
+        next_at = due = time.monotonic()
         while not self.stop_event.wait(max(0.0, next_at - time.monotonic())):
             if not self._lead():  # a follower looks again soon: it decides as soon as it leads
                 assert self.elector is not None
                 next_at = time.monotonic() + min(interval, self.elector.retry_seconds / 2)
+                continue
+            if self.sharding is not None and not self.sharding.gained and time.monotonic() < due:
+                assert self.elector is not None  # between cycles, a shard taken over is decided at once
+                next_at = min(due, time.monotonic() + self.elector.retry_seconds / 2)
                 continue
             try:
                 self.cycle()
             except Exception:  # a bug in one cycle must not stop the service
                 self.errors_total["cycle"] += 1
                 log.exception("decision cycle failed")
-            next_at = max(next_at + interval, time.monotonic() + 0.05 * interval)
+            next_at = due = max(next_at + interval, time.monotonic() + 0.05 * interval)
+            if self.sharding is not None:  # looks for shards taken over between cycles (above)
+                next_at = min(due, time.monotonic() + self.elector.retry_seconds / 2)  # type: ignore[union-attr]
 
     def start(self, serve: bool = True) -> None:
         if serve:
-            self.server = ExporterServer(self.registry, self, **self.config.web.server_kwargs())
+            self.server = ExporterServer(self.registry, self, **self.config.web.server_kwargs(),
+                                         fast=self.collector.render_text)
             self.server.start()
             log.info("serving http://%s:%d/metrics (%s mode, %d configured workloads, forecasts from %s%s)",
                      self.config.web.listen_address, self.server.port, self.actuator.mode, len(self.specs),
                      redact_url(self.config.queries.prometheus.url), "" if self.elector is None else
-                     f"; leader election on Lease {self.config.leader.lease_name} as "
+                     f"; leader election on Lease {self.config.leader.lease_name}"
+                     f"{'' if self.sharding is None else f' shards 0-{self.config.leader.shards - 1}'} as "
                      f"{self.elector.identity}")
         if self.elector is not None:
             self.elector.start()

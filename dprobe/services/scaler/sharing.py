@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from dprobe.core.names import OBSERVED, PREDICTED, RECOMMENDED_GPU_MEMORY
 from dprobe.services.scaler.config import QueryOptions
-from dprobe.services.scaler.demand import DemandView, query_vector
+from dprobe.services.scaler.demand import DemandView, answer_warnings, query_vector
 from dprobe.services.scaler.sharing_config import SharingSettings
 from dprobe.sharing.mig import MigProfile
 from dprobe.sharing.planner import Plan, PlanSettings, Workload, plan, plan_mig
@@ -90,7 +90,8 @@ def _pod_rows(queries: QueryOptions, query: str) -> list[tuple[PodKey, dict[str,
     """The pod-level rows of ``query`` (``target`` is the pod: a GPU's own series are skipped)."""
     out = []
     server = queries.prometheus
-    for labels, value in query_vector(server.url, query, queries.http_timeout, server.auth()):
+    for labels, value in query_vector(server.url, query, queries.http_timeout, server.auth(),
+                                     answer_warnings(queries)):
         ns, pod = labels.get("namespace", ""), labels.get("pod", "")
         if pod and labels.get("target") in (f"{ns}/{pod}", pod):
             out.append(((ns, pod), labels, value))
@@ -146,7 +147,11 @@ def pods_to_place(view: DemandView, gpus: Mapping[PodKey, tuple[int, Mapping[str
                   totals: Mapping[PodKey, float], vc_label: str) -> dict[PodKey, PodNeed]:
     """Every pod the view, the GPU count query or the memory forecasts show, with its workload and cluster."""
     out: dict[PodKey, PodNeed] = {}
-    vcs = {tuple(p.split("/", 1)): vc for vc, d in view.vcs.items() for p in (*d.pods, *d.missing)}
+    vcs: dict[PodKey, str] = {}
+    for vc, d in view.vcs.items():
+        for name in (*d.pods, *d.missing):
+            ns, _, pod = name.partition("/")
+            vcs[(ns, pod)] = vc
 
     def need(key: PodKey) -> PodNeed:
         if key not in out:
@@ -179,7 +184,8 @@ def previous_limits(queries: QueryOptions) -> dict[tuple[str, str], float]:
              f"[{int(queries.restore_seconds)}s]))")
     out: dict[tuple[str, str], float] = {}
     server = queries.prometheus
-    for labels, value in query_vector(server.url, query, queries.http_timeout, server.auth()):
+    for labels, value in query_vector(server.url, query, queries.http_timeout, server.auth(),
+                                     answer_warnings(queries)):
         if labels.get("workload") and math.isfinite(value) and value > 0:
             out[(labels.get("namespace", ""), labels["workload"])] = value
     return out
@@ -293,8 +299,8 @@ class ShareRecommender:
             return None, p.utilization, None, "multi_gpu"
         if share is None:  # a pod in no workload: its own forecast
             share = self.share(p.memory, p.memory * (1 + self.settings.memory_margin), p.utilization)
-        if share.reason:
-            return None, p.utilization, None, share.reason
+        if share.reason or share.memory_bytes is None:
+            return None, p.utilization, None, share.reason or "no_memory_forecast"
         memory = float(share.memory_bytes) / (1 + self.settings.memory_margin)
         return memory, share.utilization, share.mig_profile, ""
 
@@ -308,8 +314,8 @@ class ShareRecommender:
             memory, util, profile, reason = self._pod_share(p, out)
             if reason:
                 kept += p.gpus
-                placement = "own_gpus" if reason == "no_memory_forecast" else "cannot_place"
-                out.placements[(vc, placement)] += 1
+                kind = "own_gpus" if reason == "no_memory_forecast" else "cannot_place"
+                out.placements[(vc, kind)] += 1
                 out.unplaced[(p.namespace, p.workload[1] if p.workload else "", reason)] += 1
                 out.pod_reasons[(p.namespace, p.pod)] = reason
                 continue

@@ -10,6 +10,9 @@ seconds since the write as the next leader times it on its own monotonic clock (
 window resumed ends no sooner than it would have). A state whose write is older than ``restore_seconds`` on the
 reader's wall clock (or whose writer's clock is ahead by that much) is not resumed: the next leader then starts as
 a restarted scaler does.
+
+With sharding (:mod:`.shards`), each shard's Lease carries the state of that shard's objects only (``keep``), and a
+replica that starts holding a shard takes up only that shard's objects from it.
 """
 
 from __future__ import annotations
@@ -31,13 +34,16 @@ VERSION = 1
 MAX_BYTES = 128 * 1024  # of the Lease's 256 KiB of annotations; the objects beyond start as after a restart
 
 
-def encode(workloads: Ledger[tuple[str, str]], vcs: Ledger[str], now: float) -> tuple[str, int]:
-    """The state of every object whose count is known, as JSON (at most :data:`MAX_BYTES`), and how many objects
-    did not fit (they start afresh after a change of leader)."""
+def encode(workloads: Ledger[tuple[str, str]], vcs: Ledger[str], now: float,
+           keep: Callable[[object], bool] | None = None) -> tuple[str, int]:
+    """The state of every object whose count is known (and, with ``keep``, whose key it keeps: a shard's), as JSON
+    (at most :data:`MAX_BYTES`), and how many objects did not fit (they start afresh after a change of leader)."""
     rows: list[str] = []
     size, left_out = 0, 0
     for kind, ledger in (("workloads", workloads), ("vcs", vcs)):
         for key, state in ledger.snapshot(now):
+            if keep is not None and not keep(key if kind == "workloads" else key[0]):
+                continue
             row = json.dumps([kind, list(key), state], separators=(",", ":"))
             if size + len(row) + 64 > MAX_BYTES:
                 left_out += 1
@@ -47,7 +53,7 @@ def encode(workloads: Ledger[tuple[str, str]], vcs: Ledger[str], now: float) -> 
     return f'{{"version":{VERSION},"objects":[{",".join(rows)}]}}', left_out
 
 
-def annotations(text: str | None, age: float) -> dict[str, str]:
+def lease_annotations(text: str | None, age: float) -> dict[str, str]:
     """What a write of the Lease sets: the state taken ``age`` seconds ago (nothing when there is none)."""
     if text is None:
         return {}
@@ -55,10 +61,12 @@ def annotations(text: str | None, age: float) -> dict[str, str]:
 
 
 def resume(handover: Handover | None, workloads: Ledger[tuple[str, str]], vcs: Ledger[str], now: float,
-           wall_now: float, restore_seconds: float, policies: Mapping[str, Callable[[], Policy]]) -> int:
+           wall_now: float, restore_seconds: float, policies: Mapping[str, Callable[[], Policy]],
+           keep: Callable[[object], bool] | None = None) -> int:
     """Take up the state the last leader left in the Lease (``handover``) into the ledgers, ``now`` on this scaler's
-    monotonic clock; ``policies``: each kind's default policy (``workloads``, ``vcs``). Returns the objects
-    resumed; a state missing, stale or unreadable resumes nothing (logged)."""
+    monotonic clock; ``policies``: each kind's default policy (``workloads``, ``vcs``); ``keep``: the keys to take
+    up (a shard's: a state written with another number of shards may hold others). Returns the objects resumed; a
+    state missing, stale or unreadable resumes nothing (logged)."""
     if handover is None or restore_seconds <= 0 or STATE_ANNOTATION not in handover.annotations:
         return 0
     written = None if handover.renewed is None else handover.renewed.replace(
@@ -84,7 +92,10 @@ def resume(handover: Handover | None, workloads: Ledger[tuple[str, str]], vcs: L
             ledger: Ledger[Any] = workloads if kind == "workloads" else vcs
             if kind not in policies or not isinstance(state, dict):
                 raise ValueError(f"not an object's state: {row!r}")
-            ledger.resume(tuple(key) if kind == "workloads" else str(key[0]), state, at, policies[kind])
+            key = tuple(key) if kind == "workloads" else str(key[0])
+            if keep is not None and not keep(key):
+                continue
+            ledger.resume(key, state, at, policies[kind])
             resumed += 1
         except (ValueError, TypeError, IndexError) as exc:
             log.warning("the Lease's decision state: %s left out (it starts as after a restart)", exc)

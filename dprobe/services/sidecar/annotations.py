@@ -28,7 +28,7 @@ _CLASS_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")  # a transformers class, neve
 
 def read_annotations(path: str | Path) -> dict[str, str]:
     """A Kubernetes downward-API annotations file (``key="value"`` per line); {} when it cannot be read."""
-    out = {}
+    out: dict[str, str] = {}
     try:
         text = Path(path).read_text()
     except OSError:

@@ -36,6 +36,11 @@ OBSERVED = {
     "sm_clock_hertz": (names.OBSERVED["sm_clock_hertz"], "Latest SM clock of the target's GPU (hertz; NVML)."),
 }
 AGE = (names.LAST_SAMPLE_AGE, "Seconds since the target's last sample.")
+# an info metric, dprobe_forecast_workload_info{target labels, token}: one series a forecast target (its token
+# a label of its own series, not of the forecasts', whose series then stay the same when the token changes)
+WORKLOAD_TOKEN = ("dprobe_forecast_workload", "The workload token the target's forecasts used: graph (its "
+                  "model graph's GNN embedding and hand-made vector), vector (the vector alone) or unknown (the "
+                  "unknown-workload embedding: no graph, or its embedding not there yet).")
 JOB_PREDICTED = {
     "gpu_memory_bytes": "Cold-start prediction of the GPU memory the target's training job holds per GPU while it "
                         "trains, as NVML / DCGM show it, by quantile (bytes).",
@@ -144,6 +149,12 @@ class SidecarCollector(StateCollector):
                             if v == v:  # skip NaN
                                 fam.add_metric([*ident, h, ql], float(v))
             yield fam
+        tokens = InfoMetricFamily(*WORKLOAD_TOKEN, labels=TARGET_LABELS)
+        if snap is not None:
+            for i, (target, token) in enumerate(zip(snap.targets, snap.tokens, strict=False)):
+                if target in fresh:
+                    tokens.add_metric(_identity(target, snap.labels[i] if snap.labels else None), {"token": token})
+        yield tokens
         yield from self._light(latest, fresh)
 
     def _observed(self, now: float, latest: dict[str, Latest], fresh: set[str]) -> Iterator[Metric]:
@@ -217,6 +228,10 @@ class SidecarCollector(StateCollector):
                                  for j, h in enumerate(hs) for k, ql in enumerate(qs) if q[i, j, k] == q[i, j, k]]
                         per[target] = "".join(lines)
                 blocks[metric] = per
+            blocks[WORKLOAD_TOKEN[0]] = {
+                target: f'{WORKLOAD_TOKEN[0]}_info{{{_label_text(_identity(target, snap.labels[i] if snap.labels else None))},'
+                        f'token="{_escape(token)}"}} 1.0\n'
+                for i, (target, token) in enumerate(zip(snap.targets, snap.tokens, strict=False))}
         with self._lock:
             self._prepared = (snap, blocks)
         return blocks
@@ -249,5 +264,7 @@ class SidecarCollector(StateCollector):
             out.append(_header(name, doc))
             per = blocks.get(metric, {})
             out.extend(block for target, block in per.items() if target in fresh)
+        out.append(_header(f"{WORKLOAD_TOKEN[0]}_info", WORKLOAD_TOKEN[1]))
+        out.extend(line for target, line in blocks.get(WORKLOAD_TOKEN[0], {}).items() if target in fresh)
         text = "".join(out).encode()
-        return text + generate_latest(_Families(list(self._light(latest, fresh)), others))  # type: ignore[arg-type]
+        return text + generate_latest(_Families(list(self._light(latest, fresh)), others))

@@ -88,17 +88,29 @@ class ForecastEngine:
                  if (part := self._forecast_batch(targets[i:i + BATCH_TARGETS], latest, now)) is not None]
         if not parts:
             return None
-        kept = [t for part_targets, _ in parts for t in part_targets]
-        quantiles = {metric: np.concatenate([q[metric] for _, q in parts]) for metric in SIDECAR_METRICS}
+        kept = [t for part_targets, _, _ in parts for t in part_targets]
+        quantiles = {metric: np.concatenate([q[metric] for _, q, _ in parts]) for metric in SIDECAR_METRICS}
         return ForecastSnapshot(
             made_at=now, targets=tuple(kept), input_ts=np.array([latest[t].ts for t in kept]),
             horizons=self.horizons, levels=tuple(QUANTILES), quantiles=quantiles,
-            labels=tuple(latest[t].labels for t in kept),
+            labels=tuple(latest[t].labels for t in kept), tokens=tuple(t for _, _, tok in parts for t in tok),
         )
 
+    def _tokens(self, graphs: list | None, n: int) -> list[str]:
+        """Per target, the workload token its forecast uses (``graph``, ``vector``, ``unknown``); none for a
+        forecaster without workload tokens (a baseline)."""
+        token_of = getattr(self.forecaster, "token_of", None)
+        if token_of is None:
+            return []
+        if graphs is None or not self.metrics:
+            return ["unknown"] * n
+        # the token of the first metric's task (both sidecar metrics come from the same data set's tasks)
+        return [token_of(g, self.metrics[0], self.store.step) for g in graphs]
+
     def _forecast_batch(self, targets: list[str], latest: dict, now: float
-                        ) -> tuple[list[str], dict[str, np.ndarray]] | None:
-        """The targets of ``targets`` with enough history, and their quantiles by metric (one batch each)."""
+                        ) -> tuple[list[str], dict[str, np.ndarray], list[str]] | None:
+        """The targets of ``targets`` with enough history, their quantiles by metric (one batch each) and the
+        workload token each forecast used (:meth:`_tokens`)."""
         windows = self.store.windows(targets)  # all NaN for a target shed since the cycle began
         enough = np.zeros(len(targets), dtype=bool)
         for metric in self.metrics:
@@ -131,4 +143,4 @@ class ForecastEngine:
                 lo, hi = BOUNDS[metric]
                 out[rows] = np.sort(np.clip(q, lo, hi), axis=-1)
             quantiles[metric] = out
-        return kept, quantiles
+        return kept, quantiles, self._tokens(graphs, len(kept))

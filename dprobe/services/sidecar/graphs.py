@@ -8,6 +8,12 @@ of a graph, cached by what was asked (the file, or the model with its batch, ima
 model is built once whichever targets or annotations name it. A graph JSON larger than ``max_mib`` is not
 read. A failure is logged once and counted by reason (``dprobe_graph_errors_total``).
 
+A forecaster whose workload token reads a graph encoder's embedding (its ``graph_encoder``) gets it from the
+same child: the pretrained GNN run over the graph there, never in the sidecar, and the embedding cached by the
+graph's hash (:func:`dprobe.graph.identity.graph_hash`), so a graph that two requests give is embedded once
+(the child is told which hashes are cached, and skips them). Until the embedding is there, or when it cannot
+be made, the target is forecast with the unknown-workload token.
+
 The annotation may name only what an :class:`~dprobe.services.sidecar.annotations.AnnotationPolicy`
 allows (zoo models, files under ``graph_dir``); the configuration (``graphs``, ``graph_file``) is the
 operator's and may name any model spec.
@@ -73,6 +79,8 @@ class GraphSummary:
     unknown_nodes: int
     kinds: Mapping[str, int] = field(default_factory=dict)
     inputs: Mapping[str, Any] = field(default_factory=dict)
+    graph_hash: str = ""  # dprobe.graph.identity.graph_hash: what the embedding cache is keyed by
+    embedding: tuple[float, ...] | None = None  # the graph encoder's, where the forecaster reads one
 
     @property
     def nodes(self) -> _Nodes:
@@ -82,19 +90,26 @@ class GraphSummary:
         return dict(self.kinds)
 
     @staticmethod
-    def of(graph: Any) -> GraphSummary:
-        """The summary of a ``dprobe.graph.ModelGraph``."""
+    def of(graph: Any, embedding: Any = None) -> GraphSummary:
+        """The summary of a ``dprobe.graph.ModelGraph`` (with its ``embedding``, if given)."""
+        from dprobe.graph.identity import graph_hash
+
         return GraphSummary(
             name=graph.name, source=graph.source, num_nodes=len(graph.nodes), num_params=int(graph.num_params),
             param_bytes=int(graph.param_bytes), flops=float(graph.flops), saved_bytes=int(graph.saved_bytes),
             output_bytes=int(sum(n.output_bytes for n in graph.nodes)), unknown_nodes=int(graph.unknown_nodes),
-            kinds=graph.kind_counts(), inputs=dict(graph.inputs))
+            kinds=graph.kind_counts(), inputs=dict(graph.inputs), graph_hash=graph_hash(graph),
+            embedding=None if embedding is None else tuple(float(v) for v in embedding))
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "kinds": dict(self.kinds), "inputs": dict(self.inputs)}
+        return {**dataclasses.asdict(self), "kinds": dict(self.kinds), "inputs": dict(self.inputs),
+                "embedding": None if self.embedding is None else list(self.embedding)}
 
     @staticmethod
     def from_dict(data: Mapping[str, Any]) -> GraphSummary:
+        data = dict(data)
+        if data.get("embedding") is not None:
+            data["embedding"] = tuple(float(v) for v in data["embedding"])
         return GraphSummary(**data)
 
 
@@ -126,7 +141,7 @@ class GraphRequest:
                     raise ValueError(f"{ref!r}: {key} must be a whole number, got {value!r}") from None
                 if sizes[key] < 1:
                     raise ValueError(f"{ref!r}: {key} must be at least 1, got {value!r}")
-        return GraphRequest(model=spec, **sizes)
+        return GraphRequest(model=spec, batch=sizes.get("batch", 1), image=sizes.get("image"), seq=sizes.get("seq"))
 
     def __str__(self) -> str:
         if self.path:
@@ -135,10 +150,13 @@ class GraphRequest:
         return " ".join([self.model, *sizes])
 
 
-def summarise(request: Mapping[str, Any], max_bytes: int) -> dict[str, Any]:
+def summarise(request: Mapping[str, Any], max_bytes: int, encoder: Mapping[str, Any] | None = None,
+              cached: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
     """Build or read the graph of ``request`` (a :class:`GraphRequest` as a dict) and return its summary as a
     dict: what a child process (:mod:`dprobe.services.sidecar.child`) runs. A graph JSON over ``max_bytes`` is
-    refused (:class:`TaskRefused`, reason ``too_large``) before it is parsed."""
+    refused (:class:`TaskRefused`, reason ``too_large``) before it is parsed. With ``encoder`` (a checkpoint's
+    ``graph_encoder``: path and embedding mode), the summary carries the graph's embedding, unless its hash is
+    among the ``cached`` ones; ``embedding_error`` says why an embedding could not be made."""
     req = GraphRequest(**request)
     if req.path:
         from dprobe.graph.schema import GraphError, ModelGraph
@@ -158,7 +176,16 @@ def summarise(request: Mapping[str, Any], max_bytes: int) -> dict[str, Any]:
         from dprobe.graph.build import build_model_graph
 
         graph = build_model_graph(req.model, batch=req.batch, image=req.image, seq=req.seq)
-    return GraphSummary.of(graph).to_dict()
+    summary = GraphSummary.of(graph).to_dict()
+    if encoder is not None and summary["graph_hash"] not in set(cached):
+        try:
+            from dprobe.graph.embed import WorkloadEmbedder
+
+            embedder = WorkloadEmbedder(encoder.get("path"), str(encoder.get("mode", "graph")))
+            summary["embedding"] = [float(v) for v in embedder.embed(graph, summary["graph_hash"])]
+        except (ImportError, OSError, ValueError, RuntimeError) as exc:  # no torch here, or an encoder it refuses
+            summary["embedding_error"] = f"{type(exc).__name__}: {exc}"
+    return summary
 
 
 class GraphResolver(ChildQueue[GraphRequest]):
@@ -168,13 +195,16 @@ class GraphResolver(ChildQueue[GraphRequest]):
     it changes. An annotation ``policy`` refuses (logged, counted) leaves those targets without a graph.
     :meth:`graph` never waits: a graph not built yet is queued for the background thread (:meth:`start`;
     :meth:`run_pending` in tests) and the target has none meanwhile. ``build``: what builds a
-    :class:`GraphRequest` (default: :func:`summarise` in a child of ``runner``)."""
+    :class:`GraphRequest` (default: :func:`summarise` in a child of ``runner``). ``encoder``: the forecaster's
+    graph encoder (its checkpoint's ``graph_encoder``), whose embedding each summary then carries, cached by
+    graph hash (at most :data:`MAX_CACHED`)."""
 
     thread_name = "model-graphs"
 
     def __init__(self, graphs: dict[str, str] | None = None, graph_file: str = "", annotations_file: str = "",
                  policy: AnnotationPolicy | None = None, max_mib: float = DEFAULT_MAX_MIB,
-                 runner: ChildRunner | None = None, build: Callable[[GraphRequest], GraphSummary] | None = None):
+                 runner: ChildRunner | None = None, build: Callable[[GraphRequest], GraphSummary] | None = None,
+                 encoder: Mapping[str, Any] | None = None):
         positive("graph_max_mib", max_mib)
         self.patterns = dict(graphs or {})
         self.graph_file = graph_file
@@ -184,7 +214,11 @@ class GraphResolver(ChildQueue[GraphRequest]):
         self.max_mib = max_mib
         self.runner = runner or ChildRunner()
         self._build = build or self._build_in_child
+        self.encoder = dict(encoder) if encoder is not None else None
         self._graphs: OrderedDict[GraphRequest, GraphSummary | None] = OrderedDict()  # built (None: failed)
+        self._embeddings: OrderedDict[str, tuple[float, ...]] = OrderedDict()  # graph hash -> embedding
+        self.embeddings_total = 0  # graphs embedded (the cache spares the rest)
+        self._embedding_errors: dict[GraphRequest, str] = {}  # why a child made no embedding, until logged
         self._queued: set[GraphRequest] = set()
         super().__init__()
         self._lock = threading.Lock()
@@ -280,8 +314,10 @@ class GraphResolver(ChildQueue[GraphRequest]):
             self._failed(str(req), reason, str(exc) if isinstance(exc, ChildFailed) else f"{type(exc).__name__}: {exc}")
         else:
             peak = self.runner.peak_rss_bytes
-            log.info("model graph %s: %d nodes, %.3g GFLOP, %.3g M parameters%s", req, summary.num_nodes,
+            summary = self._with_embedding(req, summary)
+            log.info("model graph %s: %d nodes, %.3g GFLOP, %.3g M parameters%s%s", req, summary.num_nodes,
                      summary.flops / 1e9, summary.num_params / 1e6,
+                     ", embedded" if summary.embedding is not None else "",
                      f" (its child peaked at {peak / 2**20:.0f} MiB resident)" if peak else "")
         with self._lock:
             self.builds_total += 1
@@ -289,6 +325,26 @@ class GraphResolver(ChildQueue[GraphRequest]):
             self._queued.discard(req)
             while len(self._graphs) > MAX_CACHED:
                 self._graphs.popitem(last=False)
+
+    def _with_embedding(self, req: GraphRequest, summary: GraphSummary) -> GraphSummary:
+        """``summary`` with its embedding: the one it brought (cached by its graph's hash), else the cache's;
+        as it came where the forecaster reads none, or none could be made (logged)."""
+        if self.encoder is None:
+            return summary
+        with self._lock:
+            if summary.embedding is not None and summary.graph_hash:
+                self.embeddings_total += 1
+                self._embeddings[summary.graph_hash] = summary.embedding
+                while len(self._embeddings) > MAX_CACHED:
+                    self._embeddings.popitem(last=False)
+                return summary
+            cached = self._embeddings.get(summary.graph_hash)
+            if cached is not None:
+                self._embeddings.move_to_end(summary.graph_hash)
+                return dataclasses.replace(summary, embedding=cached)
+        log.warning("model graph %s: no embedding%s; its targets are forecast as unknown workloads", req,
+                    f" ({self._embedding_errors.pop(req)})" if req in self._embedding_errors else "")
+        return summary
 
     def _failed(self, ref: str, reason: str, message: str) -> None:
         with self._lock:
@@ -309,8 +365,15 @@ class GraphResolver(ChildQueue[GraphRequest]):
         elif not installed("torch"):
             raise ChildFailed("error", "building a model's graph needs torch, which is not installed here; give a "
                                        "graph JSON instead (dprobe graph MODEL --out FILE)")
-        return GraphSummary.from_dict(self.runner.run("graph", {"request": dataclasses.asdict(req),
-                                                                "max_bytes": max_bytes}))
+        args: dict[str, Any] = {"request": dataclasses.asdict(req), "max_bytes": max_bytes}
+        if self.encoder is not None:
+            with self._lock:
+                args.update(encoder=self.encoder, cached=list(self._embeddings))
+        answer = dict(self.runner.run("graph", args))
+        error = answer.pop("embedding_error", None)
+        if error:
+            self._embedding_errors[req] = error
+        return GraphSummary.from_dict(answer)
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         fam = CounterMetricFamily("dprobe_graph_errors", "Model graphs not built, by reason: too_large (a graph "

@@ -11,7 +11,7 @@ from prometheus_client import Histogram
 from prometheus_client.registry import CollectorRegistry
 
 from dprobe.core.names import FORECAST_SECONDS, SIDECAR_METRICS
-from dprobe.forecaster.base import ForecastInput
+from dprobe.forecaster.base import Forecaster, ForecastInput
 from dprobe.forecaster.loading import LoadedModel, open_forecaster, serves
 from dprobe.services.exporter.server import ExporterServer, run_until_signalled
 from dprobe.services.sidecar.annotations import AnnotationPolicy
@@ -33,7 +33,7 @@ BASELINE_WINDOW_SECONDS = 3600.0  # history kept for a baseline forecaster (wind
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
-def forecaster_window_seconds(forecaster: object) -> float | None:
+def forecaster_window_seconds(forecaster: Forecaster) -> float | None:
     """Seconds of history the forecaster reads for the sidecar's metrics (the longest of them), or None
     when it does not say (baselines)."""
     reads = getattr(forecaster, "window_seconds", None)
@@ -41,7 +41,7 @@ def forecaster_window_seconds(forecaster: object) -> float | None:
     return max(spans) if spans else None
 
 
-def resolve_window(config: ForecastOptions, forecaster: object) -> float:
+def resolve_window(config: ForecastOptions, forecaster: Forecaster) -> float:
     """``window_seconds`` to use: the configured one (with a warning if shorter than the forecaster
     reads: the older part of its input would be gaps, and its forecasts worse), or with 0 what the
     forecaster reads (:data:`BASELINE_WINDOW_SECONDS` for a baseline)."""
@@ -73,10 +73,19 @@ def check_forecaster(engine: ForecastEngine, length: int, config: ForecastOption
                              f"step_seconds {config.step_seconds:g}: {exc}") from exc
 
 
-def reads_graphs(model: LoadedModel) -> bool:
+def reads_graphs(model: LoadedModel, step_seconds: float | None = None) -> bool:
     """Whether the forecaster reads model graphs: not a baseline, nor a trained network without workload
-    conditioning (it forecasts every target as an unknown workload: its ``conditioned`` is False)."""
-    return not model.kind.startswith("baseline:") and bool(getattr(model.forecaster, "conditioned", True))
+    conditioning (it forecasts every target as an unknown workload: its ``conditioned`` is False), nor one
+    whose tasks that serve the sidecar's metrics at ``step_seconds`` never trained with a known workload
+    (its ``workload_tasks``)."""
+    forecaster = model.forecaster
+    if model.kind.startswith("baseline:") or not getattr(forecaster, "conditioned", True):
+        return False
+    tasks = getattr(forecaster, "workload_tasks", None)
+    task_for = getattr(forecaster, "task_for", None)  # a trained forecaster's (TrainedForecaster.task_for)
+    if tasks is None or task_for is None or step_seconds is None:
+        return True
+    return any(tasks[task_for(m, step_seconds)[0]] for m in SIDECAR_METRICS if serves(forecaster, m))
 
 
 def build_sources(config: SidecarConfig) -> list[Source]:
@@ -115,11 +124,12 @@ class Sidecar:
         self.children = ChildRunner(JobLimits(work.job_timeout, work.job_cpu_limit, work.job_memory_limit,
                                               work.job_rss_limit_mib), self.memory)
         self.graphs = GraphResolver(work.graphs, work.graph_file, work.annotations_file, self.annotation_policy,
-                                    max_mib=work.graph_max_mib, runner=self.children)
+                                    max_mib=work.graph_max_mib, runner=self.children,
+                                    encoder=getattr(self.model.forecaster, "graph_encoder", None))
         self.jobs = JobProfiles(work.jobs, work.job, work.annotations_file, own_target=src.nvml.pod_name,
                                 checkpoint=work.coldstart_checkpoint, policy=self.annotation_policy,
                                 runner=self.children)
-        self.reads_graphs = reads_graphs(self.model)
+        self.reads_graphs = reads_graphs(self.model, fc.step_seconds)
         if not self.reads_graphs and (self.graphs.active or self.graphs.annotations is not None):
             log.info("model graphs are not built: the forecaster (%s) does not read them", self.model.kind)
         self.engine = ForecastEngine(self.store, self.model.forecaster, fc.horizons, fc.stale_after,

@@ -31,7 +31,8 @@ class ForecastSnapshot:
 
     ``quantiles[metric]`` is ``(len(targets), len(horizons), len(levels))``;
     ``input_ts[i]`` is the time of the last sample the forecast of ``targets[i]`` used, ``labels[i]``
-    that sample's identity labels (empty where not given).
+    that sample's identity labels (empty where not given), ``tokens[i]`` the workload token its forecast
+    used (``graph``, ``vector`` or ``unknown``; empty for a forecaster without one, a baseline).
     """
 
     made_at: float
@@ -41,6 +42,7 @@ class ForecastSnapshot:
     levels: tuple[float, ...]
     quantiles: dict[str, np.ndarray]
     labels: tuple[Mapping[str, str], ...] = ()
+    tokens: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

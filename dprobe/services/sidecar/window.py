@@ -40,6 +40,13 @@ class WindowStore:
     target's sample is not taken in. ``shed_total`` counts both, by reason (:data:`SHED_REASONS`). Thread-safe.
     """
 
+    # made by _alloc, rows of (capacity, ...): per target its bins' numbers (-1: none yet), per metric the
+    # bins' sums and sample counts, and its newest bin's number
+    _bins: np.ndarray  # (capacity, length) int64
+    _sums: np.ndarray  # (n_metrics, capacity, length) float
+    _counts: np.ndarray  # (n_metrics, capacity, length) int32
+    _last: np.ndarray  # (capacity,) int64
+
     def __init__(self, step: float, length: int, max_targets: int = DEFAULT_MAX_TARGETS,
                  initial_capacity: int = 64):
         if step <= 0 or length < 2:

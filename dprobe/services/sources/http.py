@@ -231,11 +231,14 @@ class _DeadlineConnection:
     """An http.client connection whose ``timeout`` bounds the whole request, from its creation: connecting
     (with the TLS handshake), sending, and reading the answer, each step given what is left of it."""
 
-    timeout: float
+    timeout: float | None
     sock: socket.socket | None
+    response_class: Any  # a partial of the response class, bound to this request's deadline
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
+        super().__init__(*args, **kwargs)
+        if self.timeout is None:
+            raise ValueError("a connection with a deadline needs a timeout")
         self.deadline = time.monotonic() + self.timeout
         self._create_connection = self._connect
         self.response_class = functools.partial(_DeadlineResponse, deadline=self.deadline)
@@ -273,18 +276,22 @@ class _HTTPSHandler(urllib.request.HTTPSHandler):
         return self.do_open(_HTTPSConnection, req, context=self.context)
 
 
-def http_get(url: str, timeout: float, accept: str = "text/plain", auth: HttpAuth | None = None) -> str:
-    """GET ``url`` and return its body as text, all of it within ``timeout`` s (a deadline, not a limit per
-    read); any network, TLS, HTTP or decoding failure is a SourceError (an HTTP 401 says which credentials were
-    sent, a certificate that is not trusted which option trusts it), which never shows the URL's password."""
+def http_get(url: str, timeout: float, accept: str = "text/plain", auth: HttpAuth | None = None,
+             form: bytes | None = None) -> str:
+    """GET ``url`` (POST ``form``, URL-encoded, where given) and return its body as text, all of it within
+    ``timeout`` s (a deadline, not a limit per read); any network, TLS, HTTP or decoding failure is a SourceError
+    (an HTTP 401 says which credentials were sent, a certificate that is not trusted which option trusts it),
+    which never shows the URL's password."""
     try:
-        return _get(url, timeout, accept, auth)
+        return _get(url, timeout, accept, auth, form)
     except SourceError as exc:
         raise SourceError(redact(str(exc), url)) from exc.__cause__
 
 
-def _get(url: str, timeout: float, accept: str, auth: HttpAuth | None) -> str:
+def _get(url: str, timeout: float, accept: str, auth: HttpAuth | None, form: bytes | None = None) -> str:
     headers = {"Accept": accept, "User-Agent": "dprobe"}
+    if form is not None:
+        headers["Content-Type"] = "application/x-www-form-urlencoded"
     context = None
     handlers: list[urllib.request.BaseHandler] = [_HTTPHandler()]
     if auth is not None and auth.configured:
@@ -293,7 +300,7 @@ def _get(url: str, timeout: float, accept: str, auth: HttpAuth | None) -> str:
         if url.lower().startswith("https:"):
             context = auth.ssl_context()
     handlers.append(_HTTPSHandler(context))
-    req = urllib.request.Request(url, headers=headers)
+    req = urllib.request.Request(url, data=form, headers=headers)
     try:
         opener = urllib.request.build_opener(*handlers)
         with opener.open(req, timeout=timeout) as resp:

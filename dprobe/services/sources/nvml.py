@@ -127,10 +127,10 @@ class NvmlSource:
             raise SourceError(f"NVML: {exc}") from exc
         for uid, entry in pods.items():
             name = self.pod_names.get(uid, f"pod-uid/{uid}")
-            ns, _, pod = name.rpartition("/")
+            ns, _, pod_name = name.rpartition("/")
             gpus = sorted(entry["gpus"])
             out.append(Sample(target=name, ts=now, memory_bytes=entry["memory"] if entry["known"] else None,
-                              labels={"pod": pod, "namespace": ns, "container": entry["container"],
+                              labels={"pod": pod_name, "namespace": ns, "container": entry["container"],
                                       "gpu": ",".join(g for g, _ in gpus), "UUID": ",".join(u for _, u in gpus)}))
         return out
 

@@ -72,15 +72,22 @@ class PrometheusOptions(PrometheusAccess):
     target_label: str = option("", "label naming the target (default: namespace/pod, else UUID)")
 
 
+POST_ABOVE = 4096  # bytes of URL-encoded parameters above which they are POSTed (proxies cap a URL's length)
+
+
 def api_get(url: str, endpoint: str, params: dict[str, str], timeout: float, kind: str,
-            auth: HttpAuth | None = None) -> list:
-    """The ``result`` list of ``GET {url}/api/v1/{endpoint}`` (a Prometheus server) when it answers with
-    a ``kind`` (vector, matrix); any failure, an answer not shaped as the API's included, is a SourceError
-    naming the server (without a password) and the query as written."""
-    full = f"{url.rstrip('/')}/api/v1/{endpoint}?{urllib.parse.urlencode(params)}"
+            auth: HttpAuth | None = None, warnings: list[str] | None = None) -> list:
+    """The ``result`` list of ``GET {url}/api/v1/{endpoint}`` (a Prometheus server; POST, as the API allows, for
+    parameters longer than :data:`POST_ABOVE`) when it answers with a ``kind`` (vector, matrix); any failure, an
+    answer not shaped as the API's included, is a SourceError naming the server (without a password) and the
+    query as written. The answer's ``warnings`` (a partial response of Thanos, Mimir) are added to ``warnings``."""
+    encoded = urllib.parse.urlencode(params)
+    base = f"{url.rstrip('/')}/api/v1/{endpoint}"
+    full = f"{base}?{encoded}" if len(encoded) <= POST_ABOVE else base
     where = f"{redact_url(url)}: {params.get('query', '')!r}"
     try:
-        body = http_get(full, timeout, accept="application/json", auth=auth)
+        body = http_get(full, timeout, accept="application/json", auth=auth,
+                        form=None if full != base else encoded.encode())
     except SourceError as exc:  # the query as written, not URL-encoded
         raise SourceError(f"{where}: {str(exc).removeprefix(redact_url(full) + ': ')}") from exc
     try:
@@ -98,14 +105,17 @@ def api_get(url: str, endpoint: str, params: dict[str, str], timeout: float, kin
     result = data.get("result") or []
     if not isinstance(result, list):
         raise SourceError(f"{where}: expected a {kind}, got a result of type {type(result).__name__}")
+    if warnings is not None and isinstance(doc.get("warnings"), list):
+        warnings.extend(str(w) for w in doc["warnings"])
     return result
 
 
-def query_vector(url: str, query: str, timeout: float, auth: HttpAuth | None = None
-                 ) -> list[tuple[dict[str, str], float]]:
+def query_vector(url: str, query: str, timeout: float, auth: HttpAuth | None = None,
+                 warnings: list[str] | None = None) -> list[tuple[dict[str, str], float]]:
     """An instant ``query`` at ``url`` (a Prometheus server): ``[(labels, value), ...]``, SourceError
-    on any failure (unreachable, refused, wrong credentials, refused query, not an instant vector)."""
-    rows = api_get(url, "query", {"query": query}, timeout, "vector", auth)
+    on any failure (unreachable, refused, wrong credentials, refused query, not an instant vector); the answer's
+    warnings (partial responses) are added to ``warnings``."""
+    rows = api_get(url, "query", {"query": query}, timeout, "vector", auth, warnings)
     try:
         return [(dict(s.get("metric", {})), float(s["value"][1])) for s in rows]
     except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:

@@ -63,7 +63,7 @@ def source_names() -> tuple[str, ...]:
 def build_source(name: str, sources: Any, context: SourceContext | None = None) -> Source:
     """The source ``name`` made from its option group, ``sources.<name>`` (``sources``: the sidecar's
     ``SourceOptions``; None for a source without options there); ``auto`` is nvml when NVML sees a GPU, else replay of the bundled trace
-    ``sources.replay.dataset``."""
+    ``sources.replay.dataset`` (its full copy, else the sample in the package: the replay source logs which)."""
     factories = _built_in()
     if name == AUTO:
         name = "nvml" if _AVAILABLE.get("nvml", lambda: False)() else "replay"

@@ -2,6 +2,9 @@
 
 ``alibaba``: alibaba-genai-2026 pods (GPU duty cycle as utilisation, GPU memory).
 ``h200``: h200-profiles NVML samples, one target per run on the GPU.
+The trace is read from ``$DPROBE_DATA_DIR``, ``./datasets`` or the source checkout; where none holds it (dprobe
+installed from the package), alibaba's falls back to the few pods that ship in the package
+(:func:`dprobe.data.registry.packaged_sample`). The source logs which copy it replays.
 Each poll emits, for every target active at the current replay time, its
 latest reading (as an exporter does between its own updates), stamped now;
 a gap in the trace is a NaN reading, which the sidecar takes as missing.
@@ -9,6 +12,7 @@ a gap in the trace is a NaN reading, which the sidecar takes as missing.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +24,7 @@ from dprobe.core.options import at_least, option, zero_means
 from dprobe.services.sources.base import Sample, target_name
 from dprobe.services.sources.registry import SourceContext, register
 
+log = logging.getLogger(__name__)
 DATASET_DIRS = {"alibaba": "alibaba-genai-2026", "h200": "h200-profiles"}
 DEFAULT_SPEED = {"alibaba": 60.0, "h200": 1.0}
 
@@ -29,7 +34,8 @@ class ReplayOptions:
     """The options of the ``replay`` source (``replay_*``; YAML ``replay: {dataset: ...}``)."""
 
     dataset: str = option("alibaba", "trace replayed: alibaba or h200", choices=tuple(DATASET_DIRS))
-    path: str = option("", "directory laid out like the data set (default: the bundled copy)")
+    path: str = option("", "directory laid out like the data set (default: the bundled copy, from "
+                           "$DPROBE_DATA_DIR or ./datasets; else the sample in the package)")
     speed: float = option(0.0, "trace seconds per second (0 = the data set's default: 60 alibaba, 1 h200)",
                           check=zero_means("the data set's default"))
     loop: bool = option(True, "start the trace again at its end")
@@ -37,10 +43,16 @@ class ReplayOptions:
 
 
 def default_data_dir(dataset: str) -> Path:
-    """Where a bundled data set lives (see :func:`dprobe.data.registry.bundled_dir`)."""
-    from dprobe.data.registry import bundled_dir
+    """Where the bundled trace ``dataset`` lives (:func:`dprobe.data.registry.find_data_dir`): a full copy, else
+    the sample that ships in the package; FileNotFoundError, in one line, where there is neither."""
+    return find_default(dataset)[0]
 
-    return bundled_dir(DATASET_DIRS[dataset], "the replay path")
+
+def find_default(dataset: str) -> tuple[Path, bool]:
+    """:func:`default_data_dir` and whether it is the packaged sample."""
+    from dprobe.data.registry import find_data_dir
+
+    return find_data_dir(DATASET_DIRS[dataset], "the replay path (--replay-path)", sample=True)
 
 
 @dataclass
@@ -104,7 +116,11 @@ class ReplaySource:
         if dataset not in LOADERS:
             raise ValueError(f"replay dataset must be one of {', '.join(LOADERS)}, got {dataset!r}")
         self.dataset = dataset
-        self.path = Path(path) if path else default_data_dir(dataset)
+        sample = False
+        if path:
+            self.path = Path(path)
+        else:
+            self.path, sample = find_default(dataset)
         self.trace = LOADERS[dataset](self.path)
         if max_targets is not None:
             keep = sorted(self.trace.t)[:max_targets]
@@ -112,6 +128,8 @@ class ReplaySource:
                 for k in list(d):
                     if k not in keep:
                         del d[k]
+        log.info("replay: %s from %s (%d targets%s)", DATASET_DIRS[dataset], self.path, len(self.trace.t),
+                 "; the sample in the package: set DPROBE_DATA_DIR for the whole data set" if sample else "")
         self.speed = float(speed if speed is not None else DEFAULT_SPEED[dataset])
         if self.speed <= 0:
             raise ValueError(f"replay speed must be positive, got {self.speed}")

@@ -177,7 +177,13 @@ def run_fixed(args: argparse.Namespace, names: list[str], settings, policy_doc: 
     from dprobe.core.plots import check_plot_path
     from dprobe.forecaster.loading import checkpoint_path
     from dprobe.sim.fixed.cluster import FixedConfig, simulate_fixed
-    from dprobe.sim.fixed.quota_split import ForecastShares, Lending, StaticShares, static_shares
+    from dprobe.sim.fixed.quota_split import (
+        FixedQuotaPolicy,
+        ForecastShares,
+        Lending,
+        StaticShares,
+        static_shares,
+    )
     from dprobe.sim.fixed.report import fixed_markdown, plot_fixed, reductions, run_report, targets
     from dprobe.sim.jobs import DAY, load_selected, peak_demand
     from dprobe.sim.policies import ForecastQuota, forecast_setup
@@ -213,10 +219,13 @@ def run_fixed(args: argparse.Namespace, names: list[str], settings, policy_doc: 
         config = FixedConfig(gpus=gpus, gpus_per_node=per_node, scheduling=sched, interval=args.interval,
                              lend_delay=lend_delay, preempt=args.preempt, restart_cost=restart)
         for name in names:
+            policy: FixedQuotaPolicy
             if name == "static":
                 policy = StaticShares(shares)
             elif name == "reactive":
                 policy = Lending(shares)
+            elif setup is None:  # made above whenever "forecast" is among the policies
+                raise ValueError(f"policy {name!r} needs a forecaster")
             else:  # a fresh recommender per run: it keeps state
                 inner = ForecastQuota(max_gpus, settings, setup.forecaster, setup.history_step, setup.lead,
                                       args.quantile, setup.context_steps, setup.covariates)

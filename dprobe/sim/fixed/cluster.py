@@ -294,7 +294,7 @@ class FixedCluster:
         self.attained[j] += size * ran
         self.remaining[j] -= ran
         if release:
-            self.nodes.release(self.alloc[j])
+            self.nodes.release(self._held(j))
         self.alloc[j] = None
         self.used[v] -= size
         del self.running[v][j]
@@ -338,7 +338,7 @@ class FixedCluster:
         released victims are preempted only if it then fits, else put back where they ran."""
         released: list[int] = []
         for j in victims:
-            self.nodes.release(self.alloc[j])
+            self.nodes.release(self._held(j))
             released.append(j)
             alloc = self.nodes.place(gpus) if self.nodes.free >= gpus else None
             if alloc is not None:
@@ -346,8 +346,15 @@ class FixedCluster:
                     self.preempt(r, now, release=False)
                 return alloc
         for r in released:
-            self.nodes.take(self.alloc[r])
+            self.nodes.take(self._held(r))
         return None
+
+    def _held(self, j: int) -> list[tuple[int, int]]:
+        """The GPUs running job ``j`` holds."""
+        alloc = self.alloc[j]
+        if alloc is None:
+            raise RuntimeError(f"job {j} holds no GPUs: it is not running")
+        return alloc
 
     def _lent_jobs(self, v: int) -> Iterator[int]:
         """Running jobs of the other VCs that hold GPUs beyond their quota, most recently started first,
@@ -392,11 +399,11 @@ class FixedCluster:
             todo.update(v for v in range(n_vcs) if self.waits_on_others[v])
         self.dirty.clear()
         self.freed = False
-        todo = sorted((v for v in todo if self.queues[v]), key=lambda v: self.queues[v].head())
-        if not todo:
+        ready = sorted((v for v in todo if self.queues[v]), key=lambda v: self.queues[v].head())
+        if not ready:
             return
-        self.strategy.schedule(self, todo, now)
-        for v in todo:
+        self.strategy.schedule(self, ready, now)
+        for v in ready:
             waiting = self.policy.lending or self.waits_on_others[v]
             self.waits_on_others[v] = bool(self.queues[v]) and waiting
 
@@ -467,12 +474,12 @@ def simulate_fixed(jobs: JobTable, policy: FixedQuotaPolicy, config: FixedConfig
                 c.enqueue(i, now)
             last_progress = now
             i += 1
-        if next_sample == now:
+        if next_sample == now and history is not None:  # next_sample is inf without a history
             demand = [u + q for u, q in zip(c.used, c.queued_gpus, strict=True)]
             history.append(np.array([demand, [len(r) for r in c.running], [len(q) for q in c.queues], c.q],
                                     dtype=np.float64))
             samples += 1
-            next_sample = t0 + samples * policy.history_step
+            next_sample = t0 + samples * history.step_seconds
         if next_decision == now:
             demand = np.array(c.used) + np.array(c.queued_gpus)
             new = policy.decide(ClusterView(now=now, demand=demand, quota=np.array(c.q), history=history,

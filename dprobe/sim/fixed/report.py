@@ -75,8 +75,9 @@ def reduction(better: FixedResult, base: FixedResult) -> dict:
     both = (better.excluded == INCLUDED) & (base.excluded == INCLUDED)
     a, b = better.queued_seconds[both], base.queued_seconds[both]
     out: dict[str, float | int | None] = {"jobs": int(both.sum())}
-    for key, fa, fb in (("mean", a.mean() if len(a) else 0.0, b.mean() if len(b) else 0.0),
-                        ("p95", *(np.percentile(x, 95) if len(x) else 0.0 for x in (a, b)))):
+    figures = {"mean": [float(x.mean()) if len(x) else 0.0 for x in (a, b)],
+               "p95": [float(np.percentile(x, 95)) if len(x) else 0.0 for x in (a, b)]}
+    for key, (fa, fb) in figures.items():
         out[key] = float(1.0 - fa / fb) if fb > 0 else None
     return out
 

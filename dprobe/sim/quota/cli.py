@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from dprobe.sim.jobs import DAY, load_selected, peak_demand
     from dprobe.sim.policies import (
         ForecastQuota,
+        QuotaPolicy,
         ReactiveQuota,
         StaticQuota,
         forecast_setup,
@@ -121,10 +122,13 @@ def run(args: argparse.Namespace) -> int:
     progress = not args.quiet and sys.stderr.isatty()
     results = []
     for name in names:
+        policy: QuotaPolicy
         if name == "static":
             policy = StaticQuota(static)
         elif name == "reactive":
             policy = ReactiveQuota(max_gpus, settings)
+        elif setup is None:  # made above whenever "forecast" is among the policies
+            raise ValueError(f"policy {name!r} needs a forecaster")
         else:
             policy = ForecastQuota(max_gpus, settings, setup.forecaster, setup.history_step, setup.lead,
                                    args.quantile, setup.context_steps, setup.covariates)

@@ -240,10 +240,10 @@ def simulate(jobs: JobTable, policy: QuotaPolicy, config: SimConfig | None = Non
                 last_progress = now
             else:
                 cluster.capacity_arrives(who, now)
-        elif next_sample == now:
+        elif next_sample == now and history is not None:  # next_sample is inf without a history
             history.append(cluster.history_sample())
             samples += 1
-            next_sample = t0 + samples * policy.history_step
+            next_sample = t0 + samples * history.step_seconds
         elif next_decision == now:
             demand = np.array(cluster.held) + np.array(cluster.queued_gpus)
             ordered = np.array([cluster.ordered(v) for v in range(n_vcs)])

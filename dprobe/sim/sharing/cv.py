@@ -22,6 +22,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -120,6 +121,8 @@ class Score:
     @classmethod
     def of(cls, result: SharingResult) -> Score:
         shares = result.per_pod
+        if shares is None:
+            raise ValueError(f"policy {result.policy}: the run kept no per-pod shares to score")
         pods = np.flatnonzero(shares.steps > 0)
         return cls(pods, shares.gpu_steps[pods], shares.steps[pods], shares.over_memory_steps[pods])
 
@@ -273,8 +276,9 @@ def cross_validate(series: PodSeries, sizes: Sequence[float] = SIZES_GB, groups:
     label_of = {"dprobe": default, "peak": REFERENCE, "one-per-gpu": "one-per-gpu", "oracle": "oracle"}
     out_cells = []
     for k, c in enumerate(all_cells):
-        row = {"cell": c.name, "group": c.group, "span": c.span, "pods": int(len(c.pods())),
-               "hours": (c.series.eval_end - c.series.eval_start) * series.step_seconds / 3600, "sizes": {}}
+        row: dict[str, Any] = {"cell": c.name, "group": c.group, "span": c.span, "pods": int(len(c.pods())),
+                               "hours": (c.series.eval_end - c.series.eval_start) * series.step_seconds / 3600,
+                               "sizes": {}}
         for size in sizes:
             figs = {name: cell_bootstrap(scores[label_of[name], c.name, float(size)], seed=k) for name in shown}
             figs["nested"] = {"choice": nested[c.name],
@@ -291,7 +295,7 @@ def cross_validate(series: PodSeries, sizes: Sequence[float] = SIZES_GB, groups:
         picked = {c.name: scores[nested[c.name], c.name, float(size)] for c in all_cells}
         figs["nested"] = pooled_bootstrap(picked, all_cells, len(series.ids), ref, draws)
         overall[f"{size:g}"] = figs
-    pooled = {}
+    pooled: dict[str, dict[str, Any]] = {}
     for label in labels:
         pooled[label] = {f"{size:g}": figures(*(sum(getattr(scores[label, c.name, float(size)], a).sum()
                                                     for c in all_cells) for a in ("gpu_steps", "steps", "over")))

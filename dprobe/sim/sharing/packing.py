@@ -19,6 +19,7 @@ defaults, the shipped ones.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from dataclasses import dataclass, field, fields, replace
@@ -672,20 +673,21 @@ def _forecast_policy(name: str, series: PodSeries, settings: SharingSettings, lo
                      cache: dict | None) -> ForecastDemand:
     """``settings``' forecast rules on the forecaster of ``loaded`` (None: the last-value baseline)."""
     window = settings.window(series.step_seconds)
-    rules = dict(memory_quantile=settings.memory_quantile, duty_quantile=settings.duty_quantile,
-                 margin=settings.memory_margin, burst_quantile=settings.burst_quantile, burst_history=window)
+    with_rules = functools.partial(ForecastDemand, memory_quantile=settings.memory_quantile,
+                                   duty_quantile=settings.duty_quantile, margin=settings.memory_margin,
+                                   burst_quantile=settings.burst_quantile, burst_history=window)
     if loaded is None:
         from dprobe.forecaster.baselines import make_baseline
 
         base = make_baseline("last_value")
         base.residual_window = max(10, 4 * window)
-        return ForecastDemand(name, base, base.residual_window + settings.repack_steps, **rules)
+        return with_rules(name, base, base.residual_window + settings.repack_steps)
     model = loaded.forecaster
     _, spec, _ = model.task_for("gpu_memory_bytes", series.step_seconds)
     covariates = tuple(c for c in spec.covariates if c in series.covariate_names)
     max_lead = int(max(spec.leads) * spec.step_seconds / series.step_seconds)
     context = int(math.ceil(model.window_seconds("gpu_memory_bytes") / series.step_seconds))
-    return ForecastDemand(name, model, context, covariates=covariates, max_lead=max_lead, cache=cache, **rules)
+    return with_rules(name, model, context, covariates=covariates, max_lead=max_lead, cache=cache)
 
 
 def build_policies(names: list[str] | tuple[str, ...], series: PodSeries, settings: SharingSettings,
