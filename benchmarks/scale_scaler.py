@@ -16,10 +16,16 @@ cycles are timed.
 Modes: ``pods`` reads every pod's forecast (the default) and wakes workloads with ``activations_query`` (one query
 for all); ``recorded`` reads the recording rules' per-workload series instead (``recorded_series: true``); ``own``
 gives each workload an activation query of its own (batched, ``ACTIVATION_BATCH`` of dprobe.services.scaler.demand a request); ``baseline``
-runs ``own`` with the dprobe package of another checkout (``--baseline DIR``, e.g. ``git worktree add DIR REV``).
+runs ``own`` with the dprobe package of another checkout (``--baseline DIR``, e.g. ``git archive REV | tar -x -C
+DIR``), ``base-pods`` and ``base-recorded`` run ``pods`` and ``recorded`` with it (``base-recorded`` with its
+rules too). Each Prometheus starts on the backfilled blocks with a head of its own (the blocks hard-linked), so
+that no mode reads what another mode's rules recorded.
 Printed per size and mode: cycle seconds (mean), CPU seconds per cycle (the scaler's process), queries per cycle
-(Prometheus's own request counter), peak RSS (MB), one /metrics scrape (s); then each size's ratio to the size
-before it (same mode) beside the ratio of workloads.
+(Prometheus's own request counter), peak RSS (MB), one /metrics scrape as Prometheus asks for it (s, text format,
+gzip) and the page's rendering alone (s), the rule group
+``dprobe-scaler-workloads``' last evaluation (s, Prometheus's own figure, with its slowest rule) and the 1-minute
+load average while the mode ran; then each size's ratio to the size before it (same mode) beside the ratio of
+workloads, and the cycle's ratio to the baseline mode of the same size and read (``base-pods``, ``base-recorded``).
 
 Targets (on 2 idle cores): 5,000 workloads x 4 pods <= 2 s a cycle, 20,000 <= 8 s, RSS <= 300 MB, /metrics
 <= 1 s, queries per cycle the same at every size.
@@ -28,6 +34,7 @@ Targets (on 2 idle cores): 5,000 workloads x 4 pods <= 2 s a cycle, 20,000 <= 8 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import resource
@@ -127,16 +134,38 @@ def query(base: str, promql: str) -> list[dict]:
     return doc["data"]["result"]
 
 
+def fresh_head(data: Path, run: Path) -> None:
+    """``run``: the backfilled blocks of ``data`` hard-linked (they are never written to), without the head, WAL or
+    recorded series a Prometheus run on ``data`` before left."""
+    shutil.rmtree(run, ignore_errors=True)
+    run.mkdir(parents=True)
+    for block in data.iterdir():
+        if block.is_dir() and (block / "meta.json").exists():
+            shutil.copytree(block, run / block.name, copy_function=os.link)
+
+
+def rule_evaluation(base: str, group: str = "dprobe-scaler-workloads") -> tuple[float, str]:
+    """The rule group's last evaluation (s) as Prometheus reports it (``/api/v1/rules``), and its slowest rule
+    with that rule's seconds; (0, '') without the group."""
+    for g in json.loads(_get(f"{base}/api/v1/rules"))["data"]["groups"]:
+        if g["name"] == group:
+            slowest = max(g["rules"], key=lambda r: r.get("evaluationTime", 0.0))
+            return float(g.get("evaluationTime", 0.0)), f"{slowest['name']} {slowest.get('evaluationTime', 0.0):.2f}"
+    return 0.0, ""
+
+
 @contextmanager
-def prometheus(data: Path, workdir: Path, rules: bool, evaluation_seconds: float = 30) -> Iterator[str]:
+def prometheus(data: Path, workdir: Path, rules: bool, evaluation_seconds: float = 30,
+               rules_file: Path = RULES) -> Iterator[str]:
     """A Prometheus on loopback over the TSDB in ``data``, scraping nothing, its queries looking :data:`LOOKBACK`
-    back, with dprobe's rules where ``rules`` (their first evaluation awaited); yields its base URL."""
+    back, with dprobe's rules (``rules_file``) where ``rules`` (their first evaluation awaited); yields its base
+    URL."""
     binary = shutil.which("prometheus")
     if binary is None:
         raise RuntimeError("no prometheus binary on PATH (apt-get install prometheus)")
     config = workdir / "prometheus.yml"
     config.write_text(yaml.safe_dump({"global": {"evaluation_interval": f"{evaluation_seconds:g}s"},
-                                      "rule_files": [str(RULES)] if rules else []}))
+                                      "rule_files": [str(rules_file)] if rules else []}))
     port = free_port()
     log = (workdir / "prometheus.log").open("w")
     proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={data}",
@@ -178,7 +207,9 @@ def prometheus(data: Path, workdir: Path, rules: bool, evaluation_seconds: float
 ACTIVATIONS = 'label_replace(kube_deployment_spec_replicas, "workload", "$1", "deployment", "(.+)")'
 OWN_ACTIVATION = 'sum(kube_deployment_spec_replicas{{namespace="{ns}",deployment="{w}"}})'
 MODES = {  # mode: (recorded_series, each workload's own activation query)
-    "pods": (False, False), "recorded": (True, False), "own": (False, True), "baseline": (False, True)}
+    "pods": (False, False), "recorded": (True, False), "own": (False, True), "baseline": (False, True),
+    "base-pods": (False, False), "base-recorded": (True, False)}
+BASELINES = {"base-pods": "pods", "base-recorded": "recorded"}  # the modes run with --baseline's code: what they are
 
 
 def scaler_config(url: str, workloads: int, per_workload: int, mode: str, port: int) -> dict:
@@ -200,9 +231,15 @@ def prometheus_queries(base: str) -> float:
                if line.startswith("prometheus_http_requests_total{") and 'handler="/api/v1/query"' in line)
 
 
+# what Prometheus 2.42 sends with a scrape (the scaler answers it in text format, gzipped)
+SCRAPE_HEADERS = {"Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+                            "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1", "Accept-Encoding": "gzip"}
+
+
 def measure_one(config_path: str, prometheus_url: str, cycles: int) -> dict:
     """In this process: the scaler as ``dprobe scaler --config`` builds it, its first cycle run by its own loop,
-    then ``cycles`` cycles timed; one /metrics scrape timed; RSS."""
+    then ``cycles`` cycles timed; one /metrics scrape timed as Prometheus asks for it (text format, gzip), and the
+    page's rendering alone; RSS."""
     from dprobe.services.scaler.config import load_config
     from dprobe.services.scaler.service import Scaler
 
@@ -220,14 +257,20 @@ def measure_one(config_path: str, prometheus_url: str, cycles: int) -> dict:
     queries = (prometheus_queries(prometheus_url) - before) / cycles
     assert scaler.server is not None
     t = time.perf_counter()
-    page = _get(f"http://127.0.0.1:{scaler.server.port}/metrics")
+    request = urllib.request.Request(f"http://127.0.0.1:{scaler.server.port}/metrics", headers=SCRAPE_HEADERS)
+    with urllib.request.urlopen(request, timeout=60) as r:
+        body = r.read()
+        page = gzip.decompress(body) if r.headers.get("Content-Encoding") == "gzip" else body
     scrape = time.perf_counter() - t
+    t = time.perf_counter()
+    scaler.collector.render_text(scaler.registry)
+    render = time.perf_counter() - t
     published = [d for d in scaler.decisions.values() if d.published]
     scaler.stop()
     return {"published": len(published), "replicas": sum(d.replicas for d in published),
             "demand": sum(d.demand or 0.0 for d in published), "cycle_s": sum(wall) / cycles, "cpu_s": sum(cpu) / cycles, "queries": queries,
             "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "metrics_s": scrape,
-            "metrics_kb": len(page) / 1024, "decisions": len(scaler.decisions), "errors": dict(scaler.errors_total)}
+            "render_s": render, "metrics_kb": len(page) / 1024, "metrics_gzip_kb": len(body) / 1024, "decisions": len(scaler.decisions), "errors": dict(scaler.errors_total)}
 
 
 def run(sizes: list[int], per_workload: int = 4, cycles: int = 5, history: float = 1800, step: float = 30,
@@ -236,7 +279,7 @@ def run(sizes: list[int], per_workload: int = 4, cycles: int = 5, history: float
     """Per size and mode, the figures of :func:`measure_one` (each in a scaler process of its own) with
     ``workloads``, ``mode`` and the TSDB's ``series``. Mode ``baseline`` runs the ``pods`` mode with the dprobe
     package found in ``baseline`` (a checkout of another revision: ``git worktree add DIR REV``)."""
-    if "baseline" in modes and baseline is None:
+    if {"baseline", *BASELINES} & set(modes) and baseline is None:
         raise ValueError("mode baseline needs the directory of a checkout to run (--baseline DIR)")
     rows = []
     with tempfile.TemporaryDirectory(prefix="dprobe-scale-") as tmp:
@@ -271,25 +314,35 @@ def run(sizes: list[int], per_workload: int = 4, cycles: int = 5, history: float
 
 def _measure(n: int, mode: str, per_workload: int, cycles: int, data: Path, work: Path, series: int,
              baseline: Path | None) -> dict:
-    """One size in one mode: a Prometheus over ``data``, the scaler in a process of its own."""
-    with prometheus(data, work, rules=mode == "recorded") as url:
-        config = work / f"scaler-{mode}.yaml"
-        config.write_text(yaml.safe_dump(scaler_config(url, n, per_workload, mode, free_port())))
-        code = baseline if mode == "baseline" else ROOT
-        out = subprocess.run([sys.executable, __file__, "--measure-one", str(config), url, str(cycles)],
-                             capture_output=True, text=True, check=False, env={**os.environ, "PYTHONPATH": str(code)},
-                             cwd=code)
+    """One size in one mode: a Prometheus over ``data`` (a head of its own), the scaler in a process of its own."""
+    code = baseline.resolve() if baseline is not None and (mode == "baseline" or mode in BASELINES) else ROOT
+    run_data = work / "run"
+    fresh_head(data, run_data)
+    try:
+        with prometheus(run_data, work, rules=MODES[mode][0], rules_file=code / RULES.relative_to(ROOT)) as url:
+            config = work / f"scaler-{mode}.yaml"
+            config.write_text(yaml.safe_dump(scaler_config(url, n, per_workload, mode, free_port())))
+            out = subprocess.run([sys.executable, __file__, "--measure-one", str(config), url, str(cycles)],
+                                 capture_output=True, text=True, check=False,
+                                 env={**os.environ, "PYTHONPATH": str(code)}, cwd=code)
+            rules_s, slowest = rule_evaluation(url) if MODES[mode][0] else (0.0, "")
+            load = os.getloadavg()[0]
+    finally:
+        shutil.rmtree(run_data, ignore_errors=True)
     if out.returncode != 0:
         raise RuntimeError(f"scaler at {n} workloads ({mode}) failed: {out.stderr[-3000:]}")
-    return {"workloads": n, "pods": n * per_workload, "mode": mode, "series": series,
-            **json.loads(out.stdout.strip().splitlines()[-1])}
+    return {"workloads": n, "pods": n * per_workload, "mode": mode, "series": series, "rules_s": rules_s,
+            "slowest_rule": slowest, "load": load, **json.loads(out.stdout.strip().splitlines()[-1])}
 
 
 def table(rows: list[dict]) -> str:
-    """The figures as a Markdown table, with each size's ratio to the size before it (same mode)."""
+    """The figures as a Markdown table, with each size's ratio to the size before it (same mode) and to the
+    baseline of the same size and read (``base-pods`` for ``pods``, ``base-recorded`` for ``recorded``)."""
     lines = ["| workloads | pods | mode | series | cycle (s) | CPU / cycle (s) | queries / cycle | RSS (MB) | "
-             "/metrics (s) | x workloads | x cycle | x CPU |", "|" + "---:|" * 4 + "---:|" * 8]
+             "/metrics (s) | render (s) | rules (s) | load | x workloads | x cycle | x CPU | cycle / baseline |",
+             "|" + "---:|" * 4 + "---:|" * 12]
     last: dict[str, dict] = {}
+    bases = {(r["workloads"], BASELINES[r["mode"]]): r for r in rows if r["mode"] in BASELINES and "error" not in r}
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['workloads']} | {r['pods']} | {r['mode']} | {r['series']} | failed: {r['error']} |")
@@ -297,9 +350,12 @@ def table(rows: list[dict]) -> str:
         prev = last.get(r["mode"])
         ratios = (f"{r['workloads'] / prev['workloads']:.0f} | {r['cycle_s'] / prev['cycle_s']:.1f} | "
                   f"{r['cpu_s'] / prev['cpu_s']:.1f}") if prev else "- | - | -"
+        base = bases.get((r["workloads"], r["mode"]))
+        to_base = f"{r['cycle_s'] / base['cycle_s']:.2f}" if base else "-"
         lines.append(f"| {r['workloads']} | {r['pods']} | {r['mode']} | "
                      f"{r['series']} | {r['cycle_s']:.3f} | {r['cpu_s']:.3f} | {r['queries']:.1f} | "
-                     f"{r['rss_mb']:.0f} | {r['metrics_s']:.3f} | {ratios} |")
+                     f"{r['rss_mb']:.0f} | {r['metrics_s']:.3f} | {r.get('render_s', 0.0):.3f} | {r.get('rules_s', 0.0):.2f} | "
+                     f"{r.get('load', 0.0):.1f} | {ratios} | {to_base} |")
         last[r["mode"]] = r
     return "\n".join(lines)
 
@@ -332,8 +388,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-seconds", type=float, default=30)
     parser.add_argument("--modes", default="pods,recorded,own", help="pods (activations_query), recorded "
                         "(recorded_series too), own (an activation query per workload), baseline (own, with the "
-                        "code of --baseline)")
-    parser.add_argument("--baseline", type=Path, help="a checkout of another revision, run as mode baseline (pods)")
+                        "code of --baseline), base-pods and base-recorded (pods and recorded with the code and rules "
+                        "of --baseline)")
+    parser.add_argument("--baseline", type=Path, help="a checkout of another revision, run as modes baseline, "
+                        "base-pods and base-recorded")
     parser.add_argument("--workdir", type=Path, help="keep the TSDBs here, and use them again in a later run (for "
                         "two hours, with the same sizes and history)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
@@ -348,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
                args.step_seconds, tuple(m for m in args.modes.split(",") if m), args.workdir,
                args.baseline)
     print(table(rows))
+    print(f"load average (1, 5, 15 min) at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())} on "
+          f"{os.cpu_count()} CPUs")
     if args.json:
         print(json.dumps(rows))
     lines = verdicts(rows)

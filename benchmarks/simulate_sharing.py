@@ -8,7 +8,7 @@ of ``dprobe simulate sharing``), peak packing, one pod per GPU and the oracle, a
 the setting chosen on the other groups over the other spans, scored on the fold. Then every candidate's
 pooled figures and whether it never loses to peak packing.
 
-    .venv/bin/python benchmarks/simulate_sharing.py [--sizes 80,141] [--groups 5] [--json] [--check]
+    .venv/bin/python benchmarks/simulate_sharing.py [--sizes 80GB,141GB] [--groups 5] [--json] [--check]
 
 ``--check`` exits 1 unless the choice on all folds is the shipped default and the shipped default is at
 least as good as peak packing (GPU-hours and memory overflow) in every fold at every size.
@@ -24,7 +24,8 @@ import time
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="80,141", help="GPU memory sizes in GB (default: %(default)s)")
+    ap.add_argument("--sizes", default="80GB,141GB",
+                    help="GPU memory sizes, each with its unit (80GB, 141GiB; default: %(default)s)")
     ap.add_argument("--groups", type=int, default=None, help="pod groups (default: 5)")
     ap.add_argument("--data", metavar="DIR", help="a directory laid out like alibaba-genai-2026 (default: bundled)")
     ap.add_argument("--draws", type=int, default=2000, help="bootstrap draws (default: %(default)s)")
@@ -33,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="exit 1 unless the shipped default is the choice and never loses to peak packing")
     args = ap.parse_args(argv)
 
+    from dprobe.core.units import parse_bytes
     from dprobe.data.alibaba import NAME, load_alibaba
     from dprobe.data.registry import bundled_dir
     from dprobe.sim.cli import register
@@ -45,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = sharing_settings(parser.parse_args(["simulate", "sharing"]))  # dprobe simulate sharing's defaults
     started = time.process_time()
     series = pod_series(load_alibaba(args.data or bundled_dir(NAME)))
-    sizes = [float(s) for s in args.sizes.split(",")]
+    sizes = [parse_bytes(s, "--sizes") for s in args.sizes.split(",")]
     progress = None if args.json else (lambda label: print(f"running {label} ...", file=sys.stderr, flush=True))
     out = cross_validate(series, sizes, args.groups or GROUPS, forecaster=load_forecaster(), draws=args.draws,
                          progress=progress, shipped=settings)
@@ -65,12 +67,14 @@ def _fig(f: dict) -> str:
 
 
 def _print(out: dict) -> None:
+    from dprobe.core.units import format_bytes
+
     names = ("dprobe", "peak", "one-per-gpu", "oracle", "nested")
     print(f"{out['dataset']}: {out['pods']} pods in {out['groups']} groups x {len(out['spans'])} spans "
           f"{out['spans']} of the trace; shipped default: {out['shipped_label']}; CPU {out['cpu_seconds']:.0f} s")
     print("each cell: GPU-hours saved against one pod per GPU [95 % interval] / pod-minutes over memory [interval]")
-    for size in (f"{s:g}" for s in out["sizes_gb"]):
-        print(f"\n## {size} GB GPUs\n")
+    for size in (str(s) for s in out["sizes_bytes"]):
+        print(f"\n## {format_bytes(int(size))} GPUs\n")
         print("| fold | pods | dprobe (shipped) | peak | one-per-gpu | oracle | nested: chosen on the other folds |")
         print("| --- | ---: | --- | --- | --- | --- | --- |")
         for c in out["cells"]:
@@ -85,13 +89,13 @@ def _print(out: dict) -> None:
                   f"[{d['saved_minus_reference_ci'][0]:+.2f}, {d['saved_minus_reference_ci'][1]:+.2f}], overflow "
                   f"{d['over_minus_reference']:+.3f} points [{d['over_minus_reference_ci'][0]:+.3f}, "
                   f"{d['over_minus_reference_ci'][1]:+.3f}]")
-    print("\n| candidate | " + " | ".join(f"{s:g} GB saved / over" for s in out["sizes_gb"])
+    print("\n| candidate | " + " | ".join(f"{format_bytes(s)} saved / over" for s in out["sizes_bytes"])
           + " | never loses to peak |")
-    print("| --- | " + " | ".join("---" for _ in out["sizes_gb"]) + " | --- |")
+    print("| --- | " + " | ".join("---" for _ in out["sizes_bytes"]) + " | --- |")
     for label, c in out["candidates"].items():
-        print(f"| {label} | " + " | ".join(f"{c[f'{s:g}']['gpu_hours_saved_pct']:.2f} % / "
-                                            f"{c[f'{s:g}']['pod_minutes_over_memory_pct']:.3f} %"
-                                            for s in out["sizes_gb"]) + f" | {'yes' if c['never_loses'] else 'no'} |")
+        print(f"| {label} | " + " | ".join(f"{c[str(s)]['gpu_hours_saved_pct']:.2f} % / "
+                                            f"{c[str(s)]['pod_minutes_over_memory_pct']:.3f} %"
+                                            for s in out["sizes_bytes"]) + f" | {'yes' if c['never_loses'] else 'no'} |")
     which = "the shipped default" if out["shipped_is_chosen"] else "NOT the shipped default"
     print(f"\nchosen on all folds: {out['chosen_on_all_cells']} ({which})")
     print(f"{'PASS' if out['default_never_loses'] else 'MISS'}  the shipped default is at least as good as peak "

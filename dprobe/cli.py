@@ -68,11 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     base = logging.INFO if args.command in LONG_RUNNING else logging.WARNING  # services log state changes
     level = max(logging.DEBUG, base - 10 * args.verbose)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    from dprobe.data import DatasetError
-
     try:
         return int(args.func(args) or 0)
-    except (DatasetError, OSError, ValueError) as exc:  # bad input, a missing file, a port in use
+    except (OSError, ValueError) as exc:  # bad input (a DatasetError is one), a missing file, a port in use
         print(f"dprobe {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:  # a slim install asked for what needs the full one

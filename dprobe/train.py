@@ -6,7 +6,9 @@ dprobe is installed. Both run :func:`main`, the Hydra app over ``conf/train.yaml
 This module is imported for ``dprobe --help`` and by the services' slim install, so it imports Hydra, torch and
 Lightning only when a run starts. Where the data sets are not there (dprobe installed from the package, run outside
 its repository), ``dprobe train`` says in one line where it looks for them (:func:`check_data_dir`), before Hydra;
-a run whose data a stage cannot read (:func:`dprobe.training.check_data`) stops with that one line too."""
+a run whose data a stage cannot read (:func:`dprobe.training.check_data`) stops with that one line too.
+``dprobe train --help`` alone lists the config groups from the config folder (:func:`help_text`), without Hydra;
+with overrides, ``--help`` is Hydra's (the config they compose)."""
 
 from __future__ import annotations
 
@@ -122,7 +124,45 @@ def command(overrides: Sequence[str]) -> None:
         sys.argv, _STARTED_WITH = _STARTED_WITH, None
 
 
+HELP_FLAGS = frozenset({"--help", "-h"})
+
+
+def config_dir() -> Path:
+    """:data:`dprobe.config.CONFIG_DIR` without importing OmegaConf: the checkout's ``conf/``, else the one
+    the wheel ships inside the package."""
+    checkout = Path(__file__).resolve().parent.parent / "conf"
+    return checkout if (checkout / "train.yaml").is_file() else Path(__file__).resolve().parent / "conf"
+
+
+def config_groups(root: Path) -> dict[str, list[str]]:
+    """Each config group under ``root`` (a folder of YAML files, ``a/b`` for a nested one) and its options
+    (the files' names), sorted, as Hydra's help lists them."""
+    groups: dict[str, list[str]] = {}
+    for path in root.rglob("*.yaml"):
+        if path.parent != root:
+            groups.setdefault(path.parent.relative_to(root).as_posix(), []).append(path.stem)
+    return {group: sorted(options) for group, options in sorted(groups.items())}
+
+
+def help_text(root: Path | None = None) -> str:
+    """``dprobe train --help``: the config groups, read from the config folder without starting Hydra (which
+    takes seconds to compose the config); ``--cfg job`` and ``--hydra-help`` go to Hydra."""
+    groups = config_groups(config_dir() if root is None else root)
+    lines = ["usage: dprobe train [OVERRIDE ...] [HYDRA FLAG ...]", "",
+             "dprobe train is powered by Hydra: python train.py's overrides and flags.", "",
+             "== Configuration groups ==", "Compose your configuration from those groups (group=option)", "",
+             *(f"{group}: {', '.join(options)}" for group, options in groups.items()), "",
+             "== More ==",
+             "  dprobe train --cfg job        the composed config (any key can be overridden: foo.bar=value)",
+             "  dprobe train OVERRIDES --help Hydra's help with the config those overrides compose",
+             "  dprobe train --hydra-help     Hydra's own flags (-m for a sweep, --multirun, ...)"]
+    return "\n".join(lines) + "\n"
+
+
 def _run(args: argparse.Namespace) -> int:
+    if args.overrides and all(word in HELP_FLAGS for word in args.overrides):
+        sys.stdout.write(help_text())  # the groups alone, in a fraction of a second: no Hydra
+        raise SystemExit(0)  # as every other command's --help (argparse's) ends
     command(args.overrides)
     return 0
 

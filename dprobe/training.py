@@ -91,10 +91,12 @@ def stage(section: DictConfig) -> Callable[..., Any]:
 
 
 def best_val_pinball(trainer: pl.Trainer) -> float | None:
-    """The validation pinball loss of the epoch kept (the best checkpoint's on ``val/pinball``), or of the
-    last validation where none is kept (``fast_dev_run``); None without a validation."""
+    """The validation pinball loss of the epoch kept (the best checkpoint's score on ``val/pinball``, or on
+    ``val/select`` where it is chosen on that, as ``+exp=gnn`` does), or of the last validation where none is
+    kept (``fast_dev_run``); None without a validation."""
     callback: Any = trainer.checkpoint_callback  # a ModelCheckpoint where one is configured
-    score = callback.best_model_score if callback is not None and callback.monitor == "val/pinball" else None
+    chosen = callback is not None and callback.monitor in ("val/pinball", "val/select")
+    score = callback.best_model_score if chosen else None
     if score is None:
         score = trainer.callback_metrics.get("val/pinball")
     return None if score is None else float(score)

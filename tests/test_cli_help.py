@@ -1,5 +1,6 @@
 """``dprobe --help`` and each command's ``--help`` import only what that command's parser needs: the command's
-own module, not the others', and not pandas, torch or the training stack (seconds on a small machine)."""
+own module, not the others', and not pandas, torch, the training stack (seconds on a small machine) or pydantic
+(the services' settings library, a tenth of a second)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import pytest
 from dprobe.cli import SUBCOMMANDS, build_parser, command_of
 
 HEAVY = ("pandas", "torch", "torch_geometric", "lightning", "pytorch_lightning", "hydra", "scipy", "timm",
-         "transformers", "kubernetes", "onnxruntime")
+         "transformers", "kubernetes", "onnxruntime",
+         # the services' settings are read with pydantic-settings only once they are loaded, never for --help
+         "pydantic", "pydantic_core", "pydantic_settings")
 
 
 def _imported_by_help(*args: str) -> list[str]:

@@ -101,7 +101,7 @@ def test_rows_shape(ramp_result: EvalResult) -> None:
     assert len(ramp_result.rows) == len(BASELINES) * len(LEADS)
     for r in ramp_result.rows:
         assert {"method", "target", "lead_steps", "mae", "mase", "pinball", "coverage_p90", "n_forecasts"} <= set(r)
-        assert r["target"] == "y" and r["lead_seconds"] == 60.0 * r["lead_steps"]
+        assert r["target"] == "y" and r["horizon_seconds"] == 60.0 * r["lead_steps"]
         assert r["n_series"] == 2  # the 50-point series is skipped
     assert set(ramp_result.seconds) == set(BASELINES)
     assert all(s >= 0 for s in ramp_result.seconds.values())

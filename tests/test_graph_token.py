@@ -330,6 +330,9 @@ def test_metrics_say_which_token_each_forecast_used_in_both_renderings() -> None
 
 
 def test_the_benchmark_ships_graph_unless_it_is_surely_worse_or_breaks_the_anonymous_bound(monkeypatch) -> None:
+    """The rule docs/training.md wrote down first: graph if not surely worse than vector on the test families
+    and the anonymous series within 1 % of the reference; else the better of vector and unknown within it;
+    else keep the shipped model."""
     import importlib.util
 
     path = Path(__file__).resolve().parent.parent / "benchmarks" / "forecaster_graph_token.py"
@@ -345,10 +348,21 @@ def test_the_benchmark_ships_graph_unless_it_is_surely_worse_or_breaks_the_anony
     def anon(method: str, ratio: float) -> dict:
         return {"method": method, "target": "alibaba/gpu_memory_bytes", "lead": 0, "pinball_ratio": ratio}
 
+    def blind(ratio: float) -> dict:  # the graph model told nothing of the workload
+        return {"method": "graph|unknown", "target": "gpu_memory_bytes", "lead": 0, "pinball_ratio": ratio,
+                "pinball_ratio_ci": (ratio - 0.05, ratio + 0.05)}
+
     assert bench.verdict([job((0.9, 1.05))])[0] == "graph"
     assert bench.verdict([job((1.001, 1.05))])[0] == "vector"
-    assert bench.verdict([job((1.001, 1.05))], [anon("vector", 1.02), anon("graph", 1.0)])[0] == "graph"
+    # graph surely worse and vector past the anonymous bound: unknown if measured, else the shipped model stays
+    assert bench.verdict([job((1.001, 1.05))], [anon("vector", 1.02), anon("graph", 1.0)])[0] == "keep"
+    assert bench.verdict([job((1.001, 1.05)), blind(1.1)], [anon("vector", 1.02), anon("graph", 1.0)])[0] == "unknown"
+    # graph past the bound: vector, or unknown where it beats vector, but never unknown past graph's bound
     assert bench.verdict([job((0.9, 0.95))], [anon("graph", 1.02), anon("vector", 1.0)])[0] == "vector"
+    assert bench.verdict([job((1.001, 1.05)), blind(0.9)], [anon("vector", 1.0)])[0] == "unknown"
+    assert bench.verdict([job((1.001, 1.05)), blind(1.1)], [anon("vector", 1.0)])[0] == "vector"
+    assert bench.verdict([job((0.9, 0.95)), blind(0.8)], [anon("graph", 1.02), anon("vector", 1.0)])[0] == "vector"
+    assert bench.verdict([job((0.9, 1.05))], [anon("graph", 1.02), anon("vector", 1.02)])[0] == "keep"
 
 
 def test_a_task_never_trained_with_a_known_workload_ignores_graphs(tmp_path: Path) -> None:

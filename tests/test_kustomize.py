@@ -32,7 +32,7 @@ KUBERNETES_VERSION = "1.30"  # the oldest Kubernetes the manifests are checked a
 KUSTOMIZATIONS = {"default": DEPLOY, "node-agent": DEPLOY / "overlays" / "node-agent",
                   "sidecar": DEPLOY / "overlays" / "sidecar"}
 # components a user adds to kustomizations of their own (rendered here on example workloads)
-USER_COMPONENTS = [DEPLOY / "components" / "sidecar"]
+USER_COMPONENTS = [DEPLOY / "components" / "sidecar", DEPLOY / "components" / "scaler-shards"]
 CRDS = {"PodMonitor": "monitoring.coreos.com_podmonitors.yaml",
         "PrometheusRule": "monitoring.coreos.com_prometheusrules.yaml",
         "ServiceMonitor": "monitoring.coreos.com_servicemonitors.yaml",
@@ -363,6 +363,36 @@ def _referenced(kustomization_dir: Path) -> set[Path]:
         found |= {(kustomization_dir / f.split("=")[-1]).resolve() for f in gen.get("files", [])}
     found |= {(kustomization_dir / p["path"]).resolve() for p in doc.get("patches", []) if "path" in p}
     return found
+
+
+@needs_kubectl
+def test_scaler_shards_component_names_the_leases_the_scaler_uses(tmp_path: Path) -> None:
+    """components/scaler-shards: the shards the scaler is told (its environment over the ConfigMap), at least as
+    many replicas, minAvailable one below them, and the Role naming exactly the Leases those shards use."""
+    from dprobe.services.scaler.config import ENV_PREFIX
+    from dprobe.services.scaler.shards import members_lease_name, shard_lease_names
+
+    (tmp_path / "deploy").symlink_to(DEPLOY)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "kustomization.yaml").write_text(
+        "resources: [../deploy/scaler]\ncomponents: [../deploy/components/scaler-shards]\n")
+    objects = render(tmp_path / "mine")
+    for obj in objects:
+        assert not schema_errors(obj), (obj["kind"], schema_errors(obj))
+    found = _by_kind(objects)
+    deployment = found[("Deployment", "dprobe-scaler")]
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    shards = int(env[f"{ENV_PREFIX}SHARDS"])
+    config = yaml.safe_load(found[("ConfigMap", "dprobe-scaler")]["data"]["scaler.yaml"])
+    assert shards > 1 and config["leader_election"] is True
+    lease = config.get("leader_election_lease_name", "dprobe-scaler")
+    replicas = deployment["spec"]["replicas"]
+    assert replicas >= shards
+    assert found[("PodDisruptionBudget", "dprobe-scaler")]["spec"]["minAvailable"] == replicas - 1
+    rules = found[("Role", "dprobe-scaler-lease")]["rules"]
+    named = [r for r in rules if r.get("resourceNames")]
+    assert len(named) == 1 and set(named[0]["verbs"]) == {"get", "update"}
+    assert named[0]["resourceNames"] == [*shard_lease_names(lease, shards), members_lease_name(lease)]
 
 
 def test_deploy_readme_names_every_file_and_what_k_does_not_install() -> None:

@@ -694,9 +694,10 @@ def test_cli_help_and_bad_config_exit_code(tmp_path: Path) -> None:
     run = [sys.executable, "-m", "dprobe.cli", "scaler"]
     out = subprocess.run([*run, "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0
-    for flag in ("--prometheus-url", "--mode", "--horizon-seconds", "--quantile", "--scale-down-stabilization-seconds",
-                 "DPROBE_SCALER_TARGET"):
+    for flag in ("--prometheus-url", "--mode", "--horizon-seconds", "--quantile", "DPROBE_SCALER_TARGET"):
         assert flag in out.stdout
+    out = subprocess.run([*run, "--help-all"], capture_output=True, text=True, timeout=60)  # every option
+    assert out.returncode == 0 and "--scale-down-stabilization-seconds" in out.stdout
     bad = tmp_path / "bad.yaml"
     bad.write_text("workloads: [{namespace: a, name: b, kind: CronJob}]\n")
     r = subprocess.run([*run, "--config", str(bad)], capture_output=True, text=True, timeout=60)

@@ -10,6 +10,7 @@ import re
 import shutil
 import threading
 import urllib.parse
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -343,6 +344,8 @@ def test_metrics_page_written_directly_holds_the_same_samples_as_generate_latest
                                                                               published=k != 7)
                                   for k in range(50)}
     scaler.reader.activations.update({("team-0", "svc-0\nz"): (3.0, True), ("team-1", "svc-1"): (0.0, False)})
+    scaler.workloads.events.update({("team-1", 'svc-7"\\x', "up"): 3, ("team-0", "svc-0", "down"): 1,
+                                    ("svc-9", "up"): 2})  # a workload without a namespace: its values in turn
 
     def samples(text: bytes) -> list:
         return sorted((s.name, tuple(sorted(s.labels.items())), s.value)
@@ -352,6 +355,8 @@ def test_metrics_page_written_directly_holds_the_same_samples_as_generate_latest
     assert samples(fast) == samples(generate_latest(scaler.registry))
     assert 'dprobe_recommended_replicas{namespace="team-1",workload="svc-7\\"\\\\x"}' not in fast.decode()
     assert fast.decode().count("# TYPE dprobe_recommended_replicas gauge") == 1
+    assert fast.decode().count("# TYPE dprobe_scaler_scale_events_total counter") == 1
+    assert 'dprobe_scaler_scale_events_total{namespace="team-1",workload="svc-7\\"\\\\x",direction="up"} 3.0' in fast.decode()
     scaler.elector = type("Follower", (), {"is_leader": lambda self: False, "term": 1})()
     follower = scaler.collector.render_text(scaler.registry).decode()
     assert "dprobe_scaler_leader 0.0" in follower and "dprobe_recommended_replicas" not in follower
@@ -389,3 +394,116 @@ def test_activations_query_wakes_every_workload_in_one_query(n: int) -> None:
         down[0] = True
         scaler.cycle()
     assert scaler.errors_total["query"] == 1 and ("team", "svc-3") not in scaler.activations
+
+
+def test_recorded_series_for_another_horizon_or_quantile_are_said_once_counted_and_read_per_pod(caplog) -> None:
+    """The rules record 300 s / p90 (their shipped selectors) while the scaler reads 60 s / p50: one line naming both
+    (logged once), counted each cycle as a recording_rules error, and every pod's forecast read instead, so that
+    the decisions are those of the pod-level read."""
+    base = _recorded_reply(True)
+
+    def reply(query: str) -> tuple[int, dict]:
+        if query.startswith("label_replace(max by (namespace, owner_kind, owner_name)"):
+            if 'horizon_seconds="300",quantile="0.9"' in query:
+                return base(query)
+            owner = {"namespace": "team", "owner_kind": "Deployment", "owner_name": "llm"}
+            return 200, _vector([({**owner, "dprobe_series": "seen"}, 3)])  # the other pair's: none
+        if query.startswith("label_replace(max by (namespace)"):
+            return 200, _vector([({"namespace": "team", "dprobe_series": "seen"}, 3)])
+        if query.startswith("count by (horizon_seconds, quantile)"):
+            return 200, _vector([({"horizon_seconds": "300", "quantile": "0.9"}, 1)])
+        return base(query)
+
+    decisions = {}
+    for recorded in (False, True):
+        with prometheus_api(reply) as (url, asked):
+            scaler = Scaler(ScalerConfig(prometheus_url=url, recorded_series=recorded, horizon_seconds=60,
+                                         quantile=0.5, target=0.5, margin=0.0), clock=iter(range(0, 10**6, 30)).__next__)
+            with caplog.at_level(logging.ERROR, logger="dprobe.services.scaler.reader"):
+                scaler.cycle()
+                scaler.cycle()
+            decisions[recorded] = scaler.decisions[("team", "llm")]
+    said = [r.getMessage() for r in caplog.records if "not at the scaler's" in r.getMessage()]
+    assert said == ["recorded_series: the recording rules record forecasts at horizon_seconds / quantile 300 / 0.9, "
+                    "not at the scaler's 60 / 0.5: set horizon_seconds=\"60\", quantile=\"0.5\" in the selectors of "
+                    "their group dprobe-scaler-workloads (docs/scaler.md, \"Fleet scale\"); reading every pod's "
+                    "forecast instead"], said
+    assert scaler.errors_total["recording_rules"] == 2
+    assert 'dprobe_scaler_errors_total{stage="recording_rules"} 2.0' in generate_latest(scaler.registry).decode()
+    assert any("dprobe_predicted_gpu_utilization_ratio{" in q for _, q in asked)  # read per pod
+    assert (decisions[True].demand, decisions[True].missing) == pytest.approx((decisions[False].demand,
+                                                                               decisions[False].missing))
+    assert decisions[True].demand == pytest.approx(1.2)
+
+
+def test_the_shipped_recording_rules_record_the_scalers_default_horizon_and_quantile_only() -> None:
+    """Every forecast selector of the group dprobe-scaler-workloads names the scaler's default horizon and quantile
+    (the cold-start profiles' at the quantile that default reads), so that an evaluation reads one forecast series
+    per pod, and the PrometheusRule carries the same rules."""
+    from pathlib import Path
+
+    import yaml
+
+    from dprobe.services.scaler.demand import job_profile_quantile
+
+    prometheus = Path(__file__).resolve().parents[1] / "deploy" / "prometheus"
+    defaults = ScalerConfig().queries
+    groups = {g["name"]: g for g in yaml.safe_load((prometheus / "dprobe-rules.yaml").read_text())["groups"]}
+    selectors = [s for rule in groups["dprobe-scaler-workloads"]["rules"]
+                 for s in re.findall(r"(dprobe_(?:job_)?predicted_gpu_utilization_ratio)\{([^}]*)\}", rule["expr"])]
+    assert selectors
+    for name, matchers in selectors:
+        quantile = job_profile_quantile(defaults) if "_job_" in name else f"{defaults.quantile:g}"
+        assert f'quantile="{quantile}"' in matchers, (name, matchers)
+        if "_job_" not in name:
+            assert f'horizon_seconds="{defaults.horizon_seconds}"' in matchers, (name, matchers)
+    shipped = yaml.safe_load((prometheus / "prometheusrule.yaml").read_text())["spec"]["groups"]
+    assert {g["name"]: g for g in shipped}["dprobe-scaler-workloads"] == groups["dprobe-scaler-workloads"]
+
+
+@pytest.mark.parametrize(("vc_label", "by"), [("namespace", "namespace, pod, target"),
+                                              ("team", "namespace, pod, target, team")])
+def test_every_pods_forecast_is_asked_for_by_the_labels_the_scaler_reads(vc_label: str, by: str) -> None:
+    """The pod-level read asks Prometheus for one row per pod and target, ``max by`` the labels the scaler reads
+    (the vc_label too), not every series with all its labels; a GPU's own series still left out, the highest of a
+    pod's copies kept, an unusable one counted."""
+    from dprobe.services.scaler.demand import pod_forecast_query, pod_forecasts
+
+    config = ScalerConfig(vc_label=vc_label)
+    query = pod_forecast_query(config.queries, (vc_label,))
+    assert query.startswith(f'max by ({by}, horizon_seconds) (dprobe_predicted_gpu_utilization_ratio{{'
+                            f'horizon_seconds="300",quantile="0.9",pod!=""}}) or on (namespace, pod) max by ({by}) '
+                            f'(dprobe_job_predicted_gpu_utilization_ratio{{quantile="0.9",pod!=""}})'), query
+
+    def reply(q: str) -> tuple[int, dict]:
+        return 200, _vector([({"namespace": "team", "pod": "a-0", "target": "team/a-0", "horizon_seconds": "300"}, 0.4),
+                             ({"namespace": "team", "pod": "a-0", "target": "GPU-1", "horizon_seconds": "300"}, 0.9),
+                             ({"namespace": "team", "pod": "b-0", "target": "team/b-0", "horizon_seconds": "300"}, 1.5)])
+
+    with prometheus_api(reply) as (url, asked):
+        rejected: Counter[str] = Counter()
+        got = pod_forecasts(ScalerConfig(prometheus_url=url, vc_label=vc_label).queries, rejected, (vc_label,))
+    assert [q for _, q in asked] == [query]
+    assert {k: v for k, (v, _) in got.items()} == {("team", "a-0"): 0.4} and rejected == {"above_one": 1}
+    assert got[("team", "a-0")][1] == ({"namespace": "team"} if vc_label == "namespace" else {})  # what it reads
+
+
+def test_pods_of_one_virtual_cluster_share_one_labels_dict() -> None:
+    """The pod-level read keeps, per pod, only the labels the scaler reads, in one dict per distinct set of values
+    (not each row's labels as decoded): GPUs and forecasts alike."""
+    from dprobe.services.scaler.demand import pod_forecasts, pod_gpus
+
+    def reply(q: str) -> tuple[int, dict]:
+        return 200, _vector([({"namespace": f"ns-{k % 2}", "pod": f"p-{k}", "target": f"ns-{k % 2}/p-{k}",
+                               "horizon_seconds": "300", "container": "main", "instance": f"10.0.0.{k}:9477"}, 0.5)
+                             for k in range(6)])
+
+    with prometheus_api(reply) as (url, _):
+        queries = ScalerConfig(prometheus_url=url).queries
+        forecasts = pod_forecasts(queries, keep=("namespace", "horizon_seconds"))
+        gpus = pod_gpus(queries, keep=("namespace",))
+    for got in (forecasts, gpus):
+        dicts = {id(labels) for _, labels in got.values()}
+        assert len(got) == 6 and len(dicts) == 2, got
+    assert forecasts[("ns-1", "p-3")][1] == {"namespace": "ns-1", "horizon_seconds": "300"}
+    assert gpus[("ns-0", "p-2")][1] == {"namespace": "ns-0"}

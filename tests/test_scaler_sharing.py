@@ -185,7 +185,7 @@ def _prometheus(memory: dict[str, float], util: dict[str, float], totals: dict[s
             for p, v in memory.items():
                 for h, d in (("60", 1e9), ("300", 0.0), ("900", -1e9 + 50e9)):
                     rows.append(({**base, "pod": p, "target": f"serving/{p}", "horizon_seconds": h}, v - d))
-        elif query.startswith("dprobe_predicted_gpu_utilization_ratio"):
+        elif "dprobe_predicted_gpu_utilization_ratio{" in query:
             rows = [({**base, "pod": p, "target": f"serving/{p}"}, v) for p, v in util.items()]
         elif query.startswith("dprobe_observed_gpu_memory_total_bytes"):
             rows = [({**base, "pod": p, "target": f"serving/{p}"}, v) for p, v in (totals or {}).items()]

@@ -49,9 +49,10 @@ SCALER = (scaler_config, "DPROBE_SCALER_", "scaler")
 
 @pytest.mark.parametrize(("service", "name", "value", "text", "message"), [
     # whole numbers: a fraction is refused, never truncated (90.7 was 90)
-    (SIDECAR, "horizons", [90.7, 300], "90.7,300", r"option horizons: item '?90.7'? of the list: expected a whole number"),
-    (SIDECAR, "horizons", ["60", ""], "60,,300", "option horizons: empty item"),
-    (SIDECAR, "horizons", "soon", "soon", "option horizons: .*expected a whole number, got 'soon'"),
+    (SIDECAR, "horizon_seconds", [90.7, 300], "90.7,300",
+     r"option horizon_seconds: item '?90.7'? of the list: expected a whole number"),
+    (SIDECAR, "horizon_seconds", ["60", ""], "60,,300", "option horizon_seconds: empty item"),
+    (SIDECAR, "horizon_seconds", "soon", "soon", "option horizon_seconds: .*expected a whole number, got 'soon'"),
     (SIDECAR, "port", 9477.5, "9477.5", "option port: expected a whole number, got '?9477.5'?"),
     (SIDECAR, "port", "", "", "option port: expected a whole number, got ''"),
     (SIDECAR, "max_targets", True, "1e3", "option max_targets: expected a whole number"),
@@ -59,7 +60,7 @@ SCALER = (scaler_config, "DPROBE_SCALER_", "scaler")
     (SCALER, "max_replicas", "8 pods", "8 pods", "option max_replicas: expected a whole number, got '8 pods'"),
     # negative where not allowed: the service's own check names the option
     (SIDECAR, "port", -1, "-1", "port must be 0-65535"),
-    (SIDECAR, "horizons", [-60], "-60", "horizons must be at least step_seconds"),
+    (SIDECAR, "horizon_seconds", [-60], "-60", "horizon_seconds must be at least step_seconds"),
     (SIDECAR, "min_points", -2, "-2", "min_points must be at least 1"),
     (SCALER, "max_replicas", -1, "-1", "min_replicas <= max_replicas"),
     (SCALER, "failure_threshold", -3, "-3", "failure_threshold must be >= 1"),
@@ -86,7 +87,7 @@ SCALER = (scaler_config, "DPROBE_SCALER_", "scaler")
     (SCALER, "vc_label", 7, None, "option vc_label: expected text, got 7"),
     # mappings of text
     (SIDECAR, "prometheus_headers", {"X-Scope-OrgID": ["a", "b"]}, '{"X-Scope-OrgID": ["a", "b"]}',
-     "option prometheus_headers: the value of 'X-Scope-OrgID' must be text"),
+     "option prometheus_headers: the value of 'X-Scope-OrgID': expected text, got a list"),
     (SCALER, "prometheus_headers", ["X-Scope-OrgID"], "[X-Scope-OrgID]", "option prometheus_headers: expected a mapping"),
 ])
 def test_bad_values_are_refused_from_file_env_and_flags(tmp_path: Path, service, name: str, value, text,
@@ -104,8 +105,8 @@ def test_bad_values_are_refused_from_file_env_and_flags(tmp_path: Path, service,
 
 
 @pytest.mark.parametrize(("service", "name", "value", "text", "expected"), [
-    (SIDECAR, "horizons", [300, 60], "300, 60", [60, 300]),
-    (SIDECAR, "horizons", [60], "[60]", [60]),
+    (SIDECAR, "horizon_seconds", [300, 60], "300, 60", [60, 300]),
+    (SIDECAR, "horizon_seconds", [60], "[60]", [60]),
     (SIDECAR, "port", 9100, "+9100", 9100),
     (SIDECAR, "replay_loop", False, "no", False),
     (SIDECAR, "replay_loop", True, "Yes", True),
@@ -144,7 +145,8 @@ def test_unknown_and_duplicate_keys_in_the_file_are_refused(tmp_path: Path) -> N
             ({"prometheus": {"url": "http://p:9090", "tenant": "a"}}, "unknown option.*prometheus_tenant"),
             ({"dcgm": {"url": "http://a:9400/metrics"}, "dcgm_url": "http://b:9400/metrics"},
              "option dcgm_url is given twice"),
-            ({"sidecar": {"port": 1}, "horizons": [60]}, r"unknown key\(s\) horizons beside the sidecar: section"),
+            ({"sidecar": {"port": 1}, "horizon_seconds": [60]},
+             r"unknown key\(s\) horizon_seconds beside the sidecar: section"),
             ({"sidecar": {"port": 1, "replay": {"loop": "maybe"}}}, "option replay_loop: expected true/false")):
         path.write_text(yaml.safe_dump(doc))
         with pytest.raises(ValueError, match=message):
@@ -159,7 +161,7 @@ BAD_YAML = (  # text, where the parser stops (line, column from 1), what it says
     ("port: 9477\nsource: [dcgm\nlog_level: info\n", "line 3, column 10",
      r"expected ',' or '\]', but got ':' \(while parsing a flow sequence that starts at line 2, column 9\)"),
     ("sidecar:\n  port: 1\n\t- dcgm\n", "line 3, column 1", r"found character '\\t' that cannot start any token"),
-    ('horizons: "60,300\n', "line 2, column 1", "found unexpected end of stream"),
+    ('horizon_seconds: "60,300\n', "line 2, column 1", "found unexpected end of stream"),
     ("port: 1\x00\n", "line 1, column 8", "character U\\+0000"),
 )
 

@@ -80,7 +80,7 @@ def test_bad_settings_are_refused(series):
 
 
 def test_cli_table_without_forecaster(capsys, small_alibaba_dir):
-    code = main(["simulate", "sharing", "--quiet", "--data", str(small_alibaba_dir), "--gpu-memory", "48",
+    code = main(["simulate", "sharing", "--quiet", "--data", str(small_alibaba_dir), "--gpu-memory", "48GB",
                  "--sharing-policies", "one-per-gpu,peak,oracle", "--packing", "first-fit"])
     out = capsys.readouterr().out
     assert code == 0
@@ -90,14 +90,14 @@ def test_cli_table_without_forecaster(capsys, small_alibaba_dir):
 @pytest.mark.slow
 def test_cli_json_and_plot(capsys, small_alibaba_dir, tmp_path):
     plot = tmp_path / "sharing.png"
-    code = main(["simulate", "sharing", "--quiet", "--data", str(small_alibaba_dir), "--json", "--gpu-memory", "141",
+    code = main(["simulate", "sharing", "--quiet", "--data", str(small_alibaba_dir), "--json", "--gpu-memory", "141GB",
                  "--plot", str(plot)])
     out = capsys.readouterr()
     assert code == 0, out.err
     report = json.loads(out.out)
     assert [p["policy"] for p in report["policies"]] == ["one-per-gpu", "peak-2h", "peak-2h+10%", "last-value",
                                                          "dprobe", "oracle"]
-    assert report["settings"]["gpu_memory_gb"] == 141 and "scaled" in report["note"]
+    assert report["settings"]["gpu_memory_bytes"] == 141 * 10**9 and "scaled" in report["note"]
     assert report["forecaster"].startswith("dprobe-forecaster")
     for p in report["policies"]:
         assert {"gpu_hours", "pod_minutes_over_memory_pct", "gpu_minutes_over_duty_pct", "moves_per_hour",
@@ -106,7 +106,10 @@ def test_cli_json_and_plot(capsys, small_alibaba_dir, tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--gpu-memory", "0"], "--gpu-memory"),
+    (["--gpu-memory", "0"], "argument --gpu-memory: size must be above zero, got '0'"),
+    (["--gpu-memory", "80"], "argument --gpu-memory: size '80' has no unit: give one, e.g. 80GB"),
+    (["--gpu-memory", "0GB"], "argument --gpu-memory: size must be above zero"),
+    (["--gpu-memory", "80GX"], "unknown unit 'GX'"),
     (["--sharing-policies", "best"], "unknown sharing policy"),
     (["--repack-steps", "0"], "--repack-steps"),
     (["--memory-quantile", "1.5"], "--memory-quantile"),
@@ -114,7 +117,10 @@ def test_cli_json_and_plot(capsys, small_alibaba_dir, tmp_path):
     (["--guard-margin", "-0.1"], "--guard-margin"),
 ])
 def test_cli_bad_options_name_the_flag(capsys, small_alibaba_dir, argv, message):
-    code = main(["simulate", "sharing", "--quiet", "--data", str(small_alibaba_dir), *argv])
+    try:
+        code = main(["simulate", "sharing", "--quiet", "--data", str(small_alibaba_dir), *argv])
+    except SystemExit as exc:  # argparse's usage error (a size it cannot read)
+        code = exc.code
     assert code == 2 and message in capsys.readouterr().err
 
 
@@ -281,7 +287,7 @@ def _toy_scores(over: dict[str, list[int]], gpu: dict[str, list[int]] | None = N
     for label, per_cell in over.items():
         for c, o in zip(cells, per_cell, strict=True):
             g = (gpu or {}).get(label, [5] * len(cells))[cells.index(c)]
-            for size in (80.0, 141.0):
+            for size in (80 * 10**9, 141 * 10**9):
                 scores[label, c.name, size] = Score(np.array([0]), np.array([float(g)]), np.array([10]),
                                                     np.array([o]))
     return cells, scores
@@ -298,7 +304,7 @@ def test_the_choice_is_never_worse_than_peak_on_its_selection_cells_and_never_lo
     assert choose(scores, labels, cells, held_out=g1s0) == "x"  # the cell x loses in is held out
     assert [c.name for c in selection_cells(cells, g0s1)] == ["g1/s0", "g2/s0"]
     before = choose(scores, labels, cells, held_out=g0s1)
-    for size in (80.0, 141.0):  # what happens on the held-out cell changes nothing
+    for size in (80 * 10**9, 141 * 10**9):  # what happens on the held-out cell changes nothing
         scores["peak", g0s1.name, size].over[:] = 0
         scores["y", g0s1.name, size].over[:] = 9
     assert choose(scores, labels, cells, held_out=g0s1) == before
@@ -336,7 +342,7 @@ def test_pooled_bootstrap_totals_and_a_policy_paired_with_itself():
     from dprobe.sim.sharing.cv import Score, cell_bootstrap, pooled_bootstrap
 
     cells, scores = _toy_scores({"peak": [1, 0, 3, 0, 0, 2]})
-    per_cell = {c.name: scores["peak", c.name, 80.0] for c in cells}
+    per_cell = {c.name: scores["peak", c.name, 80 * 10**9] for c in cells}
     out = pooled_bootstrap(per_cell, cells, 1, per_cell, draws=200)
     assert out["gpu_hours_saved_pct"] == pytest.approx(50.0)
     assert out["pod_minutes_over_memory_pct"] == pytest.approx(100 * 6 / 60)
@@ -386,12 +392,12 @@ def test_cli_default_is_the_shipped_default_and_the_benchmarks(monkeypatch, scri
 def test_cli_rows_are_simulate_policies_results(capsys, small_alibaba_dir):
     from dprobe.sim.sharing.packing import SharingSettings, load_forecaster, simulate_policies
 
-    code = main(["simulate", "sharing", "--quiet", "--data", str(small_alibaba_dir), "--json", "--gpu-memory", "60",
+    code = main(["simulate", "sharing", "--quiet", "--data", str(small_alibaba_dir), "--json", "--gpu-memory", "60GB",
                  "--sharing-policies", "one-per-gpu,peak,dprobe"])
     out = capsys.readouterr()
     assert code == 0, out.err
     report = json.loads(out.out)
-    settings = SharingSettings(gpu_memory_gb=60)
+    settings = SharingSettings(gpu_memory_bytes=60 * 10**9)
     assert {k: report["settings"][k] for k in settings.to_dict()} == settings.to_dict()
     s = pod_series(load_alibaba(small_alibaba_dir))
     runs = simulate_policies(s, settings, ("one-per-gpu", "peak", "dprobe"), load_forecaster())
@@ -422,14 +428,14 @@ def test_shipped_default_never_loses_to_peak_packing_on_a_synthetic_fold_set():
     series = _pods([[30, 30, 30, 45, 45] if p % 3 == 0 else [20] for p in range(30)])
     loaded = SimpleNamespace(forecaster=_FixedModel({30e9: 45e9}), kind="fixed", checkpoint="")
     choices = [Candidate("peak", SharingSettings(rule="peak")), Candidate("shipped", SharingSettings())]
-    out = cross_validate(series, sizes=(100.0,), groups=3, spans=((0.5, 0.75), (0.75, 1.0)),
+    out = cross_validate(series, sizes=(100 * 10**9,), groups=3, spans=((0.5, 0.75), (0.75, 1.0)),
                          choices=choices, forecaster=loaded, draws=100, shipped=SharingSettings(repack_steps=25))
     assert out["default_never_loses"] and len(out["cells"]) == 6
     for c in out["cells"]:  # GPU for GPU peak packing's, never more overflow (the forecast is right here)
-        f = c["sizes"]["100"]
+        f = c["sizes"][str(100 * 10**9)]
         assert f["dprobe"]["gpu_hours_saved_pct"] == pytest.approx(f["peak"]["gpu_hours_saved_pct"])
         assert f["dprobe"]["pod_minutes_over_memory_pct"] <= f["peak"]["pod_minutes_over_memory_pct"]
-    pooled = out["overall"]["100"]
+    pooled = out["overall"][str(100 * 10**9)]
     assert 0 <= pooled["dprobe"]["pod_minutes_over_memory_pct"] < pooled["peak"]["pod_minutes_over_memory_pct"]
     assert pooled["dprobe"]["saved_minus_reference"] == pytest.approx(0.0)
     assert pooled["dprobe"]["over_minus_reference"] < 0
@@ -442,10 +448,10 @@ def test_shipped_default_never_loses_to_peak_packing_on_a_fold_set(small_alibaba
 
     s = pod_series(load_alibaba(small_alibaba_dir))
     choices = [Candidate("peak", SharingSettings(rule="peak")), Candidate("shipped", SharingSettings())]
-    out = cross_validate(s, sizes=(50.0, 80.0, 141.0), groups=2, choices=choices, draws=100)
+    out = cross_validate(s, sizes=(50 * 10**9, 80 * 10**9, 141 * 10**9), groups=2, choices=choices, draws=100)
     assert out["shipped_label"] == "shipped" and out["default_never_loses"]
     assert len(out["cells"]) >= 4
-    for size in ("50", "80", "141"):
+    for size in (str(n * 10**9) for n in (50, 80, 141)):
         pooled = out["overall"][size]
         assert pooled["dprobe"]["gpu_hours_saved_pct"] == pytest.approx(pooled["peak"]["gpu_hours_saved_pct"])
         assert pooled["dprobe"]["pod_minutes_over_memory_pct"] <= pooled["peak"]["pod_minutes_over_memory_pct"]

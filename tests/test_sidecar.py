@@ -69,7 +69,7 @@ def test_config_precedence_file_env_flags(tmp_path: Path) -> None:
     ({"DPROBE_SIDECAR_PORT": "http"}, "DPROBE_SIDECAR_PORT"),
     ({"DPROBE_SIDECAR_SOURCE": "gpu"}, "must be one of"),
     ({"DPROBE_SIDECAR_REPLAY_LOOP": "maybe"}, "true/false"),
-    ({"DPROBE_SIDECAR_HORIZONS": "0"}, "horizons"),
+    ({"DPROBE_SIDECAR_HORIZONS": "0"}, "horizon_seconds"),
     # a URL without its scheme would only show as a source failing for ever
     ({"DPROBE_SIDECAR_SOURCE": "prometheus", "DPROBE_SIDECAR_PROMETHEUS_URL": "prometheus:9090"}, "prometheus_url"),
     ({"DPROBE_SIDECAR_SOURCE": "dcgm", "DPROBE_SIDECAR_DCGM_URL": "http:///metrics"}, "dcgm_url"),
@@ -78,7 +78,7 @@ def test_config_precedence_file_env_flags(tmp_path: Path) -> None:
     ({"DPROBE_SIDECAR_MEMORY_LIMIT_MIB": "-512"}, "memory_limit_mib must be positive, or 0"),
     ({"DPROBE_SIDECAR_JOB_RSS_LIMIT_MIB": "nan"}, "job_rss_limit_mib must be positive, or 0"),
     ({"DPROBE_SIDECAR_MIN_POINTS": "0"}, "min_points must be at least 1"),
-    ({"DPROBE_SIDECAR_HORIZONS": "5,60"}, "horizons must be at least step_seconds"),
+    ({"DPROBE_SIDECAR_HORIZON_SECONDS": "5,60"}, "horizon_seconds must be at least step_seconds"),
     ({"DPROBE_SIDECAR_HORIZONS": "60,inf"}, "option horizons: item 'inf' of the list: expected a whole number"),
     ({"DPROBE_SIDECAR_STALE_AFTER": "nan"}, "stale_after must be positive"),
     ({"DPROBE_SIDECAR_STALE_AFTER": "inf"}, "stale_after must be positive"),

@@ -159,7 +159,7 @@ def test_forecast_feeds_the_forecast_to_the_scaler_for_all_vcs_at_once() -> None
     jobs = JobTable.from_lists([("a", 0, 7200, 1), ("b", 0, 7200, 2)])
     model = ConstantForecaster(7.0)
     policy = ForecastQuota(np.array([100, 5]), ScalerSettings(margin=0.1, tolerance=0.0), model,
-                           history_step=600, lead=2, quantile=0.9, context_steps=50)
+                           history_step=600, lead_steps=2, quantile=0.9, context_steps=50)
     r = simulate(jobs, policy, FIFO)
     # after the rate-limited first step (4), ceil(7 * 1.1) = 8 for "a"; "b" held at max_replicas 5
     assert r.quota_at_decision[0, :3].tolist() == [4, 8, 8]

@@ -63,7 +63,7 @@ def test_fixed_flag_is_the_fixed_sub_command(capsys, log):
 
 
 def test_sharing_flag_is_the_sharing_sub_command(capsys, small_alibaba_dir):
-    args = ["--data", str(small_alibaba_dir), "--quiet", "--json", "--gpu-memory", "48",
+    args = ["--data", str(small_alibaba_dir), "--quiet", "--json", "--gpu-memory", "48GB",
             "--sharing-policies", "one-per-gpu,peak,oracle"]
     new, new_err = run(capsys, "simulate", "sharing", *args)
     old, old_err = run(capsys, "simulate", "--sharing", *args)
@@ -91,7 +91,7 @@ def help_flags(capsys, *argv: str) -> set[str]:
 QUOTA_ONLY = {"--queue", "--provision-delay", "--static-gpus", "--static-percentile"}
 FIXED_ONLY = {"--gpus", "--gpus-percentile", "--gpus-per-node", "--scheduling", "--las-thresholds",
               "--starve-limit", "--lend-delay", "--restart-cost", "--preempt"}
-JOB_LOG = {"--vc", "--days", "--start-day", "--policies", "--interval", "--horizon", "--quantile",
+JOB_LOG = {"--vc", "--days", "--start-day", "--policies", "--interval", "--horizon-seconds", "--quantile",
            "--scaler-config", "--margin", "--tolerance", "--max-gpus", "--static-warmup", "--per-vc"}
 SHARING_ONLY = {"--gpu-memory", "--repack-steps", "--sharing-policies", "--packing", "--rule", "--guard-mode",
                 "--burst-combine", "--fresh-repack", "--span"}
@@ -123,3 +123,15 @@ def test_the_old_help_spelling_shows_the_sub_commands_help(capsys):
     assert "--gpus-per-node" in help_flags(capsys, "--fixed")
     assert "--gpu-memory" in help_flags(capsys, "--sharing")
     assert "--static-percentile" in help_flags(capsys, "--days", "1")
+
+
+@pytest.mark.parametrize("simulator", ["quota", "fixed"])
+def test_the_horizon_is_horizon_seconds_and_its_former_name_is_still_read(capsys, simulator):
+    """`--horizon-seconds S` (docs/architecture.md's names and units); `--horizon S` still read, not shown."""
+    from dprobe.cli import build_parser
+
+    flags = help_flags(capsys, simulator)
+    assert "--horizon-seconds" in flags and "--horizon" not in flags
+    parser = build_parser("simulate")
+    for flag in ("--horizon-seconds", "--horizon"):
+        assert parser.parse_args(["simulate", simulator, flag, "1200"]).horizon == 1200.0

@@ -300,7 +300,7 @@ def per_vc_forecaster(levels: list[float]) -> SimpleNamespace:
 
 def forecast_policy(shares: list[int], levels: list[float], max_gpus: list[int]) -> ForecastShares:
     inner = ForecastQuota(np.array(max_gpus), ScalerSettings(margin=0.0, tolerance=0.0, scale_up_gpus=100),
-                          per_vc_forecaster(levels), history_step=600, lead=1, quantile=0.9, context_steps=10)
+                          per_vc_forecaster(levels), history_step=600, lead_steps=1, quantile=0.9, context_steps=10)
     return ForecastShares(np.array(shares), inner)
 
 

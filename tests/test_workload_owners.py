@@ -8,6 +8,7 @@ import json
 import logging
 import re
 import threading
+import time
 import urllib.parse
 from collections import Counter
 from collections.abc import Iterator
@@ -258,3 +259,32 @@ def test_rollouts_are_read_and_scaled_through_their_scale_subresource(tmp_path: 
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_the_pod_level_reads_other_queries_are_answered_while_the_forecasts_are() -> None:
+    """GPUs per pod, owners and waiting GPUs are asked alongside the forecasts (Prometheus evaluates them on its
+    other cores meanwhile): a cycle whose answers each take 0.4 s takes about one of them, not the four in turn;
+    the answers are the same, and a failed one is still counted where it is used."""
+    owners_up: list[bool | None] = [True]
+    inner = _owner_rows(owners_up)
+
+    def slow_rows(query: str):
+        time.sleep(0.4)
+        return inner(query)
+
+    with prometheus(slow_rows) as srv:
+        config = ScalerConfig(prometheus_url=f"http://127.0.0.1:{srv.server_address[1]}",
+                              vc_pending_query='sum by (namespace) (kube_pod_container_resource_requests{resource="x"})')
+        errors: Counter[str] = Counter()
+        reader = DemandReader(config.queries, config.vc, config.discover, [], errors)
+        started = time.monotonic()
+        view = reader.read()
+        took = time.monotonic() - started
+        assert view is not None and reader.grouping == "owner"
+        assert OWNERS_QUERY in srv.queries and len(srv.queries) >= 4
+        assert took < 0.4 * (len(srv.queries) - 1), (took, srv.queries)  # in turn: 0.4 s a query or more
+        assert errors["query"] == 0
+
+        owners_up[0] = None  # the owners query fails: counted when its answer is taken, pods grouped by name
+        assert reader.read() is not None
+        assert errors["query"] == 1 and reader.grouping == "name"

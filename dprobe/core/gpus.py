@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -137,18 +138,24 @@ class GPUSpecError(ValueError):
 def load_gpu_spec(path: str | Path) -> GPUSpec:
     """A GPU spec from a YAML or JSON file: ``name``, ``memory_gib``, ``fp32_tflops``, ``fp16_tflops``
     (tensor, dense, fp32 accumulate), ``bandwidth_gbps`` (GB/s), ``sm_count``, ``l2_mib``,
-    ``boost_clock_mhz``; optional ``tf32_tflops`` (default fp32's: no TF32) and ``bf16_tflops`` (default
-    fp32's: no bf16 tensor cores). A :class:`GPUSpecError` names a missing, unknown or implausible field."""
+    ``boost_clock_mhz``; optional ``tf32_tflops`` (default fp32's: no TF32), ``bf16_tflops`` (default
+    fp32's: no bf16 tensor cores) and ``aliases`` (other names of the GPU, e.g. as NVML gives it). A
+    :class:`GPUSpecError` names a missing, unknown or implausible field."""
+    return gpu_spec_from_dict(read_gpu_spec_data(path), str(path))
+
+
+def read_gpu_spec_data(path: str | Path) -> Any:
+    """A spec file as parsed (YAML, or JSON by its suffix), not yet checked; a :class:`GPUSpecError` naming the
+    file when it cannot be read or parsed."""
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as exc:
         raise GPUSpecError(f"{path}: cannot read the GPU spec ({exc.strerror or exc})") from exc
     try:
-        data = json.loads(text) if path.suffix.lower() == ".json" else _yaml(text)
+        return json.loads(text) if path.suffix.lower() == ".json" else _yaml(text)
     except ValueError as exc:
         raise GPUSpecError(f"{path}: not valid {'JSON' if path.suffix.lower() == '.json' else 'YAML'} ({exc})") from exc
-    return gpu_spec_from_dict(data, str(path))
 
 
 def _yaml(text: str) -> Any:
@@ -165,13 +172,14 @@ def gpu_spec_from_dict(data: Any, where: str = "GPU spec") -> GPUSpec:
     if not isinstance(data, dict):
         raise GPUSpecError(f"{where}: a GPU spec is a mapping of fields ({', '.join(SPEC_FIELDS)}), "
                            f"not {type(data).__name__}")
-    unknown = sorted(set(data) - set(SPEC_FIELDS) - {"name", "measured"})
+    unknown = sorted(set(data) - set(SPEC_FIELDS) - {"name", "aliases", "measured"})
     if unknown:
-        raise GPUSpecError(f"{where}: unknown field {unknown[0]!r} (fields: name, {', '.join(SPEC_FIELDS)}, "
+        raise GPUSpecError(f"{where}: unknown field {unknown[0]!r} (fields: name, aliases, {', '.join(SPEC_FIELDS)}, "
                            "measured)")
     name = data.get("name")
     if not isinstance(name, str) or not name.strip():
         raise GPUSpecError(f"{where}: field 'name' missing or empty (the GPU's name, e.g. 'RTX 4090')")
+    spec_aliases(data, where)
     values: dict[str, Any] = {}
     for key, (attr, unit, (low, high), required) in SPEC_FIELDS.items():
         if key not in data:
@@ -192,6 +200,17 @@ def gpu_spec_from_dict(data: Any, where: str = "GPU spec") -> GPUSpec:
     values["sm_count"] = int(values["sm_count"])
     calibration = calibration_from_dict(data["measured"], where) if "measured" in data else None
     return GPUSpec(**values, name=name.strip(), calibration=calibration)
+
+
+def spec_aliases(data: Mapping[str, Any], where: str = "GPU spec") -> tuple[str, ...]:
+    """The ``aliases`` of a spec file's data (other names of its GPU: how NVML or dcgm-exporter name it);
+    a :class:`GPUSpecError` unless a list of non-empty names."""
+    aliases = data.get("aliases", [])
+    if isinstance(aliases, str) or not isinstance(aliases, list) or not all(
+            isinstance(a, str) and a.strip() for a in aliases):
+        raise GPUSpecError(f"{where}: field 'aliases' must be a list of names (e.g. ['NVIDIA A40']), "
+                           f"not {aliases!r}")
+    return tuple(a.strip() for a in aliases)
 
 
 def _number(v: Any, field: str, low: float, high: float, where: str) -> float:
@@ -331,4 +350,5 @@ def generation(name: str) -> str:
 
 __all__ = ["GENERATIONS", "GPUS", "MEASURED_FIELDS", "GPUCalibration", "GPUSpec", "GPUSpecError",
            "calibration_as_dict", "calibration_from_dict", "fractions_of_peak", "generation", "gpu_key",
-           "gpu_spec", "gpu_spec_from_dict", "load_gpu_spec", "measured_spec", "spec_as_dict"]
+           "gpu_spec", "gpu_spec_from_dict", "load_gpu_spec", "measured_spec", "read_gpu_spec_data", "spec_aliases",
+           "spec_as_dict"]

@@ -1,12 +1,15 @@
 """Settings of a long-running service from defaults, a YAML file, environment variables and flags.
 
-A service declares its options as a dataclass whose fields carry a ``help`` (and optional ``choices``
-and ``check``) in their metadata (:func:`option`); a field may also hold a group of options, itself
-such a dataclass (:func:`group`): ``dcgm: DcgmOptions = group(DcgmOptions, "sources")``. Each option
-has one flat name, its group's prefix and its own (``dcgm_url``), from which an :class:`OptionSet`
-derives one flag (``--dcgm-url``), one variable (``DPROBE_SIDECAR_DCGM_URL``) and its key in a YAML
-file, nested or not (``dcgm: {url: ...}`` or ``dcgm_url: ...``), merged in that order of precedence:
-defaults < file < environment < flags. ``--help`` lists the options in sections, one per group title.
+A service declares its options as a dataclass whose fields carry a ``help`` (and optional ``choices``,
+``check`` and former names) in their metadata (:func:`option`); a field may also hold a group of options,
+itself such a dataclass (:func:`group`): ``dcgm: DcgmOptions = group(DcgmOptions, "sources")``. Each option
+has one flat name, its group's prefix and its own (``dcgm_url``), from which an :class:`OptionSet` derives one
+flag (``--dcgm-url``), one variable (``DPROBE_SIDECAR_DCGM_URL``) and its key in a YAML file, nested or not
+(``dcgm: {url: ...}`` or ``dcgm_url: ...``), merged in that order of precedence: defaults < file <
+environment < flags. Reading those sources and checking each value's type is pydantic-settings' and pydantic's
+work (:mod:`dprobe.core.option_sources`, imported only when settings are loaded, so that ``--help`` stays
+quick). ``--help`` lists the config file and a service's main flags; ``--help-all`` every option, in sections,
+one per group title.
 
 The settings class itself is made with :func:`settings`: it also takes and gives every option by its
 flat name (``SidecarConfig(dcgm_url=...)``, ``config.dcgm_url``), and its ``validate()`` runs the
@@ -24,28 +27,33 @@ import json
 import logging
 import math
 import os
-import re
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import yaml
-from yaml.reader import ReaderError
+from dprobe.core.option_text import USERINFO as USERINFO  # re-exported: the sources import it from here
+from dprobe.core.option_text import deprecated
+from dprobe.core.option_text import redact_url as redact_url  # re-exported
 
 
 def option(default: Any, help: str, *, check: Callable[[str, Any], None] | None = None, name: str | None = None,
-           **kw: Any) -> Any:
+           aliases: Sequence[str] = (), secret: bool = False, **kw: Any) -> Any:
     """A dataclass field with its ``--help`` text (and ``choices=...``) in its metadata. ``check``: a checker
     (:class:`Check`) of its value, run by the settings' ``validate()``; ``name``: the option's whole flat name
     where it is not its group's prefix and the field's name (kept as users know it: ``pod_name`` in the
-    ``nvml_`` group)."""
+    ``nvml_`` group); ``aliases``: its former names (with the group's prefix, as the field's name), still taken
+    from the file, the environment, flags and keyword arguments, each use logging one deprecation warning that
+    names the option's name; ``secret``: errors never show its value (a token, a header holding one)."""
     meta = {"help": help, **kw}
     if check is not None:
         meta["check"] = check
     if name is not None:
         meta["name"] = name
+    if aliases:
+        meta["aliases"] = tuple(aliases)
+    if secret:
+        meta["secret"] = True
     if isinstance(default, list | dict):
         return field(default_factory=functools.partial(type(default), default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -117,20 +125,6 @@ def one_of(values: tuple[Any, ...], what: str) -> Check:
     return Check(f"must be {what} ({shown})", lambda v: v in values)
 
 
-USERINFO = re.compile(r"//([^/?#\s]*)@")  # the user info of a URL's authority (up to its last @)
-
-
-def _hide_userinfo(found: re.Match[str]) -> str:
-    user, colon, _ = found.group(1).partition(":")
-    return f"//{user}:xxxxx@" if colon else "//xxxxx@"
-
-
-def redact_url(text: str) -> str:
-    """``text`` (a URL, or a message quoting URLs) as it may be shown: the password of each URL's user info
-    replaced (``https://user:xxxxx@host``), and user info without a password (a token) wholly (``xxxxx@``)."""
-    return USERINFO.sub(_hide_userinfo, text)
-
-
 def _http_url(value: str) -> bool:
     url = urllib.parse.urlsplit(value)
     return url.scheme in ("http", "https") and bool(url.hostname)
@@ -150,14 +144,20 @@ def comma_list(text: str) -> list[str]:
 @dataclass(frozen=True)
 class Leaf:
     """One option of a settings class: its flat ``name`` (flag, variable, YAML key), the ``path`` of attributes
-    down to its value, its dataclass ``field``, its ``--help`` section and the ``when`` options (paths) that must
-    be true for it to be checked."""
+    down to its value, its dataclass ``field``, its ``--help`` section, the ``when`` options (paths) that must
+    be true for it to be checked and its former flat names (``aliases``)."""
 
     name: str
     path: tuple[str, ...]
     field: dataclasses.Field
     title: str
     when: tuple[tuple[str, ...], ...] = ()
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def type(self) -> str:
+        """The option's type as declared, without spaces: ``int``, ``list[int]``, ``str|None``, ..."""
+        return str(self.field.type).replace(" ", "")
 
 
 _LEAVES: dict[type, tuple[Leaf, ...]] = {}  # leaves() of each settings class met
@@ -182,10 +182,11 @@ def _find_leaves(cls: type) -> tuple[Leaf, ...]:
                 inner = when + ((*path, f.name, meta["when"]),) if meta.get("when") else when
                 walk(meta["group"], prefix + sub, (*path, f.name), meta.get("title") or title, inner)
             elif "help" in meta:
-                out.append(Leaf(meta.get("name") or prefix + f.name, (*path, f.name), f, title, when))
+                former = tuple(a if "name" in meta else prefix + a for a in meta.get("aliases", ()))
+                out.append(Leaf(meta.get("name") or prefix + f.name, (*path, f.name), f, title, when, former))
 
     walk(cls, "", (), "general", ())
-    names = [leaf.name for leaf in out]
+    names = [n for leaf in out for n in (leaf.name, *leaf.aliases)]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise ValueError(f"{cls.__name__}: option(s) {', '.join(twice)} declared twice")
@@ -253,10 +254,15 @@ def settings(cls: type) -> type:
     dcgm_url=...)``, ``config.dcgm_url``, ``config.dcgm_url = ...`` reach ``config.sources.dcgm.url``. Its
     ``validate()``, unless it has its own, runs :func:`check_options`."""
     made: Any = dataclass(cls)  # Any: the methods set on it below are more than its type can say
-    paths = {leaf.name: leaf.path for leaf in leaves(made)}
+    paths = {name: leaf.path for leaf in leaves(made) for name in (leaf.name, *leaf.aliases)}
+    former = {alias: leaf.name for leaf in leaves(made) for alias in leaf.aliases}
     init = made.__init__
 
     def __init__(self: Any, **kw: Any) -> None:  # noqa: N807
+        for key in kw.keys() & former.keys():
+            deprecated(f"{made.__name__}({key}=...)", key, former[key])
+            if former[key] in kw:
+                raise TypeError(f"{made.__name__}() got {former[key]} twice (also as its former name {key})")
         init(self, **_nest(made, kw, paths))
 
     def __getattr__(self: Any, name: str) -> Any:  # noqa: N807 (only for what is not an attribute)
@@ -285,290 +291,133 @@ def settings(cls: type) -> type:
     return made
 
 
-TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-INTEGER = re.compile(r"[+-]?\d+")
-
-
-def _show(value: Any) -> str:
-    return repr(value) if isinstance(value, str) else f"{value!r} ({type(value).__name__})"
-
-
-def _bool(value: Any) -> bool:
-    """true/false, yes/no, on/off, 1/0 (text or YAML); anything else is refused."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    low = value.strip().lower() if isinstance(value, str) else None
-    if low not in TRUE + FALSE:
-        raise ValueError(f"expected true/false (or yes/no, on/off, 1/0), got {_show(value)}")
-    return low in TRUE
-
-
-def _int(value: Any) -> int:
-    """A whole number, written as one: ``90.7``, ``1e3``, ``true`` or ``""`` is refused, never rounded."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str) and INTEGER.fullmatch(value.strip()):
-        return int(value.strip())
-    raise ValueError(f"expected a whole number, got {_show(value)}")
-
-
-def _float(value: Any) -> float:
-    """A number (``nan`` and ``inf`` pass: the service's own checks say which options take them)."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str) and value.strip():
-        try:
-            return float(value.strip())
-        except ValueError:
-            pass
-    raise ValueError(f"expected a number, got {_show(value)}")
-
-
-def _str(value: Any) -> str:
-    """Text; YAML that is not text (``no``, ``5``, a list) is refused rather than turned into ``'False'``."""
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise ValueError(f"expected text, got {_show(value)} (quote it in YAML)")
-    return value
-
-
-def _int_list(value: Any) -> list[int]:
-    """``60,300`` (a flag or variable; ``[60, 300]`` too) or a YAML list of whole numbers; an empty item is
-    refused (``60,,300``), an empty text is the empty list."""
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("["):
-            value = _structured(text)
-        else:
-            value = [] if not text else [v.strip() for v in text.split(",")]
-    if not isinstance(value, list | tuple):
-        raise ValueError(f"expected a comma-separated list of whole numbers, got {_show(value)}")
-    out = []
-    for item in value:
-        if item == "":
-            raise ValueError(f"empty item in {value!r}")
-        try:
-            out.append(_int(item))
-        except ValueError as exc:
-            raise ValueError(f"item {item!r} of the list: {exc}") from None
-    return out
-
-
-def _str_dict(value: Any) -> dict[str, str]:
-    """A mapping of names to text (numbers are written as text); nested lists or mappings are refused."""
-    value = _structured(value) or {}
-    if not isinstance(value, Mapping):
-        raise ValueError(f"expected a mapping, got {_show(value)}")
-    for k, v in value.items():
-        if isinstance(v, Mapping | list) or v is None:
-            raise ValueError(f"the value of {k!r} must be text, got {_show(v)}")
-    return {str(k): str(v) for k, v in value.items()}
-
-
-def _structured(value: Any) -> Any:
-    """YAML (or JSON) text as data; data as it is."""
-    return (yaml.safe_load(value) if value.strip() else None) if isinstance(value, str) else value
-
-
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
-def _where(mark: Any) -> str:
-    return f"line {mark.line + 1}, column {mark.column + 1}"
-
-
-def yaml_error(exc: yaml.YAMLError, text: str | None = None) -> str:
-    """A YAML error on one line, ``line L, column C: not valid YAML: WHAT`` (from 1, without PyYAML's
-    excerpt of the text). ``text``: what was parsed, to place an error that only knows its offset."""
-    where = None
-    if isinstance(exc, yaml.MarkedYAMLError):
-        mark = exc.problem_mark or exc.context_mark
-        where = None if mark is None else _where(mark)
-        what = _one_line(exc.problem or exc.context or "unexpected text")
-        if exc.problem and exc.context:
-            started = f" that starts at {_where(exc.context_mark)}" if exc.context_mark is not None else ""
-            what += f" ({_one_line(exc.context)}{started})"
-    elif isinstance(exc, ReaderError):
-        what = _one_line(exc.reason)
-        if isinstance(exc.character, int):
-            what = f"character U+{exc.character:04X}: {what}"
-        if text is not None and 0 <= exc.position <= len(text):
-            before = text[:exc.position]
-            where = f"line {before.count(chr(10)) + 1}, column {exc.position - before.rfind(chr(10))}"
-        else:
-            where = f"position {exc.position + 1}"
-    else:
-        what = _one_line(str(exc))
-    return f"{where}: not valid YAML: {what}" if where else f"not valid YAML: {what}"
-
-
-SERVICE_SECTIONS = ("sidecar", "scaler", "exporter")  # one file may hold the settings of several services
-PARSERS: dict[str, Callable[[Any], Any]] = {"bool": _bool, "int": _int, "float": _float, "str": _str}
-
-
 class OptionSet:
     """The options of settings class ``cls`` (:func:`settings`, or a plain dataclass of options), read from
-    ``{env_prefix}<OPTION>`` and files whose options may sit under a top-level ``section`` key."""
+    ``{env_prefix}<OPTION>`` and files whose options may sit under a top-level ``section`` key; ``flags``: the
+    main options, the only ones ``--help`` shows beside ``--config`` (``--help-all`` shows every option, and
+    every option's flag is taken)."""
 
     def __init__(self, cls: type, env_prefix: str, section: str,
-                 groups: Mapping[str, tuple[str, ...]] | None = None) -> None:
-        """``--help``'s sections are the option groups' titles (an option outside any titled group: "general");
-        ``groups``, where given, moves options to other sections: title -> the options, by name or by a prefix
-        ending in ``_`` (``sharing_``)."""
+                 groups: Mapping[str, tuple[str, ...]] | None = None, flags: Sequence[str] = ()) -> None:
+        """``--help-all``'s sections are the option groups' titles (an option outside any titled group:
+        "general"); ``groups``, where given, moves options to other sections: title -> the options, by name or
+        by a prefix ending in ``_`` (``sharing_``)."""
         self.cls, self.env_prefix, self.section = cls, env_prefix, section
         self.leaves = {leaf.name: leaf for leaf in leaves(cls)}
         self.fields = {name: leaf.field for name, leaf in self.leaves.items()}
+        self.aliases = {alias: leaf.name for leaf in self.leaves.values() for alias in leaf.aliases}
         moved = dict(groups or {})
         for title, names in moved.items():
             for n in names:
                 if not n.endswith("_") and n not in self.fields:
                     raise ValueError(f"help group {title!r}: no option {n!r}")
+        unknown = [n for n in flags if n not in self.fields]
+        if unknown:
+            raise ValueError(f"main flags: no option(s) {', '.join(unknown)}")
+        self.flags = tuple(flags)
         self.titles: dict[str, str] = {}
         for name, leaf in self.leaves.items():
             self.titles[name] = next((t for t, names in moved.items() if any(
                 name == n or (n.endswith("_") and name.startswith(n)) for n in names)), leaf.title)
-        self.groups: dict[str, tuple[str, ...]] = {}  # title -> its options, in the order of --help
+        self.groups: dict[str, tuple[str, ...]] = {}  # title -> its options, in the order of --help-all
         for name, title in self.titles.items():
             if title != "general":
                 self.groups[title] = (*self.groups.get(title, ()), name)
+        self.settings_model: Any = None  # the pydantic-settings model of the options, made when first loaded
 
     def group_of(self, name: str) -> str:
-        """The ``--help`` section of option ``name``."""
+        """The ``--help-all`` section of option ``name``."""
         return self.titles[name]
 
-    def convert(self, name: str, value: Any, origin: str) -> Any:
-        """``value`` (from YAML, env or a flag) as the type of option ``name``; clear error naming ``origin``."""
-        f = self.fields[name]
-        typ = str(f.type).replace(" ", "")
-        optional = typ.endswith("|None")
-        typ = typ.removesuffix("|None")
-        try:
-            if optional and (value is None or isinstance(value, str) and not value.strip()):
-                value = None
-            elif typ.startswith("list[dict"):
-                value = _structured(value) or []
-                if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
-                    raise ValueError(f"expected a list of mappings, got {_show(value)}")
-                value = [dict(v) for v in value]
-            elif typ == "list[int]":
-                value = _int_list(value)
-            elif typ.startswith("dict"):
-                value = _str_dict(value)
-            elif typ in PARSERS:
-                value = PARSERS[typ](value)
-            else:
-                raise TypeError(f"options of type {typ} are not supported")
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{origin}: option {name}: {yaml_error(exc, value)}") from exc
-        except (ValueError, OverflowError) as exc:
-            raise ValueError(f"{origin}: option {name}: {exc}") from exc
-        choices = f.metadata.get("choices")
-        if choices and value not in choices:
-            raise ValueError(f"{origin}: option {name} must be one of {', '.join(choices)}, got {value!r}")
-        return value
-
     def flatten(self, doc: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-        """Nested YAML sections to flat option names (``dcgm: {url: X}`` -> ``dcgm_url``)."""
+        """Nested YAML sections to flat option names (``dcgm: {url: X}`` -> ``dcgm_url``); former names kept."""
         out: dict[str, Any] = {}
         for key, value in doc.items():
             name = f"{prefix}{str(key).replace('-', '_')}"
-            inner = self.flatten(value, f"{name}_") if isinstance(value, Mapping) and name not in self.fields \
-                else {name: value}
+            known = name in self.fields or name in self.aliases
+            inner = self.flatten(value, f"{name}_") if isinstance(value, Mapping) and not known else {name: value}
             for key in inner:
                 if key in out:  # dcgm: {url: ...} beside dcgm_url: one would silently win
                     raise ValueError(f"option {key} is given twice (nested and flat)")
             out.update(inner)
         return out
 
-    def from_file(self, path: str | Path) -> dict[str, Any]:
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ValueError(f"{path}: cannot read config ({exc.strerror or exc})") from exc
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"{path}: not UTF-8 text (byte {exc.start + 1})") from exc
-        try:
-            doc = yaml.safe_load(text) or {}
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{path}: {yaml_error(exc, text)}") from exc
-        if not isinstance(doc, Mapping):
-            raise ValueError(f"{path}: the config must be a mapping of options")
-        if isinstance(doc.get(self.section), Mapping):  # under `sidecar:`; beside it only other services' sections
-            others = sorted(str(k) for k in doc if k != self.section and k not in SERVICE_SECTIONS)
-            if others:
-                raise ValueError(f"{path}: unknown key(s) {', '.join(others)} beside the {self.section}: section")
-            doc = doc[self.section]
-        try:
-            flat = self.flatten(doc)
-        except ValueError as exc:
-            raise ValueError(f"{path}: {exc}") from exc
-        unknown = sorted(set(flat) - set(self.fields))
-        if unknown:
-            raise ValueError(f"{path}: unknown option(s) {', '.join(unknown)}")
-        return {k: self.convert(k, v, str(path)) for k, v in flat.items()}
+    def _help(self, name: str, defaults: Any) -> str:
+        f = self.fields[name]
+        default = _get(defaults, self.leaves[name].path)
+        if isinstance(default, dict) or isinstance(default, list) and any(isinstance(v, dict) for v in default):
+            shown = json.dumps(default)  # as it would be written in the variable
+        else:
+            shown = "unset" if default is None else repr(
+                ",".join(map(str, default)) if isinstance(default, list) else default)
+        return f"{f.metadata['help']} (env {self.env_prefix}{name.upper()}; default: {shown})".replace("%", "%%")
 
-    def from_env(self, env: Mapping[str, str]) -> dict[str, Any]:
-        out = {}
-        for name in self.fields:
-            key = self.env_prefix + name.upper()
-            if key in env:
-                out[name] = self.convert(name, env[key], key)
-        return out
-
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """One flag per option (``--dcgm-url``), in ``--help`` sections by :meth:`group_of`, plus ``--config``;
-        defaults are applied later."""
+    def add_arguments(self, parser: argparse.ArgumentParser, brief: bool = False) -> None:
+        """One flag per option (``--dcgm-url``; a former name's too, never shown), plus ``--config``; defaults are
+        applied later. Every option in a ``--help`` section by :meth:`group_of`; ``brief``: only :attr:`flags`
+        shown, the others still taken, and ``--help-all`` prints the page with every option."""
         parser.add_argument("--config", metavar="FILE", default=None,
-                            help=f"YAML config file (env {self.env_prefix}CONFIG)")
+                            help=f"YAML config file: every option, by name (env {self.env_prefix}CONFIG)")
+        if brief:
+            parser.add_argument("--help-all", action=_HelpAll, options=self,
+                                help="show every option, in sections, with its variable and default, and exit")
         defaults = self.cls()
-        sections: dict[str, Any] = {title: parser.add_argument_group(f"{title} options")
+        sections: dict[str, Any] = {title: parser if brief else parser.add_argument_group(f"{title} options")
                                     for title in ("general", *self.groups)}
-        for name, f in self.fields.items():
-            flag = "--" + name.replace("_", "-")
-            env = self.env_prefix + name.upper()
-            default = _get(defaults, self.leaves[name].path)
-            if isinstance(default, dict) or isinstance(default, list) and any(isinstance(v, dict) for v in default):
-                shown = json.dumps(default)  # as it would be written in the variable
-            else:
-                shown = "unset" if default is None else repr(
-                    ",".join(map(str, default)) if isinstance(default, list) else default)
-            help_text = f"{f.metadata['help']} (env {env}; default: {shown})".replace("%", "%%")
+        shown = self.flags if brief else tuple(self.fields)
+        for name in (*shown, *(n for n in self.fields if n not in shown), *self.aliases):
+            target = self.aliases.get(name, name)
+            f = self.fields[target]
+            help_text = self._help(name, defaults) if name in shown else argparse.SUPPRESS
             kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
             if str(f.type) == "bool":
                 kw["action"] = argparse.BooleanOptionalAction
             else:
-                kw["metavar"] = name.split("_")[-1].upper()
+                kw["metavar"] = target.split("_")[-1].upper()
                 if f.metadata.get("choices"):
                     kw["choices"] = f.metadata["choices"]
-            sections[self.group_of(name)].add_argument(flag, **kw)
+            sections[self.group_of(target)].add_argument("--" + name.replace("_", "-"), **kw)
 
     def load(self, args: argparse.Namespace | Mapping[str, Any] | None = None,
              env: Mapping[str, str] | None = None) -> Any:
-        """Merge defaults < YAML file < environment < flags into a validated instance of the dataclass."""
+        """Merge defaults < YAML file < environment < flags into a validated instance of the dataclass; a
+        ValueError of one line naming the option, as the user wrote it, and where its value came from."""
+        from dprobe.core.option_sources import read  # pydantic: only where settings are loaded
+
         env = os.environ if env is None else env
         given = dict(vars(args) if isinstance(args, argparse.Namespace) else (args or {}))
         config_file = given.pop("config", None) or env.get(self.env_prefix + "CONFIG")
-        values: dict[str, Any] = {}
-        if config_file:
-            values.update(self.from_file(config_file))
-        values.update(self.from_env(env))
-        values.update({k: self.convert(k, v, "--" + k.replace("_", "-")) for k, v in given.items()
-                       if k in self.fields})
-        return self.cls(**values).validate()
+        flags = {k: v for k, v in given.items() if k in self.fields or k in self.aliases}
+        return self.cls(**read(self, config_file, env, flags)).validate()
+
+
+class _HelpAll(argparse.Action):
+    """``--help-all``: the service's page with every option, in sections, then exit."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, options: OptionSet, **kw: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+        self.options = options
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        full = argparse.ArgumentParser(prog=parser.prog, usage="%(prog)s [--config FILE] [--OPTION VALUE ...]",
+                                       description=parser.description, formatter_class=parser.formatter_class,
+                                       add_help=False)
+        self.options.add_arguments(full)
+        full.print_help()
+        parser.exit()
 
 
 def add_service_parser(subparsers: argparse._SubParsersAction, name: str, help: str, description: str,
                        options: OptionSet, run: Callable[[Any], int]) -> argparse.ArgumentParser:
-    """The subcommand of a long-running service: one flag per option; its ``func`` loads the config
-    (defaults < file < environment < flags), sets the log level, and calls ``run(config)``."""
-    parser = subparsers.add_parser(name, help=help, description=description,
+    """The subcommand of a long-running service: ``--config``, its main flags in ``--help``, every option's
+    flag taken (``--help-all``); its ``func`` loads the config (defaults < file < environment < flags), sets the
+    log level, and calls ``run(config)``."""
+    epilog = (f"Every other option goes in the YAML file (--config) or a {options.env_prefix}<OPTION> variable\n"
+              "(its flag --OPTION is taken too); --help-all lists every option, in sections, with its default.")
+    parser = subparsers.add_parser(name, help=help, description=description, epilog=epilog,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-    options.add_arguments(parser)
+    options.add_arguments(parser, brief=True)
 
     def func(args: argparse.Namespace) -> int:
         config = options.load({k: v for k, v in vars(args).items() if k not in ("func", "command", "verbose")})

@@ -2,7 +2,7 @@
 
 A data set of whole jobs is split by model family (:meth:`~dprobe.core.split.Split.group_role`): the runs
 of the test families, which the forecaster never trained or calibrated on, are forecast from their first
-second on at the data set's leads (1, 5 and 10 s). Beside the forecaster given each run's model graph:
+second on at the data set's horizons (1, 5 and 10 s). Beside the forecaster given each run's model graph:
 
 - the same forecaster told nothing of the workload (its learned "unknown workload" embedding),
 - *last_value* (persistence), with quantiles from the training families' own errors at each lead,
@@ -194,7 +194,7 @@ def first_second_rows(result: EvalResult, ds: SeriesDataset,
                         qs.append(quantiles[0, j])
                 if act:
                     a, q = np.asarray(act), np.asarray(qs)
-                    rows.append({"method": method, "target": target, "lead_seconds": h * ds.freq.total_seconds(),
+                    rows.append({"method": method, "target": target, "horizon_seconds": h * ds.freq.total_seconds(),
                                  "mae": metrics.mae(a, np.asarray(pt)), "pinball": metrics.pinball(a, q, QUANTILES),
                                  "runs": len(a)})
             if target == "gpu_memory_bytes" and common:
@@ -208,10 +208,10 @@ def first_second_rows(result: EvalResult, ds: SeriesDataset,
                     predicted = float(np.max(per[u].point[0]))
                     ape.append(abs(predicted - measured) / measured)
                 if ape:
-                    rows.append({"method": method, "target": "memory plateau", "lead_seconds": PLATEAU_SECONDS,
+                    rows.append({"method": method, "target": "memory plateau", "horizon_seconds": PLATEAU_SECONDS,
                                  "mape_pct": 100 * float(np.mean(ape)), "runs": len(ape)})
     order = {m: i for i, m in enumerate([*methods, JOBSCALE])}
-    return sorted(rows, key=lambda r: (r["target"], r["lead_seconds"], order.get(r["method"], 99)))
+    return sorted(rows, key=lambda r: (r["target"], r["horizon_seconds"], order.get(r["method"], 99)))
 
 
 def job_table(result: EvalResult, first_rows: list[dict]) -> str:
@@ -221,16 +221,16 @@ def job_table(result: EvalResult, first_rows: list[dict]) -> str:
         return f"{v / 2**30:.3f} GiB" if target == "gpu_memory_bytes" else f"{v:.2f} pts"
 
     lines = [f"### {result.dataset}: test families' runs, every origin from the first second on", "",
-             "| target | lead (s) | method | MAE | pinball | forecasts | runs |", "|---|---:|---|---:|---:|---:|---:|"]
+             "| target | horizon (s) | method | MAE | pinball | forecasts | runs |", "|---|---:|---|---:|---:|---:|---:|"]
     for r in sorted(result.rows, key=lambda r: (r["target"], r["lead_steps"], r["pinball"] or np.inf)):
-        lines.append(f"| {r['target']} | {r['lead_seconds']:g} | {r['method']} | {fmt(r['target'], r['mae'])} | "
+        lines.append(f"| {r['target']} | {r['horizon_seconds']:g} | {r['method']} | {fmt(r['target'], r['mae'])} | "
                      f"{fmt(r['target'], r['pinball'])} | {r['n_forecasts']} | {r['n_series']} |")
     lines += ["", "### From each test run's first second (the job-scale model's view)", "",
-              "| target | lead (s) | method | MAE | pinball | runs |", "|---|---:|---|---:|---:|---:|"]
+              "| target | horizon (s) | method | MAE | pinball | runs |", "|---|---:|---|---:|---:|---:|"]
     for r in first_rows:
         if "mape_pct" in r:
             continue
-        lines.append(f"| {r['target']} | {r['lead_seconds']:g} | {r['method']} | {fmt(r['target'], r['mae'])} | "
+        lines.append(f"| {r['target']} | {r['horizon_seconds']:g} | {r['method']} | {fmt(r['target'], r['mae'])} | "
                      f"{fmt(r['target'], r['pinball'])} | {r['runs']} |")
     plateau = [r for r in first_rows if "mape_pct" in r]
     if plateau:
@@ -240,14 +240,14 @@ def job_table(result: EvalResult, first_rows: list[dict]) -> str:
 
 
 def ratios(result: EvalResult, baseline: str, method: str) -> dict[tuple[str, float], float]:
-    """``(target, lead seconds) -> 1 - pinball(method) / pinball(baseline)``: how much lower ``method``'s
+    """``(target, horizon seconds) -> 1 - pinball(method) / pinball(baseline)``: how much lower ``method``'s
     pinball is, over every origin (what the targets are stated in)."""
-    pin = {(r["method"], r["target"], r["lead_seconds"]): r["pinball"] for r in result.rows}
+    pin = {(r["method"], r["target"], r["horizon_seconds"]): r["pinball"] for r in result.rows}
     out = {}
-    for (m, target, lead), p in pin.items():
-        b = pin.get((baseline, target, lead))
+    for (m, target, horizon_seconds), p in pin.items():
+        b = pin.get((baseline, target, horizon_seconds))
         if m == method and b:
-            out[(target, lead)] = 1 - p / b
+            out[(target, horizon_seconds)] = 1 - p / b
     return out
 
 
@@ -257,12 +257,12 @@ def target_lines(result: EvalResult, first_rows: list[dict], method: str = "dpro
     model's."""
     lines = []
     for baseline, goal in ((method + UNKNOWN_SUFFIX, 0.15), ("last_value", 0.30)):
-        for (target, lead), gain in sorted(ratios(result, baseline, method).items()):
-            if lead < 5:
+        for (target, horizon_seconds), gain in sorted(ratios(result, baseline, method).items()):
+            if horizon_seconds < 5:
                 continue
             verdict = "met" if gain >= goal else "MISSED"
             change = f"{100 * gain:.1f} % lower than" if gain >= 0 else f"{-100 * gain:.1f} % higher than"
-            lines.append(f"- {target} at {lead:g} s: pinball {change} {baseline}'s (target: at least "
+            lines.append(f"- {target} at {horizon_seconds:g} s: pinball {change} {baseline}'s (target: at least "
                          f"{100 * goal:.0f} % lower): {verdict}")
     plateau = {r["method"]: r["mape_pct"] for r in first_rows if "mape_pct" in r}
     if method in plateau and JOBSCALE in plateau:

@@ -79,7 +79,7 @@ def score(method: str, target: str, ds: SeriesDataset, per_series: dict[str, Ser
             continue
         a, p = np.concatenate(act), np.concatenate(pt)
         row = {"method": method, "target": target, "lead_steps": h,
-               "lead_seconds": h * ds.freq.total_seconds(),
+               "horizon_seconds": h * ds.freq.total_seconds(),
                "mae": metrics.mae(a, p), "mase": float(np.mean(mases)) if mases else None,
                "pinball": None, "coverage_p90": None, "coverage_p99": None, "n_forecasts": len(a),
                "n_series": len(act)}

@@ -41,8 +41,11 @@ class PatchForecaster(nn.Module):
 
     def __init__(self, n_features: int, n_stats: int, context_length: int, n_tasks: int, n_leads: int, n_quantiles: int = 3,
                  patch_len: int = 16, stride: int = 8, d_model: int = 64, n_heads: int = 4,
-                 n_layers: int = 2, dropout: float = 0.1, d_cond: int = 0) -> None:
+                 n_layers: int = 2, dropout: float = 0.1, d_cond: int = 0, token_dropout: float = 0.0) -> None:
+        """``token_dropout``: dropout on the projected workload token of known workloads, in training only (so
+        that the forecast never leans on the token more than it carries over to workloads not trained on)."""
         super().__init__()
+        self.token_dropout = token_dropout
         self.patch_len, self.stride = patch_len, stride
         n_patches = (context_length - patch_len) // stride + 1
         self.patch_embed = nn.Linear(patch_len * n_features, d_model)
@@ -67,7 +70,8 @@ class PatchForecaster(nn.Module):
             return unknown
         if known is None:
             known = torch.ones(b, device=cond.device)
-        return torch.where(known.unsqueeze(-1) > 0.5, self.cond_proj(cond), unknown)  # known: bool or 0 / 1
+        token = F.dropout(self.cond_proj(cond), self.token_dropout, self.training)
+        return torch.where(known.unsqueeze(-1) > 0.5, token, unknown)  # known: bool or 0 / 1
 
     def forward(self, x: Tensor, stats: Tensor, task: Tensor, cond: Tensor | None = None,
                 known: Tensor | None = None) -> Tensor:
@@ -89,7 +93,7 @@ class PatchForecaster(nn.Module):
 def build_network(n_tasks: int, n_leads: int = 3, context_length: int = 128, patch_len: int = 16, stride: int = 8,
                   d_model: int = 64, n_heads: int = 4, n_layers: int = 2, dropout: float = 0.1,
                   quantiles: tuple[float, ...] = (0.5, 0.9, 0.99), use_graph: bool = False, d_graph: int = 0,
-                  **_training_only: object) -> PatchForecaster:
+                  token_dropout: float = 0.0, **_training_only: object) -> PatchForecaster:
     """The network of a ``ForecasterModule`` from its hyperparameters (training-only ones are ignored; the
     workload token's length is ``d_graph``, the vector's when not given)."""
     from dprobe.data.workloads import workload_dim
@@ -98,4 +102,4 @@ def build_network(n_tasks: int, n_leads: int = 3, context_length: int = 128, pat
     return PatchForecaster(n_features=2 + N_COVARIATES, n_stats=N_STATS, context_length=context_length,
                            n_tasks=n_tasks, n_leads=n_leads, n_quantiles=len(quantiles), patch_len=patch_len,
                            stride=stride, d_model=d_model, n_heads=n_heads, n_layers=n_layers, dropout=dropout,
-                           d_cond=(d_graph or workload_dim()) if use_graph else 0)
+                           d_cond=(d_graph or workload_dim()) if use_graph else 0, token_dropout=token_dropout)

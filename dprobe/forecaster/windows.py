@@ -300,12 +300,27 @@ class SeriesDataModule(pl.LightningDataModule):
         val = np.concatenate(val_rows).astype(np.int64)
         self._calibration_rows = val  # every validation window: point choice and quantile calibration
         rng = np.random.default_rng(hp.seed)
-        if len(val) > hp.val_samples:
-            val = val[rng.choice(len(val), hp.val_samples, replace=False)]
-        self._val_rows = val
+        self._val_rows = self._sample_validation(val, rng)
         self.task_weights, self.change_weighting = self._balance_tasks(rng)
         if not len(train):
             raise ValueError(f"no training windows in {hp.datasets}: series too short for the lead times")
+
+    def _sample_validation(self, val: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """The windows each epoch validates on, ``val_samples`` of them: where there are both series and whole
+        jobs, every window of the validation families' runs (a few hundred: the left-out families that
+        ``val/select`` weighs, so that a sample does not leave them a handful; a sample of half of
+        ``val_samples`` where there are more) and a sample of the series' validation span for the rest; else a
+        sample of all."""
+        n = self._settings.val_samples
+        jobs = np.asarray(self.job_tasks, dtype=bool)[val[:, 0]]
+        if len(val) <= n:
+            return val
+        if not jobs.any() or jobs.all():
+            return val[rng.choice(len(val), n, replace=False)]
+        kept, rest = val[jobs], val[~jobs]
+        if len(kept) > n // 2:
+            kept = kept[rng.choice(len(kept), n // 2, replace=False)]
+        return np.concatenate([kept, rest[rng.choice(len(rest), min(len(rest), n - len(kept)), replace=False)]])
 
     def _roles(self, ds: SeriesDataset, ids: list[str]) -> dict[str, str] | None:
         """Series id -> ``"train"`` / ``"validation"`` / ``"test"`` for a data set of whole jobs (split by

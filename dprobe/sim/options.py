@@ -41,7 +41,8 @@ def add_scaling_arguments(p: argparse.ArgumentParser, *, provision_delay: bool, 
     if provision_delay:
         sim.add_argument("--provision-delay", type=float, metavar="S",
                          help="seconds before a quota increase is usable (default: 300)")
-    sim.add_argument("--horizon", type=float, metavar="S", help=horizon_help)
+    sim.add_argument("--horizon-seconds", dest="horizon", type=float, metavar="S", help=horizon_help)
+    sim.add_argument("--horizon", dest="horizon", type=float, help=argparse.SUPPRESS)  # its former name
     sim.add_argument("--quantile", type=float, default=0.9,
                      help="forecast quantile the forecast policy provisions for: 0.5, 0.9 or 0.99 "
                      "(default: %(default)g)")
@@ -102,7 +103,7 @@ def check_scaling(args: argparse.Namespace) -> list[str]:
         raise ValueError(f"unknown policy {', '.join(unknown) or '(none given)'}; choose from "
                          f"{', '.join(POLICY_NAMES)}")
     if args.horizon is not None and not (math.isfinite(args.horizon) and args.horizon > 0):
-        raise ValueError(f"--horizon must be a positive number of seconds, got {args.horizon:g}")
+        raise ValueError(f"--horizon-seconds must be a positive number of seconds, got {args.horizon:g}")
     given = [f for f in POLICY_FLAGS if getattr(args, f) is not None]
     if args.scaler_config and given:
         raise ValueError(f"--scaler-config sets the scaler's policy; set {', '.join(flag(f) for f in given)} "

@@ -148,18 +148,18 @@ class ReactiveQuota(RecommenderQuota):
 
 
 class ForecastQuota(RecommenderQuota):
-    """Demand is a quantile of the forecast ``lead`` history steps ahead, all VCs in one batch."""
+    """Demand is a quantile of the forecast ``lead_steps`` history steps ahead, all VCs in one batch."""
 
     name = "forecast"
     history_step: float  # always set
 
     def __init__(self, max_gpus: np.ndarray, settings: ScalerSettings, forecaster: Forecaster,
-                 history_step: float, lead: int, quantile: float, context_steps: int,
+                 history_step: float, lead_steps: int, quantile: float, context_steps: int,
                  covariates: tuple[str, ...] = ()) -> None:
         super().__init__(max_gpus, settings)
         self.forecaster = forecaster
         self.history_step = float(history_step)
-        self.lead = int(lead)
+        self.lead_steps = int(lead_steps)
         self.quantile = quantile
         self.context_steps = int(context_steps)
         self.covariates = covariates  # history series the forecaster takes as covariates, in its order
@@ -170,7 +170,7 @@ class ForecastQuota(RecommenderQuota):
         window = view.history.window(self.context_steps)
         gaps = np.full_like(window["gpu_demand"], np.nan)  # a covariate the simulation does not record
         cov = np.stack([window.get(c, gaps) for c in self.covariates], axis=-1) if self.covariates else None
-        batch = ForecastInput(values=window["gpu_demand"], metric="gpu_demand", leads=(self.lead,),
+        batch = ForecastInput(values=window["gpu_demand"], metric="gpu_demand", leads=(self.lead_steps,),
                               step_seconds=self.history_step, covariates=cov)
         forecast = self.forecaster.predict(batch)
         levels = np.asarray(forecast.quantile_levels)
@@ -191,20 +191,20 @@ class TaskForecaster(Protocol):
 
 @dataclass
 class ForecastSetup:
-    """A forecaster and the sampling it needs: history step, lead, context and covariates."""
+    """A forecaster and the sampling it needs: history step, lead (in history steps), context and covariates."""
 
     forecaster: Forecaster
     name: str
     history_step: float
-    lead: int
+    lead_steps: int
     context_steps: int
     covariates: tuple[str, ...]
 
 
-def forecast_setup(checkpoint: str | Path | None, interval: float, horizon: float,
+def forecast_setup(checkpoint: str | Path | None, interval: float, horizon_seconds: float,
                    quantile: float) -> ForecastSetup:
-    """The checkpoint's ``gpu_demand`` forecaster sampled at its own step (or the decision interval,
-    if finer), or without a checkpoint the last-value baseline with conformal quantiles."""
+    """The checkpoint's ``gpu_demand`` forecaster ``horizon_seconds`` ahead, sampled at its own step (or the
+    decision interval, if finer), or without a checkpoint the last-value baseline with conformal quantiles."""
     from dprobe.forecaster.baselines import make_baseline
     from dprobe.forecaster.loading import open_forecaster
 
@@ -221,8 +221,8 @@ def forecast_setup(checkpoint: str | Path | None, interval: float, horizon: floa
         levels = tuple(getattr(model, "quantile_levels", QUANTILES))
         step = min(interval, spec.step_seconds)
         longest = model.max_horizon_seconds("gpu_demand")
-        if horizon > longest * 1.0001:
-            raise ValueError(f"--horizon {horizon:g} s is beyond the checkpoint's longest gpu_demand lead "
+        if horizon_seconds > longest * 1.0001:
+            raise ValueError(f"--horizon-seconds {horizon_seconds:g} is beyond the checkpoint's longest gpu_demand horizon "
                              f"({longest:g} s)")
         context = int(math.ceil(model.window_seconds("gpu_demand") / step))
         name, covariates = f"{loaded.kind} ({checkpoint})", tuple(spec.covariates)
@@ -232,12 +232,12 @@ def forecast_setup(checkpoint: str | Path | None, interval: float, horizon: floa
         residual_window = max(10, int(round(BASELINE_RESIDUAL_DAYS * 86400 / step)))
         baseline.residual_window = residual_window
         model = baseline
-        context = 0  # set below, once the lead is known
+        context = 0  # set below, once the lead in steps is known
         name, covariates = f"baseline:{BASELINE_NAME} (conformal quantiles)", ()
     if not any(math.isclose(quantile, q) for q in levels):
         raise ValueError(f"--quantile must be one of the forecast's levels {', '.join(map(str, levels))}, "
                          f"got {quantile:g}")
-    lead = max(1, int(math.ceil(horizon / step - 1e-9)))
+    lead_steps = max(1, int(math.ceil(horizon_seconds / step - 1e-9)))
     if not checkpoint:
-        context = residual_window + lead
-    return ForecastSetup(model, name, step, lead, context, covariates)
+        context = residual_window + lead_steps
+    return ForecastSetup(model, name, step, lead_steps, context, covariates)

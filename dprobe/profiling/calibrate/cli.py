@@ -19,7 +19,8 @@ NO_GPU = ("{reason}; without a GPU, give dprobe predict the GPU's spec-sheet fig
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``gpu`` and its ``calibrate`` subcommand."""
-    p = subparsers.add_parser("gpu", help=HELP, description="The GPU's own figures, for dprobe predict --gpu-spec.")
+    p = subparsers.add_parser("gpu", help=HELP, description="The GPU's own figures, for dprobe predict --gpu-spec, the "
+                          "sidecar's gpu_spec_files and the scaler's sharing_gpu_spec_file.")
     sub = p.add_subparsers(dest="gpu_command", metavar="SUBCOMMAND", required=True)
     c = sub.add_parser(
         "calibrate", help="time this GPU and write its --gpu-spec file (about a minute)",
@@ -31,7 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "and scaled_dot_product_attention shapes. The file has the spec sheet's fields (this GPU's entry in\n"
         "dprobe's table, --spec FILE's, or else the measured figures in their place) and a measured: block:\n"
         "the raw figures, their fractions of the spec sheet's peaks, torch and CUDA versions, the date.\n"
-        "dprobe predict --mode inference puts a calibrated GPU's step on its measured peaks.",
+        "dprobe predict --mode inference puts a calibrated GPU's step on its measured peaks. The sidecar reads\n"
+        "the file too (gpu_spec_files: its job predictions on this GPU), and the scaler (sharing_gpu_spec_file).",
         epilog="examples:\n  dprobe gpu calibrate --out my-gpu.yaml\n"
         "  dprobe gpu calibrate --device cuda:1 --spec sheet.yaml --seconds 30 --out my-gpu.yaml\n"
         "  dprobe predict timm:resnet50 --batch 256 --precision fp16 --mode inference --gpu-spec my-gpu.yaml --json")
@@ -73,7 +75,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     doc = spec_document(cal, spec, args.name)
     origin = source or "nowhere (the measured figures stand in)"
     header = (f"dprobe gpu calibrate on {info.name}, {cal.date}: spec sheet from {origin}; dprobe predict "
-              "--gpu-spec reads this file"
+              "--gpu-spec, the sidecar's gpu_spec_files and the scaler's sharing_gpu_spec_file read this file"
               + (f"\nskipped for the --seconds budget: {', '.join(cal.skipped)}" if cal.skipped else ""))
     text = spec_yaml(doc, header)
     if args.out:

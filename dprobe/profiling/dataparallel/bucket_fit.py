@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import pprint
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from scipy.optimize import least_squares
 
 from dprobe.profiling.dataparallel.baseline import fit_baseline, predict_baseline
 from dprobe.profiling.dataparallel.buckets import BACKWARD_SHARE, LinkParams, exposed_seconds
+from dprobe.profiling.dataparallel.fit import write_module
 from dprobe.profiling.dataparallel.interconnect import MEASURED, measured_links
 
 FITTED_MODULE = Path(__file__).with_name("_buckets_fitted.py")
@@ -208,11 +208,10 @@ def fitted(steps: pd.DataFrame | None = None, exponential: np.ndarray | None = N
 
 def write_fitted(values: dict[str, Any], path: Path = FITTED_MODULE) -> None:
     """Write ``values`` as the module ``dprobe predict`` reads."""
-    path.write_text('"""The bucket model\'s links, the visible-median baseline\'s tables and the default per cluster,\n'
-                    'fitted on datasets/pollux-placements and the data-parallel rows of datasets/gavel-colocation;\n'
-                    'written by ``python -m dprobe.profiling.dataparallel.bucket_fit --write`` (do not edit)."""\n\n'
-                    "from typing import Any\n\n"
-                    f"BUCKETS_FITTED: dict[str, Any] = {pprint.pformat(values, sort_dicts=True, width=110)}\n")
+    write_module(path, "The bucket model's links, the visible-median baseline's tables and the default per cluster,\n"
+                 "fitted on datasets/pollux-placements and the data-parallel rows of datasets/gavel-colocation;\n"
+                 "written by ``python -m dprobe.profiling.dataparallel.bucket_fit --write`` (do not edit).",
+                 "BUCKETS_FITTED", values)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -168,13 +168,18 @@ def fitted(root: str | Path | None = None, param_counts: dict[str, int] | None =
             "models": sorted(steps.model.unique()), "groups": sorted(steps.group.unique()), "rows": len(steps)}
 
 
+def write_module(path: Path, doc: str, name: str, values: dict[str, Any]) -> None:
+    """Write ``values`` as the Python module ``path`` holding the constant ``name`` (a fitted table the code
+    reads with no data set at run time), its docstring ``doc``."""
+    path.write_text(f'"""{doc}"""\n\n' "from typing import Any\n\n"
+                    f"{name}: dict[str, Any] = {pprint.pformat(values, sort_dicts=True, width=110)}\n")
+
+
 def write_fitted(values: dict[str, Any], path: Path = FITTED_MODULE) -> None:
     """Write ``values`` as the module ``dprobe predict`` reads (no data set needed at run time)."""
-    path.write_text('"""Data-parallel parameters fitted on datasets/pollux-placements and the data-parallel rows of\n'
-                    'datasets/gavel-colocation; written by ``python -m dprobe.profiling.dataparallel.fit --write``\n'
-                    '(do not edit)."""\n\n'
-                    "from typing import Any\n\n"
-                    f"FITTED: dict[str, Any] = {pprint.pformat(values, sort_dicts=True, width=110)}\n")
+    write_module(path, "Data-parallel parameters fitted on datasets/pollux-placements and the data-parallel rows of\n"
+                 "datasets/gavel-colocation; written by ``python -m dprobe.profiling.dataparallel.fit --write``\n"
+                 "(do not edit).", "FITTED", values)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,9 +14,10 @@ virtual cluster, and turn them into replica and GPU recommendations with the HPA
 dprobe_recommended_gpus) for Grafana, KEDA or the HPA; with --mode apply the listed workloads'
 replicas are also set through the Kubernetes scale subresource. With --leader-election several replicas
 run and only the one holding a Kubernetes Lease publishes and acts.
-Every option can also come from a YAML file (--config; workloads are listed there) and from
-environment variables (DPROBE_SCALER_<OPTION>, e.g. DPROBE_SCALER_PROMETHEUS_URL); flags win over
-the environment, which wins over the file."""
+Settings come from a YAML file (--config FILE, or DPROBE_SCALER_CONFIG), which may hold every option
+and lists the workloads, from environment variables (DPROBE_SCALER_<OPTION>, e.g.
+DPROBE_SCALER_PROMETHEUS_URL) and from the flags below; flags win over the environment, which wins
+over the file."""
 
 
 def run(config: ScalerConfig) -> int:

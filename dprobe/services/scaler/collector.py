@@ -37,6 +37,8 @@ WORKLOAD_GAUGES: list[tuple[str, str, Callable[[Decision], float | None]]] = [
     ("dprobe_scaler_missing_pods", "Pods the workload is expected to have without a usable forecast "
                                    "(counted as the HPA counts pods without metrics).", lambda d: d.missing),
 ]
+# the counter with a sample per workload and direction that changed its replicas
+SCALE_EVENTS = ("dprobe_scaler_scale_events", "Decisions that changed a workload's replicas, by direction.")
 # the gauges with a sample per workload with an activation query: (name, help, index in (value, active))
 ACTIVATION_GAUGES = [
     ("dprobe_scaler_activation_query_value", "Value of the workload's activation query.", 0),
@@ -154,6 +156,10 @@ class ScalerCollector(StateCollector):
             for (ns, workload), row in activations:
                 fam.add_metric([ns, workload], float(row[pick]))
             yield fam
+        events = CounterMetricFamily(*SCALE_EVENTS, labels=[*WORKLOAD_LABELS, "direction"])
+        for key, n in sorted(dict(s.events_total).items()):
+            events.add_metric(list(key), n)
+        yield events
 
     def render_text(self, registry: CollectorRegistry) -> bytes:
         """``registry``'s /metrics in text format 0.0.4 (the exporter's ``fast`` renderer), the families with a sample
@@ -196,8 +202,20 @@ class ScalerCollector(StateCollector):
         for name, doc, pick in ACTIVATION_GAUGES:
             out.append(f"# HELP {name} {_escape_help(doc)}\n# TYPE {name} gauge\n")
             out.extend(f"{name}{{{text}}} {number(row[pick])}\n" for text, row in rows)
+        name, doc = SCALE_EVENTS[0] + "_total", SCALE_EVENTS[1]
+        out.append(f"# HELP {name} {_escape_help(doc)}\n# TYPE {name} counter\n")
+        out.extend(f'{name}{{{labels(key[:2])},direction="{_escape(key[2])}"}} {number(n)}\n'
+                   if len(key) == 3 else self._event_line(name, key, number(n))
+                   for key, n in sorted(dict(s.events_total).items()))
         self._label_texts = texts  # this scrape's workloads only: the cache never outgrows them
         return "".join(out)
+
+    @staticmethod
+    def _event_line(name: str, key: tuple[str, ...], value: str) -> str:
+        """A scale event's sample whose key is not (namespace, workload, direction): its values given to the labels
+        in turn, as ``prometheus_client`` does."""
+        text = ",".join(f'{k}="{_escape(v)}"' for k, v in zip([*WORKLOAD_LABELS, "direction"], key, strict=False))
+        return f"{name}{{{text}}} {value}\n"
 
     def _others(self) -> Iterator[Metric]:
         """The published families other than those per workload."""
@@ -252,11 +270,6 @@ class ScalerCollector(StateCollector):
         for method, n in sorted(dict(s.grouped_pods).items()):
             grouped.add_metric([method], n)
         yield grouped
-        events = CounterMetricFamily("dprobe_scaler_scale_events", "Decisions that changed a workload's "
-                                     "replicas, by direction.", labels=[*WORKLOAD_LABELS, "direction"])
-        for key, n in sorted(s.events_total.items()):
-            events.add_metric(list(key), n)
-        yield events
         quota_events = CounterMetricFamily("dprobe_scaler_vc_scale_events", "Decisions that changed a virtual "
                                            "cluster's GPUs, by direction.", labels=["vc", "direction"])
         for key, n in sorted(s.vc_events_total.items()):
@@ -272,7 +285,9 @@ class ScalerCollector(StateCollector):
         errors = CounterMetricFamily("dprobe_scaler_errors", "Failed cycle stages: query (Prometheus), "
                                      "no_data (an answer without a usable forecast while pods expected some), "
                                      "kubernetes (reading or setting a scale or quota), events (recording an "
-                                     "Event), lease (reading or writing the leader election's Lease), cycle.",
+                                     "Event), lease (reading or writing the leader election's Lease), recording_rules "
+                                     "(recorded_series: the rules' series missing, or recorded for another "
+                                     "horizon or quantile), cycle.",
                                      labels=["stage"])
         for stage, n in sorted(s.errors_total.items()):
             errors.add_metric([stage], n)

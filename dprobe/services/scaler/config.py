@@ -1,4 +1,5 @@
-"""Scaler settings (defaults < YAML file < ``DPROBE_SCALER_*`` variables < flags) and the scaled objects.
+"""Scaler settings (defaults < YAML file < ``DPROBE_SCALER_*`` variables < flags; read and type-checked with
+pydantic-settings, :mod:`dprobe.core.option_sources`) and the scaled objects.
 
 The options come in groups (:mod:`dprobe.core.options`): the forecasts and Prometheus queries read
 (:class:`QueryOptions`, with the server's :class:`PrometheusServer`), the policy (:class:`PolicyOptions`), the
@@ -485,7 +486,10 @@ def rate_policies(entries: Any) -> tuple[RatePolicy, ...]:
         raise ValueError(f"rate policy values must be numbers: {exc}") from exc
 
 
-OPTIONS = OptionSet(ScalerConfig, ENV_PREFIX, "scaler")
+# the flags `dprobe scaler --help` shows (every option's flag is taken: --help-all lists them)
+MAIN_FLAGS = ("port", "listen_address", "log_level", "prometheus_url", "interval", "horizon_seconds", "quantile",
+              "target", "mode", "kubeconfig", "leader_election", "sharing_enabled")
+OPTIONS = OptionSet(ScalerConfig, ENV_PREFIX, "scaler", flags=MAIN_FLAGS)
 add_arguments = OPTIONS.add_arguments
 
 

@@ -91,18 +91,40 @@ def answer_warnings(queries: QueryOptions) -> list[str]:
     return queries.__dict__.setdefault("_answer_warnings", [])
 
 
-def forecast_query(queries: QueryOptions) -> str:
-    """The PromQL selecting every pod's forecast at the configured horizon and quantile, and with
-    ``job_profiles`` the cold-start utilisation of pods without one (p50 for a quantile up to 0.5,
-    else p90: the profiles' highest)."""
+def _forecast_selectors(queries: QueryOptions) -> tuple[str, str]:
+    """The selectors of every pod's forecast at the configured horizon and quantile, and (``job_profiles``; else
+    '') of its training job's cold-start utilisation (p50 for a quantile up to 0.5, else p90: the profiles'
+    highest)."""
     extra = f",{queries.forecast_selector.strip().strip(',')}" if queries.forecast_selector.strip() else ""
     query = (f'{PREDICTED_UTILIZATION}{{horizon_seconds="{queries.horizon_seconds}",'
              f'quantile="{queries.quantile:g}",pod!=""{extra}}}')
     if not queries.job_profiles:
-        return query
-    profile = "0.5" if queries.quantile <= 0.5 else "0.9"
-    return f'{query} or on (namespace, pod) {JOB_UTILIZATION}{{quantile="{profile}",pod!=""{extra}}}'
+        return query, ""
+    return query, f'{JOB_UTILIZATION}{{quantile="{job_profile_quantile(queries)}",pod!=""{extra}}}'
 
+
+def job_profile_quantile(queries: QueryOptions) -> str:
+    """The cold-start profiles' quantile read for the configured forecast quantile: 0.5 up to 0.5, else 0.9."""
+    return "0.5" if queries.quantile <= 0.5 else "0.9"
+
+
+def forecast_query(queries: QueryOptions) -> str:
+    """The PromQL selecting every pod's forecast at the configured horizon and quantile, and with
+    ``job_profiles`` the cold-start utilisation of pods without one (p50 for a quantile up to 0.5,
+    else p90: the profiles' highest)."""
+    query, job = _forecast_selectors(queries)
+    return f"{query} or on (namespace, pod) {job}" if job else query
+
+
+def pod_forecast_query(queries: QueryOptions, keep: tuple[str, ...] = ()) -> str:
+    """:func:`forecast_query` with each pod's series taken ``max by`` the labels the scaler reads (namespace, pod,
+    target, ``horizon_seconds`` of a forecast, and ``keep``: the ``vc_label``), so that Prometheus answers one
+    short row per pod and target instead of every series with all its labels: several sidecars' copies of a
+    pod's forecast are one row, their highest."""
+    by = ", ".join(dict.fromkeys(("namespace", "pod", "target", *(k for k in keep if k and k != "horizon_seconds"))))
+    query, job = _forecast_selectors(queries)
+    out = f"max by ({by}, horizon_seconds) ({query})"
+    return f"{out} or on (namespace, pod) max by ({by}) ({job})" if job else out
 
 
 def exported_horizons(queries: QueryOptions) -> set[str]:
@@ -125,14 +147,42 @@ def forecast_problem(value: float) -> str:
     return ""
 
 
-def pod_forecasts(queries: QueryOptions, rejected: Counter[str] | None = None
+class LabelKeeper:
+    """Keeps only the ``keep`` labels of each row of an answer (all of them where ``keep`` is None), in one dict per
+    distinct set of values shared by the rows that have it, and one string per namespace: what the scaler holds
+    per pod (at 80,000 pods, tens of MB less than each row's labels as decoded)."""
+
+    def __init__(self, keep: tuple[str, ...] | None) -> None:
+        self.keep = tuple(dict.fromkeys(k for k in keep if k)) if keep is not None else None
+        self._dicts: dict[tuple[str, ...], dict[str, str]] = {}
+        self._names: dict[str, str] = {}
+
+    def labels(self, labels: dict[str, str]) -> dict[str, str]:
+        """``labels`` as kept."""
+        if self.keep is None:
+            return labels
+        values = tuple(labels.get(k, "") for k in self.keep)
+        kept = self._dicts.get(values)
+        if kept is None:
+            kept = self._dicts[values] = {k: v for k, v in zip(self.keep, values, strict=True) if v}
+        return kept
+
+    def name(self, value: str) -> str:
+        """One string object for every row's equal ``value`` (a namespace)."""
+        return self._names.setdefault(value, value)
+
+
+def pod_forecasts(queries: QueryOptions, rejected: Counter[str] | None = None, keep: tuple[str, ...] | None = None
                   ) -> dict[tuple[str, str], tuple[float, dict[str, str]]]:
     """``(namespace, pod) -> (forecast, labels)`` for every pod-level target (``target`` is
-    ``namespace/pod``; a GPU's own series are skipped, so no pod is counted twice). Where several
-    sidecars export the same pod, the highest forecast is kept. A forecast that cannot be used (see
+    ``namespace/pod``; a GPU's own series are skipped, so no pod is counted twice), asked by
+    :func:`pod_forecast_query`; with ``keep`` (the ``vc_label``, ``horizon_seconds``: what the scaler reads) only
+    those labels are kept (:class:`LabelKeeper`). Where several sidecars export the same pod, the highest forecast
+    is kept (Prometheus's ``max``, which passes over NaN). A forecast that cannot be used (see
     :func:`forecast_problem`) is left out and counted in ``rejected`` by reason."""
     out: dict[tuple[str, str], tuple[float, dict[str, str]]] = {}
-    for labels, value in _vector(queries, forecast_query(queries)):
+    keeper = LabelKeeper(keep)
+    for labels, value in _vector(queries, pod_forecast_query(queries, keep or ())):
         ns, pod = labels.get("namespace", ""), labels.get("pod", "")
         if labels.get("target") not in (f"{ns}/{pod}", pod):
             continue
@@ -142,18 +192,19 @@ def pod_forecasts(queries: QueryOptions, rejected: Counter[str] | None = None
                 rejected[problem] += 1
             continue
         if (ns, pod) not in out or value > out[(ns, pod)][0]:
-            out[(ns, pod)] = (min(1.0, value), labels)
+            out[(keeper.name(ns), pod)] = (min(1.0, value), keeper.labels(labels))
     return out
 
 
-def pod_gpus(queries: QueryOptions) -> dict[tuple[str, str], tuple[int, dict[str, str]]]:
-    """GPUs per pod from ``gpus_query`` (empty when it is not set), with the row's labels: the pods that
-    hold GPUs, whether or not they have a forecast."""
+def pod_gpus(queries: QueryOptions, keep: tuple[str, ...] | None = None
+             ) -> dict[tuple[str, str], tuple[int, dict[str, str]]]:
+    """GPUs per pod from ``gpus_query`` (empty when it is not set), with the row's labels (with ``keep``, only
+    those: :class:`LabelKeeper`): the pods that hold GPUs, whether or not they have a forecast."""
     if not queries.gpus_query.strip():
         return {}
-    rows = _vector(queries, queries.gpus_query)
-    return {(lab.get("namespace", ""), lab.get("pod", "")): (max(1, int(round(v))), lab) for lab, v in rows
-            if math.isfinite(v) and lab.get("pod")}
+    keeper = LabelKeeper(keep)
+    return {(keeper.name(lab.get("namespace", "")), lab.get("pod", "")): (max(1, int(round(v))), keeper.labels(lab))
+            for lab, v in _vector(queries, queries.gpus_query) if math.isfinite(v) and lab.get("pod")}
 
 
 def pod_owners(queries: QueryOptions) -> dict[tuple[str, str], tuple[str, str]]:
@@ -436,7 +487,7 @@ def recorded_query(queries: QueryOptions, series: dict[str, str], by: str) -> st
     """One query for the recorded ``series`` (:data:`RECORDED_WORKLOAD` or :data:`RECORDED_NAMESPACE`) at the
     configured horizon and quantile, each labelled ``dprobe_series``; ``max by`` takes one of the copies that
     Prometheus servers of an HA pair (un-deduplicated behind Thanos or Mimir) record alike."""
-    profile = "0.5" if queries.quantile <= 0.5 else "0.9"
+    profile = job_profile_quantile(queries)
     selectors = {"demand": f'{{horizon_seconds="{queries.horizon_seconds}",quantile="{queries.quantile:g}"}}',
                  "covered": f'{{horizon_seconds="{queries.horizon_seconds}",quantile="{queries.quantile:g}"}}',
                  "seen": "", "job_demand": f'{{quantile="{profile}"}}', "job_pods": f'{{quantile="{profile}"}}'}
@@ -449,8 +500,8 @@ def recorded_demand(queries: QueryOptions, specs: list[WorkloadSpec], vc_label: 
                     ) -> DemandView | None:
     """The demand view from the recording rules' series (``recorded_series``): two queries whatever the number of
     pods and workloads. A workload's pods are those its owner owns (kube-state-metrics); missing pods are those
-    seen (holding a GPU, or with a forecast at any horizon) without a usable forecast at the configured horizon
-    and quantile (or a cold-start profile). None when Prometheus holds none of the series (the rules not loaded,
+    seen (holding a GPU, or with a forecast at the horizon and quantile the rules record) without a usable one
+    (or a cold-start profile). None when Prometheus holds none of the series (the rules not loaded,
     or nothing to record)."""
     rows = _vector(queries, recorded_query(queries, RECORDED_WORKLOAD, "namespace, owner_kind, owner_name"))
     per: dict[tuple[str, str, str], dict[str, float]] = defaultdict(dict)
@@ -491,10 +542,11 @@ def recorded_demand(queries: QueryOptions, specs: list[WorkloadSpec], vc_label: 
     return DemandView(workloads, discovered, vcs, grouped)
 
 
-def recorded_horizons(queries: QueryOptions) -> set[str]:
-    """The horizons (s) of the recorded per-workload forecasts Prometheus holds."""
-    query = f'count by (horizon_seconds) ({RECORDED_WORKLOAD["demand"]})'
-    return {h for labels, _ in _vector(queries, query) if (h := labels.get("horizon_seconds", ""))}
+def recorded_pairs(queries: QueryOptions) -> set[tuple[str, str]]:
+    """The (horizon (s), quantile) pairs of the recorded per-workload forecasts Prometheus holds: those the rules'
+    selectors name (the scaler's defaults as shipped)."""
+    query = f'count by (horizon_seconds, quantile) ({RECORDED_WORKLOAD["demand"]})'
+    return {(labels.get("horizon_seconds", ""), labels.get("quantile", "")) for labels, _ in _vector(queries, query)}
 
 
 def pods_forecast(queries: QueryOptions) -> bool:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 from dprobe.scaling.policy import Decision
 from dprobe.services.scaler.config import QueryOptions, VcOptions, WorkloadSpec
@@ -25,7 +27,7 @@ from dprobe.services.scaler.demand import (
     previous_recommendations,
     previous_vc_data,
     recorded_demand,
-    recorded_horizons,
+    recorded_pairs,
     vc_gpus,
     workload_replicas,
     workload_values,
@@ -47,7 +49,8 @@ class DemandReader:
         self.failure = ""  # why the forecasts could not be read ('' while they can)
         self._failures: dict[str, str] = {}  # the other queries: the last failure's reason
         self.grouping = ""  # how pods were last put in workloads: "owner" (kube-state-metrics), "name", ""
-        self.gpus: dict[tuple[str, str], tuple[int, dict[str, str]]] = {}  # the last read's GPUs per pod
+        # this cycle's GPUs per pod (the pod-level read; for GPU shares), let go of before the next cycle's answers
+        self.gpus: dict[tuple[str, str], tuple[int, dict[str, str]]] = {}
         self.warnings_total = 0  # warnings Prometheus sent with its answers (partial responses)
         self._warned: set[str] = set()  # the warnings logged already
         self.horizon_missing_total = 0  # cycles without a forecast at horizon_seconds while others were exported
@@ -58,17 +61,25 @@ class DemandReader:
         self._shared: dict[tuple[str, str], float] = {}  # this cycle's activations_query, per workload
         self._shared_error: SourceError | None = None  # or why it failed
         self._rules_missing = False  # recorded_series: the recording rules' series were not there last cycle
+        self._pairs: tuple[tuple[str, str], ...] = ()  # recorded_series: the other pairs recorded, last warned of
+        # the pod-level read's other queries, asked while the forecasts' answer is awaited and parsed: Prometheus
+        # evaluates them on its other cores meanwhile (a failure is raised where the answer is used, as before)
+        self._pool: ThreadPoolExecutor | None = None
+        self._asked: dict[str, Future[Any]] = {}
 
     def read(self) -> DemandView | None:
         """This cycle's demand, or None when Prometheus could not be read (counted, logged). The listed workloads'
         activation queries are asked first, many to a query (:meth:`read_activations`)."""
+        self.gpus = {}
+        self._asked = {}
         self.read_activations()
         view: DemandView | None = None
         try:
             if self.queries.recorded_series:
                 view = self.read_recorded()
             if view is None:
-                forecasts = pod_forecasts(self.queries, self.rejected_total)
+                self.ask_alongside()
+                forecasts = pod_forecasts(self.queries, self.rejected_total, (self.vc.label, "horizon_seconds"))
                 wanted = str(self.queries.horizon_seconds)
                 self.check_horizon(any(lab.get("horizon_seconds") == wanted for _, lab in forecasts.values()),
                                    exported_horizons)
@@ -85,17 +96,34 @@ class DemandReader:
             view = self.group(forecasts)
         if self.vc.pending_query.strip():
             try:
-                add_pending(view.vcs, pending_gpus(self.queries, self.vc))
+                add_pending(view.vcs, self.answer("pending", lambda: pending_gpus(self.queries, self.vc)))
                 self._failures.pop("vc_pending_query", None)
             except SourceError as exc:  # the clusters' demand is then their pods' forecasts alone
                 self.failed("vc_pending_query", exc, "demand without waiting GPUs this cycle")
         return view
 
+    def ask_alongside(self) -> None:
+        """Send the pod-level read's other queries (GPUs per pod, owners, waiting GPUs) now, each on a thread of
+        its own, so that Prometheus answers them while the forecasts' answer is read; :meth:`answer` takes them."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="dprobe-query")
+        self._asked = {"gpus": self._pool.submit(pod_gpus, self.queries, (self.vc.label,))}
+        if self.queries.owners_query.strip():
+            self._asked["owners"] = self._pool.submit(pod_owners, self.queries)
+        if self.vc.pending_query.strip():
+            self._asked["pending"] = self._pool.submit(pending_gpus, self.queries, self.vc)
+
+    def answer(self, name: str, ask: Callable[[], Any]) -> Any:
+        """The answer to query ``name`` sent by :meth:`ask_alongside` this cycle (its error raised here), else
+        ``ask()``'s."""
+        future = self._asked.pop(name, None)
+        return future.result() if future is not None else ask()
+
     def group(self, forecasts: dict[tuple[str, str], tuple[float, dict[str, str]]]) -> DemandView:
         """Every pod's forecast put in its workload and virtual cluster, with the pods holding GPUs."""
         gpus: dict[tuple[str, str], tuple[int, dict[str, str]]] = {}
         try:
-            gpus = pod_gpus(self.queries)
+            gpus = self.answer("gpus", lambda: pod_gpus(self.queries, (self.vc.label,)))
             self._failures.pop("gpus_query", None)
         except SourceError as exc:  # virtual clusters then count one GPU per pod; no pod is known missing
             self.failed("gpus_query", exc, "one GPU per pod, pods without forecasts unseen")
@@ -119,11 +147,32 @@ class DemandReader:
         if self._rules_missing:
             log.info("recorded_series: reading the recording rules' series again")
             self._rules_missing = False
+        if not any(d.covered for d in (*view.workloads.values(), *view.discovered.values(), *view.vcs.values())) \
+                and self.other_pairs_recorded():
+            return None
+        self._pairs = ()
         self.gpus = {}
         self.grouping = "owner"
-        self.check_horizon(any(d.covered for d in (*view.workloads.values(), *view.discovered.values(),
-                                                   *view.vcs.values())), recorded_horizons)
         return view
+
+    def other_pairs_recorded(self) -> bool:
+        """Whether the rules record forecasts for other horizons or quantiles than ``horizon_seconds`` and
+        ``quantile`` and none for them (their selectors not changed with the scaler's settings): then counted
+        (``errors["recording_rules"]``) and logged once per set of pairs found, and every pod's forecast is read."""
+        wanted = str(self.queries.horizon_seconds), f"{self.queries.quantile:g}"
+        pairs = recorded_pairs(self.queries)
+        if not pairs or wanted in pairs:
+            self._pairs = ()
+            return False
+        found = tuple(sorted(pairs))
+        self.errors["recording_rules"] += 1
+        (log.error if found != self._pairs else log.debug)(
+            "recorded_series: the recording rules record forecasts at horizon_seconds / quantile %s, not at the "
+            "scaler's %s / %s: set horizon_seconds=\"%s\", quantile=\"%s\" in the selectors of their group "
+            "dprobe-scaler-workloads (docs/scaler.md, \"Fleet scale\"); reading every pod's forecast instead",
+            ", ".join(f"{h} / {q}" for h, q in found), *wanted, *wanted)
+        self._pairs = found
+        return True
 
     def take_warnings(self) -> None:
         """Count the warnings Prometheus sent with this cycle's answers (``warnings_total``: a partial response
@@ -192,7 +241,7 @@ class DemandReader:
         if not self.queries.owners_query.strip():
             return {}
         try:
-            owners = pod_owners(self.queries)
+            owners = self.answer("owners", lambda: pod_owners(self.queries))
             self._failures.pop("owners_query", None)
         except SourceError as exc:
             self.failed("owners_query", exc, "pods grouped by name")

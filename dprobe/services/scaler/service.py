@@ -300,6 +300,7 @@ class Scaler:
         self.vc_last_data = {vc: (n, wall - (now - at)) for vc, (at, n) in self.vcs.held.items() if now - at <= keep}
         if self.elector is not None:
             self._save(now)
+        self.reader.gpus = {}  # (this cycle's, for its shares: not held between cycles)
         self.reader.take_warnings()  # of every answer of this cycle (partial responses)
         self.cycle_seconds.observe(time.perf_counter() - started)
 

@@ -42,6 +42,9 @@ class SharingOptions:
                                 + " or an alias such as h100 ('' = give sharing_gpu_memory_bytes)")
     gpu_memory_bytes: float = option(0.0, "memory of one GPU in bytes (0 = the sharing_gpu_model's)",
                                      check=zero_means("the sharing_gpu_model's"))
+    gpu_spec_file: str = option("", "the GPUs' spec file (dprobe gpu calibrate's, or a spec sheet as dprobe predict "
+                                    "--gpu-spec reads it): their name and memory, in place of sharing_gpu_model "
+                                    "and sharing_gpu_memory_bytes")
     memory_quantile: float = option(0.99, "memory forecast quantile a share must hold (hard: 0.5, 0.9 or 0.99)",
                                     check=EXPORTED)
     memory_margin: float = option(0.15, "safety margin added to the memory forecast (VPA's is 0.15)",
@@ -92,7 +95,11 @@ class SharingSettings:
                                  f"got {getattr(options, name)!r}")
         check_options(options, prefix="sharing_")
         memory = options.gpu_memory_bytes
-        if options.gpu_model:
+        if options.gpu_spec_file:  # name and memory from the file; MIG profiles where it is a MIG-capable model
+            from dprobe.services.scaler.sharing_gpu import gpu_from_spec_file
+
+            model = gpu_from_spec_file(options.gpu_spec_file, options.gpu_model, memory)
+        elif options.gpu_model:
             try:
                 model = gpu_model(options.gpu_model)
             except ValueError as exc:
@@ -103,16 +110,16 @@ class SharingSettings:
         elif memory > 0:
             model = GpuModel(f"{memory / 1e9:g}GB", float(memory))
         else:
-            raise ValueError("sharing is enabled without the GPUs' memory: set sharing_gpu_model (e.g. H100-80GB) "
-                             "or sharing_gpu_memory_bytes")
+            raise ValueError("sharing is enabled without the GPUs' memory: set sharing_gpu_model (e.g. H100-80GB), "
+                             "sharing_gpu_memory_bytes or sharing_gpu_spec_file")
         names = comma_list(options.mig_profiles)
         if names and options.mode != "mig":
             raise ValueError(f"sharing_mig_profiles needs sharing_mode mig, got {options.mode!r}")
         profiles: tuple[MigProfile, ...] = ()
         if options.mode == "mig":
             if not model.mig_profiles:
-                raise ValueError(f"sharing_mode mig needs a MIG-capable sharing_gpu_model, got "
-                                 f"{options.gpu_model or 'only sharing_gpu_memory_bytes'!r}")
+                given = model.name if options.gpu_spec_file else options.gpu_model or "only sharing_gpu_memory_bytes"
+                raise ValueError(f"sharing_mode mig needs a MIG-capable sharing_gpu_model, got {given!r}")
             try:
                 chosen = [model.profile(n) for n in names] if names else list(model.mig_profiles)
             except ValueError as exc:

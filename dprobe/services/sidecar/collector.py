@@ -49,7 +49,7 @@ JOB_PREDICTED = {
     "gpu_utilization_ratio": "Cold-start prediction of the job's GPU utilisation while it trains, by quantile (0-1).",
     "step_seconds": "Cold-start prediction of the job's training step time, by quantile (seconds).",
 }
-JOB_INFO_LABELS = ["model", "batch", "precision", "optimizer", "gpu", "fits"]
+JOB_INFO_LABELS = ["model", "batch", "precision", "optimizer", "gpu", "fits", "method", "gpu_spec"]
 # every per-target series: the target, then its identity labels as the source gave them (dcgm-exporter's
 # names), so that PromQL can join on(namespace, pod) or on(UUID). Labels a target lacks are exported
 # empty rather than left out: scraped with honor_labels, an absent label would take the scraped pod's value.
@@ -197,7 +197,8 @@ class SidecarCollector(StateCollector):
         families = {stem: GaugeMetricFamily(names.JOB_PREDICTED[stem], doc, labels=[*TARGET_LABELS, "quantile"])
                     for stem, doc in JOB_PREDICTED.items()}
         info = InfoMetricFamily(names.JOB_INFO, "The training job a target runs, as its cold-start profile reads it; "
-                                "fits: whether it fits the GPU's memory (yes, maybe, no).",
+                                "fits: whether it fits the GPU's memory (yes, maybe, no); method: the prediction's; "
+                                "gpu_spec: the spec file of the GPU's figures ('': built in).",
                                 labels=TARGET_LABELS)
         for row in rows:
             ident = _identity(row.target, row.labels)

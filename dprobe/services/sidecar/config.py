@@ -1,4 +1,5 @@
-"""Sidecar settings from defaults, a YAML file, ``DPROBE_SIDECAR_*`` variables and flags (in that order).
+"""Sidecar settings from defaults, a YAML file, ``DPROBE_SIDECAR_*`` variables and flags (in that order; read
+and type-checked with pydantic-settings, :mod:`dprobe.core.option_sources`).
 
 The options come in groups (:mod:`dprobe.core.options`): the HTTP server's (:class:`WebOptions`), the
 forecasts' (:class:`ForecastOptions`), the sources' (:class:`SourceOptions`, holding each source's own group,
@@ -56,7 +57,9 @@ class ForecastOptions:
     window_seconds: float = option(0.0, "history kept per target; 0 = what the forecaster reads (a checkpoint's "
                                         "context at its step, about 2 h for the bundled model; 1 h for a baseline)",
                                    check=zero_means("the forecaster's own"))
-    horizons: list[int] = option([60, 300, 900], "forecast horizons in seconds (a small fixed set)")
+    horizon_seconds: list[int] = option([60, 300, 900], "forecast horizons in seconds (a small fixed set; the "
+                                                        "horizon_seconds label of the forecasts)",
+                                        aliases=("horizons",))
     min_points: int = option(3, "steps of history a target needs before it is forecast", check=at_least(1))
     stale_after: float = option(30.0, "a target whose last sample is older than this is stale: no forecast shown",
                                 check=positive)  # NaN too: a NaN stale_after hides everything
@@ -129,6 +132,9 @@ class WorkloadOptions:
     jobs: dict[str, str] = option({}, "target glob -> training job, as job (YAML only, or JSON in env)")
     coldstart_checkpoint: str | None = option(None, "cold-start checkpoint for the job profiles "
                                                     "(default: the one shipped with dprobe)")
+    gpu_spec_files: str = option("", "GPU spec files (dprobe gpu calibrate's, or spec sheets as dprobe predict "
+                                     "--gpu-spec reads them) or directories of them, comma-separated: GPUs the "
+                                     "jobs may name (gpu=NAME) and the node's GPU is matched against by name")
 
 
 @settings
@@ -153,9 +159,10 @@ class SidecarConfig:
         check_options(self)
         fc, src = self.forecast, self.sources
         self.web.check()
-        if not fc.horizons or any(h < fc.step_seconds for h in fc.horizons):
+        if not fc.horizon_seconds or any(h < fc.step_seconds for h in fc.horizon_seconds):
             # below one step a horizon would be forecast a whole step ahead under its own label
-            raise ValueError(f"horizons must be at least step_seconds ({fc.step_seconds:g} s), got {fc.horizons}")
+            raise ValueError(f"horizon_seconds must be at least step_seconds ({fc.step_seconds:g} s), "
+                             f"got {fc.horizon_seconds}")
         if src.source == "synthetic":
             at_least(1)("synthetic_targets", src.synthetic.targets)
         if fc.stale_after < src.sample_interval:
@@ -174,15 +181,19 @@ class SidecarConfig:
         if src.source == "prometheus":
             http_url("http://HOST:9090")("prometheus_url", src.prometheus.url)
             src.prometheus.check_access(src.prometheus.url)
-        fc.horizons = sorted({int(h) for h in fc.horizons})
-        if self.workload.job or self.workload.jobs:  # a bad job stops the start (it would only ever be logged later)
+        fc.horizon_seconds = sorted({int(h) for h in fc.horizon_seconds})
+        if self.workload.job or self.workload.jobs or self.workload.gpu_spec_files:
+            # a bad job or spec file stops the start (it would only ever be logged later)
+            from dprobe.core.gpu_registry import GPUSpecFiles
+            from dprobe.core.options import comma_list
             from dprobe.services.sidecar.jobs import JobSpec
 
+            gpus = GPUSpecFiles.load(comma_list(self.workload.gpu_spec_files))
             for where, text in [("job", self.workload.job),
                                 *((f"jobs[{k!r}]", v) for k, v in self.workload.jobs.items())]:
                 if text:
                     try:
-                        JobSpec.parse(text)
+                        JobSpec.parse(text, gpus)
                     except ValueError as exc:
                         raise ValueError(f"{where}: {exc}") from exc
         return self
@@ -201,7 +212,10 @@ class SidecarConfig:
         return SourceContext(self.sources.http_timeout, self.forecast.step_seconds, self.forecast.window_seconds)
 
 
-OPTIONS = OptionSet(SidecarConfig, ENV_PREFIX, "sidecar")
+# the flags `dprobe sidecar --help` shows (every option's flag is taken: --help-all lists them)
+MAIN_FLAGS = ("port", "listen_address", "log_level", "source", "dcgm_url", "prometheus_url", "pod_name",
+              "sample_interval", "forecast_interval", "horizon_seconds", "checkpoint", "model", "job")
+OPTIONS = OptionSet(SidecarConfig, ENV_PREFIX, "sidecar", flags=MAIN_FLAGS)
 FIELDS = OPTIONS.fields
 add_arguments = OPTIONS.add_arguments
 

@@ -6,6 +6,10 @@ A job is given as ``MODEL key=value ...`` (``torchvision:resnet50 batch=64 preci
 ``jobs`` entry (target glob -> job), the ``job`` option (every other target) or the pod annotation
 ``dprobe.io/training-job`` (read from the downward-API annotations file; it overrides ``job``, and may
 name only what an :class:`~dprobe.services.sidecar.annotations.AnnotationPolicy` allows).
+A job's GPU is a built-in one (``gpu=h100``) or one of the ``gpu_spec_files``
+(:class:`~dprobe.core.gpu_registry.GPUSpecFiles`: spec sheets, or ``dprobe gpu calibrate``'s files), which are
+also matched against the name of the GPU a job runs on; such a job is predicted with the file's spec, as
+``dprobe predict --gpu-spec FILE`` predicts it.
 The profile exists before the job's first sample, so it is what the sidecar knows of a job it has
 no metrics for yet; it never changes the forecasts.
 """
@@ -18,12 +22,13 @@ import json
 import logging
 import shlex
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.metrics_core import CounterMetricFamily
 
+from dprobe.core.gpu_registry import GPUSpecFiles, SpecFile
 from dprobe.core.lazy import installed
 from dprobe.core.names import OPTIMIZERS, PRECISIONS
 from dprobe.services.sidecar.annotations import TRAINING_JOB, AnnotationPolicy, AnnotationsFile, Refused
@@ -32,6 +37,7 @@ from dprobe.services.sidecar.child import FAILURES, ChildFailed, ChildQueue, Chi
 __all__ = ["FAILURES", "JobFailed", "JobLimits", "JobProfile", "JobProfiles", "JobSpec", "predict_fields"]
 
 if TYPE_CHECKING:
+    from dprobe.core.gpus import GPUSpec
     from dprobe.profiling.coldstart.predict import JobPrediction
 
 log = logging.getLogger(__name__)
@@ -55,17 +61,18 @@ class JobSpec:
     optimizer: str = "adamw"
     image: int | None = None
     seq: int | None = None
-    gpu: str = ""  # "": the GPU the sidecar sees (JobProfiles resolves it)
+    gpu: str = ""  # a GPUS key or a spec file's key (GPUSpecFiles); "": the GPU the sidecar sees (JobProfiles resolves it)
     host_stall_s: float = 0.0
     config_kwargs: str = ""  # a JSON object (keys sorted): the spec is hashable, one profile per job
     stack: str = ""  # a software stack preset (dprobe predict --stack); "": the GPU's default
     mode: str = "train"  # inference: a serving job's forward passes (dprobe predict --mode inference)
 
     @staticmethod
-    def parse(text: str) -> JobSpec:
+    def parse(text: str, gpus: GPUSpecFiles | None = None) -> JobSpec:
         """``MODEL batch=N [precision=P] [optimizer=O] [image=N] [seq=N] [gpu=NAME] [host_stall=S]
         [config_kwargs=JSON] [stack=PRESET] [mode=train|inference]`` (shell quoting for values with spaces); a
-        ValueError naming what is wrong."""
+        ValueError naming what is wrong. ``gpu=`` names a built-in GPU or one of ``gpus`` (its name or an
+        alias; a spec file's GPU wins over a built-in one of the same name)."""
         from dprobe.core.gpus import (
             GPUS,  # no torch: a job is checked where it cannot be profiled too
         )
@@ -101,7 +108,13 @@ class JobSpec:
                 raise ValueError(f"{text!r}: {key}: {exc}") from exc
         if "batch" not in kw or kw["batch"] < 1:
             raise ValueError(f"{text!r}: batch=N (>= 1) is required")
-        for key, allowed in (("precision", PRECISIONS), ("optimizer", OPTIMIZERS), ("gpu", tuple(GPUS)),
+        spec_file = gpus.get(kw["gpu"]) if gpus and "gpu" in kw else None
+        if spec_file is not None:
+            kw["gpu"] = spec_file.key
+        elif "gpu" in kw and kw["gpu"] not in GPUS:
+            files = f", or a GPU of gpu_spec_files ({', '.join(gpus.keys)})" if gpus else ""
+            raise ValueError(f"{text!r}: gpu must be one of {', '.join(GPUS)}{files}, got {kw['gpu']!r}")
+        for key, allowed in (("precision", PRECISIONS), ("optimizer", OPTIMIZERS),
                              ("stack", tuple(STACKS)), ("mode", MODES)):
             if key in kw and kw[key] not in allowed:
                 raise ValueError(f"{text!r}: {key} must be one of {', '.join(allowed)}, got {kw[key]!r}")
@@ -111,14 +124,19 @@ class JobSpec:
             raise ValueError(f"{text!r}: optimizer is a training setting; leave it out with mode=inference")
         return JobSpec(model, **kw)
 
-    def predict(self, checkpoint: str | None = None) -> JobPrediction:
-        """The cold-start prediction (:func:`dprobe.profiling.coldstart.predict.predict_job`; seconds on a CPU)."""
+    def predict(self, checkpoint: str | None = None, gpu_spec: GPUSpec | None = None) -> JobPrediction:
+        """The cold-start prediction (:func:`dprobe.profiling.coldstart.predict.predict_job`, as ``dprobe
+        predict`` calls it; seconds on a CPU); ``gpu_spec``: the spec of a spec file's GPU (``gpu`` its key),
+        as ``dprobe predict --gpu-spec`` passes it."""
+        from dprobe.core.gpus import GPUS
         from dprobe.profiling.coldstart.predict import predict_job
 
+        if gpu_spec is None and self.gpu and self.gpu not in GPUS:
+            raise ValueError(f"gpu {self.gpu!r} is a spec file's GPU: its spec must be given")
         return predict_job(self.model, self.batch, self.precision, self.optimizer, image=self.image, seq=self.seq,
                            config_kwargs=self.config_kwargs or None, checkpoint=checkpoint,
-                           gpu=self.gpu or DEFAULT_GPU, host_stall_s=self.host_stall_s, stack=self.stack or None,
-                           mode=self.mode)
+                           gpu=gpu_spec or self.gpu or DEFAULT_GPU, host_stall_s=self.host_stall_s,
+                           stack=self.stack or None, mode=self.mode)
 
 
 def _known_gpu(name: str, otherwise: str) -> str:
@@ -141,11 +159,17 @@ def node_gpu_name() -> str:
     return names[0] if names else ""
 
 
-def predict_fields(spec: Mapping[str, Any], checkpoint: str | None) -> dict[str, Any]:
+def predict_fields(spec: Mapping[str, Any], checkpoint: str | None, gpu_spec: Mapping[str, Any] | None = None,
+                   gpu_spec_file: str = "") -> dict[str, Any]:
     """The profile's fields of the job ``spec`` (a :class:`JobSpec` as a dict), as JSON: what a child process
-    (:mod:`dprobe.services.sidecar.child`) runs."""
-    result = JobSpec(**spec).predict(checkpoint)
-    return {**{key: dataclasses.asdict(getattr(result, key)) for key, _ in TARGETS}, "fits": result.fits}
+    (:mod:`dprobe.services.sidecar.child`) runs. ``gpu_spec``: the data of the spec file (``gpu_spec_file``) of
+    the job's GPU, read as ``dprobe predict --gpu-spec`` reads it."""
+    from dprobe.core.gpus import gpu_spec_from_dict
+
+    gpu = gpu_spec_from_dict(gpu_spec, gpu_spec_file or "GPU spec") if gpu_spec is not None else None
+    result = JobSpec(**spec).predict(checkpoint, gpu)
+    return {**{key: dataclasses.asdict(getattr(result, key)) for key, _ in TARGETS}, "fits": result.fits,
+            "method": result.method}
 
 
 @dataclass(frozen=True)
@@ -155,11 +179,20 @@ class JobProfile:
     spec: JobSpec
     values: Mapping[str, Mapping[str, float]]
     fits: str  # "yes", "maybe" or "no" (dprobe.profiling.coldstart.predict.fits_on_gpu)
+    method: str = ""  # the prediction's method (learned, analytical; an inference step's, e.g. calibrated)
+    gpu_spec: str = ""  # the spec file the GPU's figures came from; "": the built-in table
 
     @staticmethod
-    def from_prediction(spec: JobSpec, result: Mapping[str, Any]) -> JobProfile:
+    def from_prediction(spec: JobSpec, result: Mapping[str, Any], gpu_spec: str = "") -> JobProfile:
         values = {stem: {"0.5": float(result[key]["p50"]), "0.9": float(result[key]["p90"])} for key, stem in TARGETS}
-        return JobProfile(spec, values, str(result["fits"]))
+        return JobProfile(spec, values, str(result["fits"]), str(result.get("method", "")), gpu_spec)
+
+    @property
+    def info(self) -> dict[str, str]:
+        """The job as ``dprobe_job_info``'s labels describe it."""
+        s = self.spec
+        return {"model": s.model, "batch": str(s.batch), "precision": s.precision, "optimizer": s.optimizer,
+                "gpu": s.gpu, "fits": self.fits, "method": self.method, "gpu_spec": self.gpu_spec}
 
 
 class JobProfiles(ChildQueue[JobSpec]):
@@ -172,6 +205,8 @@ class JobProfiles(ChildQueue[JobSpec]):
     The pod annotation, where there is one, overrides ``default`` when ``policy`` allows what it names
     (a refused one leaves those targets without a profile); :meth:`refresh` follows it when it changes.
     ``gpu``: this node's GPU name (or a function giving it, called once when first needed).
+    ``gpu_specs``: GPUs of spec files (or the paths to read them from: :meth:`GPUSpecFiles.load`), which jobs
+    may name and which a GPU's name is matched against before the built-in table.
     """
 
     thread_name = "job-profiles"
@@ -180,9 +215,11 @@ class JobProfiles(ChildQueue[JobSpec]):
                  own_target: str = "", checkpoint: str | None = None,
                  predict: Callable[[JobSpec], Mapping[str, Any]] | None = None,
                  gpu: str | Callable[[], str] = node_gpu_name, policy: AnnotationPolicy | None = None,
-                 limits: JobLimits | None = None, runner: ChildRunner | None = None):
-        self.patterns = {glob: JobSpec.parse(text) for glob, text in (jobs or {}).items()}
-        self.configured = JobSpec.parse(default) if default else None
+                 limits: JobLimits | None = None, runner: ChildRunner | None = None,
+                 gpu_specs: GPUSpecFiles | Iterable[str] | None = None):
+        self.gpu_specs = gpu_specs if isinstance(gpu_specs, GPUSpecFiles) else GPUSpecFiles.load(gpu_specs or ())
+        self.patterns = {glob: JobSpec.parse(text, self.gpu_specs) for glob, text in (jobs or {}).items()}
+        self.configured = JobSpec.parse(default, self.gpu_specs) if default else None
         self.default = self.configured
         self.policy = policy or AnnotationPolicy()
         self.runner = runner or ChildRunner(limits)  # shared with the model graphs: one child at a time
@@ -219,7 +256,7 @@ class JobProfiles(ChildQueue[JobSpec]):
     def _annotated(self, text: str) -> JobSpec | None:
         """The job an annotation names, as the policy allows it (None when refused: logged and counted); a
         ValueError when it does not parse."""
-        spec = JobSpec.parse(text)
+        spec = JobSpec.parse(text, self.gpu_specs)
         try:
             model = self.policy.model(spec.model)
             self.policy.config_kwargs(spec.config_kwargs)
@@ -259,18 +296,33 @@ class JobProfiles(ChildQueue[JobSpec]):
 
     def _gpu_of(self, gpu_model: str) -> str:
         if gpu_model not in self._model_gpus:  # resolved (and logged) once per name
-            gpu = _known_gpu(gpu_model, "jobs on it without gpu= are predicted for this node's GPU") if gpu_model else ""
+            gpu = self._named_gpu(gpu_model, "jobs on it without gpu= are predicted for this node's GPU"
+                                  ) if gpu_model else ""
             if not gpu:
                 if callable(self._node_gpu):
                     self._node_gpu = self._node_gpu()
                     if not self._node_gpu:
                         log.info("job profiles: no GPU seen through NVML; jobs without gpu= on GPUs of unknown "
                                  "model are predicted for the %s", DEFAULT_GPU.upper())
-                gpu = _known_gpu(self._node_gpu, f"jobs without gpu= are predicted for the {DEFAULT_GPU.upper()}"
-                                 ) if self._node_gpu else ""
+                gpu = self._named_gpu(self._node_gpu, f"jobs without gpu= are predicted for the "
+                                      f"{DEFAULT_GPU.upper()}") if self._node_gpu else ""
             gpu = gpu or DEFAULT_GPU
             self._model_gpus[gpu_model] = gpu
         return self._model_gpus[gpu_model]
+
+    def _named_gpu(self, name: str, otherwise: str) -> str:
+        """The GPU a device name is predicted for: a spec file's that names it, else the built-in table's, else
+        "" (logged, ending in ``otherwise``)."""
+        found = self.gpu_specs.match(name)
+        if found is None:
+            return _known_gpu(name, otherwise)
+        log.info("job profiles: GPU %r is predicted with the spec file %s (%s%s)", name, found.path, found.spec.name,
+                 ", calibrated" if found.calibrated else "")
+        return found.key
+
+    def spec_file(self, spec: JobSpec) -> SpecFile | None:
+        """The spec file of a job's GPU (None: a built-in GPU)."""
+        return self.gpu_specs.get(spec.gpu)
 
     def profiles(self, targets: list[str], gpu_models: Mapping[str, str] | None = None) -> dict[str, JobProfile]:
         """The ready profiles of ``targets`` (and of the own pod); jobs not yet seen are queued. ``gpu_models``:
@@ -295,7 +347,8 @@ class JobProfiles(ChildQueue[JobSpec]):
 
     def _compute(self, spec: JobSpec) -> None:
         try:
-            profile = JobProfile.from_prediction(spec, self._predict(spec))
+            spec_file = self.spec_file(spec)
+            profile = JobProfile.from_prediction(spec, self._predict(spec), spec_file.path if spec_file else "")
         except Exception as exc:  # an unknown model or one that cannot be replayed must not stop the sidecar
             if self.runner.stopping:
                 return
@@ -316,7 +369,9 @@ class JobProfiles(ChildQueue[JobSpec]):
     def _predict_in_child(self, spec: JobSpec) -> dict[str, Any]:
         """``spec.predict`` in a child process within :attr:`limits` (:class:`ChildRunner`); a
         :class:`JobFailed` naming why when it fails or runs past a limit (it is killed then)."""
-        return self.runner.run("job", {"spec": dataclasses.asdict(spec), "checkpoint": self.checkpoint})
+        spec_file = self.spec_file(spec)  # the file's data: the child builds the spec as --gpu-spec does
+        gpu = {"gpu_spec": dict(spec_file.data), "gpu_spec_file": spec_file.path} if spec_file else {}
+        return self.runner.run("job", {"spec": dataclasses.asdict(spec), "checkpoint": self.checkpoint, **gpu})
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         fam = CounterMetricFamily("dprobe_job_profile_errors", "Training jobs left without a cold-start profile, "

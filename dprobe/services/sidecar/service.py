@@ -11,6 +11,7 @@ from prometheus_client import Histogram
 from prometheus_client.registry import CollectorRegistry
 
 from dprobe.core.names import FORECAST_SECONDS, SIDECAR_METRICS
+from dprobe.core.options import comma_list
 from dprobe.forecaster.base import Forecaster, ForecastInput
 from dprobe.forecaster.loading import LoadedModel, open_forecaster, serves
 from dprobe.services.exporter.server import ExporterServer, run_until_signalled
@@ -69,7 +70,8 @@ def check_forecaster(engine: ForecastEngine, length: int, config: ForecastOption
         try:
             engine.forecaster.predict(batch)
         except Exception as exc:
-            raise ValueError(f"the forecaster cannot serve horizons {','.join(map(str, config.horizons))} at "
+            horizons = ",".join(map(str, config.horizon_seconds))
+            raise ValueError(f"the forecaster cannot serve horizons {horizons} at "
                              f"step_seconds {config.step_seconds:g}: {exc}") from exc
 
 
@@ -128,11 +130,11 @@ class Sidecar:
                                     encoder=getattr(self.model.forecaster, "graph_encoder", None))
         self.jobs = JobProfiles(work.jobs, work.job, work.annotations_file, own_target=src.nvml.pod_name,
                                 checkpoint=work.coldstart_checkpoint, policy=self.annotation_policy,
-                                runner=self.children)
+                                runner=self.children, gpu_specs=comma_list(work.gpu_spec_files))
         self.reads_graphs = reads_graphs(self.model, fc.step_seconds)
         if not self.reads_graphs and (self.graphs.active or self.graphs.annotations is not None):
             log.info("model graphs are not built: the forecaster (%s) does not read them", self.model.kind)
-        self.engine = ForecastEngine(self.store, self.model.forecaster, fc.horizons, fc.stale_after,
+        self.engine = ForecastEngine(self.store, self.model.forecaster, fc.horizon_seconds, fc.stale_after,
                                      fc.drop_after, fc.min_points, self.graphs if self.reads_graphs else None,
                                      observe_seconds=self.forecast_seconds.observe)
         check_forecaster(self.engine, self.store.length, fc)
@@ -181,10 +183,7 @@ class Sidecar:
             else:  # the own pod, before its first sample
                 ns, _, pod = target.rpartition("/")
                 labels = {"namespace": ns, "pod": pod}
-            spec = profile.spec
-            info = {"model": spec.model, "batch": str(spec.batch), "precision": spec.precision,
-                    "optimizer": spec.optimizer, "gpu": spec.gpu, "fits": profile.fits}
-            rows.append(JobRow(target, labels, profile.values, info))
+            rows.append(JobRow(target, labels, profile.values, profile.info))
         return rows
 
     def ready(self) -> tuple[bool, str]:

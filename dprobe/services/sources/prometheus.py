@@ -40,7 +40,8 @@ class PrometheusAccess:
     insecure_skip_verify: bool = option(False, "do not verify Prometheus's TLS certificate (tests only: anyone in "
                                                "between can read and answer)")
     headers: dict[str, str] = option({}, "extra HTTP headers of every Prometheus request, e.g. {X-Scope-OrgID: "
-                                         "team-a} for a Mimir / Thanos tenant (YAML, or JSON in env)")
+                                         "team-a} for a Mimir / Thanos tenant (YAML, or JSON in env)",
+                                     secret=True)  # an Authorization header is a credential: errors never show it
 
     def auth(self) -> HttpAuth:
         """The client settings of these options (one object while they stay the same, so that the files it

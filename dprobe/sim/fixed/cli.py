@@ -33,7 +33,7 @@ policy of --policies:
             for the borrowing jobs to finish, or with --preempt by preempting the most recently started,
             each paying --restart-cost seconds when it restarts
   forecast  every --interval, the scaler's per-VC target on the --quantile of the demand forecast
-            --horizon ahead (default one interval), normalised to the total; idle GPUs lent as reactive
+            --horizon-seconds ahead (default one interval), normalised to the total; idle GPUs lent as reactive
 scheduling within a VC (--scheduling):
   fifo      first submitted first; nothing passes the head
   sjf       shortest logged duration first (an oracle); nothing passes the head
@@ -82,7 +82,7 @@ def register(simulators: argparse._SubParsersAction) -> argparse.ArgumentParser:
                           "or a helios-earth-vc directory, a log derived from its counts (default: the bundled "
                           "philly-jobs)")
     add_scaling_arguments(
-        p, provision_delay=False, horizon_help="forecast lead in seconds (default: one interval)",
+        p, provision_delay=False, horizon_help="forecast horizon in seconds (default: one interval)",
         max_gpus_help="most quota per VC, the scaler's max_replicas (default per VC: the most GPUs its jobs "
         "would hold at once if each started at submission, at most --gpus)")
     p.add_argument_group("static policy").add_argument(
@@ -227,7 +227,7 @@ def run_fixed(args: argparse.Namespace, names: list[str], settings, policy_doc: 
             elif setup is None:  # made above whenever "forecast" is among the policies
                 raise ValueError(f"policy {name!r} needs a forecaster")
             else:  # a fresh recommender per run: it keeps state
-                inner = ForecastQuota(max_gpus, settings, setup.forecaster, setup.history_step, setup.lead,
+                inner = ForecastQuota(max_gpus, settings, setup.forecaster, setup.history_step, setup.lead_steps,
                                       args.quantile, setup.context_steps, setup.covariates)
                 policy = ForecastShares(shares, inner)
             results.append(simulate_fixed(jobs, policy, config, progress=progress))

@@ -32,8 +32,9 @@ policies:
             submission) over the first --static-warmup of the log, at least the largest job seen there
             (chosen with hindsight), or --static-gpus for every VC
   reactive  the scaler's policy (dprobe.scaling.policy) fed the load now: GPUs held + GPUs queued
-  forecast  the same policy fed the --quantile of the demand forecast --horizon ahead (the checkpoint's
-            gpu_demand model with --checkpoint, else the last-value baseline with conformal quantiles)
+  forecast  the same policy fed the --quantile of the demand forecast --horizon-seconds ahead (the
+            checkpoint's gpu_demand model with --checkpoint, else the last-value baseline with conformal
+            quantiles)
 
 example:
   dprobe simulate quota --start-day 30 --days 14 --per-vc
@@ -54,7 +55,7 @@ def register(simulators: argparse._SubParsersAction) -> argparse.ArgumentParser:
                       "fifo: nothing passes the head (default: backfill)")
     add_scaling_arguments(
         p, provision_delay=True,
-        horizon_help="forecast lead in seconds (default: the provisioning delay rounded up to whole intervals, "
+        horizon_help="forecast horizon in seconds (default: the provisioning delay rounded up to whole intervals, "
         "at least one interval)",
         max_gpus_help="most quota per VC, the scaler's max_replicas (default per VC: the most GPUs its jobs "
         "would hold at once if each started at submission)")
@@ -130,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         elif setup is None:  # made above whenever "forecast" is among the policies
             raise ValueError(f"policy {name!r} needs a forecaster")
         else:
-            policy = ForecastQuota(max_gpus, settings, setup.forecaster, setup.history_step, setup.lead,
+            policy = ForecastQuota(max_gpus, settings, setup.forecaster, setup.history_step, setup.lead_steps,
                                    args.quantile, setup.context_steps, setup.covariates)
         results.append(simulate(jobs, policy, config, progress=progress))
 

@@ -4,19 +4,23 @@ did afterwards (:mod:`dprobe.sim.sharing.packing`)."""
 from __future__ import annotations
 
 import argparse
-import math
 import sys
+from dataclasses import fields
+from types import SimpleNamespace
 
+from dprobe.core.units import format_bytes, size_arg
 from dprobe.sim.options import add_output_arguments
-from dprobe.sim.sharing.packing import GUARD_MODES, RULES, SHARING_POLICIES, SharingSettings
+from dprobe.sim.sharing.settings import GUARD_MODES, RULES, SHARING_POLICIES, SharingSettings
 
 DEFAULT_SHARING_POLICIES = ",".join(SHARING_POLICIES)
-DEFAULTS = SharingSettings()  # the shipped settings: also benchmarks/simulate_sharing.py's
+# the shipped settings (also benchmarks/simulate_sharing.py's), as declared: SharingSettings() itself would check
+# them with the planner, which needs numpy (not for --help)
+DEFAULTS = SimpleNamespace(**{f.name: f.default for f in fields(SharingSettings)})
 
 HELP = "serving pods packed onto shared GPUs by policy, scored against what they did afterwards"
 DESCRIPTION = """Pods of a serving trace (alibaba-genai-2026 layout: per-pod GPU memory and duty cycle,
---data DIR, default the bundled one) are repacked onto shared GPUs of --gpu-memory GB every --repack-steps
-steps from the demand each policy sees then, and every step is scored with what the pods measured:
+--data DIR, default the bundled one) are repacked onto shared GPUs of --gpu-memory (a size: 80GB, 141GiB)
+every --repack-steps steps from the demand each policy sees then, and every step is scored with what the pods measured:
 GPU-hours, pod-minutes on a GPU whose memory overflowed, GPU-minutes with summed duty cycle over 100 %,
 moves per hour. Only each pod's last 30 % (its test span, never trained on) is scored. The trace's
 memory values are scaled for anonymity: GPU sizes are compared against the scaled values.
@@ -41,8 +45,8 @@ sharing policies (--sharing-policies):
                  interval (hindsight)
 
 example:
-  dprobe simulate sharing --gpu-memory 80 --plot sharing.png
-  dprobe simulate sharing --gpu-memory 48 --json
+  dprobe simulate sharing --gpu-memory 80GB --plot sharing.png
+  dprobe simulate sharing --gpu-memory 48GB --json
 
 `dprobe simulate --sharing ...` is the old spelling of this sub-command, and still works."""
 
@@ -69,8 +73,10 @@ def add_sharing_arguments(p: argparse.ArgumentParser) -> None:
     """The "GPU sharing" group: GPU size, the policies compared and how they pack."""
     d = DEFAULTS
     g = p.add_argument_group("GPU sharing")
-    g.add_argument("--gpu-memory", type=float, default=d.gpu_memory_gb, metavar="GB",
-                   help="memory of each GPU in GB (1e9 bytes), e.g. 48, 80, 141 (default: %(default)g)")
+    g.add_argument("--gpu-memory", type=size_arg, default=d.gpu_memory_bytes, metavar="SIZE",
+                   help="memory of each GPU, a size with its unit: 48GB, 80GB, 141GB (1e9 bytes a GB), 24GiB "
+                   f"(2**30 bytes), or bytes (80e9); a bare number below 10000 is refused (default: "
+                   f"{format_bytes(d.gpu_memory_bytes)})")
     g.add_argument("--repack-steps", type=int, default=d.repack_steps, metavar="N",
                    help="steps of the trace between repackings (default: %(default)d, 28.5 min at 57 s)")
     g.add_argument("--sharing-policies", default=DEFAULT_SHARING_POLICIES,
@@ -123,8 +129,6 @@ def _check(args: argparse.Namespace) -> list[str]:
     if unknown or not names:
         raise ValueError(f"unknown sharing policy {', '.join(unknown) or '(none given)'}; choose from "
                          f"{', '.join(SHARING_POLICIES)}")
-    if not (math.isfinite(args.gpu_memory) and args.gpu_memory > 0):
-        raise ValueError(f"--gpu-memory must be a positive number of GB, got {args.gpu_memory:g}")
     if args.repack_steps < 1:
         raise ValueError(f"--repack-steps must be >= 1, got {args.repack_steps}")
     if not args.history_hours > 0:
@@ -144,7 +148,7 @@ def sharing_settings(args: argparse.Namespace) -> SharingSettings:
     """The :class:`SharingSettings` of ``dprobe simulate sharing``'s options (their defaults: the shipped
     ones)."""
     return SharingSettings(
-        gpu_memory_gb=args.gpu_memory, repack_steps=args.repack_steps, packing=args.packing,
+        gpu_memory_bytes=args.gpu_memory, repack_steps=args.repack_steps, packing=args.packing,
         history_hours=args.history_hours, headroom=args.headroom, duty_quantile=args.duty_quantile,
         rule=args.rule, guard_quantile=args.guard_quantile, guard_margin=args.guard_margin,
         guard_mode=args.guard_mode, guard_swap=args.guard_swap, memory_quantile=args.memory_quantile,

@@ -30,7 +30,7 @@ from dprobe.sim.sharing.packing import PodSeries, SharingResult, SharingSettings
 
 SPANS = ((0.6, 0.7), (0.7, 0.8), (0.8, 0.9), (0.9, 1.0))  # shares of the trace: each about 2.3 hours
 GROUPS = 5
-SIZES_GB = (80.0, 141.0)
+SIZES_BYTES = (80 * 10**9, 141 * 10**9)  # GPUs of 80 GB and 141 GB
 REFERENCE = "peak"
 
 
@@ -144,11 +144,11 @@ def figures(gpu_steps: float, steps: float, over: float) -> dict:
             "pod_minutes_over_memory_pct": 100 * over / steps if steps else 0.0}
 
 
-Scores = dict[tuple[str, str, float], Score]  # (policy or candidate label, cell name, GB) -> score
+Scores = dict[tuple[str, str, int], Score]  # (policy or candidate label, cell name, GPU bytes) -> score
 
 
 def run_cells(all_cells: Sequence[Cell], runs: Sequence[tuple[str, SharingSettings, str]],
-              sizes: Sequence[float] = SIZES_GB, forecaster=None, progress: Callable[[str], None] | None = None
+              sizes: Sequence[int] = SIZES_BYTES, forecaster=None, progress: Callable[[str], None] | None = None
               ) -> Scores:
     """``runs`` (label, settings, policy name) on every cell at every size, one :func:`simulate_policies`
     call each, sharing the filled series and the dprobe forecasts."""
@@ -162,14 +162,14 @@ def run_cells(all_cells: Sequence[Cell], runs: Sequence[tuple[str, SharingSettin
         if progress:
             progress(label)
         for size in sizes:
-            sized = replace(settings, gpu_memory_gb=float(size))
+            sized = replace(settings, gpu_memory_bytes=int(size))
             for c in all_cells:
                 (result,) = simulate_policies(c.series, sized, (policy,), forecaster, filled, cache)
-                out[label, c.name, float(size)] = Score.of(result)
+                out[label, c.name, int(size)] = Score.of(result)
     return out
 
 
-def never_loses(scores: Scores, label: str, on: Sequence[Cell], sizes: Sequence[float],
+def never_loses(scores: Scores, label: str, on: Sequence[Cell], sizes: Sequence[int],
                 reference: str = REFERENCE) -> bool:
     """Whether ``label`` uses no more GPU-steps and has no more pod-steps over memory than ``reference`` in
     every cell of ``on`` at every size."""
@@ -179,7 +179,7 @@ def never_loses(scores: Scores, label: str, on: Sequence[Cell], sizes: Sequence[
 
 
 def choose(scores: Scores, labels: Sequence[str], all_cells: Sequence[Cell], held_out: Cell | None = None,
-           sizes: Sequence[float] = SIZES_GB, reference: str = REFERENCE) -> str:
+           sizes: Sequence[int] = SIZES_BYTES, reference: str = REFERENCE) -> str:
     """The candidate chosen on the selection cells of ``held_out`` (module docstring): never worse than
     ``reference`` there, then the fewest pod-steps over memory, the fewest GPU-steps, the first listed.
     ``reference`` is one of ``labels`` and always eligible, so there is always a choice."""
@@ -250,7 +250,7 @@ def pooled_bootstrap(per_cell: dict[str, Score], all_cells: Sequence[Cell], n_po
     return out
 
 
-def cross_validate(series: PodSeries, sizes: Sequence[float] = SIZES_GB, groups: int = GROUPS,
+def cross_validate(series: PodSeries, sizes: Sequence[int] = SIZES_BYTES, groups: int = GROUPS,
                    spans: Sequence[tuple[float, float]] = SPANS, choices: Sequence[Candidate] | None = None,
                    forecaster=None, draws: int = 2000, progress: Callable[[str], None] | None = None,
                    shipped: SharingSettings | None = None) -> dict:
@@ -280,29 +280,29 @@ def cross_validate(series: PodSeries, sizes: Sequence[float] = SIZES_GB, groups:
                                "hours": (c.series.eval_end - c.series.eval_start) * series.step_seconds / 3600,
                                "sizes": {}}
         for size in sizes:
-            figs = {name: cell_bootstrap(scores[label_of[name], c.name, float(size)], seed=k) for name in shown}
+            figs = {name: cell_bootstrap(scores[label_of[name], c.name, int(size)], seed=k) for name in shown}
             figs["nested"] = {"choice": nested[c.name],
-                              **cell_bootstrap(scores[nested[c.name], c.name, float(size)], seed=k)}
-            row["sizes"][f"{size:g}"] = figs
+                              **cell_bootstrap(scores[nested[c.name], c.name, int(size)], seed=k)}
+            row["sizes"][str(int(size))] = figs
         out_cells.append(row)
     overall = {}
     for size in sizes:
-        ref = {c.name: scores[REFERENCE, c.name, float(size)] for c in all_cells}
+        ref = {c.name: scores[REFERENCE, c.name, int(size)] for c in all_cells}
         figs = {}
         for name in shown:
-            own = {c.name: scores[label_of[name], c.name, float(size)] for c in all_cells}
+            own = {c.name: scores[label_of[name], c.name, int(size)] for c in all_cells}
             figs[name] = pooled_bootstrap(own, all_cells, len(series.ids), ref, draws)
-        picked = {c.name: scores[nested[c.name], c.name, float(size)] for c in all_cells}
+        picked = {c.name: scores[nested[c.name], c.name, int(size)] for c in all_cells}
         figs["nested"] = pooled_bootstrap(picked, all_cells, len(series.ids), ref, draws)
-        overall[f"{size:g}"] = figs
+        overall[str(int(size))] = figs
     pooled: dict[str, dict[str, Any]] = {}
     for label in labels:
-        pooled[label] = {f"{size:g}": figures(*(sum(getattr(scores[label, c.name, float(size)], a).sum()
+        pooled[label] = {str(int(size)): figures(*(sum(getattr(scores[label, c.name, int(size)], a).sum()
                                                     for c in all_cells) for a in ("gpu_steps", "steps", "over")))
                          for size in sizes}
         pooled[label]["never_loses"] = never_loses(scores, label, all_cells, sizes)
     return {
-        "groups": groups, "spans": [list(s) for s in spans], "sizes_gb": [float(s) for s in sizes],
+        "groups": groups, "spans": [list(s) for s in spans], "sizes_bytes": [int(s) for s in sizes],
         "repack_steps": shipped.repack_steps, "shipped": shipped.to_dict(), "shipped_label": default,
         "chosen_on_all_cells": on_all, "shipped_is_chosen": on_all == default,
         "default_never_loses": never_loses(scores, default, all_cells, sizes),

@@ -22,83 +22,20 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dprobe.core.split import Split
 from dprobe.sharing.planner import Plan, PlanSettings, Workload, plan
+from dprobe.sim.sharing.settings import GUARD_MODES, SHARING_POLICIES, SharingSettings
+from dprobe.sim.sharing.settings import RULES as RULES  # re-exported: its names are the settings module's
 
 if TYPE_CHECKING:  # pandas with it: not for dprobe simulate sharing --help
     from dprobe.forecaster.base import Forecaster
 
 HISTORY_SECONDS = 2 * 3600.0  # the peak policies' look-back
-SHARING_POLICIES = ("one-per-gpu", "peak", "peak-headroom", "last-value", "dprobe", "oracle")
-RULES = ("guarded-peak", "peak", "forecast")
-GUARD_MODES = ("free", "always")
-GB = 1e9
-
-
-@dataclass(frozen=True)
-class SharingSettings:
-    """What a run of :func:`simulate_policies` is set by; the defaults are what ``dprobe simulate sharing``
-    ships (chosen by :mod:`dprobe.sim.sharing.cv`, see docs/sharing.md).
-
-    ``rule`` is how the ``dprobe`` and ``last-value`` policies size a pod: ``"guarded-peak"`` (its peak over
-    the last ``history_hours``, raised to the ``guard_quantile`` of the forecast plus ``guard_margin`` where
-    that is higher; with ``guard_mode="free"`` only as far as that costs no GPU beyond peak packing, and
-    with ``guard_swap`` also by swapping pods between GPUs),
-    ``"peak"`` (peak packing, no forecast) or ``"forecast"`` (the ``memory_quantile`` of the forecast plus
-    ``memory_margin``, with room on each GPU for a burst to the ``burst_quantile`` or the peak)."""
-
-    gpu_memory_gb: float = 80.0
-    repack_steps: int = 30
-    packing: str = "best-fit"
-    history_hours: float = 2.0
-    headroom: float = 0.1
-    duty_quantile: float = 0.9
-    rule: str = "guarded-peak"
-    guard_quantile: float = 0.99
-    guard_margin: float = 0.0
-    guard_mode: str = "free"
-    guard_swap: bool = False
-    memory_quantile: float = 0.5
-    burst_quantile: float = 0.99
-    burst_overlap: float = 0.0
-    burst_combine: str = "max"
-    memory_margin: float = 0.0
-    sticky: bool = True
-
-    def __post_init__(self) -> None:
-        if self.rule not in RULES:
-            raise ValueError(f"unknown rule {self.rule!r}; choose from {', '.join(RULES)}")
-        if self.guard_mode not in GUARD_MODES:
-            raise ValueError(f"unknown guard_mode {self.guard_mode!r}; choose from {', '.join(GUARD_MODES)}")
-        if not (math.isfinite(self.gpu_memory_gb) and self.gpu_memory_gb > 0):
-            raise ValueError(f"gpu_memory_gb must be a positive number, got {self.gpu_memory_gb!r}")
-        if self.repack_steps < 1:
-            raise ValueError(f"repack_steps must be >= 1, got {self.repack_steps!r}")
-        if not self.history_hours > 0:
-            raise ValueError(f"history_hours must be > 0, got {self.history_hours!r}")
-        for name in ("headroom", "guard_margin", "memory_margin"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        for name in ("duty_quantile", "guard_quantile", "memory_quantile", "burst_quantile"):
-            if not 0 < getattr(self, name) < 1:
-                raise ValueError(f"{name} must be between 0 and 1, got {getattr(self, name)!r}")
-        self.plan_settings()  # packing, burst_overlap and burst_combine checked by the planner
-
-    def plan_settings(self) -> PlanSettings:
-        """The planner's settings of this run."""
-        return PlanSettings(policy=self.packing, burst_overlap=self.burst_overlap, burst_combine=self.burst_combine)
-
-    def window(self, step_seconds: float) -> int:
-        """``history_hours`` in steps of the trace."""
-        return max(1, int(round(self.history_hours * 3600 / step_seconds)))
-
-    def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass
@@ -245,7 +182,7 @@ class ForecastDemand(SharingPolicy):
 
     def __init__(self, name: str, forecaster: Forecaster, context: int, memory_quantile: float,
                  duty_quantile: float, margin: float = 0.0, covariates: tuple[str, ...] = (),
-                 max_lead: int | None = None, burst_quantile: float | None = None, burst_history: int = 0,
+                 max_lead_steps: int | None = None, burst_quantile: float | None = None, burst_history: int = 0,
                  cache: dict | None = None) -> None:
         self.burst_quantile = burst_quantile
         self.burst_history = int(burst_history)
@@ -255,7 +192,7 @@ class ForecastDemand(SharingPolicy):
         self.memory_quantile, self.duty_quantile = memory_quantile, duty_quantile
         self.margin = float(margin)
         self.covariates = covariates
-        self.max_lead = max_lead
+        self.max_lead_steps = max_lead_steps  # the forecaster's longest lead, in the series' steps
         self._cache: dict = {} if cache is None else cache  # shared: by policies of one forecaster and context
 
     def quantile(self, series: PodSeries, values: np.ndarray, pods: np.ndarray, t: int, interval: int,
@@ -263,7 +200,7 @@ class ForecastDemand(SharingPolicy):
         """The forecast's quantile nearest ``level`` of ``values`` (``metric``) for ``pods`` at ``t``, its largest
         over the leads 1 to ``interval``; NaN for a pod without history. Forecasts are kept per pod and step,
         so runs over the same series (folds, settings) forecast each pod once."""
-        leads = tuple(range(1, min(interval, self.max_lead or interval) + 1))
+        leads = tuple(range(1, min(interval, self.max_lead_steps or interval) + 1))
         key = (id(values), metric, t, len(leads))
         if key not in self._cache:  # the entry holds ``values``: its id is not reused while the entry lives
             self._cache[key] = (np.full((len(values), 0), np.nan), np.zeros(len(values), dtype=bool), (), values)
@@ -685,9 +622,9 @@ def _forecast_policy(name: str, series: PodSeries, settings: SharingSettings, lo
     model = loaded.forecaster
     _, spec, _ = model.task_for("gpu_memory_bytes", series.step_seconds)
     covariates = tuple(c for c in spec.covariates if c in series.covariate_names)
-    max_lead = int(max(spec.leads) * spec.step_seconds / series.step_seconds)
+    max_lead_steps = int(max(spec.leads) * spec.step_seconds / series.step_seconds)
     context = int(math.ceil(model.window_seconds("gpu_memory_bytes") / series.step_seconds))
-    return with_rules(name, model, context, covariates=covariates, max_lead=max_lead, cache=cache)
+    return with_rules(name, model, context, covariates=covariates, max_lead_steps=max_lead_steps, cache=cache)
 
 
 def build_policies(names: list[str] | tuple[str, ...], series: PodSeries, settings: SharingSettings,
@@ -741,5 +678,5 @@ def simulate_policies(series: PodSeries, settings: SharingSettings | None = None
     settings = settings or SharingSettings()
     filled = filled or (series.filled(series.memory), series.filled(series.duty))
     policies = build_policies(names, series, settings, filled, forecaster, cache)
-    return [simulate_sharing(series, p, settings.gpu_memory_gb * GB, settings.repack_steps, settings.plan_settings(),
+    return [simulate_sharing(series, p, settings.gpu_memory_bytes, settings.repack_steps, settings.plan_settings(),
                              filled, settings.sticky) for p in policies]

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from dprobe.core.plots import save_figure, subplots
+from dprobe.core.units import format_bytes
 
 
 def markdown_table(report: dict) -> str:
@@ -14,7 +15,7 @@ def markdown_table(report: dict) -> str:
     s = report["settings"]
     lines = [
         f"{report['dataset']} ({report['span']} span: {report['scored_pods']} of {report['pods']} pods, "
-        f"{report['scored_hours']:.1f} h), GPUs of {s['gpu_memory_gb']:g} GB, repacked every "
+        f"{report['scored_hours']:.1f} h), GPUs of {format_bytes(s['gpu_memory_bytes'])}, repacked every "
         f"{s['repack_steps']} steps ({s['repack_steps'] * s['step_seconds'] / 60:.1f} min), {s['packing']} packing",
         f"forecaster: {report['forecaster'] or '-'}; {report['note']}",
         "",
@@ -31,9 +32,9 @@ def markdown_table(report: dict) -> str:
     return "\n".join(lines + ([""] + notes if notes else []))
 
 
-def plot_sharing(results: list, path: str | Path, gpu_memory_gb: float) -> Path:
+def plot_sharing(results: list, path: str | Path, gpu_memory_bytes: float) -> Path:
     """GPUs in use over time per policy (left) and pods on a GPU over its memory (right)."""
-    fig, axes = subplots(2, f"GPU sharing, {gpu_memory_gb:g} GB GPUs")
+    fig, axes = subplots(2, f"GPU sharing, {format_bytes(gpu_memory_bytes)} GPUs")
     for r in results:
         hours = (r.times - r.times[0]) * r.step_seconds / 3600 if len(r.times) else np.zeros(0)
         axes[0].plot(hours, r.gpus, lw=1.2, label=r.policy)
