@@ -77,6 +77,6 @@ def test_gnn_keeps_the_epoch_best_on_the_left_out_families_and_the_series(tmp_pa
                                                        rel=1e-5)
     best = min(float(r["val/select"]) for r in epochs)
     assert summary["val_pinball"] == pytest.approx(best, rel=1e-6)
-    kept = torch.load(tmp_path / "checkpoints" / "best.ckpt", weights_only=False)
+    kept = torch.load(tmp_path / "checkpoints" / "best.ckpt", weights_only=True)
     chosen = next(c for k, c in kept["callbacks"].items() if "ModelCheckpoint" in k)
     assert chosen["monitor"] == "val/select" and float(chosen["best_model_score"]) == pytest.approx(best, rel=1e-6)
