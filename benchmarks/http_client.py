@@ -33,7 +33,6 @@ import importlib.util
 import json
 import os
 import shutil
-import socket
 import ssl
 import statistics
 import subprocess
@@ -53,14 +52,11 @@ from dprobe.services.scaler.config import ScalerConfig
 from dprobe.services.sources import http, prometheus
 from dprobe.services.sources.http import HttpAuth
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from prometheus_process import free_port, running  # noqa: E402  (benchmarks/prometheus_process.py)
+
 ROOT = Path(__file__).resolve().parent.parent
 MODULE = "dprobe/services/sources/http.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def certificate(directory: Path) -> tuple[Path, Path]:
@@ -93,31 +89,17 @@ def run_prometheus(workdir: Path, tls: tuple[Path, Path] | None = None) -> Itera
         (workdir / "web.yml").write_text(yaml.safe_dump({"tls_server_config": {"cert_file": str(tls[0]),
                                                                                "key_file": str(tls[1])}}))
         args.append(f"--web.config.file={workdir / 'web.yml'}")
-    log = (workdir / "prometheus.log").open("w")
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     base = f"{scheme}://127.0.0.1:{port}"
     context = ssl.create_default_context(cafile=str(tls[0])) if tls else None
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited: {(workdir / 'prometheus.log').read_text()[-2000:]}")
-            with contextlib.suppress(OSError, KeyError, ValueError), urllib.request.urlopen(
-                    base + "/api/v1/query?query=up", timeout=1, context=context) as r:
-                if json.load(r)["data"]["result"]:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("prometheus did not answer a query for up in time")
-            time.sleep(0.2)
+
+    def answers_up() -> bool:
+        with contextlib.suppress(KeyError, ValueError), urllib.request.urlopen(
+                base + "/api/v1/query?query=up", timeout=1, context=context) as r:
+            return bool(json.load(r)["data"]["result"])
+        return False
+
+    with running(args, workdir / "prometheus.log", answers_up, 60, "prometheus did not answer a query for up in time"):
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 def accepted(base: str, context: ssl.SSLContext | None) -> float:

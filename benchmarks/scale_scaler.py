@@ -39,7 +39,6 @@ import json
 import os
 import resource
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -53,6 +52,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from prometheus_process import free_port, running  # noqa: E402  (benchmarks/prometheus_process.py)
 from scaler import fleet  # noqa: E402  (benchmarks/scaler.py: the same pods as its stand-in's)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,12 +118,6 @@ def write_openmetrics(path: Path, workloads: int, per_workload: int, history: fl
     return series
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get(url: str, timeout: float = 60) -> bytes:
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return r.read()
@@ -167,39 +161,16 @@ def prometheus(data: Path, workdir: Path, rules: bool, evaluation_seconds: float
     config.write_text(yaml.safe_dump({"global": {"evaluation_interval": f"{evaluation_seconds:g}s"},
                                       "rule_files": [str(rules_file)] if rules else []}))
     port = free_port()
-    log = (workdir / "prometheus.log").open("w")
-    proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={data}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=30d",
-                             f"--query.lookback-delta={LOOKBACK}"],
-                            stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited: {(workdir / 'prometheus.log').read_text()[-2000:]}")
-            try:
-                if b"Ready" in _get(base + "/-/ready", 1):
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("prometheus did not become ready")
-            time.sleep(0.2)
+    args = [binary, f"--config.file={config}", f"--storage.tsdb.path={data}", f"--web.listen-address=127.0.0.1:{port}",
+            "--storage.tsdb.retention.time=30d", f"--query.lookback-delta={LOOKBACK}"]
+    with running(args, workdir / "prometheus.log", lambda: b"Ready" in _get(base + "/-/ready", 1), 300):
         deadline = time.monotonic() + RULES_WAIT
         while rules and not query(base, "count(dprobe:namespace_requested_gpus:sum)"):  # the group's last rule
             if time.monotonic() > deadline:
                 raise RuntimeError("the recording rules recorded nothing")
             time.sleep(0.5)
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 # the activation value of every workload at once (activations_query); as each workload's own activation query:
