@@ -161,11 +161,49 @@ def default_namespace() -> str:
         return "default"
 
 
-class LeaderElector:
+class RenewalThread:
+    """Lease renewals on a thread of their own: :meth:`start` runs :meth:`renew_round` (which returns how long to
+    wait for the next) until :meth:`stop`, which, with ``release``, gives up what is held (:meth:`release`)."""
+
+    thread_name = "lease-renewal"
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def renew_round(self) -> float:
+        """One round of renewals; the seconds until the next."""
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """Give up every Lease held."""
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.renew_round()):
+            pass
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
+        self._thread.start()
+
+    def stop(self, release: bool = True, timeout: float = 3.0) -> None:
+        """Stop renewing; with ``release``, give up what is held."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if release:
+            self.release()
+
+
+class LeaderElector(RenewalThread):
     """Takes and renews one Lease from a thread of its own (:meth:`start`); :meth:`is_leader` says whether this
     replica leads now. ``term`` counts the times it started leading; ``errors["lease"]`` the failed calls.
     ``annotate``: the annotations each of its writes sets (called from the election's thread; the others are
     kept); :meth:`handover`: those of the Lease as this replica took it."""
+
+    thread_name = "leader-election"
 
     def __init__(self, store: LeaseStore, identity: str, lease_seconds: int = 15, renew_seconds: float = 10.0,
                  retry_seconds: float = 2.0, errors: Counter[str] | None = None,
@@ -186,8 +224,7 @@ class LeaderElector:
         self._duration = float(lease_seconds)  # the Lease's duration as last read
         self._failure = ""
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()
 
     def is_leader(self) -> bool:
         """True while this replica's last renewal is younger than ``renew_seconds``."""
@@ -293,23 +330,7 @@ class LeaderElector:
                 log.warning("leader election: could not give the Lease up (another replica takes it once it "
                             "expires): %s", exc)
 
-    def _run(self) -> None:
-        while True:
-            leader = self.try_acquire_or_renew()
-            # followers with a little jitter, so that replicas started together do not call in step
-            wait = self.retry_seconds * (1.0 if leader else 1.0 + 0.2 * random.random())
-            if self._stop.wait(wait):
-                return
-
-    def start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="leader-election", daemon=True)
-        self._thread.start()
-
-    def stop(self, release: bool = True, timeout: float = 3.0) -> None:
-        """Stop renewing; with ``release``, give the Lease up."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        if release:
-            self.release()
+    def renew_round(self) -> float:
+        leader = self.try_acquire_or_renew()
+        # followers with a little jitter, so that replicas started together do not call in step
+        return self.retry_seconds * (1.0 if leader else 1.0 + 0.2 * random.random())

@@ -29,7 +29,6 @@ import json
 import logging
 import math
 import random
-import threading
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -46,6 +45,7 @@ from dprobe.services.scaler.leader import (
     LeaseError,
     LeaseRecord,
     LeaseStore,
+    RenewalThread,
 )
 from dprobe.services.scaler.state import encode, lease_annotations, resume
 
@@ -78,11 +78,13 @@ def members_lease_name(lease_name: str) -> str:
     return f"{lease_name}-members"
 
 
-class ShardedElector:
+class ShardedElector(RenewalThread):
     """One :class:`~.leader.LeaderElector` per shard's Lease, all with this replica's identity, driven from one
     thread: :meth:`round` renews the shards held, reads the others and takes or gives up shards so that they spread
     over the live replicas (see the module). ``annotate(shard)``: the annotations each write of a shard's Lease sets.
     """
+
+    thread_name = "shard-election"
 
     def __init__(self, stores: Sequence[LeaseStore], identity: str, members: LeaseStore | None = None,
                  lease_seconds: int = 15, renew_seconds: float = 10.0, retry_seconds: float = 2.0,
@@ -105,8 +107,7 @@ class ShardedElector:
         self._members: dict[str, tuple[Any, float]] = {}  # member -> (its last heartbeat seen, own clock then)
         self._unheld: dict[int, float] = {}  # shard -> own clock since when it was seen free or expired
         self._failure = ""  # the last failure of the members' Lease, logged once
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()
 
     @property
     def shards(self) -> int:
@@ -227,25 +228,14 @@ class ShardedElector:
         self._failure = str(exc)
 
     # the thread -----------------------------------------------------------------------------------------------
-    def _run(self) -> None:
-        while True:
-            self.round()
-            if self._stop.wait(self.retry_seconds * (1.0 + 0.1 * random.random())):
-                return
+    def renew_round(self) -> float:
+        self.round()
+        return self.retry_seconds * (1.0 + 0.1 * random.random())
 
-    def start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="shard-election", daemon=True)
-        self._thread.start()
-
-    def stop(self, release: bool = True, timeout: float = 3.0) -> None:
-        """Stop renewing; with ``release``, give every shard held up (each with its state)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        if release:
-            for elector in self.electors:
-                elector.release()
+    def release(self) -> None:
+        """Give every shard held up (each with its state)."""
+        for elector in self.electors:
+            elector.release()
 
 
 def make_sharded_elector(lease_name: str, namespace: str, shards: int, api: Any, timeout: float, identity: str,
